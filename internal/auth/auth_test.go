@@ -1,0 +1,155 @@
+package auth
+
+import (
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/Azure/go-ntlmssp"
+
+	"github.com/deskway/deskway/internal/config"
+)
+
+func testUsers(t *testing.T) *Users {
+	t.Helper()
+	u, err := NewUsers([]config.User{
+		{Name: "alice", Password: config.NewSecret("Secret123!"), Groups: []string{"staff"}},
+		{Name: "bob", NTHash: config.NewSecret(hex.EncodeToString(func() []byte { h := NTHash("pw"); return h[:] }()))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func TestNTHashVector(t *testing.T) {
+	// MS-NLMP 4.2.1: NTOWFv1("Password") = a4f49c406510bdcab6824ee7c30fd852.
+	h := NTHash("Password")
+	if got := hex.EncodeToString(h[:]); got != "a4f49c406510bdcab6824ee7c30fd852" {
+		t.Fatalf("NTHash = %s", got)
+	}
+}
+
+// login runs a full exchange with an independent NTLM client implementation.
+func login(t *testing.T, s *NTLMServer, user, pass string) (*User, error) {
+	t.Helper()
+	neg, err := ntlmssp.NewNegotiateMessage("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ch, err := s.Challenge(neg)
+	if err != nil {
+		t.Fatalf("Challenge: %v", err)
+	}
+	am, err := ntlmssp.ProcessChallenge(ch, user, pass, false)
+	if err != nil {
+		t.Fatalf("client ProcessChallenge: %v", err)
+	}
+	return s.Authenticate(x, am)
+}
+
+func TestNTLMServer(t *testing.T) {
+	s := &NTLMServer{Users: testUsers(t), Domain: "DESKWAY", Host: "gw1"}
+	u, err := login(t, s, "alice", "Secret123!")
+	if err != nil || u.Name != "alice" {
+		t.Fatalf("good login: %v %v", u, err)
+	}
+	if u, err := login(t, s, `DESKWAY\ALICE`, "Secret123!"); err != nil || u.Name != "alice" {
+		t.Fatalf("domain-qualified upper-case login: %v %v", u, err)
+	}
+	if u, err := login(t, s, "bob", "pw"); err != nil || u.Name != "bob" {
+		t.Fatalf("nt_hash user: %v %v", u, err)
+	}
+	for _, c := range [][2]string{{"alice", "wrong"}, {"mallory", "Secret123!"}} {
+		if _, err := login(t, s, c[0], c[1]); !errors.Is(err, ErrBadCredentials) {
+			t.Fatalf("%s/%s accepted or wrong error: %v", c[0], c[1], err)
+		}
+	}
+}
+
+func TestNTLMReplayedAcrossChallenges(t *testing.T) {
+	s := &NTLMServer{Users: testUsers(t), Domain: "DESKWAY", Host: "gw1"}
+	neg, _ := ntlmssp.NewNegotiateMessage("", "")
+	_, ch1, _ := s.Challenge(neg)
+	x2, _, _ := s.Challenge(neg)
+	am, _ := ntlmssp.ProcessChallenge(ch1, "alice", "Secret123!", false)
+	if _, err := s.Authenticate(x2, am); err == nil {
+		t.Fatal("response to one challenge accepted for another")
+	}
+}
+
+func TestNTLMGarbage(t *testing.T) {
+	s := &NTLMServer{Users: testUsers(t), Domain: "D", Host: "h"}
+	if _, _, err := s.Challenge([]byte("not ntlm")); err == nil {
+		t.Fatal("garbage negotiate accepted")
+	}
+	neg, _ := ntlmssp.NewNegotiateMessage("", "")
+	x, _, _ := s.Challenge(neg)
+	bad := append([]byte("NTLMSSP\x00\x03\x00\x00\x00"), make([]byte, 60)...)
+	bad[20] = 0xff // NtChallengeResponse length points past the end
+	bad[24] = 0x10
+	if _, err := s.Authenticate(x, bad); err == nil {
+		t.Fatal("malformed authenticate accepted")
+	}
+}
+
+func TestTokens(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	tk, err := NewTokens([]byte(strings.Repeat("k", 32)), clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := tk.Mint("alice", []string{"staff"}, "Host1", 3389, time.Minute, "id1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tk.Verify(s)
+	if err != nil || c.User() != "alice" || c.Host != "host1" || c.Port != 3389 || c.Groups[0] != "staff" {
+		t.Fatalf("verify: %+v %v", c, err)
+	}
+	other, _ := NewTokens([]byte(strings.Repeat("x", 32)), clock)
+	if _, err := other.Verify(s); !errors.Is(err, ErrBadToken) {
+		t.Fatalf("token verified with another key: %v", err)
+	}
+	now = now.Add(2 * time.Minute)
+	if _, err := tk.Verify(s); !errors.Is(err, ErrBadToken) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("expired token: %v", err)
+	}
+	if _, err := tk.Verify(s[:len(s)-2] + "xx"); err == nil {
+		t.Fatal("tampered token accepted")
+	}
+	if _, err := NewTokens([]byte("short"), nil); err == nil {
+		t.Fatal("short key accepted")
+	}
+}
+
+func TestThrottle(t *testing.T) {
+	now := time.Unix(0, 0)
+	th := NewThrottle(3, time.Minute, func() time.Time { return now })
+	for i := 0; i < 3; i++ {
+		if !th.Allowed("u") {
+			t.Fatalf("refused after %d failures", i)
+		}
+		th.Fail("u")
+	}
+	if th.Allowed("u") {
+		t.Fatal("allowed after 3 failures")
+	}
+	if !th.Allowed("v") {
+		t.Fatal("other key refused")
+	}
+	now = now.Add(2 * time.Minute)
+	if !th.Allowed("u") {
+		t.Fatal("still refused after window")
+	}
+	th.maxKeys = 10
+	for i := 0; i < 100; i++ {
+		th.Fail(string(rune('a' + i)))
+	}
+	if len(th.keys) > 10 {
+		t.Fatalf("throttle grew to %d keys", len(th.keys))
+	}
+}

@@ -1,0 +1,72 @@
+// Package auth holds the local user store, the NTLMv2 server used for HTTP
+// authentication at the gateway, signed PAA tokens, and login throttling.
+package auth
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"golang.org/x/crypto/md4" //nolint:staticcheck // NTLM is defined over MD4; there is no alternative.
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/proto/ntlm"
+)
+
+// User is a local account.
+type User struct {
+	Name   string
+	Groups []string
+	ntHash [16]byte
+}
+
+// Users is the local user store, keyed by lower-case name.
+type Users struct {
+	byName map[string]*User
+}
+
+// NTHash returns MD4 of the UTF-16LE password, the key NTLM is built on.
+func NTHash(password string) [16]byte {
+	h := md4.New()
+	h.Write(ntlm.EncodeUTF16(password))
+	var out [16]byte
+	copy(out[:], h.Sum(nil))
+	return out
+}
+
+// NewUsers builds the store from validated config.
+func NewUsers(cfg []config.User) (*Users, error) {
+	s := &Users{byName: make(map[string]*User, len(cfg))}
+	for _, u := range cfg {
+		nu := &User{Name: u.Name, Groups: append([]string(nil), u.Groups...)}
+		if u.NTHash.IsSet() {
+			b, err := hex.DecodeString(u.NTHash.Value())
+			if err != nil || len(b) != 16 {
+				return nil, fmt.Errorf("auth: user %s: nt_hash is not 32 hex digits", u.Name)
+			}
+			copy(nu.ntHash[:], b)
+		} else {
+			nu.ntHash = NTHash(u.Password.Value())
+		}
+		s.byName[strings.ToLower(u.Name)] = nu
+	}
+	return s, nil
+}
+
+// Lookup finds a user by name, ignoring case as Windows does. A name given
+// as DOMAIN\user or user@domain is reduced to the user part.
+func (s *Users) Lookup(name string) (*User, bool) {
+	u, ok := s.byName[strings.ToLower(BareName(name))]
+	return u, ok
+}
+
+// BareName strips a DOMAIN\ prefix or an @domain suffix.
+func BareName(name string) string {
+	if i := strings.LastIndexByte(name, '\\'); i >= 0 {
+		name = name[i+1:]
+	}
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}

@@ -1,0 +1,93 @@
+package cli
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deskway/deskway/internal/config"
+)
+
+// upConfigTemplate is what deskway up writes on first start: every role on
+// this machine, a demo user, and policies that reach RDP hosts on loopback.
+const upConfigTemplate = `# Written by "deskway up" on first start; edit freely, it is read on every start.
+state_dir: %[1]s
+log:
+  level: info
+admin:
+  listen: 127.0.0.1:9443
+  tokens: [%[2]s]
+auth:
+  token_key: %[3]s
+  users:
+  - name: demo
+    password: %[4]s
+    groups: [users]
+gateway:
+  listen: ":8443"
+  public_name: localhost:8443
+  connection_policies:
+  - name: users
+    groups: [users]
+  resource_policies:
+  - name: local-rdp
+    groups: [users]
+    hosts: [127.0.0.0/8, "::1"]
+    ports: [3389]
+`
+
+func upCmd() *cobra.Command {
+	var stateDir string
+	c := &cobra.Command{
+		Use:   "up",
+		Short: "Run every role on this machine with embedded defaults and print where to connect",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := filepath.Join(stateDir, "up.yaml")
+			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+				if err := os.MkdirAll(stateDir, 0o700); err != nil {
+					return fmt.Errorf("up: %w", err)
+				}
+				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), random(32), random(12))
+				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+					return fmt.Errorf("up: %w", err)
+				}
+			}
+			cfg, err := config.Load(path)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), func(gw, admin net.Addr) {
+				_, gport, _ := net.SplitHostPort(gw.String())
+				pw := ""
+				if len(cfg.Auth.Users) > 0 {
+					pw = cfg.Auth.Users[0].Password.Value()
+				}
+				fmt.Fprintf(out, `deskway is up (config: %s)
+  gateway    https://localhost:%s  (RD Gateway: MS-TSGU over websocket and RDG_IN/OUT_DATA)
+  admin API  https://%s/api/v1/gateway/tunnels  (Authorization: Bearer %s)
+  metrics    https://%s/metrics
+  user       demo / %s
+Connect through it to an RDP host on this machine:
+  xfreerdp /v:127.0.0.1 /g:localhost:%s /gu:demo /gp:'%s' /gt:http /cert:ignore
+`, path, gport, admin, cfg.Admin.Tokens[0].Value(), admin, pw, gport, pw)
+			})
+		},
+	}
+	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
+	return c
+}
+
+func random(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}

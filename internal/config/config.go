@@ -1,0 +1,484 @@
+// Package config loads deskway's single YAML file: strict decoding (an
+// unknown key is an error naming the key and its line), defaults, and
+// validation that names the key at fault. A present section enables its role.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole file.
+type Config struct {
+	// StateDir holds generated files (self-signed certificate, keys).
+	StateDir string `yaml:"state_dir"`
+	Log      Log    `yaml:"log"`
+	Admin    Admin  `yaml:"admin"`
+	// TLS is the certificate every listener serves; empty means a
+	// self-signed one made in StateDir on first start.
+	TLS     TLS      `yaml:"tls"`
+	Auth    Auth     `yaml:"auth"`
+	Gateway *Gateway `yaml:"gateway"`
+}
+
+// Log configures log/slog.
+type Log struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // auto (text on a terminal, else JSON), json, text
+}
+
+// Admin is the admin listener: JSON API, /metrics and pprof.
+type Admin struct {
+	Listen string `yaml:"listen"`
+	// Tokens are bearer tokens accepted by the admin API (/metrics is open).
+	Tokens []Secret `yaml:"tokens"`
+}
+
+// TLS names a certificate and key in PEM files.
+type TLS struct {
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Auth is the local user store, the token key and login throttling.
+type Auth struct {
+	Users []User `yaml:"users"`
+	// TokenKey signs and verifies PAA tokens; every gateway of a farm and
+	// the broker share it. At least 32 bytes.
+	TokenKey Secret `yaml:"token_key"`
+	// Domain is the NetBIOS domain name offered in NTLM challenges.
+	Domain string `yaml:"domain"`
+	// MaxFailures failed logins within FailureWindow lock a user or a
+	// source address out until the window passes.
+	MaxFailures   int      `yaml:"max_failures"`
+	FailureWindow Duration `yaml:"failure_window"`
+}
+
+// User is a local account. NTLM needs the NT hash of the password, so either
+// the password or its NT hash (32 hex digits) is given.
+type User struct {
+	Name     string   `yaml:"name"`
+	Password Secret   `yaml:"password"`
+	NTHash   Secret   `yaml:"nt_hash"`
+	Groups   []string `yaml:"groups"`
+}
+
+// Gateway is the RD Gateway role.
+type Gateway struct {
+	Listen string `yaml:"listen"`
+	// PublicName is the host[:port] clients use; it goes into .rdp files.
+	PublicName string `yaml:"public_name"`
+	// AuthMethods the gateway offers: ntlm, paa.
+	AuthMethods    []string `yaml:"auth_methods"`
+	Keepalive      Duration `yaml:"keepalive"`
+	IdleTimeout    Duration `yaml:"idle_timeout"`
+	SessionTimeout Duration `yaml:"session_timeout"`
+	// HandshakeTimeout bounds everything from TCP accept to an open channel.
+	HandshakeTimeout Duration `yaml:"handshake_timeout"`
+	DialTimeout      Duration `yaml:"dial_timeout"`
+	// ShutdownGrace is how long open tunnels may run after SIGTERM.
+	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	MaxTunnels    int      `yaml:"max_tunnels"`
+	// ConsentMessage, when set, is shown to the user who must accept it.
+	ConsentMessage string `yaml:"consent_message"`
+	// ServiceMessage, when set, is shown after the tunnel is authorized.
+	ServiceMessage string  `yaml:"service_message"`
+	CAP            []CAP   `yaml:"connection_policies"`
+	RAP            []RAP   `yaml:"resource_policies"`
+	RADIUS         *RADIUS `yaml:"radius"`
+}
+
+// CAP is a connection authorization policy: who may connect, and how.
+type CAP struct {
+	Name   string   `yaml:"name"`
+	Users  []string `yaml:"users"`
+	Groups []string `yaml:"groups"`
+	// AuthMethods allowed under this policy (ntlm, paa); empty means both.
+	AuthMethods []string `yaml:"auth_methods"`
+	// Redirection lists device classes the client may redirect: all, none,
+	// or some of drives, printers, ports, clipboard, pnp.
+	Redirection       []string `yaml:"redirection"`
+	IdleTimeout       Duration `yaml:"idle_timeout"`
+	SessionTimeout    Duration `yaml:"session_timeout"`
+	MaxTunnelsPerUser int      `yaml:"max_tunnels_per_user"`
+	// RADIUS asks the central policy server as well; both must allow.
+	RADIUS bool `yaml:"radius"`
+}
+
+// RAP is a resource authorization policy: which groups reach which hosts.
+type RAP struct {
+	Name   string   `yaml:"name"`
+	Users  []string `yaml:"users"`
+	Groups []string `yaml:"groups"`
+	// Hosts are IP addresses, CIDR prefixes or DNS names. A name matches
+	// the name the client asked for; addresses match what it resolved to.
+	Hosts []string `yaml:"hosts"`
+	Ports []int    `yaml:"ports"`
+}
+
+// RADIUS is the central policy server (Microsoft NPS, FreeRADIUS).
+type RADIUS struct {
+	Server  string   `yaml:"server"`
+	Secret  Secret   `yaml:"secret"`
+	Timeout Duration `yaml:"timeout"`
+	// NASIdentifier is sent in every request so the server can tell gateways apart.
+	NASIdentifier string `yaml:"nas_identifier"`
+}
+
+// Duration is a time.Duration written as "30s", "5m", "8h".
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (write it like 30s, 5m or 8h)", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Secret is a value that may be written inline or as env:NAME or file:PATH.
+// It never prints: logging it shows REDACTED.
+type Secret struct {
+	ref   string
+	value string
+}
+
+// UnmarshalYAML implements yaml.Unmarshaler; resolution happens in Resolve.
+func (s *Secret) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: a secret is a string (inline, env:NAME or file:PATH)", n.Line)
+	}
+	s.ref = n.Value
+	return nil
+}
+
+// MarshalYAML keeps references and hides inline values.
+func (s Secret) MarshalYAML() (any, error) {
+	if strings.HasPrefix(s.ref, "env:") || strings.HasPrefix(s.ref, "file:") {
+		return s.ref, nil
+	}
+	if s.ref == "" {
+		return "", nil
+	}
+	return "REDACTED", nil
+}
+
+// NewSecret returns a resolved secret holding v.
+func NewSecret(v string) Secret { return Secret{ref: v, value: v} }
+
+// Resolve reads env: and file: references.
+func (s *Secret) Resolve() error {
+	switch {
+	case strings.HasPrefix(s.ref, "env:"):
+		name := strings.TrimPrefix(s.ref, "env:")
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			return fmt.Errorf("environment variable %s is not set", name)
+		}
+		s.value = v
+	case strings.HasPrefix(s.ref, "file:"):
+		path := strings.TrimPrefix(s.ref, "file:")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("read secret file: %w", err)
+		}
+		s.value = strings.TrimRight(string(b), "\r\n")
+	default:
+		s.value = s.ref
+	}
+	return nil
+}
+
+// Value returns the resolved secret.
+func (s Secret) Value() string { return s.value }
+
+// IsSet reports whether anything was configured.
+func (s Secret) IsSet() bool { return s.ref != "" }
+
+// String hides the value.
+func (s Secret) String() string { return "REDACTED" }
+
+// LogValue implements slog.LogValuer.
+func (s Secret) LogValue() slog.Value { return slog.StringValue("REDACTED") }
+
+// Load reads, decodes, defaults, resolves and validates the file at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes YAML strictly, applies defaults, resolves secrets and validates.
+func Parse(b []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	c.ApplyDefaults()
+	if err := c.resolveSecrets(); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Config) resolveSecrets() error {
+	for i := range c.Admin.Tokens {
+		if err := c.Admin.Tokens[i].Resolve(); err != nil {
+			return fmt.Errorf("admin.tokens[%d]: %w", i, err)
+		}
+	}
+	if err := c.Auth.TokenKey.Resolve(); err != nil {
+		return fmt.Errorf("auth.token_key: %w", err)
+	}
+	for i := range c.Auth.Users {
+		u := &c.Auth.Users[i]
+		if err := u.Password.Resolve(); err != nil {
+			return fmt.Errorf("auth.users[%d] (%s).password: %w", i, u.Name, err)
+		}
+		if err := u.NTHash.Resolve(); err != nil {
+			return fmt.Errorf("auth.users[%d] (%s).nt_hash: %w", i, u.Name, err)
+		}
+	}
+	if c.Gateway != nil && c.Gateway.RADIUS != nil {
+		if err := c.Gateway.RADIUS.Secret.Resolve(); err != nil {
+			return fmt.Errorf("gateway.radius.secret: %w", err)
+		}
+	}
+	return nil
+}
+
+// ApplyDefaults fills every unset field with its default.
+func (c *Config) ApplyDefaults() {
+	if c.StateDir == "" {
+		c.StateDir = "/var/lib/deskway"
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = "auto"
+	}
+	if c.Admin.Listen == "" {
+		c.Admin.Listen = "127.0.0.1:9443"
+	}
+	if c.Auth.Domain == "" {
+		c.Auth.Domain = "DESKWAY"
+	}
+	if c.Auth.MaxFailures == 0 {
+		c.Auth.MaxFailures = 5
+	}
+	if c.Auth.FailureWindow == 0 {
+		c.Auth.FailureWindow = Duration(5 * time.Minute)
+	}
+	if g := c.Gateway; g != nil {
+		if g.Listen == "" {
+			g.Listen = ":8443"
+		}
+		if len(g.AuthMethods) == 0 {
+			g.AuthMethods = []string{"ntlm", "paa"}
+		}
+		if g.Keepalive == 0 {
+			g.Keepalive = Duration(30 * time.Second)
+		}
+		if g.IdleTimeout == 0 {
+			g.IdleTimeout = Duration(30 * time.Minute)
+		}
+		if g.SessionTimeout == 0 {
+			g.SessionTimeout = Duration(8 * time.Hour)
+		}
+		if g.HandshakeTimeout == 0 {
+			g.HandshakeTimeout = Duration(30 * time.Second)
+		}
+		if g.DialTimeout == 0 {
+			g.DialTimeout = Duration(10 * time.Second)
+		}
+		if g.ShutdownGrace == 0 {
+			g.ShutdownGrace = Duration(30 * time.Second)
+		}
+		if g.MaxTunnels == 0 {
+			g.MaxTunnels = 20000
+		}
+		if g.RADIUS != nil {
+			if g.RADIUS.Timeout == 0 {
+				g.RADIUS.Timeout = Duration(3 * time.Second)
+			}
+			if g.RADIUS.NASIdentifier == "" {
+				g.RADIUS.NASIdentifier = "deskway-gateway"
+			}
+		}
+	}
+}
+
+// Validate checks the decoded, defaulted config and names the key at fault.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "auto", "json", "text":
+	default:
+		bad("log.format", "%q is not one of auto, json, text", c.Log.Format)
+	}
+	if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
+		bad("admin.listen", "%q is not host:port", c.Admin.Listen)
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		bad("tls", "give both cert and key, or neither for a self-signed certificate")
+	}
+	if c.Auth.TokenKey.IsSet() && len(c.Auth.TokenKey.Value()) < 32 {
+		bad("auth.token_key", "is %d bytes; use at least 32 random bytes", len(c.Auth.TokenKey.Value()))
+	}
+	if c.Auth.MaxFailures < 1 {
+		bad("auth.max_failures", "must be at least 1")
+	}
+	seen := map[string]bool{}
+	for i, u := range c.Auth.Users {
+		key := fmt.Sprintf("auth.users[%d]", i)
+		if u.Name == "" || strings.ContainsAny(u.Name, `\@/ `) {
+			bad(key+".name", "%q is empty or has one of \\ @ / or a space", u.Name)
+		}
+		if seen[strings.ToLower(u.Name)] {
+			bad(key+".name", "%q appears twice", u.Name)
+		}
+		seen[strings.ToLower(u.Name)] = true
+		if u.Password.IsSet() == u.NTHash.IsSet() {
+			bad(key, "user %q needs exactly one of password or nt_hash", u.Name)
+		}
+		if u.NTHash.IsSet() && !isHex(u.NTHash.Value(), 32) {
+			bad(key+".nt_hash", "must be 32 hex digits")
+		}
+	}
+	if g := c.Gateway; g != nil {
+		c.validateGateway(g, bad)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
+	if _, _, err := net.SplitHostPort(g.Listen); err != nil {
+		bad("gateway.listen", "%q is not host:port", g.Listen)
+	}
+	for _, m := range g.AuthMethods {
+		switch m {
+		case "ntlm":
+		case "paa":
+			if !c.Auth.TokenKey.IsSet() {
+				bad("gateway.auth_methods", "paa needs auth.token_key")
+			}
+		default:
+			bad("gateway.auth_methods", "%q is not ntlm or paa", m)
+		}
+	}
+	if g.MaxTunnels < 1 {
+		bad("gateway.max_tunnels", "must be at least 1")
+	}
+	if g.Keepalive.D() < time.Second {
+		bad("gateway.keepalive", "must be at least 1s")
+	}
+	if len(g.ConsentMessage) > 8000 || len(g.ServiceMessage) > 8000 {
+		bad("gateway", "consent and service messages are limited to 8000 characters")
+	}
+	for i, p := range g.CAP {
+		key := fmt.Sprintf("gateway.connection_policies[%d]", i)
+		if p.Name == "" {
+			bad(key+".name", "is required")
+		}
+		if len(p.Users) == 0 && len(p.Groups) == 0 {
+			bad(key, "policy %q names no users or groups, so it would match nobody", p.Name)
+		}
+		for _, m := range p.AuthMethods {
+			if m != "ntlm" && m != "paa" {
+				bad(key+".auth_methods", "%q is not ntlm or paa", m)
+			}
+		}
+		for _, r := range p.Redirection {
+			switch r {
+			case "all", "none", "drives", "printers", "ports", "clipboard", "pnp":
+			default:
+				bad(key+".redirection", "%q is not one of all, none, drives, printers, ports, clipboard, pnp", r)
+			}
+		}
+		if p.RADIUS && g.RADIUS == nil {
+			bad(key+".radius", "policy %q asks RADIUS but gateway.radius is not configured", p.Name)
+		}
+	}
+	for i, p := range g.RAP {
+		key := fmt.Sprintf("gateway.resource_policies[%d]", i)
+		if p.Name == "" {
+			bad(key+".name", "is required")
+		}
+		if len(p.Users) == 0 && len(p.Groups) == 0 {
+			bad(key, "policy %q names no users or groups, so it would match nobody", p.Name)
+		}
+		if len(p.Hosts) == 0 {
+			bad(key+".hosts", "policy %q allows no hosts", p.Name)
+		}
+		for _, h := range p.Hosts {
+			if strings.Contains(h, "/") {
+				if _, err := netip.ParsePrefix(h); err != nil {
+					bad(key+".hosts", "%q is not a CIDR prefix: %v", h, err)
+				}
+			}
+		}
+		for _, port := range p.Ports {
+			if port < 1 || port > 65535 {
+				bad(key+".ports", "%d is not a TCP port", port)
+			}
+		}
+	}
+	if r := g.RADIUS; r != nil {
+		if _, _, err := net.SplitHostPort(r.Server); err != nil {
+			bad("gateway.radius.server", "%q is not host:port", r.Server)
+		}
+		if r.Secret.Value() == "" {
+			bad("gateway.radius.secret", "is required")
+		}
+	}
+}
+
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for _, r := range s {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", r) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,83 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// TunnelInfo is one row of the admin API's tunnel list.
+type TunnelInfo struct {
+	ID         uint32    `json:"id"`
+	User       string    `json:"user"`
+	Client     string    `json:"client_address"`
+	ClientName string    `json:"client_name,omitempty"`
+	Transport  string    `json:"transport"`
+	Method     string    `json:"auth_method"`
+	Target     string    `json:"target,omitempty"`
+	TargetName string    `json:"target_name,omitempty"`
+	BytesUp    uint64    `json:"bytes_up"`
+	BytesDown  uint64    `json:"bytes_down"`
+	Started    time.Time `json:"started"`
+	IdleSecs   float64   `json:"idle_seconds"`
+	Open       bool      `json:"channel_open"`
+}
+
+// Tunnels lists every tunnel, handshaking or open.
+func (s *Server) Tunnels() []TunnelInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]TunnelInfo, 0, len(s.tunnels))
+	for _, tn := range s.tunnels {
+		ti := TunnelInfo{ID: tn.id, Client: tn.hs.remote.String(), Transport: tn.transport, Method: tn.hs.method,
+			BytesUp: tn.bytesUp.Load(), BytesDown: tn.bytesDown.Load(), Started: tn.started}
+		// Handshake fields are written by the tunnel goroutine before the
+		// channel opens; they are read only once lastActivity is set.
+		if la := tn.lastActivity.Load(); la != 0 {
+			ti.Open = true
+			ti.User, ti.ClientName = tn.ident.User, tn.clientName
+			ti.Target, ti.TargetName = tn.target.Addr.String(), tn.target.Name
+			ti.IdleSecs = time.Since(time.Unix(0, la)).Seconds()
+		}
+		out = append(out, ti)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Disconnect closes tunnel id; it reports whether the tunnel existed.
+func (s *Server) Disconnect(id uint32, reason string) bool {
+	s.mu.Lock()
+	tn, ok := s.tunnels[id]
+	s.mu.Unlock()
+	if ok {
+		tn.stop(reason)
+	}
+	return ok
+}
+
+// AdminHandler serves the gateway's part of the admin API; the caller
+// mounts it behind authentication.
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/gateway/tunnels", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"tunnels": s.Tunnels()})
+	})
+	mux.HandleFunc("DELETE /api/v1/gateway/tunnels/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.ParseUint(r.PathValue("id"), 10, 32)
+		if err != nil {
+			http.Error(w, `{"error":"tunnel id must be a number"}`, http.StatusBadRequest)
+			return
+		}
+		if !s.Disconnect(uint32(id), "disconnected by administrator") {
+			http.Error(w, `{"error":"no such tunnel"}`, http.StatusNotFound)
+			return
+		}
+		s.log.Info("tunnel disconnected by administrator", "tunnel", id)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}

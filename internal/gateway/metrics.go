@@ -1,0 +1,55 @@
+package gateway
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are built per server on the registry passed in.
+type metrics struct {
+	reg                    prometheus.Registerer
+	tunnels                *prometheus.CounterVec
+	opened                 prometheus.Counter
+	auth                   *prometheus.CounterVec
+	bytesUp, bytesDown     prometheus.Counter
+	latencyUp, latencyDown prometheus.Observer
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "deskway_gateway_relayed_bytes_total", Help: "Payload bytes relayed, by direction (up: client to host).",
+	}, []string{"direction"})
+	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "deskway_gateway_relay_latency_seconds",
+		Help:    "Time from a packet read on one side to its write on the other, by direction.",
+		Buckets: []float64{1e-6, 5e-6, 20e-6, 100e-6, 500e-6, 1e-3, 5e-3, 20e-3, 100e-3, 1},
+	}, []string{"direction"})
+	m := &metrics{
+		reg: reg,
+		tunnels: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deskway_gateway_tunnels_total", Help: "Tunnels ended, by result (ok, error, refused).",
+		}, []string{"result"}),
+		opened: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "deskway_gateway_channels_opened_total", Help: "Channels opened to RDP hosts.",
+		}),
+		auth: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deskway_gateway_auth_total", Help: "Authentication outcomes, by method and result.",
+		}, []string{"method", "result"}),
+		bytesUp: bytes.WithLabelValues("up"), bytesDown: bytes.WithLabelValues("down"),
+		latencyUp: lat.WithLabelValues("up"), latencyDown: lat.WithLabelValues("down"),
+	}
+	reg.MustRegister(m.tunnels, m.opened, m.auth, bytes, lat)
+	return m
+}
+
+func (m *metrics) activeFunc(f func() float64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "deskway_gateway_tunnels_active", Help: "Tunnels open now, handshaking or relaying.",
+	}, f))
+}
+
+func (s *Server) activeCount() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return float64(len(s.tunnels))
+}

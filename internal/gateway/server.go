@@ -1,0 +1,471 @@
+// Package gateway is the RD Gateway: it accepts MS-TSGU tunnels over
+// websocket or the legacy RDG_IN_DATA/RDG_OUT_DATA pair, authenticates the
+// user (NTLM over HTTP, or a PAA token in the tunnel), applies connection
+// and resource policies, and relays bytes to the RDP host. It holds no state
+// another gateway node would need: a farm shares only the token key.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha1"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/proto/ntlm"
+)
+
+// Deps are what the gateway is built from; nothing is global.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	Users    *auth.Users
+	// Tokens verifies PAA cookies; nil disables PAA.
+	Tokens   *auth.Tokens
+	Policy   *policy.Engine
+	Throttle *auth.Throttle
+	// Authorizer asks a central policy server (RADIUS); nil when none.
+	Authorizer Authorizer
+	Domain     string
+	// Dial connects to RDP hosts; nil means a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Authorizer is a central connection policy check (RADIUS, like NPS).
+type Authorizer interface {
+	Authorize(ctx context.Context, id policy.Identity) (extraGroups []string, err error)
+}
+
+// Server is one gateway node.
+type Server struct {
+	cfg     config.Gateway
+	deps    Deps
+	log     *slog.Logger
+	ntlm    *auth.NTLMServer
+	metrics *metrics
+	http    *http.Server
+
+	mu      sync.Mutex // guards the fields below
+	tunnels map[uint32]*tunnel
+	perUser map[string]int
+	pending map[string]*pendingOut // legacy OUT halves waiting for their IN, by RDG-Connection-Id
+	nextID  uint32
+	closing bool
+	wg      sync.WaitGroup // one per running tunnel
+}
+
+// New builds a server; it does not listen until Serve.
+func New(cfg *config.Gateway, d Deps) (*Server, error) {
+	if d.Logger == nil || d.Users == nil || d.Policy == nil || d.Throttle == nil {
+		return nil, errors.New("gateway: logger, users, policy and throttle are required")
+	}
+	if d.Dial == nil {
+		nd := &net.Dialer{Timeout: cfg.DialTimeout.D(), KeepAlive: 30 * time.Second}
+		d.Dial = nd.DialContext
+	}
+	host, _ := os.Hostname()
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		host = host[:i]
+	}
+	s := &Server{
+		cfg:     *cfg,
+		deps:    d,
+		log:     d.Logger,
+		ntlm:    &auth.NTLMServer{Users: d.Users, Domain: d.Domain, Host: host},
+		metrics: newMetrics(d.Registry),
+		tunnels: map[uint32]*tunnel{},
+		perUser: map[string]int{},
+		pending: map[string]*pendingOut{},
+	}
+	s.metrics.activeFunc(s.activeCount)
+	return s, nil
+}
+
+type connKey struct{}
+
+// connState is per TCP connection: HTTP NTLM authenticates the connection,
+// so the exchange and its result live here, not in a request.
+type connState struct {
+	remote netip.Addr
+	ntlm   *auth.NTLMExchange
+	user   *auth.User
+}
+
+// Serve accepts connections on ln (TLS is applied here) until ctx ends,
+// then shuts down gracefully within the configured grace period.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config) error {
+	tc := tlsCfg.Clone()
+	tc.NextProtos = []string{"http/1.1"} // MS-TSGU runs over HTTP/1.1 only
+	s.http = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+			return context.WithValue(ctx, connKey{}, &connState{remote: ap.Addr().Unmap()})
+		},
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(tls.NewListener(ln, tc)) }()
+	s.log.Info("gateway listening", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("gateway: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace.D())
+	defer cancel()
+	return s.Shutdown(sctx)
+}
+
+// Shutdown stops accepting, lets open tunnels finish until ctx ends, then
+// closes the rest.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	n := len(s.tunnels)
+	s.mu.Unlock()
+	s.log.Info("gateway shutting down", "open_tunnels", n)
+	_ = s.http.Shutdown(ctx)
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	for _, t := range s.tunnels {
+		t.stop("gateway shutting down")
+	}
+	for _, p := range s.pending {
+		p.abandon()
+	}
+	s.mu.Unlock()
+	<-done
+	return nil
+}
+
+// ServeHTTP routes the two RDG methods; everything else is 404.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cs, _ := r.Context().Value(connKey{}).(*connState)
+	if cs == nil {
+		cs = &connState{}
+	}
+	switch r.Method {
+	case "RDG_OUT_DATA", "RDG_IN_DATA":
+	default:
+		if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
+			plain(w, http.StatusOK, "ok\n")
+			return
+		}
+		plain(w, http.StatusNotFound, "")
+		return
+	}
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if closing {
+		plain(w, http.StatusServiceUnavailable, "")
+		return
+	}
+	method, ok := s.authenticateHTTP(w, r, cs)
+	if !ok {
+		return
+	}
+	connID := r.Header.Get("RDG-Connection-Id")
+	hs := handshakeInfo{user: cs.user, method: method, remote: cs.remote, connID: connID}
+	switch {
+	case r.Method == "RDG_OUT_DATA" && strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
+		s.serveWebsocket(w, r, hs)
+	case r.Method == "RDG_OUT_DATA":
+		s.serveLegacyOut(w, r, hs)
+	default:
+		s.serveLegacyIn(w, r, hs)
+	}
+}
+
+// plain writes an empty or text/plain body: xfreerdp reads error bodies
+// only for a few content types and chokes on others.
+func plain(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(body))
+}
+
+// authenticateHTTP runs HTTP NTLM on the connection, or lets a PAA client
+// through unauthenticated (its token is checked in TUNNEL_CREATE). It
+// writes the response itself when it returns false.
+func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *connState) (string, bool) {
+	if cs.user != nil {
+		return policy.MethodNTLM, true
+	}
+	authz := r.Header.Get("Authorization")
+	scheme, token, _ := strings.Cut(authz, " ")
+	if authz == "" {
+		if strings.EqualFold(r.Header.Get("RDG-Auth-Scheme"), "PAA") && s.deps.Tokens != nil && s.offers(policy.MethodPAA) {
+			return policy.MethodPAA, true
+		}
+		if !s.offers(policy.MethodNTLM) {
+			s.metrics.auth.WithLabelValues("http", "refused").Inc()
+			plain(w, http.StatusUnauthorized, "")
+			return "", false
+		}
+		w.Header().Add("WWW-Authenticate", "NTLM")
+		w.Header().Add("WWW-Authenticate", "Negotiate")
+		plain(w, http.StatusUnauthorized, "")
+		return "", false
+	}
+	if !s.offers(policy.MethodNTLM) || !(strings.EqualFold(scheme, "NTLM") || strings.EqualFold(scheme, "Negotiate")) {
+		s.log.Warn("unsupported HTTP auth scheme", "scheme", scheme, "remote", cs.remote)
+		plain(w, http.StatusUnauthorized, "")
+		return "", false
+	}
+	msg, err := base64.StdEncoding.DecodeString(strings.TrimSpace(token))
+	if err != nil || len(msg) < 12 || string(msg[:8]) != "NTLMSSP\x00" {
+		s.log.Warn("bad NTLM token", "remote", cs.remote, "scheme", scheme)
+		s.metrics.auth.WithLabelValues(policy.MethodNTLM, "malformed").Inc()
+		plain(w, http.StatusBadRequest, "")
+		return "", false
+	}
+	src := "addr:" + cs.remote.String()
+	switch msg[8] {
+	case 1:
+		if !s.deps.Throttle.Allowed(src) {
+			s.log.Warn("login refused: too many failures from address", "remote", cs.remote)
+			s.metrics.auth.WithLabelValues(policy.MethodNTLM, "throttled").Inc()
+			plain(w, http.StatusUnauthorized, "")
+			return "", false
+		}
+		x, challenge, err := s.ntlm.Challenge(msg)
+		if err != nil {
+			s.log.Warn("bad NTLM negotiate", "remote", cs.remote, "err", err)
+			plain(w, http.StatusBadRequest, "")
+			return "", false
+		}
+		cs.ntlm = x
+		w.Header().Set("WWW-Authenticate", scheme+" "+base64.StdEncoding.EncodeToString(challenge))
+		plain(w, http.StatusUnauthorized, "")
+		return "", false
+	case 3:
+		x := cs.ntlm
+		cs.ntlm = nil
+		if x == nil {
+			s.log.Warn("NTLM authenticate without a challenge on this connection", "remote", cs.remote)
+			plain(w, http.StatusUnauthorized, "")
+			return "", false
+		}
+		u, err := s.ntlm.Authenticate(x, msg)
+		name := ntlmUser(msg)
+		userKey := "user:" + strings.ToLower(auth.BareName(name))
+		if err == nil && !s.deps.Throttle.Allowed(userKey) {
+			err = fmt.Errorf("user %s locked out after repeated failures", name)
+		}
+		if err != nil {
+			s.deps.Throttle.Fail(src)
+			s.deps.Throttle.Fail(userKey)
+			s.log.Warn("login failed", "user", name, "remote", cs.remote, "err", err)
+			s.metrics.auth.WithLabelValues(policy.MethodNTLM, "failed").Inc()
+			plain(w, http.StatusUnauthorized, "")
+			return "", false
+		}
+		s.deps.Throttle.Succeed(userKey)
+		cs.user = u
+		s.metrics.auth.WithLabelValues(policy.MethodNTLM, "ok").Inc()
+		s.log.Info("login", "user", u.Name, "remote", cs.remote, "method", policy.MethodNTLM)
+		return policy.MethodNTLM, true
+	default:
+		plain(w, http.StatusBadRequest, "")
+		return "", false
+	}
+}
+
+func ntlmUser(msg []byte) string {
+	a, err := ntlm.DecodeAuthenticate(msg)
+	if err != nil {
+		return "?"
+	}
+	return a.User
+}
+
+func (s *Server) offers(m string) bool {
+	for _, x := range s.cfg.AuthMethods {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+// handshakeInfo is what the HTTP layer learned before the tunnel starts.
+type handshakeInfo struct {
+	user   *auth.User // nil for PAA
+	method string
+	remote netip.Addr
+	connID string
+}
+
+const websocketGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+// serveWebsocket upgrades RDG_OUT_DATA. xfreerdp 2.11 sends a 15-character
+// Sec-WebSocket-Key that is not base64, so any non-empty key is accepted and
+// the accept value is computed from it exactly as sent.
+func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs handshakeInfo) {
+	key := r.Header.Get("Sec-WebSocket-Key")
+	if key == "" || !headerHasToken(r.Header, "Connection", "upgrade") {
+		plain(w, http.StatusBadRequest, "websocket upgrade needs Connection: Upgrade and Sec-WebSocket-Key\n")
+		return
+	}
+	if v := r.Header.Get("Sec-WebSocket-Version"); v != "" && v != "13" {
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		plain(w, http.StatusUpgradeRequired, "")
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		s.log.Error("websocket hijack", "err", err)
+		return
+	}
+	sum := sha1.Sum([]byte(key + websocketGUID))
+	resp := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
+		base64.StdEncoding.EncodeToString(sum[:]) + "\r\n\r\n"
+	_ = conn.SetDeadline(time.Time{})
+	if _, err := conn.Write([]byte(resp)); err != nil {
+		conn.Close()
+		return
+	}
+	s.runTunnel(newWSTransport(conn, brw.Reader), hs, "websocket")
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pendingOut is a legacy OUT half waiting for its IN half.
+type pendingOut struct {
+	conn  net.Conn
+	hs    handshakeInfo
+	timer *time.Timer
+}
+
+func (p *pendingOut) abandon() { p.conn.Close() }
+
+// pairTimeout is how long an OUT half waits for its IN half.
+const pairTimeout = 30 * time.Second
+
+// serveLegacyOut answers RDG_OUT_DATA with 200 and a 10-byte seed, HTTP/1.0
+// style without a length, then waits for the IN half with the same id.
+func (s *Server) serveLegacyOut(w http.ResponseWriter, r *http.Request, hs handshakeInfo) {
+	if hs.connID == "" || len(hs.connID) > 128 {
+		plain(w, http.StatusBadRequest, "RDG-Connection-Id header missing or too long\n")
+		return
+	}
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		s.log.Error("legacy out hijack", "err", err)
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	p := &pendingOut{conn: conn, hs: hs}
+	s.mu.Lock()
+	if _, dup := s.pending[hs.connID]; dup {
+		s.mu.Unlock()
+		s.log.Warn("second RDG_OUT_DATA for a connection id", "remote", hs.remote)
+		_, _ = conn.Write([]byte("HTTP/1.1 409 Conflict\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+		conn.Close()
+		return
+	}
+	s.pending[hs.connID] = p
+	p.timer = time.AfterFunc(pairTimeout, func() {
+		s.mu.Lock()
+		if s.pending[hs.connID] == p {
+			delete(s.pending, hs.connID)
+			s.mu.Unlock()
+			s.log.Warn("RDG_OUT_DATA never joined by RDG_IN_DATA", "remote", hs.remote)
+			conn.Close()
+			return
+		}
+		s.mu.Unlock()
+	})
+	s.mu.Unlock()
+	seed := make([]byte, 10)
+	_, _ = rand.Read(seed)
+	resp := "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nCache-Control: no-cache\r\n\r\n"
+	if _, err := conn.Write(append([]byte(resp), seed...)); err != nil {
+		conn.Close()
+	}
+	// The IN half's goroutine runs the tunnel; this one is done.
+}
+
+// serveLegacyIn answers the body-less RDG_IN_DATA with 200, and runs the
+// tunnel on the chunked one, after pairing it with its OUT half.
+func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handshakeInfo) {
+	chunked := len(r.TransferEncoding) > 0 && r.TransferEncoding[0] == "chunked"
+	if !chunked && r.ContentLength <= 0 {
+		plain(w, http.StatusOK, "")
+		return
+	}
+	s.mu.Lock()
+	p, ok := s.pending[hs.connID]
+	var why string
+	switch {
+	case !ok:
+		why = "no RDG_OUT_DATA with this connection id is waiting"
+	case p.hs.method != hs.method:
+		why = "IN and OUT halves authenticated differently"
+	case hs.method == policy.MethodNTLM && (p.hs.user == nil || hs.user == nil || p.hs.user.Name != hs.user.Name):
+		why = "IN half authenticated as another user than the OUT half"
+	case hs.method == policy.MethodPAA && p.hs.remote != hs.remote:
+		why = "IN half comes from another address than the OUT half"
+	default:
+		delete(s.pending, hs.connID)
+		p.timer.Stop()
+	}
+	s.mu.Unlock()
+	if why != "" {
+		s.log.Warn("RDG_IN_DATA refused", "reason", why, "remote", hs.remote)
+		plain(w, http.StatusForbidden, "")
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		p.conn.Close()
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	lt := &legacyTransport{in: conn, out: p.conn}
+	if chunked {
+		lt.pr = packetReader{r: httputil.NewChunkedReader(brw.Reader)}
+	} else {
+		lt.pr = packetReader{r: io.LimitReader(brw.Reader, r.ContentLength)}
+	}
+	s.runTunnel(lt, hs, "legacy")
+}

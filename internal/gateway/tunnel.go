@@ -1,0 +1,407 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/proto/tsgu"
+)
+
+// state is where a tunnel is in the MS-TSGU sequence.
+type state int
+
+const (
+	stateHandshake state = iota
+	stateTunnelCreate
+	stateTunnelAuth
+	stateChannelCreate
+	stateOpen
+)
+
+// tunnel is one client's tunnel. The goroutine running run owns every field
+// up to the channel opening; after that, the fields read by the admin API
+// are either immutable or atomic.
+type tunnel struct {
+	id        uint32
+	srv       *Server
+	t         transport
+	log       *slog.Logger
+	hs        handshakeInfo
+	transport string
+	started   time.Time
+
+	// Set during the handshake, immutable once the channel is open.
+	ident      policy.Identity
+	grant      *policy.Grant
+	claims     *auth.Claims
+	target     *policy.Target
+	clientName string
+	clientCaps uint32
+	counted    bool // counted in perUser
+	upstream   net.Conn
+
+	bytesUp, bytesDown atomic.Uint64
+	lastActivity       atomic.Int64 // unix nanos of the last data either way
+	lastSend           atomic.Int64
+
+	stopOnce sync.Once
+	stopped  chan struct{}
+	reason   atomic.Pointer[string]
+}
+
+// runTunnel registers the tunnel, runs it to the end and cleans up.
+func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		t.close()
+		return
+	}
+	s.nextID++
+	tn := &tunnel{id: s.nextID, srv: s, t: t, hs: hs, transport: kind, started: time.Now(), stopped: make(chan struct{})}
+	s.tunnels[tn.id] = tn
+	s.wg.Add(1)
+	s.mu.Unlock()
+	tn.log = s.log.With("tunnel", tn.id, "remote", hs.remote.String(), "transport", kind)
+	defer s.wg.Done()
+
+	err := tn.run()
+	tn.stop("")
+	t.close()
+
+	s.mu.Lock()
+	delete(s.tunnels, tn.id)
+	if tn.counted {
+		if s.perUser[tn.ident.User]--; s.perUser[tn.ident.User] <= 0 {
+			delete(s.perUser, tn.ident.User)
+		}
+	}
+	s.mu.Unlock()
+
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	if tn.target == nil {
+		result = "refused"
+	}
+	s.metrics.tunnels.WithLabelValues(result).Inc()
+	attrs := []any{"bytes_up", tn.bytesUp.Load(), "bytes_down", tn.bytesDown.Load(),
+		"duration", time.Since(tn.started).Round(time.Millisecond).String()}
+	if tn.target != nil {
+		attrs = append(attrs, "target", tn.target.Addr.String())
+	}
+	if r := tn.reason.Load(); r != nil && *r != "" {
+		attrs = append(attrs, "reason", *r)
+	}
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) {
+		attrs = append(attrs, "err", err.Error())
+	}
+	tn.log.Info("tunnel closed", attrs...)
+}
+
+// stop ends the tunnel from outside its goroutine (admin, shutdown, timeouts).
+func (tn *tunnel) stop(reason string) {
+	tn.stopOnce.Do(func() {
+		if reason != "" {
+			tn.reason.Store(&reason)
+		}
+		close(tn.stopped)
+		tn.t.close()
+	})
+}
+
+// responseFor maps a request type to the response type that carries an error for it.
+func responseFor(t tsgu.PacketType, code tsgu.HRESULT) tsgu.Message {
+	switch t {
+	case tsgu.TypeHandshakeRequest:
+		return &tsgu.HandshakeResponse{ErrorCode: code, VerMajor: 1}
+	case tsgu.TypeTunnelCreate:
+		return &tsgu.TunnelResponse{ServerVersion: 1, StatusCode: code}
+	case tsgu.TypeTunnelAuth:
+		return &tsgu.TunnelAuthResponse{ErrorCode: code}
+	case tsgu.TypeChannelCreate:
+		return &tsgu.ChannelResponse{ErrorCode: code}
+	case tsgu.TypeExtendedAuth:
+		return &tsgu.ExtendedAuth{ErrorCode: code}
+	case tsgu.TypeCloseChannel:
+		return &tsgu.CloseChannelResponse{StatusCode: code}
+	}
+	return nil
+}
+
+// refusal is an error to report to the client in the response to a packet.
+type refusal struct {
+	pkt    tsgu.PacketType
+	code   tsgu.HRESULT
+	reason string
+}
+
+func (r *refusal) Error() string {
+	return fmt.Sprintf("%s refused with %s: %s", r.pkt, r.code, r.reason)
+}
+
+func (tn *tunnel) send(m tsgu.Message) error {
+	b, err := m.Append(nil)
+	if err != nil {
+		return err
+	}
+	tn.lastSend.Store(time.Now().UnixNano())
+	return tn.t.writePacket(b)
+}
+
+// run drives the handshake and then the relay.
+func (tn *tunnel) run() error {
+	cfg := &tn.srv.cfg
+	_ = tn.t.setReadDeadline(time.Now().Add(cfg.HandshakeTimeout.D()))
+	st := stateHandshake
+	for st != stateOpen {
+		pkt, err := tn.t.readPacket()
+		if err != nil {
+			tn.reasonf("client went away during handshake: %v", err)
+			return err
+		}
+		h, _ := tsgu.ParseHeader(pkt)
+		msg, err := tsgu.Decode(pkt)
+		if err != nil {
+			return tn.refuse(&refusal{h.Type, tsgu.EBadArguments, err.Error()}, "malformed packet")
+		}
+		next, err := tn.step(st, msg)
+		if err != nil {
+			var r *refusal
+			if errors.As(err, &r) {
+				return tn.refuse(r, "refused")
+			}
+			return err
+		}
+		st = next
+	}
+	_ = tn.t.setReadDeadline(time.Time{})
+	return tn.relay()
+}
+
+func (tn *tunnel) reasonf(format string, a ...any) {
+	s := fmt.Sprintf(format, a...)
+	tn.reason.CompareAndSwap(nil, &s)
+}
+
+// refuse sends the error response for the offending packet and ends the tunnel.
+func (tn *tunnel) refuse(r *refusal, what string) error {
+	tn.reasonf("%s", r.reason)
+	level := slog.LevelInfo
+	if r.code == tsgu.EBadArguments || r.code == tsgu.EAccessDenied {
+		level = slog.LevelWarn // a misbehaving client
+	}
+	tn.log.Log(context.Background(), level, "tunnel "+what, "packet", r.pkt.String(), "status", r.code.String(), "reason", r.reason, "user", tn.ident.User)
+	if m := responseFor(r.pkt, r.code); m != nil {
+		_ = tn.send(m)
+	}
+	return r
+}
+
+// step handles one handshake packet in state st.
+func (tn *tunnel) step(st state, msg tsgu.Message) (state, error) {
+	expect := map[state]tsgu.PacketType{
+		stateHandshake:     tsgu.TypeHandshakeRequest,
+		stateTunnelCreate:  tsgu.TypeTunnelCreate,
+		stateTunnelAuth:    tsgu.TypeTunnelAuth,
+		stateChannelCreate: tsgu.TypeChannelCreate,
+	}[st]
+	if msg.Type() == tsgu.TypeKeepalive {
+		return st, nil
+	}
+	if msg.Type() != expect {
+		return st, &refusal{msg.Type(), tsgu.EAccessDenied, fmt.Sprintf("got %s while waiting for %s", msg.Type(), expect)}
+	}
+	switch m := msg.(type) {
+	case *tsgu.HandshakeRequest:
+		return tn.handshake(m)
+	case *tsgu.TunnelCreate:
+		return tn.tunnelCreate(m)
+	case *tsgu.TunnelAuth:
+		return tn.tunnelAuth(m)
+	case *tsgu.ChannelCreate:
+		return tn.channelCreate(m)
+	}
+	return st, fmt.Errorf("gateway: unhandled %s", msg.Type())
+}
+
+func (tn *tunnel) handshake(m *tsgu.HandshakeRequest) (state, error) {
+	if m.VerMajor != 1 {
+		return 0, &refusal{m.Type(), tsgu.EProxyCapabilityMismatch, fmt.Sprintf("protocol version %d.%d not supported", m.VerMajor, m.VerMinor)}
+	}
+	ext := tsgu.ExtAuthNone
+	switch tn.hs.method {
+	case policy.MethodPAA:
+		if m.ExtendedAuth&tsgu.ExtAuthPAA == 0 {
+			return 0, &refusal{m.Type(), tsgu.EProxyUnsupportedAuthenticationMeth, "unauthenticated HTTP connection without PAA"}
+		}
+		ext = tsgu.ExtAuthPAA
+	case policy.MethodNTLM:
+		if m.ExtendedAuth&tsgu.ExtAuthPAA != 0 && tn.srv.deps.Tokens != nil {
+			ext = tsgu.ExtAuthPAA // the token is checked as well
+		}
+	}
+	if err := tn.send(&tsgu.HandshakeResponse{VerMajor: 1, VerMinor: 0, ExtendedAuth: ext}); err != nil {
+		return 0, err
+	}
+	return stateTunnelCreate, nil
+}
+
+func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
+	s := tn.srv
+	tn.clientCaps = m.Capabilities
+	id := policy.Identity{Method: tn.hs.method, Source: tn.hs.remote}
+	if tn.hs.user != nil {
+		id.User, id.Groups = tn.hs.user.Name, tn.hs.user.Groups
+	}
+	if tn.hs.method == policy.MethodPAA || m.PAACookie != nil && s.deps.Tokens != nil {
+		if m.PAACookie == nil {
+			return 0, &refusal{m.Type(), tsgu.EProxyCookieBadPacket, "PAA cookie missing"}
+		}
+		c, err := s.deps.Tokens.Verify(strings.TrimSpace(m.CookieString()))
+		if err != nil {
+			s.metrics.auth.WithLabelValues(policy.MethodPAA, "failed").Inc()
+			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, err.Error()}
+		}
+		if tn.hs.user != nil && !strings.EqualFold(tn.hs.user.Name, c.User()) {
+			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token is for %s, HTTP login is %s", c.User(), tn.hs.user.Name)}
+		}
+		s.metrics.auth.WithLabelValues(policy.MethodPAA, "ok").Inc()
+		tn.claims = c
+		if tn.hs.user == nil {
+			id.User, id.Groups = c.User(), c.Groups
+			if u, ok := s.deps.Users.Lookup(c.User()); ok {
+				id.Groups = mergeGroups(id.Groups, u.Groups)
+			}
+		}
+	}
+	tn.ident = id
+	tn.log = tn.log.With("user", id.User)
+	if s.deps.Authorizer != nil {
+		// RADIUS may add groups, so it is asked before the CAPs when configured.
+		g, err := s.deps.Authorizer.Authorize(context.Background(), id)
+		if err != nil {
+			return 0, &refusal{m.Type(), tsgu.EProxyNAPAccessDenied, "central policy: " + err.Error()}
+		}
+		tn.ident.Groups = mergeGroups(tn.ident.Groups, g)
+	}
+	grant, err := s.deps.Policy.Connect(tn.ident)
+	if err != nil {
+		var d *policy.Denied
+		if errors.As(err, &d) {
+			return 0, &refusal{m.Type(), d.Code, d.Reason}
+		}
+		return 0, &refusal{m.Type(), tsgu.EProxyInternalError, err.Error()}
+	}
+	tn.grant = grant
+	s.mu.Lock()
+	switch {
+	case len(s.tunnels) > s.cfg.MaxTunnels:
+		s.mu.Unlock()
+		return 0, &refusal{m.Type(), tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("gateway holds its maximum of %d tunnels", s.cfg.MaxTunnels)}
+	case grant.MaxTunnelsPerUser > 0 && s.perUser[id.User] >= grant.MaxTunnelsPerUser:
+		s.mu.Unlock()
+		return 0, &refusal{m.Type(), tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("%s already has %d tunnels (policy %s allows %d)", id.User, s.perUser[id.User], grant.Policy, grant.MaxTunnelsPerUser)}
+	}
+	s.perUser[id.User]++
+	tn.counted = true
+	s.mu.Unlock()
+
+	resp := &tsgu.TunnelResponse{ServerVersion: 1, HasTunnelID: true, TunnelID: tn.id, HasCaps: true,
+		Capabilities: m.Capabilities & (tsgu.CapIdleTimeout | tsgu.CapMessagingConsentSign | tsgu.CapMessagingServiceMsg)}
+	if s.cfg.ConsentMessage != "" && m.Capabilities&tsgu.CapMessagingConsentSign != 0 {
+		resp.HasConsent, resp.ConsentMsg = true, s.cfg.ConsentMessage
+	}
+	if err := tn.send(resp); err != nil {
+		return 0, err
+	}
+	return stateTunnelAuth, nil
+}
+
+func mergeGroups(a, b []string) []string {
+	out := append([]string(nil), a...)
+	for _, g := range b {
+		dup := false
+		for _, x := range out {
+			if strings.EqualFold(x, g) {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func (tn *tunnel) tunnelAuth(m *tsgu.TunnelAuth) (state, error) {
+	tn.clientName = m.ClientName
+	g := tn.grant
+	resp := &tsgu.TunnelAuthResponse{HasRedirFlags: true, RedirFlags: g.RedirFlags}
+	if g.IdleTimeout > 0 {
+		resp.HasIdleTimeout = true
+		resp.IdleTimeoutMinutes = uint32((g.IdleTimeout + time.Minute - 1) / time.Minute)
+	}
+	if err := tn.send(resp); err != nil {
+		return 0, err
+	}
+	if msg := tn.srv.cfg.ServiceMessage; msg != "" && tn.clientCaps&tsgu.CapMessagingServiceMsg != 0 {
+		if err := tn.send(&tsgu.ServiceMessage{Message: msg}); err != nil {
+			return 0, err
+		}
+	}
+	return stateChannelCreate, nil
+}
+
+func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
+	s := tn.srv
+	names := append(append([]string(nil), m.Resources...), m.AltResources...)
+	var lastErr *refusal
+	for _, name := range names {
+		if c := tn.claims; c != nil && (!strings.EqualFold(strings.TrimSuffix(name, "."), c.Host) || int(m.Port) != c.Port) {
+			lastErr = &refusal{m.Type(), tsgu.EProxyRAPAccessDenied, fmt.Sprintf("token allows %s:%d, client asked for %s:%d", c.Host, c.Port, name, m.Port)}
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout.D())
+		tg, err := s.deps.Policy.Resource(ctx, tn.ident, name, m.Port)
+		if err != nil {
+			cancel()
+			var d *policy.Denied
+			if errors.As(err, &d) {
+				lastErr = &refusal{m.Type(), d.Code, d.Reason}
+			} else {
+				lastErr = &refusal{m.Type(), tsgu.EProxyInternalError, err.Error()}
+			}
+			continue
+		}
+		conn, err := s.deps.Dial(ctx, "tcp", tg.Addr.String())
+		cancel()
+		if err != nil {
+			lastErr = &refusal{m.Type(), tsgu.EProxyTSConnectFailed, fmt.Sprintf("dial %s (%s): %v", name, tg.Addr, err)}
+			continue
+		}
+		tn.target = tg
+		if err := tn.send(&tsgu.ChannelResponse{HasChannelID: true, ChannelID: 1}); err != nil {
+			conn.Close()
+			return 0, err
+		}
+		tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
+			"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method)
+		s.metrics.opened.Inc()
+		tn.upstream = conn
+		return stateOpen, nil
+	}
+	return 0, lastErr
+}

@@ -1,0 +1,133 @@
+// Package obs sets up logging and the admin listener (JSON admin API,
+// Prometheus /metrics and pprof) that every role shares.
+package obs
+
+import (
+	"context"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/term"
+)
+
+// NewLogger returns a JSON logger, or a text one when format is "text" or
+// "auto" and w is a terminal.
+func NewLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "text" || format == "auto" && isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// NewRegistry returns a registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Admin is the admin HTTPS listener.
+type Admin struct {
+	Log      *slog.Logger
+	Registry *prometheus.Registry
+	// Tokens are accepted as "Authorization: Bearer <token>" on /api/ and /debug/.
+	Tokens []string
+	// API handlers, each owning a path prefix under /api/v1/.
+	API []http.Handler
+}
+
+func (a *Admin) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return false
+	}
+	for _, t := range a.Tokens {
+		if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// Handler returns the admin mux.
+func (a *Admin) Handler() http.Handler {
+	api := http.NewServeMux()
+	for _, h := range a.API {
+		api = chain(api, h)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	protected := http.NewServeMux()
+	protected.Handle("/api/", api)
+	protected.HandleFunc("/debug/pprof/", pprof.Index)
+	protected.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	protected.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="deskway admin"`)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"error":"admin API needs Authorization: Bearer <admin token>"}`+"\n")
+			return
+		}
+		protected.ServeHTTP(w, r)
+	})
+	mux.Handle("/api/", guard)
+	mux.Handle("/debug/", guard)
+	return mux
+}
+
+// chain tries each handler's routes in turn: the first that matches serves.
+func chain(first *http.ServeMux, next http.Handler) *http.ServeMux {
+	m := http.NewServeMux()
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := first.Handler(r); pattern != "" {
+			first.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+	return m
+}
+
+// Serve runs the admin listener until ctx ends.
+func (a *Admin) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(a.Log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(tls.NewListener(ln, tc)) }()
+	a.Log.Info("admin listening", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("admin: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	}
+}
