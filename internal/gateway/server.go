@@ -115,7 +115,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 	tc.NextProtos = []string{"http/1.1"} // MS-TSGU runs over HTTP/1.1 only
 	s.http = &http.Server{
 		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.cfg.HandshakeTimeout.D(),
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
@@ -208,6 +208,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // plain writes an empty or text/plain body: xfreerdp reads error bodies
 // only for a few content types and chokes on others.
 func plain(w http.ResponseWriter, code int, body string) {
+	if code >= 400 && code != http.StatusUnauthorized {
+		// Refusals end the connection; otherwise net/http would first try to
+		// drain a request body that, for RDG_IN_DATA, never ends.
+		w.Header().Set("Connection", "close")
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 	w.WriteHeader(code)

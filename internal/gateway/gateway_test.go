@@ -1,0 +1,631 @@
+package gateway_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/proto/tsgu"
+	"github.com/deskway/deskway/internal/testkit"
+	"github.com/deskway/deskway/internal/tsgclient"
+)
+
+const testConfig = `
+auth:
+  token_key: "0123456789abcdef0123456789abcdef"
+  max_failures: 3
+  users:
+  - {name: alice, password: "Alice-Pass1", groups: [staff]}
+  - {name: bob, password: "Bob-Pass1", groups: [staff]}
+  - {name: eve, password: "Eve-Pass1", groups: [outsiders]}
+gateway:
+  listen: 127.0.0.1:0
+  handshake_timeout: 2s
+  keepalive: 1s
+  shutdown_grace: 1s
+  service_message: "Maintenance at 22:00"
+  connection_policies:
+  - {name: staff, groups: [staff], max_tunnels_per_user: 4}
+  resource_policies:
+  - {name: loop, groups: [staff], hosts: [127.0.0.1]}
+`
+
+type harness struct {
+	srv       *gateway.Server
+	addr      string
+	clientTLS *tls.Config
+	tokens    *auth.Tokens
+	echo      string
+	echoPort  uint16
+	cancel    context.CancelFunc
+	done      chan error
+	logs      *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func start(t *testing.T, mod func(*config.Config)) *harness {
+	t.Helper()
+	cfg, err := config.Parse([]byte(testConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mod != nil {
+		mod(cfg)
+	}
+	serverTLS, clientTLS, _, _ := testkit.TLS(t)
+	users, err := auth.NewUsers(cfg.Auth.Users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, _ := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+	pol, err := policy.New(cfg.Gateway, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	h := &harness{clientTLS: clientTLS, tokens: tokens, logs: logs, done: make(chan error, 1)}
+	h.srv, err = gateway.New(cfg.Gateway, gateway.Deps{
+		Logger:   slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Users:    users,
+		Tokens:   tokens,
+		Policy:   pol,
+		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
+		Domain:   cfg.Auth.Domain,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.addr = ln.Addr().String()
+	h.echo = testkit.Echo(t)
+	_, p, _ := net.SplitHostPort(h.echo)
+	fmt.Sscan(p, &h.echoPort)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- h.srv.Serve(ctx, ln, serverTLS) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.done:
+		case <-time.After(10 * time.Second):
+			t.Error("gateway did not stop")
+		}
+	})
+	return h
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	if testing.Verbose() {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+func (h *harness) cfg(user, pass, transport string) tsgclient.Config {
+	return tsgclient.Config{Gateway: h.addr, TLS: h.clientTLS, User: user, Password: pass, Transport: transport}
+}
+
+func (h *harness) token(t *testing.T, user, host string, port uint16, ttl time.Duration) string {
+	t.Helper()
+	s, err := h.tokens.Mint(user, nil, host, int(port), ttl, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func dial(t *testing.T, c tsgclient.Config, host string, port uint16) (*tsgclient.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return tsgclient.Dial(ctx, c, host, port)
+}
+
+func echoRoundTrip(t *testing.T, c *tsgclient.Conn, size int) {
+	t.Helper()
+	msg := bytes.Repeat([]byte("deskway!"), size/8+1)[:size]
+	go func() { _, _ = c.Write(msg) }()
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("echo read: %v", err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatal("echo mismatch")
+	}
+}
+
+func TestTunnelsEcho(t *testing.T) {
+	h := start(t, nil)
+	for _, tr := range []string{tsgclient.Websocket, tsgclient.Legacy} {
+		t.Run("ntlm-"+tr, func(t *testing.T) {
+			c, err := dial(t, h.cfg("alice", "Alice-Pass1", tr), "127.0.0.1", h.echoPort)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			echoRoundTrip(t, c, 10)
+			echoRoundTrip(t, c, 200000) // spans many data packets and frames
+		})
+		t.Run("paa-"+tr, func(t *testing.T) {
+			cfg := h.cfg("", "", tr)
+			cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+			c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			echoRoundTrip(t, c, 1000)
+		})
+	}
+}
+
+func statusOf(err error) tsgu.HRESULT {
+	var se *tsgclient.StatusError
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	return 0
+}
+
+func httpStatusOf(err error) int {
+	var he *tsgclient.HTTPError
+	if errors.As(err, &he) {
+		return he.Status
+	}
+	return 0
+}
+
+func TestRefusals(t *testing.T) {
+	h := start(t, nil)
+	if _, err := dial(t, h.cfg("alice", "wrong", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != 401 {
+		t.Fatalf("wrong password: %v", err)
+	}
+	if _, err := dial(t, h.cfg("eve", "Eve-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyNAPAccessDenied {
+		t.Fatalf("user in no CAP: %v", err)
+	}
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.2", h.echoPort); statusOf(err) != tsgu.EProxyRAPAccessDenied {
+		t.Fatalf("RAP-denied host: %v", err)
+	}
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Legacy), "127.0.0.1", 1); statusOf(err) != tsgu.EProxyTSConnectFailed {
+		t.Fatalf("closed port: %v", err)
+	}
+	expired := h.cfg("", "", tsgclient.Websocket)
+	expired.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, -time.Minute)
+	if _, err := dial(t, expired, "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+		t.Fatalf("expired token: %v", err)
+	}
+	forged := h.cfg("", "", tsgclient.Websocket)
+	other, _ := auth.NewTokens([]byte(strings.Repeat("x", 32)), nil)
+	forged.Token, _ = other.Mint("bob", nil, "127.0.0.1", int(h.echoPort), time.Minute, "f")
+	if _, err := dial(t, forged, "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+		t.Fatalf("forged token: %v", err)
+	}
+	wrongHost := h.cfg("", "", tsgclient.Legacy)
+	wrongHost.Token = h.token(t, "bob", "127.0.0.1", h.echoPort+1, time.Minute)
+	if _, err := dial(t, wrongHost, "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyRAPAccessDenied {
+		t.Fatalf("token for another port: %v", err)
+	}
+	for code := range map[tsgu.HRESULT]bool{tsgu.EProxyNAPAccessDenied: true, tsgu.EProxyRAPAccessDenied: true} {
+		if !code.Failed() {
+			t.Fatalf("%s would read as success to FreeRDP", code)
+		}
+	}
+}
+
+func TestLoginThrottle(t *testing.T) {
+	h := start(t, nil)
+	for i := 0; i < 3; i++ {
+		if _, err := dial(t, h.cfg("bob", "nope", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != 401 {
+			t.Fatalf("attempt %d: %v", i, err)
+		}
+	}
+	// The right password is now refused too: the user and the address are locked out.
+	if _, err := dial(t, h.cfg("bob", "Bob-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != 401 {
+		t.Fatalf("locked-out login: %v", err)
+	}
+	if !strings.Contains(h.logs.String(), "too many failures") {
+		t.Fatal("lockout not logged")
+	}
+}
+
+func TestMaxTunnelsPerUser(t *testing.T) {
+	h := start(t, nil)
+	var conns []*tsgclient.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 4; i++ {
+		c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyMaxConnectionsReached {
+		t.Fatalf("fifth tunnel: %v", err)
+	}
+}
+
+func TestServiceMessageAndKeepalive(t *testing.T) {
+	h := start(t, nil)
+	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ServiceMessage != "Maintenance at 22:00" && c.ServiceMessage == "" {
+		// The service message follows the auth response; it is read by the first Read.
+		echoRoundTrip(t, c, 4)
+	}
+	if c.ServiceMessage != "Maintenance at 22:00" {
+		t.Fatalf("service message %q", c.ServiceMessage)
+	}
+	// Silent for more than the keepalive interval: the tunnel must stay up.
+	time.Sleep(2500 * time.Millisecond)
+	echoRoundTrip(t, c, 4)
+}
+
+func TestIdleTimeout(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Gateway.CAP[0].IdleTimeout = config.Duration(1500 * time.Millisecond)
+	})
+	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 10)
+	start := time.Now()
+	if _, err := c.Read(buf); !errors.Is(err, io.EOF) {
+		t.Fatalf("idle tunnel: read returned %v", err)
+	}
+	if d := time.Since(start); d < time.Second || d > 8*time.Second {
+		t.Fatalf("idle close after %s", d)
+	}
+}
+
+func TestAdminListAndDisconnect(t *testing.T) {
+	h := start(t, nil)
+	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echoRoundTrip(t, c, 100)
+	api := httptest.NewServer(h.srv.AdminHandler())
+	defer api.Close()
+	resp, err := http.Get(api.URL + "/api/v1/gateway/tunnels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Tunnels []gateway.TunnelInfo }
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if len(list.Tunnels) != 1 || list.Tunnels[0].User != "alice" || list.Tunnels[0].BytesUp != 100 || list.Tunnels[0].Target != "127.0.0.1:"+fmt.Sprint(h.echoPort) {
+		t.Fatalf("tunnel list: %+v", list)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("%s/api/v1/gateway/tunnels/%d", api.URL, list.Tunnels[0].ID), nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("disconnect: %v %v", resp.Status, err)
+	}
+	if _, err := io.ReadAll(c); err != nil && !errors.Is(err, io.EOF) && !isClosed(err) {
+		t.Fatalf("after disconnect: %v", err)
+	}
+	req, _ = http.NewRequest(http.MethodDelete, api.URL+"/api/v1/gateway/tunnels/999", nil)
+	if resp, _ := http.DefaultClient.Do(req); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown tunnel: %s", resp.Status)
+	}
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "connection reset")
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Gateway.ShutdownGrace = config.Duration(3 * time.Second) })
+	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h.cancel()
+	time.Sleep(300 * time.Millisecond)
+	// The open tunnel keeps working during the grace period...
+	echoRoundTrip(t, c, 50)
+	// ...new ones are refused...
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
+		t.Fatal("new tunnel accepted while shutting down")
+	}
+	// ...and it is closed when the grace period ends.
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+		h.done <- nil
+	case <-time.After(8 * time.Second):
+		t.Fatal("shutdown did not finish after the grace period")
+	}
+	if _, err := io.ReadAll(c); err != nil && !errors.Is(err, io.EOF) && !isClosed(err) {
+		t.Fatalf("tunnel after shutdown: %v", err)
+	}
+}
+
+// rawWS opens a PAA websocket with no tunnel yet, for sending arbitrary bytes.
+type rawWS struct {
+	conn net.Conn
+	br   *bufio.Reader
+}
+
+func openRaw(t *testing.T, h *harness) *rawWS {
+	t.Helper()
+	conn, err := tls.Dial("tcp", h.addr, h.clientTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// xfreerdp 2.11's key: 15 characters, not base64. It must be accepted.
+	req := "RDG_OUT_DATA /remoteDesktopGateway/ HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: abcdefghijklmno\r\nRDG-Auth-Scheme: PAA\r\nRDG-Connection-Id: {1}\r\n\r\n"
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// SHA-1 of "abcdefghijklmno" + the RFC 6455 GUID, base64.
+	if resp.StatusCode != 101 || resp.Header.Get("Sec-WebSocket-Accept") != "Nt4tTD0SOVSQAJkqL4s4NWyLmn0=" {
+		t.Fatalf("upgrade: %s accept %q", resp.Status, resp.Header.Get("Sec-WebSocket-Accept"))
+	}
+	return &rawWS{conn: conn, br: br}
+}
+
+func (r *rawWS) send(t *testing.T, b []byte) {
+	t.Helper()
+	f := ws.MaskFrameInPlace(ws.NewBinaryFrame(append([]byte(nil), b...)))
+	_ = ws.WriteFrame(r.conn, f)
+}
+
+// readUntilClose collects server packets until the connection closes.
+func (r *rawWS) readUntilClose(t *testing.T) []tsgu.Message {
+	t.Helper()
+	_ = r.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var out []tsgu.Message
+	for {
+		f, err := ws.ReadFrame(r.br)
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatal("server did not close the connection")
+			}
+			return out
+		}
+		if f.Header.OpCode == ws.OpClose {
+			return out
+		}
+		m, err := tsgu.Decode(f.Payload)
+		if err != nil {
+			t.Fatalf("server sent undecodable packet %x: %v", f.Payload, err)
+		}
+		out = append(out, m)
+	}
+}
+
+func pkt(t *testing.T, m tsgu.Message) []byte {
+	b, err := m.Append(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestBadInput(t *testing.T) {
+	h := start(t, nil)
+	// A healthy tunnel that must not notice any of the abuse below.
+	good, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	hs := pkt(t, &tsgu.HandshakeRequest{VerMajor: 1, ExtendedAuth: tsgu.ExtAuthPAA})
+	cases := []struct {
+		name  string
+		input [][]byte
+		want  tsgu.HRESULT // status in the last response, 0 for "closed without one"
+		resp  tsgu.PacketType
+	}{
+		{"channel before handshake", [][]byte{pkt(t, &tsgu.ChannelCreate{Resources: []string{"127.0.0.1"}, Port: 3389, Protocol: 3})}, tsgu.EAccessDenied, tsgu.TypeChannelResponse},
+		{"tunnel auth before tunnel", [][]byte{hs, pkt(t, &tsgu.TunnelAuth{ClientName: "x"})}, tsgu.EAccessDenied, tsgu.TypeTunnelAuthResponse},
+		{"data before channel", [][]byte{hs, pkt(t, &tsgu.Data{Payload: []byte("x")})}, 0, 0},
+		{"malformed tunnel create", [][]byte{hs, {0x04, 0, 0, 0, 0x0a, 0, 0, 0, 1, 2}}, tsgu.EBadArguments, tsgu.TypeTunnelResponse},
+		{"tunnel create without cookie", [][]byte{hs, pkt(t, &tsgu.TunnelCreate{})}, tsgu.EProxyCookieBadPacket, tsgu.TypeTunnelResponse},
+		{"garbage cookie", [][]byte{hs, func() []byte { m := &tsgu.TunnelCreate{}; m.SetCookieString("garbage"); return pkt(t, m) }()}, tsgu.EProxyCookieAuthenticationDenied, tsgu.TypeTunnelResponse},
+		{"oversized length", [][]byte{{0x01, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f}}, 0, 0},
+		{"length below header", [][]byte{{0x01, 0, 0, 0, 0x02, 0, 0, 0}}, 0, 0},
+		{"unknown type", [][]byte{{0x77, 0, 0, 0, 0x08, 0, 0, 0}}, 0, 0},
+		{"wrong version", [][]byte{pkt(t, &tsgu.HandshakeRequest{VerMajor: 9, ExtendedAuth: tsgu.ExtAuthPAA})}, tsgu.EProxyCapabilityMismatch, tsgu.TypeHandshakeResponse},
+		{"no PAA on unauthenticated HTTP", [][]byte{pkt(t, &tsgu.HandshakeRequest{VerMajor: 1})}, tsgu.EProxyUnsupportedAuthenticationMeth, tsgu.TypeHandshakeResponse},
+		{"split across frames", [][]byte{hs[:3], hs[3:], pkt(t, &tsgu.TunnelCreate{})}, tsgu.EProxyCookieBadPacket, tsgu.TypeTunnelResponse},
+		{"truncated then silent", [][]byte{hs[:5]}, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := openRaw(t, h)
+			defer r.conn.Close()
+			for _, b := range c.input {
+				r.send(t, b)
+			}
+			got := r.readUntilClose(t)
+			if c.want == 0 {
+				for _, m := range got {
+					if m.Type() != tsgu.TypeHandshakeResponse {
+						t.Fatalf("unexpected %s", m.Type())
+					}
+				}
+				return
+			}
+			if len(got) == 0 {
+				t.Fatalf("closed without a %s", c.resp)
+			}
+			last := got[len(got)-1]
+			if last.Type() != c.resp {
+				t.Fatalf("last packet %s, want %s", last.Type(), c.resp)
+			}
+			var code tsgu.HRESULT
+			switch m := last.(type) {
+			case *tsgu.HandshakeResponse:
+				code = m.ErrorCode
+			case *tsgu.TunnelResponse:
+				code = m.StatusCode
+			case *tsgu.TunnelAuthResponse:
+				code = m.ErrorCode
+			case *tsgu.ChannelResponse:
+				code = m.ErrorCode
+			}
+			if code != c.want {
+				t.Fatalf("status %s, want %s", code, c.want)
+			}
+		})
+	}
+	echoRoundTrip(t, good, 1000)
+}
+
+func TestSlowAndIdleClients(t *testing.T) {
+	h := start(t, nil)
+	before := runtime.NumGoroutine()
+	var conns []net.Conn
+	// Slow headers: half a request line, then nothing.
+	for i := 0; i < 20; i++ {
+		c, err := tls.Dial("tcp", h.addr, h.clientTLS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, "RDG_OUT_DATA /remoteDesk")
+		conns = append(conns, c)
+	}
+	// Plain TCP that never starts TLS.
+	for i := 0; i < 20; i++ {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// Upgraded websocket that never sends a packet.
+	for i := 0; i < 20; i++ {
+		conns = append(conns, openRaw(t, h).conn)
+	}
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(6 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatal("an idle or slow connection was not closed by the handshake timeout")
+			}
+		}
+		c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before+5 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+5 {
+		t.Fatalf("goroutines grew from %d to %d", before, n)
+	}
+}
+
+func TestLegacyPairing(t *testing.T) {
+	h := start(t, nil)
+	// An OUT half for alice.
+	out := rawLegacy(t, h, "RDG_OUT_DATA", "{pair-1}", "alice", "Alice-Pass1")
+	if out == nil {
+		t.Fatal("OUT half refused")
+	}
+	defer out.Close()
+	// Bob reuses alice's connection id for his IN half: refused.
+	in := rawLegacy(t, h, "RDG_IN_DATA", "{pair-1}", "bob", "Bob-Pass1")
+	if in != nil {
+		t.Fatal("IN half of another user joined alice's OUT half")
+	}
+	// Alice's own IN half joins.
+	in = rawLegacy(t, h, "RDG_IN_DATA", "{pair-1}", "alice", "Alice-Pass1")
+	if in == nil {
+		t.Fatal("alice's IN half refused")
+	}
+	defer in.Close()
+	// A second IN for an id already paired: refused.
+	if again := rawLegacy(t, h, "RDG_IN_DATA", "{pair-1}", "alice", "Alice-Pass1"); again != nil {
+		t.Fatal("second IN half accepted")
+	}
+	// PAA over the legacy pair (no identity in HTTP) pairs, as xfreerdp needs.
+	p := h.cfg("", "", tsgclient.Legacy)
+	p.Token = h.token(t, "alice", "127.0.0.1", h.echoPort, time.Minute)
+	c, err := dial(t, p, "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatalf("PAA over legacy: %v", err)
+	}
+	defer c.Close()
+	echoRoundTrip(t, c, 300)
+}
+
+// rawLegacy authenticates one legacy half with NTLM and returns the
+// connection if the gateway accepted it.
+func rawLegacy(t *testing.T, h *harness, method, id, user, pass string) net.Conn {
+	t.Helper()
+	conn, resp, err := tsgclient.OpenLegacyHalf(context.Background(), h.cfg(user, pass, tsgclient.Legacy), method, id)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	if resp != nil && resp.StatusCode != http.StatusOK {
+		conn.Close()
+		return nil
+	}
+	return conn
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(m.Run())
+}
