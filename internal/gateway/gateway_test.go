@@ -407,9 +407,9 @@ func openRaw(t *testing.T, h *harness) *rawWS {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// xfreerdp 2.11's key: 15 characters, not base64. It must be accepted.
+	// The key xfreerdp 2.11.7 sent in a capture: 15 characters, not base64.
 	req := "RDG_OUT_DATA /remoteDesktopGateway/ HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: abcdefghijklmno\r\nRDG-Auth-Scheme: PAA\r\nRDG-Connection-Id: {1}\r\n\r\n"
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: YYYOCV_WJLPUSG[\r\nRDG-Auth-Scheme: PAA\r\nRDG-Connection-Id: {1}\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
 		t.Fatal(err)
 	}
@@ -418,8 +418,8 @@ func openRaw(t *testing.T, h *harness) *rawWS {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// SHA-1 of "abcdefghijklmno" + the RFC 6455 GUID, base64.
-	if resp.StatusCode != 101 || resp.Header.Get("Sec-WebSocket-Accept") != "Nt4tTD0SOVSQAJkqL4s4NWyLmn0=" {
+	// SHA-1 of that key + the RFC 6455 GUID, base64 (computed independently).
+	if resp.StatusCode != 101 || resp.Header.Get("Sec-WebSocket-Accept") != "f73HWLECd/1wSSxDZPcBLmC2Umo=" {
 		t.Fatalf("upgrade: %s accept %q", resp.Status, resp.Header.Get("Sec-WebSocket-Accept"))
 	}
 	return &rawWS{conn: conn, br: br}

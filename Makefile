@@ -1,0 +1,47 @@
+# deskway: `make run` starts every role with embedded defaults; `make test`
+# installs what the tests need and runs all of them.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+STATE_DIR ?= /var/lib/deskway
+FUZZTIME ?= 3s
+
+.PHONY: all build run deps test unit e2e fuzz lint clean
+
+all: build
+
+build:
+	$(GO) build -o bin/deskway ./cmd/deskway
+
+run: build
+	./bin/deskway up --state-dir $(STATE_DIR)
+
+deps:
+	scripts/install-deps.sh
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+# Every test: unit, loopback integration, real-peer e2e, then short fuzzing.
+test: deps lint
+	set -o pipefail; $(GO) test -race -count=1 -timeout 20m -json ./... | $(GO) run ./tools/testsummary
+	$(MAKE) fuzz
+
+unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
+
+e2e: deps
+	$(GO) test -count=1 -v ./e2e/
+
+# Short coverage-guided runs of every fuzz target, seeded from testdata.
+fuzz:
+	@set -e; for pkg in ./internal/proto/tsgu ./internal/proto/ntlm ./internal/gateway; do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; \
+	    $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \
+	  done; \
+	done; echo "fuzz: all targets ran $(FUZZTIME) without a crash"
+
+clean:
+	rm -rf bin e2e/artifacts

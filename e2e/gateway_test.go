@@ -1,0 +1,247 @@
+// Package e2e drives deskway with real third-party programs: here, Debian's
+// xfreerdp connecting through deskway gateway to a real xrdp host.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// build compiles the deskway binary once per test run.
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "deskway")
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/deskway")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type rig struct {
+	bin, cfg, gw, display string
+	xrdp                  *testkit.XRDP
+	gwLog                 *testkit.Process
+	artifacts             string
+}
+
+const gatewayConfig = `state_dir: %[1]s
+log: {level: debug, format: json}
+admin: {listen: "127.0.0.1:%[2]d", tokens: ["e2e-admin-token"]}
+tls: {cert: %[3]s, key: %[4]s}
+auth:
+  token_key: "e2e-token-key-0123456789abcdef0123456789"
+  users:
+  - {name: gwuser, password: "Gw-Pass-123", groups: [staff]}
+gateway:
+  listen: "127.0.0.1:%[5]d"
+  connection_policies:
+  - {name: staff, groups: [staff]}
+  resource_policies:
+  - {name: rdp, groups: [staff], hosts: [127.0.0.1], ports: [%[6]d]}
+`
+
+func setup(t *testing.T) *rig {
+	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp")
+	testkit.RequireRoot(t)
+	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name())}
+	_ = os.RemoveAll(r.artifacts)
+	rdpPort := testkit.FreePort(t)
+	r.xrdp = testkit.StartXRDP(t, rdpPort)
+	r.display = testkit.Xvfb(t)
+	dir := t.TempDir()
+	_, _, cert, key := testkit.TLS(t)
+	gwPort := testkit.FreePort(t)
+	r.gw = fmt.Sprintf("127.0.0.1:%d", gwPort)
+	r.cfg = filepath.Join(dir, "deskway.yaml")
+	body := fmt.Sprintf(gatewayConfig, dir, testkit.FreePort(t), cert, key, gwPort, rdpPort)
+	if err := os.WriteFile(r.cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.gwLog = testkit.Start(t, nil, r.bin, "gateway", "-c", r.cfg)
+	if err := testkit.WaitPort(r.gw, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// xfreerdp runs the client with args and returns its exit code and output.
+func (r *rig) xfreerdp(t *testing.T, timeout time.Duration, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	base := []string{"/cert:ignore", "/u:" + r.xrdp.User, "/p:" + r.xrdp.Password, "/size:800x600"}
+	cmd := exec.CommandContext(ctx, "xfreerdp", append(base, args...)...)
+	cmd.Env = append(os.Environ(), "DISPLAY="+r.display)
+	cmd.Stdin = strings.NewReader("")
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("xfreerdp: %v", err)
+	}
+	return code, string(out)
+}
+
+// desktop runs a full session and waits until the screenshot shows the
+// host's desktop (the navy xterm), then ends the client.
+func (r *rig) desktop(t *testing.T, name string, args ...string) {
+	t.Helper()
+	c := testkit.DesktopColor
+	before := testkit.Screenshot(t, r.display, "")
+	if n := testkit.CountColor(before, c[0], c[1], c[2]); n > 0 {
+		t.Fatalf("display shows %d desktop-colored pixels before connecting; the check would prove nothing", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base := []string{"/cert:ignore", "/u:" + r.xrdp.User, "/p:" + r.xrdp.Password, "/size:800x600"}
+	all := append(base, args...)
+	if strings.HasSuffix(args[0], ".rdp") {
+		all = append(append([]string{args[0]}, base...), args[1:]...) // the file comes first
+	}
+	cmd := exec.CommandContext(ctx, "xfreerdp", all...)
+	cmd.Env = append(os.Environ(), "DISPLAY="+r.display)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	shot := filepath.Join(r.artifacts, name+".png")
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("xfreerdp exited before the desktop appeared: %v\n%s", err, lastLines(out.String(), 30))
+		case <-time.After(time.Second):
+		}
+		img := testkit.Screenshot(t, r.display, shot)
+		if n := testkit.CountColor(img, c[0], c[1], c[2]); n > 50000 {
+			t.Logf("%s: desktop visible (%d navy pixels), screenshot %s", name, n, shot)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("desktop never appeared; last screenshot in %s\n%s", shot, lastLines(out.String(), 30))
+		}
+	}
+	cancel()
+	<-exited
+	// Wait for the window to go so the next run starts from a blank screen.
+	for i := 0; i < 50; i++ {
+		if testkit.CountColor(testkit.Screenshot(t, r.display, ""), c[0], c[1], c[2]) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+func (r *rig) token(t *testing.T, ttl string, host string, port string) string {
+	t.Helper()
+	out, err := exec.Command(r.bin, "token", "-c", r.cfg, "--user", "gwuser", "--groups", "staff", "--host", host, "--port", port, "--ttl="+ttl).Output()
+	if err != nil {
+		t.Fatalf("deskway token: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// gatewayLogHas waits for a gateway log line containing all parts.
+func (r *rig) gatewayLogHas(t *testing.T, parts ...string) {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		for _, line := range strings.Split(r.gwLog.Log.String(), "\n") {
+			ok := true
+			for _, p := range parts {
+				ok = ok && strings.Contains(line, p)
+			}
+			if ok {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("gateway log has no line with %q\n%s", parts, lastLines(r.gwLog.Log.String(), 20))
+}
+
+func TestXFreeRDPThroughGateway(t *testing.T) {
+	r := setup(t)
+	_, rdpPort, _ := strings.Cut(r.xrdp.Addr, ":")
+	target := "/v:" + r.xrdp.Addr
+	ntlm := []string{"/g:" + r.gw, "/gu:gwuser", "/gp:Gw-Pass-123"}
+
+	t.Run("ntlm-websocket", func(t *testing.T) {
+		r.desktop(t, "ntlm-websocket", append([]string{target, "/gt:http"}, ntlm...)...)
+		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"websocket"`, `"method":"ntlm"`)
+	})
+	t.Run("ntlm-legacy", func(t *testing.T) {
+		r.desktop(t, "ntlm-legacy", append([]string{target, "/gt:http,no-websockets"}, ntlm...)...)
+		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"legacy"`, `"method":"ntlm"`)
+	})
+	t.Run("paa-websocket", func(t *testing.T) {
+		tok := r.token(t, "5m", "127.0.0.1", rdpPort)
+		r.desktop(t, "paa-websocket", target, "/g:"+r.gw, "/gat:"+tok, "/gt:http")
+		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"websocket"`, `"method":"paa"`)
+	})
+	t.Run("paa-legacy", func(t *testing.T) {
+		tok := r.token(t, "5m", "127.0.0.1", rdpPort)
+		r.desktop(t, "paa-legacy", target, "/g:"+r.gw, "/gat:"+tok, "/gt:http,no-websockets")
+		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"legacy"`, `"method":"paa"`)
+	})
+	t.Run("paa-rdp-file", func(t *testing.T) {
+		// What mstsc reads: the gateway and token come from the .rdp file.
+		tok := r.token(t, "5m", "127.0.0.1", rdpPort)
+		rdp := filepath.Join(t.TempDir(), "desk.rdp")
+		body := strings.Join([]string{
+			"full address:s:" + r.xrdp.Addr,
+			"gatewayhostname:s:" + r.gw,
+			"gatewayusagemethod:i:1",
+			"gatewayprofileusagemethod:i:1",
+			"gatewaycredentialssource:i:5",
+			"gatewayaccesstoken:s:" + tok,
+			"prompt for credentials:i:0",
+		}, "\r\n") + "\r\n"
+		if err := os.WriteFile(rdp, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r.desktop(t, "paa-rdp-file", rdp)
+	})
+
+	refusals := []struct {
+		name, want string
+		args       []string
+	}{
+		{"wrong-password", "ERRCONNECT_ACCESS_DENIED", []string{target, "/g:" + r.gw, "/gu:gwuser", "/gp:wrong", "/gt:http"}},
+		{"rap-denied-host", "E_PROXY_RAP_ACCESSDENIED", []string{"/v:127.0.0.2:" + rdpPort, "/gt:http,no-websockets", "/g:" + r.gw, "/gu:gwuser", "/gp:Gw-Pass-123"}},
+		{"expired-token", "E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", []string{target, "/g:" + r.gw, "/gt:http", "/gat:" + r.token(t, "-1m", "127.0.0.1", rdpPort)}},
+		{"token-for-other-host", "E_PROXY_RAP_ACCESSDENIED", []string{target, "/g:" + r.gw, "/gt:http", "/gat:" + r.token(t, "5m", "127.0.0.9", rdpPort)}},
+	}
+	for _, c := range refusals {
+		t.Run(c.name, func(t *testing.T) {
+			code, out := r.xfreerdp(t, 40*time.Second, append(c.args, "+auth-only")...)
+			if code == 0 {
+				t.Fatalf("xfreerdp succeeded; want refusal\n%s", lastLines(out, 20))
+			}
+			if !strings.Contains(out, c.want) {
+				t.Fatalf("xfreerdp exit %d without reporting %s\n%s", code, c.want, lastLines(out, 20))
+			}
+		})
+	}
+	r.gatewayLogHas(t, `"login failed"`, `"user":"gwuser"`)
+}

@@ -1,0 +1,221 @@
+package testkit
+
+import (
+	"bytes"
+	"fmt"
+	"image"
+	"image/png"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Require stops the test when a program is missing: a skip on a
+// developer's machine, a failure in CI, where every real peer must run.
+func Require(t testing.TB, programs ...string) {
+	t.Helper()
+	var missing []string
+	for _, p := range programs {
+		if _, err := exec.LookPath(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := fmt.Sprintf("missing %s (make deps installs them)", strings.Join(missing, ", "))
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// RequireRoot is Require for tests that must run as root (xrdp's session
+// manager logs users in through PAM).
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("this test starts xrdp and must run as root")
+	}
+	t.Skip("needs root to start xrdp")
+}
+
+// Process is a started helper program, stopped at test end with its group.
+type Process struct {
+	Cmd *exec.Cmd
+	Log *bytes.Buffer
+}
+
+// Start runs name with args in its own process group; it is killed at test end.
+func Start(t testing.TB, env []string, name string, args ...string) *Process {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("--- output of %s:\n%s", name, tail(log.String(), 4000))
+		}
+	})
+	return &Process{Cmd: cmd, Log: &log}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// Xvfb starts a virtual X display and returns its DISPLAY value.
+func Xvfb(t testing.TB) string {
+	t.Helper()
+	Require(t, "Xvfb")
+	for n := 90; n < 140; n++ {
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
+			continue
+		}
+		disp := fmt.Sprintf(":%d", n)
+		Start(t, nil, "Xvfb", disp, "-screen", "0", "1280x800x24", "-nolisten", "tcp")
+		for i := 0; i < 100; i++ {
+			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+				return disp
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("Xvfb %s did not start", disp)
+	}
+	t.Fatal("no free X display number")
+	return ""
+}
+
+// Screenshot grabs the whole X display.
+func Screenshot(t testing.TB, display, saveAs string) image.Image {
+	t.Helper()
+	out, err := exec.Command("import", "-display", display, "-window", "root", "png:-").Output()
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	img, err := png.Decode(bytes.NewReader(out))
+	if err != nil {
+		t.Fatalf("screenshot decode: %v", err)
+	}
+	if saveAs != "" {
+		_ = os.MkdirAll(filepath.Dir(saveAs), 0o755)
+		_ = os.WriteFile(saveAs, out, 0o644)
+	}
+	return img
+}
+
+// CountColor counts pixels of exactly r, g, b (8-bit).
+func CountColor(img image.Image, r, g, b uint8) int {
+	n := 0
+	bd := img.Bounds()
+	for y := bd.Min.Y; y < bd.Max.Y; y++ {
+		for x := bd.Min.X; x < bd.Max.X; x++ {
+			cr, cg, cb, _ := img.At(x, y).RGBA()
+			if uint8(cr>>8) == r && uint8(cg>>8) == g && uint8(cb>>8) == b {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// XRDP is a running xrdp with its session manager, serving one local user
+// whose desktop is a navy xterm (a color nothing else on screen has).
+type XRDP struct {
+	Addr, User, Password string
+}
+
+// DesktopColor is the xterm background the test desktop shows: navy.
+var DesktopColor = [3]uint8{0, 0, 128}
+
+// StartXRDP starts xrdp-sesman and xrdp on 127.0.0.1:port with a test user.
+func StartXRDP(t testing.TB, port int) *XRDP {
+	t.Helper()
+	RequireRoot(t)
+	Require(t, "xrdp", "xrdp-sesman", "xterm", "useradd", "chpasswd")
+	x := &XRDP{Addr: fmt.Sprintf("127.0.0.1:%d", port), User: "dwtest", Password: "Xrdp-Pass1"}
+	if _, err := user.Lookup(x.User); err != nil {
+		run(t, "useradd", "-m", "-s", "/bin/bash", x.User)
+	}
+	cp := exec.Command("chpasswd")
+	cp.Stdin = strings.NewReader(x.User + ":" + x.Password + "\n")
+	if out, err := cp.CombinedOutput(); err != nil {
+		t.Fatalf("chpasswd: %v %s", err, out)
+	}
+	home := "/home/" + x.User
+	wm := "#!/bin/sh\nexec xterm -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; sleep 3600'\n"
+	if err := os.WriteFile(home+"/startwm.sh", []byte(wm), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "chown", x.User, home+"/startwm.sh")
+	// Leftovers of an earlier run would be reconnected to; start clean.
+	_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
+	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
+	_ = os.Chmod("/var/run/xrdp/sockdir", 0o3777|os.ModeSticky)
+	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
+	_ = os.Remove("/var/run/xrdp/xrdp.pid")
+	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+x.Addr)
+	cfgPath := filepath.Join(t.TempDir(), "xrdp.ini")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// sesman binds its default port on 127.0.0.1 or ::1 depending on the build.
+	sesman := []string{"127.0.0.1:3350", "[::1]:3350"}
+	for _, a := range sesman {
+		if err := WaitPort(a, 100*time.Millisecond); err == nil {
+			t.Fatalf("a session manager already listens on %s; stop it first", a)
+		}
+	}
+	Start(t, nil, "xrdp-sesman", "--nodaemon")
+	Start(t, nil, "xrdp", "--nodaemon", "--config", cfgPath)
+	t.Cleanup(func() { _ = exec.Command("pkill", "-KILL", "-u", x.User).Run() })
+	if err := WaitPort(x.Addr, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitPort(sesman[0], 5*time.Second); err != nil {
+		if err := WaitPort(sesman[1], 5*time.Second); err != nil {
+			t.Fatal("xrdp-sesman did not open port 3350")
+		}
+	}
+	return x
+}
+
+func run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v %s", name, args, err, out)
+	}
+}
