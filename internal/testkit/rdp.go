@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -52,7 +53,27 @@ func RequireRoot(t testing.TB) {
 // Process is a started helper program, stopped at test end with its group.
 type Process struct {
 	Cmd *exec.Cmd
-	Log *bytes.Buffer
+	Log *Buffer
+}
+
+// Buffer is a bytes.Buffer safe to read while a process writes to it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write implements io.Writer.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // Start runs name with args in its own process group; it is killed at test end.
@@ -60,8 +81,8 @@ func Start(t testing.TB, env []string, name string, args ...string) *Process {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Env = append(os.Environ(), env...)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	log := &Buffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -80,7 +101,7 @@ func Start(t testing.TB, env []string, name string, args ...string) *Process {
 			t.Logf("--- output of %s:\n%s", name, tail(log.String(), 4000))
 		}
 	})
-	return &Process{Cmd: cmd, Log: &log}
+	return &Process{Cmd: cmd, Log: log}
 }
 
 func tail(s string, n int) string {
