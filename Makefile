@@ -23,10 +23,10 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 
-# Every test: unit, loopback integration, real-peer e2e, then short fuzzing.
-test: deps lint
+# Every test: short fuzzing, then unit, loopback integration and real-peer
+# e2e tests, ending with the line "N passed, N failed, N skipped".
+test: deps lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -timeout 20m -json ./... | $(GO) run ./tools/testsummary
-	$(MAKE) fuzz
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
