@@ -53,14 +53,19 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 	if err != nil {
 		return err
 	}
+	var central gateway.Authorizer
+	if cfg.Gateway.RADIUS != nil {
+		central = policy.NewRADIUS(cfg.Gateway.RADIUS)
+	}
 	gw, err := gateway.New(cfg.Gateway, gateway.Deps{
-		Logger:   log.With("role", "gateway"),
-		Registry: reg,
-		Users:    users,
-		Tokens:   tokens,
-		Policy:   pol,
-		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
-		Domain:   cfg.Auth.Domain,
+		Authorizer: central,
+		Logger:     log.With("role", "gateway"),
+		Registry:   reg,
+		Users:      users,
+		Tokens:     tokens,
+		Policy:     pol,
+		Throttle:   auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
+		Domain:     cfg.Auth.Domain,
 	})
 	if err != nil {
 		return err

@@ -126,7 +126,9 @@ type RAP struct {
 	Ports []int    `yaml:"ports"`
 }
 
-// RADIUS is the central policy server (Microsoft NPS, FreeRADIUS).
+// RADIUS is the central policy server (Microsoft NPS, FreeRADIUS). When
+// configured it is asked for every tunnel; groups it returns in Filter-Id
+// attributes count in the policies.
 type RADIUS struct {
 	Server  string   `yaml:"server"`
 	Secret  Secret   `yaml:"secret"`
@@ -432,9 +434,6 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 			default:
 				bad(key+".redirection", "%q is not one of all, none, drives, printers, ports, clipboard, pnp", r)
 			}
-		}
-		if p.RADIUS && g.RADIUS == nil {
-			bad(key+".radius", "policy %q asks RADIUS but gateway.radius is not configured", p.Name)
 		}
 	}
 	for i, p := range g.RAP {

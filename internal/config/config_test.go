@@ -35,7 +35,7 @@ func TestValidationNamesKey(t *testing.T) {
 		"gateway:\n  idle_timeout: soon\n":                 "not a duration",
 		"gateway:\n  resource_policies:\n  - name: r\n    groups: [g]\n    hosts: [10.0.0.0/33]\n": "CIDR",
 		"gateway:\n  connection_policies:\n  - name: c\n":                                          "match nobody",
-		"gateway:\n  connection_policies:\n  - name: c\n    groups: [g]\n    radius: true\n":       "gateway.radius is not configured",
+		"gateway:\n  auth_methods: [ntlm]\n  radius:\n    server: nowhere\n    secret: s\n":        "gateway.radius.server",
 	}
 	for in, want := range cases {
 		_, err := Parse([]byte(in))

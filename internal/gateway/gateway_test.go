@@ -39,6 +39,7 @@ auth:
   - {name: alice, password: "Alice-Pass1", groups: [staff]}
   - {name: bob, password: "Bob-Pass1", groups: [staff]}
   - {name: eve, password: "Eve-Pass1", groups: [outsiders]}
+  - {name: carol, password: "Carol-Pass1"}
 gateway:
   listen: 127.0.0.1:0
   handshake_timeout: 2s
@@ -108,6 +109,12 @@ func start(t *testing.T, mod func(*config.Config)) *harness {
 		Policy:   pol,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
 		Domain:   cfg.Auth.Domain,
+		Authorizer: func() gateway.Authorizer {
+			if cfg.Gateway.RADIUS == nil {
+				return nil
+			}
+			return policy.NewRADIUS(cfg.Gateway.RADIUS)
+		}(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +257,38 @@ func TestRefusals(t *testing.T) {
 		if !code.Failed() {
 			t.Fatalf("%s would read as success to FreeRDP", code)
 		}
+	}
+}
+
+// TestCentralPolicyRADIUS runs the gateway against a real FreeRADIUS: the
+// central server can refuse a locally admitted user and grant groups.
+func TestCentralPolicyRADIUS(t *testing.T) {
+	radAddr, secret := testkit.FreeRADIUS(t, `alice	Auth-Type := Accept
+carol	Auth-Type := Accept
+	Filter-Id = "staff"
+bob	Auth-Type := Reject
+	Reply-Message = "account suspended"
+DEFAULT	Auth-Type := Reject
+`)
+	h := start(t, func(c *config.Config) {
+		c.Gateway.RADIUS = &config.RADIUS{Server: radAddr, Secret: config.NewSecret(secret), Timeout: config.Duration(3 * time.Second), NASIdentifier: "gw"}
+	})
+	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatalf("alice (local staff, RADIUS accept): %v", err)
+	}
+	echoRoundTrip(t, c, 10)
+	c.Close()
+	c, err = dial(t, h.cfg("carol", "Carol-Pass1", tsgclient.Legacy), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatalf("carol (staff only through RADIUS Filter-Id): %v", err)
+	}
+	c.Close()
+	if _, err := dial(t, h.cfg("bob", "Bob-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyNAPAccessDenied {
+		t.Fatalf("bob (RADIUS reject): %v", err)
+	}
+	if !strings.Contains(h.logs.String(), "account suspended") {
+		t.Fatal("RADIUS reply message not logged")
 	}
 }
 

@@ -38,7 +38,6 @@ type Grant struct {
 	IdleTimeout       time.Duration
 	SessionTimeout    time.Duration
 	MaxTunnelsPerUser int
-	RADIUS            bool
 }
 
 // Denied is a refusal with the reason a person can act on.
@@ -126,7 +125,6 @@ func (e *Engine) Connect(id Identity) (*Grant, error) {
 			IdleTimeout:       e.defaults.IdleTimeout.D(),
 			SessionTimeout:    e.defaults.SessionTimeout.D(),
 			MaxTunnelsPerUser: c.MaxTunnelsPerUser,
-			RADIUS:            c.RADIUS,
 		}
 		if c.IdleTimeout > 0 {
 			g.IdleTimeout = c.IdleTimeout.D()
