@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ type rig struct {
 	xrdp                  *testkit.XRDP
 	gwLog                 *testkit.Process
 	artifacts             string
+	consent               string // what xfreerdp reads on stdin when asked to consent
 }
 
 const gatewayConfig = `state_dir: %[1]s
@@ -43,6 +45,7 @@ auth:
   - {name: gwuser, password: "Gw-Pass-123", groups: [staff]}
 gateway:
   listen: "127.0.0.1:%[5]d"
+  consent_message: "Authorized use only. Accept?"
   connection_policies:
   - {name: staff, groups: [staff]}
   resource_policies:
@@ -52,7 +55,7 @@ gateway:
 func setup(t *testing.T) *rig {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp")
 	testkit.RequireRoot(t)
-	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name())}
+	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name()), consent: "y\n"}
 	_ = os.RemoveAll(r.artifacts)
 	rdpPort := testkit.FreePort(t)
 	r.xrdp = testkit.StartXRDP(t, rdpPort)
@@ -81,7 +84,7 @@ func (r *rig) xfreerdp(t *testing.T, timeout time.Duration, args ...string) (int
 	base := []string{"/cert:ignore", "/u:" + r.xrdp.User, "/p:" + r.xrdp.Password, "/size:800x600"}
 	cmd := exec.CommandContext(ctx, "xfreerdp", append(base, args...)...)
 	cmd.Env = append(os.Environ(), "DISPLAY="+r.display)
-	cmd.Stdin = strings.NewReader("")
+	cmd.Stdin = strings.NewReader(r.consent)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -110,6 +113,7 @@ func (r *rig) desktop(t *testing.T, name string, args ...string) {
 	}
 	cmd := exec.CommandContext(ctx, "xfreerdp", all...)
 	cmd.Env = append(os.Environ(), "DISPLAY="+r.display)
+	cmd.Stdin = strings.NewReader("y\n") // accept the gateway's consent message
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -244,4 +248,30 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 		})
 	}
 	r.gatewayLogHas(t, `"login failed"`, `"user":"gwuser"`)
+
+	t.Run("consent-declined", func(t *testing.T) {
+		r.consent = "n\n"
+		defer func() { r.consent = "y\n" }()
+		code, out := r.xfreerdp(t, 40*time.Second, append([]string{target, "/gt:http", "+auth-only"}, ntlm...)...)
+		if code == 0 || !strings.Contains(out, "Authorized use only. Accept?") {
+			t.Fatalf("declining the consent message: exit %d\n%s", code, lastLines(out, 20))
+		}
+	})
+
+	t.Run("sigterm", func(t *testing.T) {
+		if err := r.gwLog.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.gwLog.Cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("gateway exited with %v after SIGTERM", err)
+			}
+		case <-time.After(40 * time.Second):
+			t.Fatal("gateway did not exit after SIGTERM")
+		}
+		r.gatewayLogHas(t, `"gateway shutting down"`)
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -22,7 +23,7 @@ state_dir: %[1]s
 log:
   level: info
 admin:
-  listen: 127.0.0.1:9443
+  listen: %[5]s
   tokens: [%[2]s]
 auth:
   token_key: %[3]s
@@ -31,8 +32,8 @@ auth:
     password: %[4]s
     groups: [users]
 gateway:
-  listen: ":8443"
-  public_name: localhost:8443
+  listen: "%[6]s"
+  public_name: localhost%[6]s
   connection_policies:
   - name: users
     groups: [users]
@@ -44,7 +45,7 @@ gateway:
 `
 
 func upCmd() *cobra.Command {
-	var stateDir string
+	var stateDir, listen, adminListen string
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run every role on this machine with embedded defaults and print where to connect",
@@ -55,7 +56,10 @@ func upCmd() *cobra.Command {
 				if err := os.MkdirAll(stateDir, 0o700); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
-				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), random(32), random(12))
+				if _, _, err := net.SplitHostPort(listen); err != nil || !strings.HasPrefix(listen, ":") {
+					return fmt.Errorf("up: --listen %q must be :PORT", listen)
+				}
+				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), random(32), random(12), adminListen, listen)
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -83,6 +87,8 @@ Connect through it to an RDP host on this machine:
 		},
 	}
 	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
+	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port, written into the config on first start")
+	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c
 }
 

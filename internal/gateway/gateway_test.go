@@ -366,6 +366,69 @@ func TestIdleTimeout(t *testing.T) {
 	}
 }
 
+func TestSessionTimeout(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Gateway.CAP[0].SessionTimeout = config.Duration(2 * time.Second)
+	})
+	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	// Busy all along: only the session limit can end it.
+	for time.Since(start) < 10*time.Second {
+		msg := []byte("ping")
+		if _, err := c.Write(msg); err != nil {
+			break
+		}
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if d := time.Since(start); d < 1500*time.Millisecond || d > 9*time.Second {
+		t.Fatalf("busy tunnel ended after %s, want about the 2s session limit", d)
+	}
+	if !strings.Contains(h.logs.String(), "session longer than 2s") {
+		t.Fatal("session timeout not logged")
+	}
+}
+
+// TestMemoryBoundedUnderHugeAnnouncedPackets opens many websockets that each
+// announce a maximum-size packet and send a few bytes of it: the gateway
+// may buffer at most one packet per connection, not what a frame claims.
+func TestMemoryBoundedUnderHugeAnnouncedPackets(t *testing.T) {
+	h := start(t, nil)
+	const n = 100
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var conns []*rawWS
+	for i := 0; i < n; i++ {
+		r := openRaw(t, h)
+		// A frame claiming 1 MiB, then a packet header claiming the maximum length.
+		hdr := ws.Header{Fin: true, OpCode: ws.OpBinary, Masked: true, Length: 1 << 20}
+		_ = ws.WriteHeader(r.conn, hdr)
+		_, _ = r.conn.Write([]byte{0x01, 0, 0, 0, 0x21, 0x00, 0x01, 0x00}) // 65569 bytes announced
+		conns = append(conns, r)
+	}
+	time.Sleep(500 * time.Millisecond)
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	perConn := grown / n
+	t.Logf("heap grew %d KiB for %d connections (%d KiB each)", grown>>10, n, perConn>>10)
+	if perConn > 160<<10 {
+		t.Fatalf("each connection costs %d KiB; want at most one max-size packet (64 KiB) plus TLS and HTTP buffers", perConn>>10)
+	}
+	for _, r := range conns {
+		r.conn.Close()
+	}
+}
+
 func TestAdminListAndDisconnect(t *testing.T) {
 	h := start(t, nil)
 	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)

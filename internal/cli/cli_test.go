@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/testkit"
+	"github.com/deskway/deskway/internal/tsgclient"
+)
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if code := Main(context.Background(), []string{"version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "deskway ") {
+		t.Fatalf("version: %d %q", code, out.String())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("gateway:\n  auth_methods: [ntlm]\n"), 0o600)
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), []string{"config", "validate", good}, &out, &errb); code != 0 || !strings.Contains(out.String(), "keepalive: 30s") {
+		t.Fatalf("validate good: %d %s %s", code, out.String(), errb.String())
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("gateway:\n  listen: :1\n  keepalvie: 3s\n"), 0o600)
+	errb.Reset()
+	if code := Main(context.Background(), []string{"config", "validate", bad}, io.Discard, &errb); code == 0 || !strings.Contains(errb.String(), "line 3") || !strings.Contains(errb.String(), "keepalvie") {
+		t.Fatalf("validate bad: %d %s", code, errb.String())
+	}
+}
+
+func TestTokenAndNTHash(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	key := strings.Repeat("k", 32)
+	os.WriteFile(cfg, []byte("auth:\n  token_key: "+key+"\n"), 0o600)
+	var out bytes.Buffer
+	if code := Main(context.Background(), []string{"token", "-c", cfg, "--user", "alice", "--host", "h1", "--port", "3390"}, &out, io.Discard); code != 0 {
+		t.Fatal("token failed")
+	}
+	tk, _ := auth.NewTokens([]byte(key), nil)
+	c, err := tk.Verify(strings.TrimSpace(out.String()))
+	if err != nil || c.User() != "alice" || c.Host != "h1" || c.Port != 3390 {
+		t.Fatalf("minted token: %+v %v", c, err)
+	}
+	out.Reset()
+	Main(context.Background(), []string{"nthash", "Password"}, &out, io.Discard)
+	if strings.TrimSpace(out.String()) != "a4f49c406510bdcab6824ee7c30fd852" {
+		t.Fatalf("nthash: %s", out.String())
+	}
+}
+
+// TestUp starts every role with embedded defaults, connects through the
+// gateway with the printed credentials, and checks the admin listener.
+func TestUp(t *testing.T) {
+	dir := t.TempDir()
+	gwPort, adminPort := testkit.FreePort(t), testkit.FreePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	out, errb := &lockedBuf{}, &lockedBuf{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"up", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort)}, out, errb)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("up exited %d: %s", code, errb.String())
+			}
+		case <-time.After(40 * time.Second):
+			t.Error("up did not stop")
+		}
+	}()
+	gw := fmt.Sprintf("127.0.0.1:%d", gwPort)
+	if err := testkit.WaitPort(gw, 10*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	time.Sleep(100 * time.Millisecond)
+	m := regexp.MustCompile(`user\s+demo / (\S+)`).FindStringSubmatch(out.String())
+	tok := regexp.MustCompile(`Bearer (\S+)\)`).FindStringSubmatch(out.String())
+	if m == nil || tok == nil || !strings.Contains(out.String(), "xfreerdp /v:127.0.0.1") {
+		t.Fatalf("up did not print where to connect:\n%s", out.String())
+	}
+	if _, err := config.Load(filepath.Join(dir, "up.yaml")); err != nil {
+		t.Fatalf("generated config does not validate: %v", err)
+	}
+	// The demo user logs in; port 1 is outside the default policy, so the
+	// refusal comes from RAP, after a successful login.
+	cfg := tsgclient.Config{Gateway: gw, TLS: &tls.Config{InsecureSkipVerify: true}, User: "demo", Password: m[1]}
+	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer ccancel()
+	_, err := tsgclient.Dial(cctx, cfg, "127.0.0.1", 1)
+	if err == nil || !strings.Contains(err.Error(), "E_PROXY_TS_CONNECTFAILED") && !strings.Contains(err.Error(), "E_PROXY_RAP_ACCESSDENIED") {
+		t.Fatalf("demo login: %v", err)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	admin := fmt.Sprintf("https://127.0.0.1:%d", adminPort)
+	resp, err := client.Get(admin + "/api/v1/gateway/tunnels")
+	if err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("admin API without token: %v %v", resp, err)
+	}
+	req, _ := http.NewRequest("GET", admin+"/api/v1/gateway/tunnels", nil)
+	req.Header.Set("Authorization", "Bearer "+tok[1])
+	resp, err = client.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin API with token: %v %v", resp, err)
+	}
+	resp, err = client.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{"deskway_gateway_tunnels_active", `deskway_gateway_auth_total{method="ntlm",result="ok"} 1`, "deskway_gateway_tunnels_total", "go_goroutines"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(errb.String(), m[1]) {
+		t.Error("the demo password appears in the logs")
+	}
+}
