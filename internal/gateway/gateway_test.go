@@ -224,7 +224,7 @@ func httpStatusOf(err error) int {
 }
 
 func TestRefusals(t *testing.T) {
-	h := start(t, nil)
+	h := start(t, func(c *config.Config) { c.Auth.MaxFailures = 20 })
 	if _, err := dial(t, h.cfg("alice", "wrong", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != 401 {
 		t.Fatalf("wrong password: %v", err)
 	}
@@ -305,6 +305,22 @@ func TestLoginThrottle(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), "too many failures") {
 		t.Fatal("lockout not logged")
+	}
+}
+
+func TestBadTokensThrottleAddress(t *testing.T) {
+	h := start(t, nil)
+	bad := h.cfg("", "", tsgclient.Websocket)
+	bad.Token = "not-a-token"
+	for i := 0; i < 3; i++ {
+		if _, err := dial(t, bad, "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+			t.Fatalf("attempt %d: %v", i, err)
+		}
+	}
+	good := h.cfg("", "", tsgclient.Websocket)
+	good.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+	if _, err := dial(t, good, "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusForbidden {
+		t.Fatalf("address with repeated bad tokens not throttled: %v", err)
 	}
 }
 

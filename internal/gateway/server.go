@@ -230,6 +230,12 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 	scheme, token, _ := strings.Cut(authz, " ")
 	if authz == "" {
 		if strings.EqualFold(r.Header.Get("RDG-Auth-Scheme"), "PAA") && s.deps.Tokens != nil && s.offers(policy.MethodPAA) {
+			if !s.deps.Throttle.Allowed(addrKey(cs.remote)) {
+				s.log.Warn("PAA connection refused: too many failures from address", "remote", cs.remote)
+				s.metrics.auth.WithLabelValues(policy.MethodPAA, "throttled").Inc()
+				plain(w, http.StatusForbidden, "")
+				return "", false
+			}
 			return policy.MethodPAA, true
 		}
 		if !s.offers(policy.MethodNTLM) {
@@ -254,7 +260,7 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 		plain(w, http.StatusBadRequest, "")
 		return "", false
 	}
-	src := "addr:" + cs.remote.String()
+	src := addrKey(cs.remote)
 	switch msg[8] {
 	case 1:
 		if !s.deps.Throttle.Allowed(src) {
@@ -305,6 +311,9 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 		return "", false
 	}
 }
+
+// addrKey is the throttle key of a source address; user keys are "user:<name>".
+func addrKey(a netip.Addr) string { return "addr:" + a.String() }
 
 func ntlmUser(msg []byte) string {
 	a, err := ntlm.DecodeAuthenticate(msg)

@@ -272,6 +272,7 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 		c, err := s.deps.Tokens.Verify(strings.TrimSpace(m.CookieString()))
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "failed").Inc()
+			s.deps.Throttle.Fail(addrKey(tn.hs.remote))
 			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, err.Error()}
 		}
 		if tn.hs.user != nil && !strings.EqualFold(tn.hs.user.Name, c.User()) {
