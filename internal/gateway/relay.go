@@ -4,64 +4,82 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"github.com/deskway/deskway/internal/proto/tsgu"
 )
 
-// relayBuf is the size of one read from the RDP host; RDP's own PDUs fit.
-const relayBuf = 16 << 10
+// Reads from the RDP host start small, so the many idle or interactive
+// tunnels stay cheap, and grow to a full data packet when a read fills
+// the buffer (a bulk transfer).
+const (
+	relayBufMin = 2 << 10
+	relayBufMax = tsgu.MaxDataLen
+)
 
 // relay copies data both ways until either side ends, the tunnel is
-// stopped, or a timeout fires. It also sends keepalives when the client
-// has heard nothing for a keepalive interval.
+// stopped, or a timeout fires. The client-to-host direction runs on the
+// tunnel's own goroutine and host-to-client on one more; keepalives and
+// timeouts run from a timer, so an open tunnel costs two goroutines.
 func (tn *tunnel) relay() error {
 	up := tn.upstream
-	defer up.Close()
 	tn.lastActivity.Store(time.Now().UnixNano())
-	errc := make(chan error, 2)
-	go func() { errc <- tn.clientToHost() }()
-	go func() { errc <- tn.hostToClient() }()
-
-	keep := tn.srv.cfg.Keepalive.D()
-	tick := time.NewTicker(min(keep, time.Second*5))
-	defer tick.Stop()
-	sessionEnd := tn.started.Add(tn.grant.SessionTimeout)
-	var err error
-	for done := false; !done; {
-		select {
-		case err = <-errc:
-			done = true
-		case <-tn.stopped:
-			done = true
-		case now := <-tick.C:
-			switch {
-			case tn.grant.IdleTimeout > 0 && now.Sub(time.Unix(0, tn.lastActivity.Load())) > tn.grant.IdleTimeout:
-				tn.closeChannel(tsgu.EProxySessionTimeout, fmt.Sprintf("idle for more than %s", tn.grant.IdleTimeout))
-				done = true
-			case tn.grant.SessionTimeout > 0 && now.After(sessionEnd):
-				tn.closeChannel(tsgu.EProxySessionTimeout, fmt.Sprintf("session longer than %s", tn.grant.SessionTimeout))
-				done = true
-			case now.Sub(time.Unix(0, tn.lastSend.Load())) >= keep:
-				if err := tn.send(&tsgu.Keepalive{}); err != nil {
-					done = true
-				}
-			}
-		}
+	hostDone := make(chan error, 1)
+	go func() {
+		err := tn.hostToClient()
+		tn.stop("") // the client side cannot outlive the host side
+		hostDone <- err
+	}()
+	tn.watch(time.Now())
+	cerr := tn.clientToHost()
+	tn.relayDone.Store(true)
+	if w := tn.watchdog.Load(); w != nil {
+		w.Stop()
 	}
-	// Closing both ends unblocks whichever direction is still running.
 	up.Close()
 	tn.t.close()
-	if e := <-errc; err == nil {
-		err = e
+	herr := <-hostDone
+	for _, err := range []error{cerr, herr} {
+		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			return err
+		}
 	}
-	if err == nil {
-		<-errc
+	return nil
+}
+
+// watch schedules the next keepalive and timeout check.
+func (tn *tunnel) watch(now time.Time) {
+	if tn.relayDone.Load() {
+		return
 	}
-	if errors.Is(err, io.EOF) {
-		return nil
+	keep := tn.srv.cfg.Keepalive.D()
+	next := min(keep, 5*time.Second)
+	tn.watchdog.Store(time.AfterFunc(next, func() { tn.check(keep) }))
+}
+
+func (tn *tunnel) check(keep time.Duration) {
+	if tn.relayDone.Load() {
+		return
 	}
-	return err
+	now := time.Now()
+	g := tn.grant
+	switch {
+	case g.IdleTimeout > 0 && now.Sub(time.Unix(0, tn.lastActivity.Load())) > g.IdleTimeout:
+		tn.closeChannel(tsgu.EProxySessionTimeout, fmt.Sprintf("idle for more than %s", g.IdleTimeout))
+		tn.stop("")
+		return
+	case g.SessionTimeout > 0 && now.After(tn.started.Add(g.SessionTimeout)):
+		tn.closeChannel(tsgu.EProxySessionTimeout, fmt.Sprintf("session longer than %s", g.SessionTimeout))
+		tn.stop("")
+		return
+	case now.Sub(time.Unix(0, tn.lastSend.Load())) >= keep:
+		if err := tn.send(&tsgu.Keepalive{}); err != nil {
+			tn.stop("")
+			return
+		}
+	}
+	tn.watch(now)
 }
 
 // closeChannel tells the client the gateway is closing the channel and why.
@@ -120,7 +138,7 @@ func (tn *tunnel) clientToHost() error {
 func (tn *tunnel) hostToClient() error {
 	up := tn.upstream
 	m := tn.srv.metrics
-	buf := make([]byte, headroom+relayBuf)
+	buf := make([]byte, headroom+relayBufMin)
 	for {
 		n, err := up.Read(buf[headroom:])
 		if n > 0 {
@@ -133,6 +151,9 @@ func (tn *tunnel) hostToClient() error {
 			m.latencyDown.Observe(time.Since(start).Seconds())
 			tn.lastActivity.Store(start.UnixNano())
 			tn.lastSend.Store(start.UnixNano())
+			if n == len(buf)-headroom && n < relayBufMax {
+				buf = make([]byte, headroom+min(4*n, relayBufMax))
+			}
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {

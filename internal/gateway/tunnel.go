@@ -54,9 +54,10 @@ type tunnel struct {
 	lastActivity       atomic.Int64 // unix nanos of the last data either way
 	lastSend           atomic.Int64
 
-	stopOnce sync.Once
-	stopped  chan struct{}
-	reason   atomic.Pointer[string]
+	stopOnce  sync.Once
+	reason    atomic.Pointer[string]
+	relayDone atomic.Bool
+	watchdog  atomic.Pointer[time.Timer]
 }
 
 // runTunnel registers the tunnel, runs it to the end and cleans up.
@@ -68,7 +69,7 @@ func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
 		return
 	}
 	s.nextID++
-	tn := &tunnel{id: s.nextID, srv: s, t: t, hs: hs, transport: kind, started: time.Now(), stopped: make(chan struct{})}
+	tn := &tunnel{id: s.nextID, srv: s, t: t, hs: hs, transport: kind, started: time.Now()}
 	s.tunnels[tn.id] = tn
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -116,7 +117,6 @@ func (tn *tunnel) stop(reason string) {
 		if reason != "" {
 			tn.reason.Store(&reason)
 		}
-		close(tn.stopped)
 		tn.t.close()
 	})
 }

@@ -1,0 +1,664 @@
+package gwbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deskway/deskway/internal/bench/echo"
+	"github.com/deskway/deskway/internal/bench/load"
+	"github.com/deskway/deskway/internal/bench/procstat"
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+// Options control a run.
+type Options struct {
+	Exe       string // the deskway binary that runs the gateway and echo server
+	Out       string
+	Command   string
+	Scenarios []string
+	// Steps are the tunnel counts of a ramp, in order.
+	Steps       []int
+	Warmup      time.Duration
+	Window      time.Duration
+	ThroughputD time.Duration
+	Log         *slog.Logger
+}
+
+// AllScenarios in the order they run.
+var AllScenarios = []string{"kw1", "kw2", "packet-size", "frequency", "cpus", "farm", "throughput"}
+
+// DefaultSteps ramp from a hundred tunnels to the file-descriptor ceiling.
+var DefaultSteps = []int{100, 250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 7000, 8000}
+
+// thresholdMs is the paper's limit on added response time.
+const thresholdMs = 40
+
+// step is one measured point of a ramp.
+type step struct {
+	load.Stats
+	AddedP99 float64
+	CPUPct   float64
+	RSS      int64
+	CPUusRT  float64
+	GenCPU   float64
+	EchoCPU  float64
+	Errors   int64
+}
+
+type ramp struct {
+	system string
+	steps  []step
+	idle   int64
+	err    error
+}
+
+// maxUnder interpolates the tunnel count where metric crosses limit.
+func maxUnder(steps []step, metric func(step) float64, limit float64) (float64, bool) {
+	prevN, prevV := 0.0, 0.0
+	for _, s := range steps {
+		v := metric(s)
+		if v > limit || s.Missing > 0 || s.Errors > 0 {
+			if prevN == 0 {
+				return 0, true
+			}
+			if v <= prevV || math.IsInf(v, 1) {
+				return prevN, true
+			}
+			return prevN + (limit-prevV)/(v-prevV)*(float64(s.Tunnels)-prevN), true
+		}
+		prevN, prevV = float64(s.Tunnels), v
+	}
+	return prevN, false // never crossed: a lower bound
+}
+
+// directP99 is the direct path's p99 at n tunnels, interpolated between
+// measured steps and held at the last one beyond them.
+func directP99(direct []step, n int) float64 {
+	if len(direct) == 0 {
+		return 0
+	}
+	prev := direct[0]
+	if n <= prev.Tunnels {
+		return prev.P99ms
+	}
+	for _, s := range direct[1:] {
+		if n <= s.Tunnels {
+			f := float64(n-prev.Tunnels) / float64(s.Tunnels-prev.Tunnels)
+			return prev.P99ms + f*(s.P99ms-prev.P99ms)
+		}
+		prev = s
+	}
+	return prev.P99ms
+}
+
+type runner struct {
+	o      Options
+	e      *env
+	res    *report.Result
+	direct map[string][]step // direct ramp per pattern key
+	hap    *system
+	hapErr error
+}
+
+// Run executes the scenarios and writes result.json, result.md and charts.
+func Run(ctx context.Context, o Options) (*report.Result, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if len(o.Steps) == 0 {
+		o.Steps = DefaultSteps
+	}
+	dir, err := os.MkdirTemp("", "deskway-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	e, err := newEnv(o.Exe, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	r := &runner{o: o, e: e, direct: map[string][]step{},
+		res: &report.Result{Bench: "gateway", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(), Summary: map[string]float64{}}}
+	if h, err := e.haproxy(); err == nil {
+		r.hap = &h
+	} else {
+		r.hapErr = err
+	}
+	r.paperPoints()
+	for _, sc := range o.Scenarios {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		o.Log.Info("scenario", "name", sc)
+		var err error
+		switch sc {
+		case "kw1":
+			err = r.knowledgeWorker(ctx, "kw1", load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond})
+		case "kw2":
+			err = r.knowledgeWorker(ctx, "kw2", load.Pattern{Up: 25, Down: 1669, Count: 1, Interval: 200 * time.Millisecond})
+		case "packet-size":
+			err = r.packetSize(ctx)
+		case "frequency":
+			err = r.frequency(ctx)
+		case "cpus":
+			err = r.cpus(ctx)
+		case "farm":
+			err = r.farm(ctx)
+		case "throughput":
+			err = r.throughput(ctx)
+		default:
+			err = fmt.Errorf("unknown scenario %q (known: %s)", sc, strings.Join(AllScenarios, ", "))
+		}
+		if err != nil {
+			return r.res, fmt.Errorf("bench: scenario %s: %w", sc, err)
+		}
+	}
+	report.SortPoints(r.res.Points)
+	if o.Out != "" {
+		if err := r.write(o.Out); err != nil {
+			return r.res, err
+		}
+	}
+	return r.res, nil
+}
+
+func patternKey(p load.Pattern) string {
+	return fmt.Sprintf("%d/%d/%d/%s", p.Up, p.Down, p.Count, p.Interval)
+}
+
+// runRamp ramps tunnels through sys until the response time limit is crossed.
+func (r *runner) runRamp(ctx context.Context, sys system, p load.Pattern, cpus int, direct []step) ramp {
+	rp := ramp{system: sys.name}
+	pr, dial, err := sys.start(cpus)
+	if err != nil {
+		rp.err = err
+		return rp
+	}
+	defer pr.stop()
+	time.Sleep(300 * time.Millisecond)
+	if pr != nil {
+		if s, err := procstat.Read(pr.pid()); err == nil {
+			rp.idle = s.RSS
+		}
+	}
+	gen := load.New(dial, p)
+	defer gen.Close()
+	for _, n := range r.o.Steps {
+		if ctx.Err() != nil {
+			rp.err = ctx.Err()
+			return rp
+		}
+		if err := gen.Grow(ctx, n, 32); err != nil {
+			r.o.Log.Warn("could not open all tunnels", "system", sys.name, "tunnels", n, "err", err)
+			rp.steps = append(rp.steps, step{Stats: load.Stats{Tunnels: n}, AddedP99: math.Inf(1), Errors: 1})
+			break
+		}
+		time.Sleep(r.o.Warmup)
+		errBefore := gen.Errors()
+		var a, b procstat.Sample
+		if pr != nil {
+			a, _ = procstat.Read(pr.pid())
+		}
+		ga, _ := procstat.Read(0)
+		ea, _ := procstat.Read(r.e.echo.pid())
+		st, err := gen.Measure(ctx, r.o.Window)
+		if pr != nil {
+			b, _ = procstat.Read(pr.pid())
+		}
+		gb, _ := procstat.Read(0)
+		eb, _ := procstat.Read(r.e.echo.pid())
+		s := step{Stats: st, GenCPU: procstat.CPUPercent(ga, gb), EchoCPU: procstat.CPUPercent(ea, eb), Errors: gen.Errors() - errBefore}
+		if err != nil {
+			s.P99ms, s.AddedP99 = math.Inf(1), math.Inf(1)
+		}
+		if pr != nil {
+			s.CPUPct, s.RSS = procstat.CPUPercent(a, b), b.RSS
+			if st.RoundTrips > 0 {
+				s.CPUusRT = float64((b.CPU - a.CPU).Microseconds()) / float64(st.RoundTrips)
+			}
+		}
+		if direct != nil {
+			s.AddedP99 = s.P99ms - directP99(direct, n)
+		} else {
+			s.AddedP99 = s.P99ms
+		}
+		rp.steps = append(rp.steps, s)
+		r.o.Log.Info("step", "system", sys.name, "tunnels", n, "p50_ms", st.P50ms, "p99_ms", st.P99ms, "added_p99_ms", round(s.AddedP99, 2),
+			"cpu_pct", round(s.CPUPct, 1), "cpu_us_per_rt", round(s.CPUusRT, 1), "rss_mb", s.RSS>>20, "gen_cpu_pct", round(s.GenCPU, 0), "missing", st.Missing)
+		if s.AddedP99 > thresholdMs || st.Missing > 0 || s.Errors > 0 {
+			break
+		}
+	}
+	return rp
+}
+
+func round(v float64, d int) float64 {
+	p := math.Pow(10, float64(d))
+	return math.Round(v*p) / p
+}
+
+// addRamp records a ramp's steps as points and returns its 40 ms count.
+func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float64, bool) {
+	if rp.err != nil && len(rp.steps) == 0 {
+		r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: rp.system, Params: params, Metrics: map[string]float64{}, Skipped: rp.err.Error()})
+		return 0, false
+	}
+	for _, s := range rp.steps {
+		m := map[string]float64{
+			"tunnels": float64(s.Tunnels), "round_trips": float64(s.RoundTrips), "p50_ms": s.P50ms, "p99_ms": s.P99ms, "max_ms": s.Maxms,
+			"added_p99_ms": round(s.AddedP99, 3), "gen_cpu_pct": round(s.GenCPU, 1), "echo_cpu_pct": round(s.EchoCPU, 1),
+			"missing": float64(s.Missing), "errors": float64(s.Errors),
+		}
+		if s.RSS > 0 {
+			m["cpu_pct"], m["rss_bytes"], m["cpu_us_per_roundtrip"] = round(s.CPUPct, 1), float64(s.RSS), round(s.CPUusRT, 2)
+			if s.Tunnels > 0 && rp.idle > 0 {
+				m["bytes_per_tunnel"] = math.Round(float64(s.RSS-rp.idle) / float64(s.Tunnels))
+			}
+		}
+		for k, v := range m {
+			if math.IsInf(v, 0) || math.IsNaN(v) {
+				m[k] = -1 // JSON has no infinity: -1 marks "no answer in the window"
+			}
+		}
+		pp := map[string]any{"tunnels": s.Tunnels}
+		for k, v := range params {
+			pp[k] = v
+		}
+		r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: rp.system, Params: pp, Metrics: m})
+	}
+	n, crossed := maxUnder(rp.steps, func(s step) float64 { return s.AddedP99 }, thresholdMs)
+	mm := map[string]float64{"max_tunnels_40ms": math.Round(n)}
+	if !crossed {
+		mm["lower_bound"] = 1
+	}
+	r.res.Points = append(r.res.Points, report.Point{Scenario: scenario + "-summary", System: rp.system, Params: params, Metrics: mm})
+	return n, crossed
+}
+
+// pattern runs direct, deskway and haproxy at one pattern and returns their ramps.
+func (r *runner) pattern(ctx context.Context, scenario string, p load.Pattern, params map[string]any, cpus int) (map[string]ramp, error) {
+	out := map[string]ramp{}
+	key := patternKey(p)
+	if _, ok := r.direct[key]; !ok {
+		d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
+		if d.err != nil {
+			return nil, d.err
+		}
+		r.direct[key] = d.steps
+		out["direct"] = d
+		r.addRamp(scenario, d, params)
+	}
+	direct := r.direct[key]
+	systems := []system{r.e.deskway()}
+	if r.hap != nil {
+		systems = append(systems, *r.hap)
+	} else {
+		r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: "haproxy", Params: params, Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
+	}
+	for _, sys := range systems {
+		rp := r.runRamp(ctx, sys, p, cpus, direct)
+		if rp.err != nil && len(rp.steps) == 0 {
+			return nil, fmt.Errorf("%s: %w", sys.name, rp.err)
+		}
+		out[sys.name] = rp
+		r.addRamp(scenario, rp, params)
+	}
+	return out, nil
+}
+
+// bestUnder is the last step of a ramp still under the limit.
+func bestUnder(rp ramp) (step, bool) {
+	var best step
+	ok := false
+	for _, s := range rp.steps {
+		if s.AddedP99 > thresholdMs || s.Missing > 0 || s.Errors > 0 {
+			break
+		}
+		best, ok = s, true
+	}
+	return best, ok
+}
+
+func (r *runner) knowledgeWorker(ctx context.Context, name string, p load.Pattern) error {
+	params := map[string]any{"up_bytes": p.Up, "down_bytes": p.Down, "interval_ms": p.Interval.Milliseconds()}
+	ramps, err := r.pattern(ctx, name, p, params, 0)
+	if err != nil {
+		return err
+	}
+	sum := r.res.Summary
+	dn, _ := maxUnder(r.direct[patternKey(p)], func(s step) float64 { return s.P99ms }, thresholdMs)
+	sum["direct_"+name+"_max_tunnels_40ms"] = math.Round(dn)
+	n, _ := maxUnder(ramps["deskway"].steps, func(s step) float64 { return s.AddedP99 }, thresholdMs)
+	sum[name+"_max_tunnels_40ms"] = math.Round(n)
+	if hp, ok := ramps["haproxy"]; ok {
+		hn, _ := maxUnder(hp.steps, func(s step) float64 { return s.AddedP99 }, thresholdMs)
+		sum["haproxy_"+name+"_max_tunnels_40ms"] = math.Round(hn)
+	}
+	if name == "kw1" {
+		if b, ok := bestUnder(ramps["deskway"]); ok {
+			sum["kw1_cpu_us_per_roundtrip"] = round(b.CPUusRT, 2)
+			if b.Tunnels > 0 && ramps["deskway"].idle > 0 {
+				sum["bytes_per_tunnel"] = math.Round(float64(b.RSS-ramps["deskway"].idle) / float64(b.Tunnels))
+			}
+			if b.CPUusRT > 0 {
+				sum["kw1_projected_tunnels_per_core"] = math.Round(1e6 / (b.CPUusRT * 10))
+			}
+		}
+		if hp, ok := ramps["haproxy"]; ok {
+			if b, ok := bestUnder(hp); ok {
+				sum["haproxy_kw1_cpu_us_per_roundtrip"] = round(b.CPUusRT, 2)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *runner) packetSize(ctx context.Context) error {
+	for _, size := range []int{10, 90, 200, 500, 1000, 2000} {
+		p := load.Pattern{Up: size, Down: size, Count: 1, Interval: 100 * time.Millisecond}
+		if _, err := r.pattern(ctx, "packet-size", p, map[string]any{"packet_bytes": size, "interval_ms": 100}, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *runner) frequency(ctx context.Context) error {
+	for _, ms := range []int{10, 100, 500, 1000} {
+		p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: time.Duration(ms) * time.Millisecond}
+		if _, err := r.pattern(ctx, "frequency", p, map[string]any{"packet_bytes": 90, "interval_ms": ms}, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *runner) cpus(ctx context.Context) error {
+	p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond}
+	key := patternKey(p)
+	if _, ok := r.direct[key]; !ok {
+		d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
+		if d.err != nil {
+			return d.err
+		}
+		r.direct[key] = d.steps
+	}
+	for _, c := range []int{1, 2} {
+		params := map[string]any{"cpus": c, "up_bytes": 90, "down_bytes": 90, "interval_ms": 100}
+		rp := r.runRamp(ctx, r.e.deskway(), p, c, r.direct[key])
+		n, _ := r.addRamp("cpus", rp, params)
+		r.res.Summary[fmt.Sprintf("cpus%d_kw1_max_tunnels_40ms", c)] = math.Round(n)
+		if r.hap != nil {
+			hp := r.runRamp(ctx, *r.hap, p, c, r.direct[key])
+			r.addRamp("cpus", hp, params)
+		}
+	}
+	return nil
+}
+
+// farm runs kw1 through one and through two gateway nodes with clients
+// rotating between them, then kills one node under load and measures how
+// many tunnels were lost and how long until all were open again.
+func (r *runner) farm(ctx context.Context) error {
+	p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond}
+	key := patternKey(p)
+	if _, ok := r.direct[key]; !ok {
+		d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
+		if d.err != nil {
+			return d.err
+		}
+		r.direct[key] = d.steps
+	}
+	for _, nodes := range []int{1, 2} {
+		sys := r.farmSystem(nodes)
+		rp := r.runRamp(ctx, sys, p, 0, r.direct[key])
+		n, _ := r.addRamp("farm", rp, map[string]any{"nodes": nodes})
+		r.res.Summary[fmt.Sprintf("farm%d_kw1_max_tunnels_40ms", nodes)] = math.Round(n)
+	}
+	return r.failover(ctx, p)
+}
+
+// farmSystem is nodes gateway processes behind client-side rotation.
+func (r *runner) farmSystem(nodes int) system {
+	return system{name: fmt.Sprintf("deskway-%dnode", nodes), start: func(int) (*proc, load.Dialer, error) {
+		var procs []*proc
+		var addrs []string
+		for i := 0; i < nodes; i++ {
+			p, a, err := r.e.startGateway(0)
+			if err != nil {
+				for _, q := range procs {
+					q.stop()
+				}
+				return nil, nil, err
+			}
+			procs, addrs = append(procs, p), append(addrs, a)
+		}
+		var next atomic.Uint64
+		d, err := r.e.gatewayDialer(func() string { return addrs[next.Add(1)%uint64(len(addrs))] })
+		if err != nil {
+			return nil, nil, err
+		}
+		// The first node is sampled; the others stop with it.
+		first := procs[0]
+		go func() {
+			_ = first.cmd.Wait()
+			for _, q := range procs[1:] {
+				q.stop()
+			}
+		}()
+		return first, d, nil
+	}}
+}
+
+// failover holds tunnels across two nodes, kills one, and lets clients
+// reconnect through the rotation (a dead node's dial fails fast, the next
+// address is tried), as mstsc does when a farm member disappears.
+func (r *runner) failover(ctx context.Context, p load.Pattern) error {
+	const total = 1000
+	pa, a1, err := r.e.startGateway(0)
+	if err != nil {
+		return err
+	}
+	defer pa.stop()
+	pb, a2, err := r.e.startGateway(0)
+	if err != nil {
+		return err
+	}
+	addrs := []string{a1, a2}
+	var dead atomic.Bool
+	var next atomic.Uint64
+	d, err := r.e.gatewayDialer(func() string {
+		a := addrs[next.Add(1)%2]
+		if a == a2 && dead.Load() {
+			a = a1
+		}
+		return a
+	})
+	if err != nil {
+		return err
+	}
+	gen := load.New(d, p)
+	defer gen.Close()
+	if err := gen.Grow(ctx, total, 32); err != nil {
+		return err
+	}
+	time.Sleep(r.o.Warmup)
+	killed := time.Now()
+	pb.kill()
+	deadlineOK := false
+	var lost int
+	var recovered time.Duration
+	for time.Since(killed) < 60*time.Second {
+		time.Sleep(50 * time.Millisecond)
+		alive := gen.Alive()
+		if total-alive > lost {
+			lost = total - alive
+		}
+		if lost > 0 && alive < total {
+			dead.Store(true)
+			// Reconnect what was lost: the rotation now skips the dead node.
+			if err := gen.Reopen(ctx, 32); err != nil {
+				continue
+			}
+		}
+		if lost > 0 && gen.Alive() == total {
+			recovered = time.Since(killed)
+			deadlineOK = true
+			break
+		}
+	}
+	st, _ := gen.Measure(ctx, r.o.Window)
+	m := map[string]float64{"tunnels": total, "tunnels_lost": float64(lost), "recover_seconds": round(recovered.Seconds(), 2), "p99_ms_after": st.P99ms}
+	if !deadlineOK {
+		m["recover_seconds"] = -1
+	}
+	r.res.Points = append(r.res.Points, report.Point{Scenario: "farm-failover", System: "deskway-2node", Params: map[string]any{"tunnels": total, "killed_nodes": 1}, Metrics: m})
+	r.res.Summary["farm_failover_tunnels_lost"] = float64(lost)
+	r.res.Summary["farm_failover_recover_seconds"] = m["recover_seconds"]
+	return nil
+}
+
+// throughput is the ctsTraffic-like test: bulk data from the host to the
+// client over 1 and 8 streams through each system.
+func (r *runner) throughput(ctx context.Context) error {
+	systems := []system{r.e.direct(), r.e.deskway()}
+	if r.hap != nil {
+		systems = append(systems, *r.hap)
+	} else {
+		r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: "haproxy", Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
+	}
+	gbps := map[string]float64{}
+	for _, sys := range systems {
+		for _, streams := range []int{1, 8} {
+			g, cpu, err := r.bulk(ctx, sys, streams)
+			if err != nil {
+				return fmt.Errorf("%s %d streams: %w", sys.name, streams, err)
+			}
+			gbps[fmt.Sprintf("%s/%d", sys.name, streams)] = g
+			m := map[string]float64{"gbps": round(g, 3)}
+			if cpu >= 0 {
+				m["cpu_pct"] = round(cpu, 1)
+			}
+			r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: sys.name,
+				Params: map[string]any{"streams": streams, "seconds": r.o.ThroughputD.Seconds()}, Metrics: m})
+			r.o.Log.Info("throughput", "system", sys.name, "streams", streams, "gbps", round(g, 3))
+		}
+	}
+	s := r.res.Summary
+	s["throughput_single_gbps"] = round(gbps["deskway/1"], 3)
+	s["throughput_multi_gbps"] = round(gbps["deskway/8"], 3)
+	if d := gbps["direct/1"]; d > 0 {
+		s["throughput_single_ratio_direct"] = round(gbps["deskway/1"]/d, 3)
+	}
+	if d := gbps["direct/8"]; d > 0 {
+		s["throughput_multi_ratio_direct"] = round(gbps["deskway/8"]/d, 3)
+	}
+	if h, ok := gbps["haproxy/1"]; ok {
+		s["haproxy_throughput_single_gbps"] = round(h, 3)
+		s["haproxy_throughput_multi_gbps"] = round(gbps["haproxy/8"], 3)
+	}
+	return nil
+}
+
+func (r *runner) bulk(ctx context.Context, sys system, streams int) (float64, float64, error) {
+	pr, dial, err := sys.start(0)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer pr.stop()
+	var conns []io.ReadWriteCloser
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < streams; i++ {
+		c, err := dial(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		conns = append(conns, c)
+		if _, err := c.Write(echo.Hello{Mode: echo.ModeBulk}.Append(nil)); err != nil {
+			return 0, 0, err
+		}
+	}
+	var total atomic.Int64
+	var counting atomic.Bool
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 256<<10)
+			for {
+				n, err := c.Read(buf)
+				if counting.Load() {
+					total.Add(int64(n))
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(time.Second) // reach steady state
+	var a, b procstat.Sample
+	if pr != nil {
+		a, _ = procstat.Read(pr.pid())
+	}
+	start := time.Now()
+	counting.Store(true)
+	time.Sleep(r.o.ThroughputD)
+	counting.Store(false)
+	el := time.Since(start)
+	cpu := -1.0
+	if pr != nil {
+		b, _ = procstat.Read(pr.pid())
+		cpu = procstat.CPUPercent(a, b)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	wg.Wait()
+	conns = nil
+	if total.Load() == 0 {
+		return 0, cpu, errors.New("no data flowed")
+	}
+	return float64(total.Load()) * 8 / el.Seconds() / 1e9, cpu, nil
+}
+
+// paperPoints are the published figures, as system "paper", so the
+// tables show them beside the measured ones.
+func (r *runner) paperPoints() {
+	add := func(sc string, params map[string]any, m map[string]float64) {
+		r.res.Points = append(r.res.Points, report.Point{Scenario: sc, System: "paper", Params: params, Metrics: m})
+	}
+	add("kw1-summary", map[string]any{"up_bytes": 90, "down_bytes": 90, "interval_ms": 100, "gateway_cores": 4}, map[string]float64{"max_tunnels_40ms": 1230, "cpu_us_per_roundtrip": 325, "bytes_per_tunnel": 0.69 * (1 << 20)})
+	add("kw2-summary", map[string]any{"up_bytes": 25, "down_bytes": 1669, "interval_ms": 200, "gateway_cores": 4}, map[string]float64{"max_tunnels_40ms": 1173})
+	for size, n := range map[int]float64{10: 1300, 90: 1230, 200: 1199, 500: 975, 1000: 887, 2000: 258} {
+		add("packet-size-summary", map[string]any{"packet_bytes": size, "interval_ms": 100}, map[string]float64{"max_tunnels_40ms": n})
+	}
+	for ms, n := range map[int]float64{10: 494, 100: 1230, 500: 1230, 1000: 1230} {
+		add("frequency-summary", map[string]any{"packet_bytes": 90, "interval_ms": ms}, map[string]float64{"max_tunnels_40ms": n})
+	}
+	for c, n := range map[int]float64{1: 368, 2: 656, 4: 1230} {
+		add("cpus-summary", map[string]any{"cpus": c}, map[string]float64{"max_tunnels_40ms": n})
+	}
+	for nodes, n := range map[int]float64{1: 1230, 2: 1970, 3: 2700} {
+		add("farm-summary", map[string]any{"nodes": nodes}, map[string]float64{"max_tunnels_40ms": n})
+	}
+	add("throughput", map[string]any{"streams": 1, "note": "RAS Gateway GRE, 10 cores"}, map[string]float64{"gbps": 0.45})
+	add("throughput", map[string]any{"streams": "many", "note": "RAS Gateway GRE, 10 cores"}, map[string]float64{"gbps": 2.0})
+	slices.SortFunc(r.res.Points, func(a, b report.Point) int { return strings.Compare(a.Scenario, b.Scenario) })
+}

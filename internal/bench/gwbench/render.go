@@ -1,0 +1,252 @@
+package gwbench
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+func (r *runner) write(dir string) error {
+	if err := r.res.WriteJSON(dir); err != nil {
+		return err
+	}
+	md := r.markdown()
+	if err := writeFile(filepath.Join(dir, "result.md"), md); err != nil {
+		return err
+	}
+	return r.charts(dir)
+}
+
+func f(v float64, d int) string {
+	if v < 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.*f", d, v)
+}
+
+// points returns the points of a scenario and system.
+func (r *runner) points(scenario, system string) []report.Point {
+	var out []report.Point
+	for _, p := range r.res.Points {
+		if p.Scenario == scenario && p.System == system {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func param(p report.Point, k string) string { return fmt.Sprint(p.Params[k]) }
+
+// summaryFor finds the 40 ms count of system in scenario with matching params.
+func (r *runner) summaryFor(scenario, system, key, val string) string {
+	for _, p := range r.points(scenario+"-summary", system) {
+		if key == "" || param(p, key) == val {
+			s := f(p.Metrics["max_tunnels_40ms"], 0)
+			if p.Metrics["lower_bound"] == 1 {
+				s = "≥" + s
+			}
+			return s
+		}
+	}
+	return "–"
+}
+
+func (r *runner) markdown() string {
+	var b strings.Builder
+	s := r.res.Summary
+	m := r.res.Machine
+	fmt.Fprintf(&b, "# Gateway capacity: deskway beside the direct path, HAProxy and the paper\n\n")
+	fmt.Fprintf(&b, "Command: `%s`  \nStarted: %s  \nMachine: %d CPUs, %.0f GiB, Linux %s, %s. The load generator, the echo server (the paper's TSGSServer) and the relay under test share these CPUs; the paper's gateway had 4 dedicated cores.\n\n",
+		r.res.Command, r.res.Started.Format("2006-01-02 15:04 MST"), m.CPUs, float64(m.MemBytes)/(1<<30), m.Kernel, m.Go)
+	b.WriteString("How it is measured: each tunnel sends one request per interval with one request in flight and times it from before the send to the last byte of the answer (the paper's method). Tunnels are ramped in steps; each step warms up, then records every round trip in a window. *Added p99* is the relay's p99 minus the direct path's p99 at the same tunnel count; the *40 ms count* is where it crosses 40 ms (interpolated between steps; ≥ marks a ramp that never crossed). deskway tunnels use the MS-TSGU websocket transport with a PAA token; direct and HAProxy use the same TLS (ECDSA P-256, TLS 1.3) with no tunnel protocol. CPU is the relay process's user+system time from /proc.\n\n")
+	if r.hapErr != nil {
+		fmt.Fprintf(&b, "HAProxy was not measured: %s.\n\n", r.hapErr)
+	}
+
+	headline := report.Table{Title: "Table 1 and 3: tunnels under 40 ms added response time", Head: []string{"scenario", "deskway", "direct (own p99 ≤ 40 ms)", "HAProxy", "paper (4 cores)"}}
+	for _, kw := range []struct{ name, label string }{{"kw1", "KW v1: 90 B / 90 B every 100 ms"}, {"kw2", "KW v2: 25 B / 1669 B every 200 ms"}} {
+		if _, ok := s[kw.name+"_max_tunnels_40ms"]; !ok {
+			continue
+		}
+		headline.Rows = append(headline.Rows, []string{kw.label, r.summaryFor(kw.name, "deskway", "", ""), f(s["direct_"+kw.name+"_max_tunnels_40ms"], 0),
+			r.summaryFor(kw.name, "haproxy", "", ""), r.summaryFor(kw.name, "paper", "", "")})
+	}
+	if len(headline.Rows) > 0 {
+		b.WriteString(headline.Markdown())
+	}
+	if v, ok := s["kw1_cpu_us_per_roundtrip"]; ok {
+		t := report.Table{Title: "Gateway CPU per relayed KW v1 round trip", Head: []string{"system", "CPU µs per round trip", "projected tunnels per dedicated core (10 round trips/s each)"}}
+		t.Rows = append(t.Rows, []string{"deskway", f(v, 1), f(s["kw1_projected_tunnels_per_core"], 0)})
+		if h, ok := s["haproxy_kw1_cpu_us_per_roundtrip"]; ok {
+			t.Rows = append(t.Rows, []string{"HAProxy", f(h, 1), f(math.Round(1e6/(h*10)), 0)})
+		}
+		t.Rows = append(t.Rows, []string{"paper (4 cores at 100 % for 1,230 tunnels)", "325", "308"})
+		b.WriteString(t.Markdown())
+		if bt, ok := s["bytes_per_tunnel"]; ok {
+			fmt.Fprintf(&b, "Memory per established tunnel (RSS at N − RSS idle) / N, at the largest KW v1 step under 40 ms: **%.1f KiB** (paper, Table 5: 0.61–0.69 MB).\n\n", bt/1024)
+		}
+	}
+	for _, sc := range []string{"kw1", "kw2"} {
+		t := report.Table{Title: "Table 2: response time per tunnel count, " + sc, Head: []string{"tunnels", "system", "p50 ms", "p99 ms", "max ms", "added p99 ms", "relay CPU %", "CPU µs/round trip", "RSS MiB", "generator CPU %"}}
+		for _, sys := range []string{"direct", "deskway", "haproxy"} {
+			for _, p := range r.points(sc, sys) {
+				mm := p.Metrics
+				rss := "–"
+				if v, ok := mm["rss_bytes"]; ok {
+					rss = f(v/(1<<20), 1)
+				}
+				t.Rows = append(t.Rows, []string{param(p, "tunnels"), sys, f(mm["p50_ms"], 2), f(mm["p99_ms"], 2), f(mm["max_ms"], 1), f(mm["added_p99_ms"], 2),
+					optional(mm, "cpu_pct", 0), optional(mm, "cpu_us_per_roundtrip", 1), rss, f(mm["gen_cpu_pct"], 0)})
+			}
+		}
+		if len(t.Rows) > 0 {
+			b.WriteString(t.Markdown())
+		}
+	}
+	if len(r.points("packet-size-summary", "deskway")) > 0 {
+		t := report.Table{Title: "Table 6: packet size (every 100 ms) and tunnels under 40 ms", Head: []string{"packet bytes", "deskway", "direct", "HAProxy", "paper"}}
+		for _, size := range []string{"10", "90", "200", "500", "1000", "2000"} {
+			t.Rows = append(t.Rows, []string{size, r.summaryFor("packet-size", "deskway", "packet_bytes", size), r.summaryFor("packet-size", "direct", "packet_bytes", size),
+				r.summaryFor("packet-size", "haproxy", "packet_bytes", size), r.summaryFor("packet-size", "paper", "packet_bytes", size)})
+		}
+		b.WriteString(t.Markdown())
+	}
+	if len(r.points("frequency-summary", "deskway")) > 0 {
+		t := report.Table{Title: "Table 7: interval between 90-byte packets and tunnels under 40 ms", Head: []string{"interval ms", "deskway", "direct", "HAProxy", "paper"}}
+		for _, ms := range []string{"10", "100", "500", "1000"} {
+			t.Rows = append(t.Rows, []string{ms, r.summaryFor("frequency", "deskway", "interval_ms", ms), r.summaryFor("frequency", "direct", "interval_ms", ms),
+				r.summaryFor("frequency", "haproxy", "interval_ms", ms), r.summaryFor("frequency", "paper", "interval_ms", ms)})
+		}
+		b.WriteString(t.Markdown())
+	}
+	if len(r.points("cpus-summary", "deskway")) > 0 {
+		t := report.Table{Title: "Table 4: CPUs given to the relay (taskset, GOMAXPROCS / nbthread), KW v1", Head: []string{"CPUs", "deskway", "HAProxy", "paper"}}
+		for _, c := range []string{"1", "2"} {
+			t.Rows = append(t.Rows, []string{c, r.summaryFor("cpus", "deskway", "cpus", c), r.summaryFor("cpus", "haproxy", "cpus", c), r.summaryFor("cpus", "paper", "cpus", c)})
+		}
+		t.Rows = append(t.Rows, []string{"4", "–", "–", r.summaryFor("cpus", "paper", "cpus", "4")})
+		b.WriteString(t.Markdown())
+	}
+	if _, ok := s["farm1_kw1_max_tunnels_40ms"]; ok {
+		t := report.Table{Title: "Table 9: gateway nodes behind round-robin client rotation, KW v1", Head: []string{"nodes", "deskway", "paper"}}
+		t.Rows = append(t.Rows, []string{"1", r.summaryFor("farm", "deskway-1node", "", ""), r.summaryFor("farm", "paper", "nodes", "1")})
+		t.Rows = append(t.Rows, []string{"2", r.summaryFor("farm", "deskway-2node", "", ""), r.summaryFor("farm", "paper", "nodes", "2")})
+		b.WriteString(t.Markdown())
+		fmt.Fprintf(&b, "On one 2-core machine a second node shares the same CPUs, so it adds no capacity here; the rows show that the farm path (stateless nodes, token-only trust) costs nothing.\n\n")
+		fmt.Fprintf(&b, "Failover: 1,000 KW v1 tunnels over two nodes, one node killed (SIGKILL): **%.0f tunnels lost**, all reopened on the surviving node in **%.2f s** (clients re-dial through the rotation).\n\n",
+			s["farm_failover_tunnels_lost"], s["farm_failover_recover_seconds"])
+	}
+	if _, ok := s["throughput_single_gbps"]; ok {
+		t := report.Table{Title: "Throughput (ctsTraffic-like, host to client, 10 s)", Head: []string{"streams", "deskway Gbit/s", "direct Gbit/s", "HAProxy Gbit/s", "deskway / direct", "paper (RAS GRE, 10 cores)"}}
+		get := func(sys string, streams string) string {
+			for _, p := range r.points("throughput", sys) {
+				if param(p, "streams") == streams {
+					return f(p.Metrics["gbps"], 2)
+				}
+			}
+			return "–"
+		}
+		t.Rows = append(t.Rows, []string{"1", get("deskway", "1"), get("direct", "1"), get("haproxy", "1"), f(s["throughput_single_ratio_direct"], 2), "0.4–0.5"})
+		t.Rows = append(t.Rows, []string{"8", get("deskway", "8"), get("direct", "8"), get("haproxy", "8"), f(s["throughput_multi_ratio_direct"], 2), "2.0 (many)"})
+		b.WriteString(t.Markdown())
+	}
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	b.WriteString("## Summary keys\n\n| key | value |\n|---|---|\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "| %s | %g |\n", k, s[k])
+	}
+	if len(r.res.Notes) > 0 {
+		b.WriteString("\n## What limits the result\n\n")
+		for _, n := range r.res.Notes {
+			b.WriteString("- " + n + "\n")
+		}
+	}
+	b.WriteString("\nCharts: `response-kw1.svg`, `response-kw2.svg`, `packet-size.svg`, `throughput.svg`.\n")
+	return b.String()
+}
+
+func optional(m map[string]float64, k string, d int) string {
+	if v, ok := m[k]; ok {
+		return f(v, d)
+	}
+	return "–"
+}
+
+func (r *runner) charts(dir string) error {
+	for _, sc := range []string{"kw1", "kw2"} {
+		var series []report.Series
+		for _, sys := range []string{"direct", "deskway", "haproxy"} {
+			var x, y []float64
+			for _, p := range r.points(sc, sys) {
+				if v := p.Metrics["p99_ms"]; v >= 0 {
+					x, y = append(x, p.Metrics["tunnels"]), append(y, v)
+				}
+			}
+			if len(x) > 0 {
+				series = append(series, report.Series{Name: sys, X: x, Y: y})
+			}
+		}
+		if len(series) > 0 {
+			if err := report.LineChart(filepath.Join(dir, "response-"+sc+".svg"), "p99 response time vs tunnels ("+sc+")", "tunnels", "p99 ms", series, thresholdMs); err != nil {
+				return err
+			}
+		}
+	}
+	if len(r.points("packet-size-summary", "deskway")) > 0 {
+		var series []report.Series
+		for _, sys := range []string{"deskway", "direct", "haproxy", "paper"} {
+			var x, y []float64
+			for _, p := range r.points("packet-size-summary", sys) {
+				var size float64
+				fmt.Sscan(param(p, "packet_bytes"), &size)
+				x, y = append(x, size), append(y, p.Metrics["max_tunnels_40ms"])
+			}
+			idx := make([]int, len(x))
+			for i := range idx {
+				idx[i] = i
+			}
+			sort.Slice(idx, func(a, b int) bool { return x[idx[a]] < x[idx[b]] })
+			var sx, sy []float64
+			for _, i := range idx {
+				sx, sy = append(sx, x[i]), append(sy, y[i])
+			}
+			if len(sx) > 0 {
+				series = append(series, report.Series{Name: sys, X: sx, Y: sy})
+			}
+		}
+		if err := report.LineChart(filepath.Join(dir, "packet-size.svg"), "Tunnels under 40 ms vs packet size (Figure 2)", "packet bytes", "tunnels", series, 0); err != nil {
+			return err
+		}
+	}
+	if _, ok := r.res.Summary["throughput_single_gbps"]; ok {
+		var series []report.Series
+		for _, sys := range []string{"deskway", "direct", "haproxy"} {
+			var y []float64
+			for _, streams := range []string{"1", "8"} {
+				for _, p := range r.points("throughput", sys) {
+					if param(p, "streams") == streams {
+						y = append(y, p.Metrics["gbps"])
+					}
+				}
+			}
+			if len(y) == 2 {
+				series = append(series, report.Series{Name: sys, Y: y})
+			}
+		}
+		if err := report.BarChart(filepath.Join(dir, "throughput.svg"), "Throughput, host to client", "Gbit/s", []string{"1 stream", "8 streams"}, series); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o644) }

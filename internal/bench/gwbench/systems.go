@@ -1,0 +1,300 @@
+// Package gwbench rebuilds the RD Gateway capacity tests (TSGSClient and
+// TSGSServer) and the ctsTraffic throughput test for deskway: it starts
+// the echo server, the gateway and the baselines as separate processes,
+// ramps tunnels through each, and writes the papers' tables.
+package gwbench
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/bench/load"
+	"github.com/deskway/deskway/internal/tlsconf"
+	"github.com/deskway/deskway/internal/tsgclient"
+)
+
+// env is what every system in one bench run shares: certificates, keys and
+// the echo server.
+type env struct {
+	dir               string
+	exe               string
+	cert, key, pem    string
+	tokenKey          string
+	tokens            *auth.Tokens
+	echoAddr, echoTLS string
+	echoPort          uint16
+	echo              *proc
+	clientTLS         *tls.Config
+}
+
+// proc is a child process started by the bench.
+type proc struct {
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	name string
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) stop() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+// startProc runs argv with extra environment; cpus > 0 pins it with taskset.
+func startProc(name string, cpus int, extraEnv []string, argv ...string) (*proc, error) {
+	if cpus > 0 {
+		list := make([]string, cpus)
+		for i := range list {
+			list[i] = strconv.Itoa(i)
+		}
+		argv = append([]string{"taskset", "-c", strings.Join(list, ",")}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("bench: start %s: %w", name, err)
+	}
+	return &proc{cmd: cmd, log: &log, name: name}, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitPort(addr string, d time.Duration) error {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("bench: %s did not open within %s", addr, d)
+}
+
+func newEnv(exe, dir string) (*env, error) {
+	e := &env{dir: dir, exe: exe, tokenKey: "bench-token-key-0123456789abcdef0123456789"}
+	e.cert, e.key = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := tlsconf.SelfSigned(e.cert, e.key, nil); err != nil {
+		return nil, err
+	}
+	// HAProxy wants certificate and key in one file.
+	c, _ := os.ReadFile(e.cert)
+	k, _ := os.ReadFile(e.key)
+	e.pem = filepath.Join(dir, "tls.pem")
+	if err := os.WriteFile(e.pem, append(c, k...), 0o600); err != nil {
+		return nil, err
+	}
+	var err error
+	if e.tokens, err = auth.NewTokens([]byte(e.tokenKey), nil); err != nil {
+		return nil, err
+	}
+	// Session resumption off: every tunnel does a full handshake, as
+	// separate client machines would.
+	e.clientTLS = &tls.Config{InsecureSkipVerify: true, ClientSessionCache: nil}
+	p1, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p2, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	e.echoAddr, e.echoTLS, e.echoPort = fmt.Sprintf("127.0.0.1:%d", p1), fmt.Sprintf("127.0.0.1:%d", p2), uint16(p1)
+	e.echo, err = startProc("echo-server", 0, nil, exe, "bench", "echo-server", "--listen", e.echoAddr,
+		"--tls-listen", e.echoTLS, "--cert", e.cert, "--key", e.key)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitPort(e.echoTLS, 10*time.Second); err != nil {
+		e.echo.stop()
+		return nil, fmt.Errorf("%w\n%s", err, e.echo.log.String())
+	}
+	return e, nil
+}
+
+func (e *env) close() { e.echo.stop() }
+
+// system is one thing the bench measures: deskway, the direct path, or a peer.
+type system struct {
+	name string
+	// start launches it (cpus > 0 pins it) and returns the process to
+	// sample (nil for direct), a dialer to the echo server through it, and
+	// a stop function.
+	start func(cpus int) (*proc, load.Dialer, error)
+}
+
+func (e *env) direct() system {
+	return system{name: "direct", start: func(int) (*proc, load.Dialer, error) {
+		return nil, e.tlsDialer(e.echoTLS), nil
+	}}
+}
+
+func (e *env) tlsDialer(addr string) load.Dialer {
+	return load.NetDialer(func(ctx context.Context) (net.Conn, error) {
+		d := &tls.Dialer{Config: e.clientTLS}
+		return d.DialContext(ctx, "tcp", addr)
+	})
+}
+
+const gatewayYAML = `state_dir: %[1]s
+log: {level: warn, format: json}
+admin: {listen: "127.0.0.1:%[2]d", tokens: [bench-admin]}
+tls: {cert: %[3]s, key: %[4]s}
+auth:
+  token_key: %[5]s
+gateway:
+  listen: "127.0.0.1:%[6]d"
+  auth_methods: [paa]
+  max_tunnels: 100000
+  connection_policies: [{name: bench, users: ["*"]}]
+  resource_policies: [{name: echo, users: ["*"], hosts: [127.0.0.1]}]
+`
+
+// startGateway runs one deskway gateway node and returns its address.
+func (e *env) startGateway(cpus int) (*proc, string, error) {
+	gp, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	ap, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	dir, err := os.MkdirTemp(e.dir, "gw")
+	if err != nil {
+		return nil, "", err
+	}
+	cfg := filepath.Join(dir, "deskway.yaml")
+	body := fmt.Sprintf(gatewayYAML, dir, ap, e.cert, e.key, e.tokenKey, gp)
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		return nil, "", err
+	}
+	var env []string
+	if cpus > 0 {
+		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", cpus))
+	}
+	p, err := startProc("deskway gateway", cpus, env, e.exe, "gateway", "-c", cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", gp)
+	if err := waitPort(addr, 10*time.Second); err != nil {
+		p.stop()
+		return nil, "", fmt.Errorf("%w\n%s", err, p.log.String())
+	}
+	return p, addr, nil
+}
+
+// gatewayDialer opens tunnels with the MS-TSGU client over websocket, with
+// a PAA token, to the echo server; addrs rotate like round-robin DNS.
+func (e *env) gatewayDialer(addrs func() string) (load.Dialer, error) {
+	tok, err := e.tokens.Mint("bench", nil, "127.0.0.1", int(e.echoPort), 24*time.Hour, "bench")
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (io.ReadWriteCloser, error) {
+		cfg := tsgclient.Config{Gateway: addrs(), TLS: e.clientTLS, Token: tok, Transport: tsgclient.Websocket}
+		return tsgclient.Dial(ctx, cfg, "127.0.0.1", e.echoPort)
+	}, nil
+}
+
+func (e *env) deskway() system {
+	return system{name: "deskway", start: func(cpus int) (*proc, load.Dialer, error) {
+		p, addr, err := e.startGateway(cpus)
+		if err != nil {
+			return nil, nil, err
+		}
+		d, err := e.gatewayDialer(func() string { return addr })
+		if err != nil {
+			p.stop()
+			return nil, nil, err
+		}
+		return p, d, nil
+	}}
+}
+
+const haproxyCfg = `global
+  maxconn 9000
+  nbthread %[1]d
+  log stderr format raw local0 err
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 1h
+  timeout server 1h
+frontend fe
+  bind 127.0.0.1:%[2]d ssl crt %[3]s alpn http/1.1
+  default_backend be
+backend be
+  server echo %[4]s
+`
+
+// haproxy is the best general-purpose relay a user could pick instead:
+// TLS terminated, plain TCP to the host.
+func (e *env) haproxy() (system, error) {
+	if _, err := exec.LookPath("haproxy"); err != nil {
+		return system{}, errors.New("haproxy is not installed (apt-get install haproxy)")
+	}
+	return system{name: "haproxy", start: func(cpus int) (*proc, load.Dialer, error) {
+		port, err := freePort()
+		if err != nil {
+			return nil, nil, err
+		}
+		threads := cpus
+		if threads == 0 {
+			threads = 2
+		}
+		cfg := filepath.Join(e.dir, fmt.Sprintf("haproxy-%d.cfg", port))
+		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(haproxyCfg, threads, port, e.pem, e.echoAddr)), 0o600); err != nil {
+			return nil, nil, err
+		}
+		p, err := startProc("haproxy", cpus, nil, "haproxy", "-db", "-f", cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if err := waitPort(addr, 10*time.Second); err != nil {
+			p.stop()
+			return nil, nil, fmt.Errorf("%w\n%s", err, p.log.String())
+		}
+		return p, e.tlsDialer(addr), nil
+	}}, nil
+}

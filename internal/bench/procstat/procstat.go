@@ -1,0 +1,66 @@
+// Package procstat reads a process's CPU time and resident memory from
+// /proc, the counters the bench reports for the gateway and its peers.
+package procstat
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTick is USER_HZ, 100 on every Linux the bench runs on.
+const clockTick = 100
+
+// Sample is one reading of a process.
+type Sample struct {
+	At  time.Time
+	CPU time.Duration // user + system since start
+	RSS int64         // bytes
+}
+
+// Read samples pid (0 means this process).
+func Read(pid int) (Sample, error) {
+	p := "self"
+	if pid > 0 {
+		p = strconv.Itoa(pid)
+	}
+	s := Sample{At: time.Now()}
+	stat, err := os.ReadFile("/proc/" + p + "/stat")
+	if err != nil {
+		return s, fmt.Errorf("procstat: %w", err)
+	}
+	// Fields after the command name (which may hold spaces) start after ')'.
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return s, fmt.Errorf("procstat: malformed /proc/%s/stat", p)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 22 {
+		return s, fmt.Errorf("procstat: short /proc/%s/stat", p)
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	s.CPU = time.Duration(ut+st) * time.Second / clockTick
+	status, err := os.ReadFile("/proc/" + p + "/status")
+	if err != nil {
+		return s, fmt.Errorf("procstat: %w", err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			s.RSS = kb << 10
+		}
+	}
+	return s, nil
+}
+
+// CPUPercent is the CPU used between a and b as a percentage of one core.
+func CPUPercent(a, b Sample) float64 {
+	wall := b.At.Sub(a.At)
+	if wall <= 0 {
+		return 0
+	}
+	return 100 * float64(b.CPU-a.CPU) / float64(wall)
+}

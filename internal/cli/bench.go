@@ -1,0 +1,141 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/deskway/deskway/internal/bench/echo"
+	"github.com/deskway/deskway/internal/bench/gwbench"
+	"github.com/deskway/deskway/internal/obs"
+	"github.com/deskway/deskway/internal/tlsconf"
+)
+
+func benchCmd() *cobra.Command {
+	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
+	c.AddCommand(echoServerCmd(), benchGatewayCmd(), benchThroughputCmd())
+	return c
+}
+
+func echoServerCmd() *cobra.Command {
+	var listen, tlsListen, cert, key string
+	c := &cobra.Command{
+		Use:   "echo-server",
+		Short: "Stand-in RDP host (TSGSServer): answers each request with N packets of M bytes, or streams bulk data",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			g, ctx := errgroup.WithContext(cmd.Context())
+			s := &echo.Server{Log: log}
+			if listen != "" {
+				ln, err := net.Listen("tcp", listen)
+				if err != nil {
+					return fmt.Errorf("echo-server: %w", err)
+				}
+				g.Go(func() error { return s.Serve(ctx, ln, nil) })
+			}
+			if tlsListen != "" {
+				tc, err := tlsconf.Load(cert, key, os.TempDir(), nil)
+				if err != nil {
+					return err
+				}
+				ln, err := net.Listen("tcp", tlsListen)
+				if err != nil {
+					return fmt.Errorf("echo-server: %w", err)
+				}
+				g.Go(func() error { return s.Serve(ctx, ln, tc) })
+			}
+			if listen == "" && tlsListen == "" {
+				return errors.New("echo-server: give --listen, --tls-listen or both")
+			}
+			log.Info("echo server ready", "listen", listen, "tls_listen", tlsListen)
+			return g.Wait()
+		},
+	}
+	c.Flags().StringVar(&listen, "listen", "127.0.0.1:1234", "plain TCP address (what the gateway dials)")
+	c.Flags().StringVar(&tlsListen, "tls-listen", "", "TLS address (the direct baseline, same TLS as the gateway)")
+	c.Flags().StringVar(&cert, "cert", "", "certificate for --tls-listen")
+	c.Flags().StringVar(&key, "key", "", "key for --tls-listen")
+	return c
+}
+
+type benchFlags struct {
+	scenario, out, steps string
+	warmup, window, tput time.Duration
+}
+
+func (f *benchFlags) register(c *cobra.Command, scenario string) {
+	c.Flags().StringVar(&f.out, "out", "", "directory for result.json, result.md and charts")
+	c.Flags().StringVar(&f.scenario, "scenario", scenario, "comma-separated: "+strings.Join(gwbench.AllScenarios, ", ")+", or all")
+	c.Flags().StringVar(&f.steps, "steps", "", "tunnel counts of each ramp, comma-separated (default 100 … 8000)")
+	c.Flags().DurationVar(&f.warmup, "warmup", 2*time.Second, "settle time after each ramp step")
+	c.Flags().DurationVar(&f.window, "window", 4*time.Second, "measurement window of each ramp step")
+	c.Flags().DurationVar(&f.tput, "throughput-duration", 10*time.Second, "length of each throughput measurement")
+}
+
+func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	o := gwbench.Options{Exe: exe, Out: f.out, Warmup: f.warmup, Window: f.window, ThroughputD: f.tput,
+		Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
+	if f.scenario == "all" {
+		o.Scenarios = gwbench.AllScenarios
+	} else {
+		o.Scenarios = strings.Split(f.scenario, ",")
+	}
+	for _, s := range strings.Split(f.steps, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return fmt.Errorf("bench: --steps: %q is not a tunnel count", s)
+		}
+		o.Steps = append(o.Steps, n)
+	}
+	res, err := gwbench.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	for k, v := range res.Summary {
+		fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
+	}
+	if f.out != "" {
+		fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", f.out)
+	}
+	return nil
+}
+
+func benchGatewayCmd() *cobra.Command {
+	f := &benchFlags{}
+	c := &cobra.Command{
+		Use:   "gateway",
+		Short: "RD Gateway capacity (TSGSClient): ramp tunnels through deskway, the direct path and HAProxy",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, args []string) error { return f.run(cmd.Context(), cmd, args) },
+	}
+	f.register(c, "all")
+	return c
+}
+
+func benchThroughputCmd() *cobra.Command {
+	f := &benchFlags{}
+	c := &cobra.Command{
+		Use:   "throughput",
+		Short: "Bulk throughput (ctsTraffic): 1 and 8 streams through deskway, direct and HAProxy",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, args []string) error { return f.run(cmd.Context(), cmd, args) },
+	}
+	f.register(c, "throughput")
+	return c
+}
