@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha1"
@@ -369,7 +370,14 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs hands
 		conn.Close()
 		return
 	}
-	s.runTunnel(newWSTransport(conn, brw.Reader), hs, "websocket")
+	// Drop net/http's 4 KiB read buffer: tls.Conn buffers a record already.
+	// Bytes the client pipelined behind its request are replayed first.
+	var in io.Reader = conn
+	if n := brw.Reader.Buffered(); n > 0 {
+		pre, _ := brw.Reader.Peek(n)
+		in = io.MultiReader(bytes.NewReader(bytes.Clone(pre)), conn)
+	}
+	s.runTunnel(newWSTransport(conn, in), hs, "websocket")
 }
 
 func headerHasToken(h http.Header, name, token string) bool {

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -41,7 +40,7 @@ type packetReader struct {
 	start, end int
 }
 
-const initialReadBuf = 2048
+const initialReadBuf = 512
 
 func (p *packetReader) next() ([]byte, error) {
 	for {
@@ -103,9 +102,9 @@ type wsTransport struct {
 	ctl    []byte // scratch for control frames, under wmu
 }
 
-func newWSTransport(conn net.Conn, br *bufio.Reader) *wsTransport {
+func newWSTransport(conn net.Conn, r io.Reader) *wsTransport {
 	t := &wsTransport{conn: conn}
-	t.in = wsReader{r: br, t: t}
+	t.in = wsReader{r: r, t: t}
 	t.pr = packetReader{r: &t.in}
 	return t
 }
@@ -198,7 +197,7 @@ const (
 // wsReader presents the payloads of a client's data frames as one byte
 // stream, answering pings and closes on the way.
 type wsReader struct {
-	r      *bufio.Reader
+	r      io.Reader
 	t      *wsTransport
 	left   int64
 	mask   [4]byte

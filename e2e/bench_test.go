@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// TestGatewayBenchSmoke runs a tiny version of `deskway bench gateway`
+// (few tunnels, short windows) against the real gateway, echo server and
+// HAProxy, and checks the result has the shape docs/benchmarks expects.
+// It asserts correctness only, never timing.
+func TestGatewayBenchSmoke(t *testing.T) {
+	testkit.Require(t, "haproxy", "taskset")
+	bin := build(t)
+	out := t.TempDir()
+	cmd := exec.Command(bin, "bench", "gateway", "--scenario", "kw1,kw2,cpus,farm,throughput", "--steps", "10,30",
+		"--warmup", "300ms", "--window", "1s", "--throughput-duration", "1s", "--out", out)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res report.Result
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Bench != "gateway" || res.Machine.CPUs == 0 || res.Command == "" {
+		t.Fatalf("header: %+v", res)
+	}
+	for _, k := range []string{"kw1_max_tunnels_40ms", "direct_kw1_max_tunnels_40ms", "haproxy_kw1_max_tunnels_40ms", "kw2_max_tunnels_40ms",
+		"direct_kw2_max_tunnels_40ms", "kw1_cpu_us_per_roundtrip", "haproxy_kw1_cpu_us_per_roundtrip", "bytes_per_tunnel",
+		"throughput_single_gbps", "throughput_single_ratio_direct", "throughput_multi_gbps", "throughput_multi_ratio_direct",
+		"farm_failover_tunnels_lost", "farm_failover_recover_seconds"} {
+		if _, ok := res.Summary[k]; !ok {
+			t.Errorf("summary lacks %s", k)
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range res.Points {
+		if p.Skipped != "" {
+			t.Errorf("%s/%s skipped: %s", p.Scenario, p.System, p.Skipped)
+		}
+		seen[p.Scenario+"/"+p.System] = true
+		if p.Scenario == "kw1" && p.System == "deskway" && p.Metrics["round_trips"] <= 0 {
+			t.Errorf("deskway kw1 point without round trips: %+v", p)
+		}
+	}
+	for _, k := range []string{"kw1/direct", "kw1/deskway", "kw1/haproxy", "kw1-summary/paper", "throughput/deskway", "throughput/haproxy", "farm-failover/deskway-2node", "cpus/deskway"} {
+		if !seen[k] {
+			t.Errorf("no point for %s", k)
+		}
+	}
+	// With 10 and 30 tunnels on a healthy gateway, nothing may be lost
+	// except the tunnels of the node the failover test kills.
+	if res.Summary["farm_failover_tunnels_lost"] <= 0 || res.Summary["farm_failover_recover_seconds"] <= 0 {
+		t.Errorf("failover did not lose and recover tunnels: %v", res.Summary)
+	}
+	for _, f := range []string{"result.md", "response-kw1.svg", "throughput.svg"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s missing or empty", f)
+		}
+	}
+}
