@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/deskway/deskway/internal/pollread"
 	"github.com/deskway/deskway/internal/proto/tsgu"
 )
 
@@ -136,32 +137,39 @@ func (tn *tunnel) clientToHost() error {
 }
 
 func (tn *tunnel) hostToClient() error {
-	up := tn.upstream
 	m := tn.srv.metrics
-	buf := make([]byte, headroom+relayBufMin)
-	for {
-		n, err := up.Read(buf[headroom:])
-		if n > 0 {
-			start := time.Now()
-			if werr := tn.t.writeData(buf, n); werr != nil {
-				return werr
-			}
-			tn.bytesDown.Add(uint64(n))
-			m.bytesDown.Add(float64(n))
-			m.latencyDown.Observe(time.Since(start).Seconds())
-			tn.lastActivity.Store(start.UnixNano())
-			tn.lastSend.Store(start.UnixNano())
-			if n == len(buf)-headroom && n < relayBufMax {
-				buf = make([]byte, headroom+min(4*n, relayBufMax))
-			}
+	frame := make([]byte, headroom+relayBufMin)
+	err := pollread.Pump(tn.upstream, frame[headroom:], func(p []byte) ([]byte, error) {
+		n := len(p)
+		start := time.Now()
+		if err := tn.t.writeData(frame, n); err != nil {
+			return nil, errClientWrite{err}
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				tn.closeChannel(tsgu.SOK, "host closed the connection")
-			} else {
-				tn.reasonf("host read: %v", err)
-			}
-			return err
+		tn.bytesDown.Add(uint64(n))
+		m.bytesDown.Add(float64(n))
+		m.latencyDown.Observe(time.Since(start).Seconds())
+		tn.lastActivity.Store(start.UnixNano())
+		tn.lastSend.Store(start.UnixNano())
+		if n == len(frame)-headroom && n < relayBufMax {
+			frame = make([]byte, headroom+min(4*n, relayBufMax))
 		}
+		return frame[headroom:], nil
+	})
+	var cw errClientWrite
+	switch {
+	case errors.As(err, &cw):
+		return cw.err
+	case errors.Is(err, io.EOF):
+		tn.closeChannel(tsgu.SOK, "host closed the connection")
+	default:
+		tn.reasonf("host read: %v", err)
 	}
+	return err
 }
+
+// errClientWrite marks a failed write to the client inside the host read
+// loop, which is not a host read error.
+type errClientWrite struct{ err error }
+
+func (e errClientWrite) Error() string { return e.err.Error() }
+func (e errClientWrite) Unwrap() error { return e.err }
