@@ -7,6 +7,7 @@ packages=(
   xrdp xorgxrdp freerdp2-x11 xvfb xterm imagemagick   # RDP host, client, display, screenshots
   freeradius freeradius-utils                          # central policy (RADIUS) tests
   haproxy                                              # baseline relay for benchmarks
+  libnbd-bin qemu-utils                                # NBD clients for the vDisk streaming tests
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -81,12 +82,13 @@ func TestTokenAndNTHash(t *testing.T) {
 // gateway with the printed credentials, and checks the admin listener.
 func TestUp(t *testing.T) {
 	dir := t.TempDir()
-	gwPort, adminPort := testkit.FreePort(t), testkit.FreePort(t)
+	gwPort, adminPort, streamPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errb := &lockedBuf{}, &lockedBuf{}
 	done := make(chan int, 1)
 	go func() {
-		done <- Main(ctx, []string{"up", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort)}, out, errb)
+		done <- Main(ctx, []string{"up", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort),
+			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort)}, out, errb)
 	}()
 	defer func() {
 		cancel()
@@ -138,11 +140,35 @@ func TestUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	for _, want := range []string{"deskway_gateway_tunnels_active", `deskway_gateway_auth_total{method="ntlm",result="ok"} 1`, "deskway_gateway_tunnels_total", "go_goroutines"} {
+	for _, want := range []string{"deskway_gateway_tunnels_active", `deskway_gateway_auth_total{method="ntlm",result="ok"} 1`, "deskway_gateway_tunnels_total", "go_goroutines",
+		"deskway_stream_connections"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	// The stream role serves the demo vDisk and lists it in the catalog.
+	if !strings.Contains(out.String(), fmt.Sprintf("nbd://localhost:%d/demo", streamPort)) {
+		t.Errorf("up did not print the stream address:\n%s", out.String())
+	}
+	req, _ = http.NewRequest("GET", admin+"/api/v1/stream/vdisks", nil)
+	req.Header.Set("Authorization", "Bearer "+tok[1])
+	resp, err = client.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream catalog: %v %v", resp, err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `"name":"demo"`) || !strings.Contains(string(body), `"size":268435456`) {
+		t.Errorf("stream catalog: %s", body)
+	}
+	nc, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", streamPort))
+	if err != nil {
+		t.Fatalf("stream port: %v", err)
+	}
+	greeting := make([]byte, 8)
+	if _, err := io.ReadFull(nc, greeting); err != nil || string(greeting) != "NBDMAGIC" {
+		t.Errorf("stream greeting %q: %v", greeting, err)
+	}
+	nc.Close()
 	if strings.Contains(errb.String(), m[1]) {
 		t.Error("the demo password appears in the logs")
 	}

@@ -24,6 +24,7 @@ func gatewayCmd() *cobra.Command {
 					return err
 				}
 			}
+			cfg.Stream = nil // only this role runs
 			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
 		},
 	}

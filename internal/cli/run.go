@@ -5,59 +5,143 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/stream"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 
+// listeners are the addresses each started role listens on, for the
+// banner deskway up prints.
+type listeners struct {
+	Gateway, Stream, Admin net.Addr
+}
+
 // runRoles starts every role cfg enables plus the admin listener, and
 // returns when ctx ends and all have shut down, or when one fails to start.
-func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready func(gw, admin net.Addr)) error {
+func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
-	if cfg.Gateway == nil {
-		return errors.New("no role is enabled: add a gateway section to the config (or use deskway up)")
+	if cfg.Gateway == nil && cfg.Stream == nil {
+		return errors.New("no role is enabled: add a gateway or stream section to the config (or use deskway up)")
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
 	var hosts []string
-	if h, _, err := net.SplitHostPort(cfg.Gateway.PublicName); err == nil {
-		hosts = append(hosts, h)
-	} else if cfg.Gateway.PublicName != "" {
-		hosts = append(hosts, cfg.Gateway.PublicName)
+	if cfg.Gateway != nil {
+		if h, _, err := net.SplitHostPort(cfg.Gateway.PublicName); err == nil {
+			hosts = append(hosts, h)
+		} else if cfg.Gateway.PublicName != "" {
+			hosts = append(hosts, cfg.Gateway.PublicName)
+		}
 	}
 	tc, err := tlsconf.Load(cfg.TLS.Cert, cfg.TLS.Key, cfg.StateDir, hosts)
 	if err != nil {
 		return err
 	}
 	reg := obs.NewRegistry()
-	users, err := auth.NewUsers(cfg.Auth.Users)
+	var (
+		lns   listeners
+		serve []func(context.Context) error
+		api   []*http.ServeMux
+	)
+	closeAll := func() {}
+	defer func() { closeAll() }()
+	listen := func(key, addr string) (net.Listener, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s (%s): %w", addr, key, err)
+		}
+		prev := closeAll
+		closeAll = func() { prev(); ln.Close() }
+		return ln, nil
+	}
+	if cfg.Gateway != nil {
+		gw, err := newGateway(cfg, log, reg)
+		if err != nil {
+			return err
+		}
+		gln, err := listen("gateway.listen", cfg.Gateway.Listen)
+		if err != nil {
+			return err
+		}
+		lns.Gateway = gln.Addr()
+		serve = append(serve, func(ctx context.Context) error { return gw.Serve(ctx, gln, tc) })
+		api = append(api, gw.AdminHandler())
+	}
+	if cfg.Stream != nil {
+		st, err := stream.New(cfg.Stream, stream.Deps{Logger: log.With("role", "stream"), Registry: reg, TLS: tc})
+		if err != nil {
+			return err
+		}
+		sln, err := listen("stream.listen", cfg.Stream.Listen)
+		if err != nil {
+			return err
+		}
+		lns.Stream = sln.Addr()
+		serve = append(serve, func(ctx context.Context) error { return st.Serve(ctx, sln) })
+		api = append(api, st.AdminHandler())
+	}
+	aln, err := listen("admin.listen", cfg.Admin.Listen)
 	if err != nil {
 		return err
+	}
+	lns.Admin = aln.Addr()
+	var adminTokens []string
+	for _, t := range cfg.Admin.Tokens {
+		adminTokens = append(adminTokens, t.Value())
+	}
+	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api}
+	serve = append(serve, func(ctx context.Context) error { return admin.Serve(ctx, aln, tc) })
+	closeAll = func() {} // the servers own their listeners from here
+	if ready != nil {
+		ready(lns)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(serve))
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, run := range serve {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = run(rctx); cancel() }()
+	}
+	wg.Wait()
+	log.Info("stopped")
+	return errors.Join(errs...)
+}
+
+// newGateway builds the gateway role from the config.
+func newGateway(cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) (*gateway.Server, error) {
+	users, err := auth.NewUsers(cfg.Auth.Users)
+	if err != nil {
+		return nil, err
 	}
 	var tokens *auth.Tokens
 	if cfg.Auth.TokenKey.IsSet() {
 		if tokens, err = auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	pol, err := policy.New(cfg.Gateway, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var central gateway.Authorizer
 	if cfg.Gateway.RADIUS != nil {
 		central = policy.NewRADIUS(cfg.Gateway.RADIUS)
 	}
-	gw, err := gateway.New(cfg.Gateway, gateway.Deps{
+	return gateway.New(cfg.Gateway, gateway.Deps{
 		Authorizer: central,
 		Logger:     log.With("role", "gateway"),
 		Registry:   reg,
@@ -67,34 +151,4 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 		Throttle:   auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
 		Domain:     cfg.Auth.Domain,
 	})
-	if err != nil {
-		return err
-	}
-	gln, err := net.Listen("tcp", cfg.Gateway.Listen)
-	if err != nil {
-		return fmt.Errorf("gateway: listen on %s (gateway.listen): %w", cfg.Gateway.Listen, err)
-	}
-	aln, err := net.Listen("tcp", cfg.Admin.Listen)
-	if err != nil {
-		gln.Close()
-		return fmt.Errorf("admin: listen on %s (admin.listen): %w", cfg.Admin.Listen, err)
-	}
-	var adminTokens []string
-	for _, t := range cfg.Admin.Tokens {
-		adminTokens = append(adminTokens, t.Value())
-	}
-	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: []http.Handler{gw.AdminHandler()}}
-	if ready != nil {
-		ready(gln.Addr(), aln.Addr())
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Add(2)
-	go func() { defer wg.Done(); errs[0] = gw.Serve(rctx, gln, tc); cancel() }()
-	go func() { defer wg.Done(); errs[1] = admin.Serve(rctx, aln, tc); cancel() }()
-	wg.Wait()
-	log.Info("stopped")
-	return errors.Join(errs...)
 }

@@ -42,10 +42,16 @@ gateway:
     groups: [users]
     hosts: [127.0.0.0/8, "::1"]
     ports: [3389]
+stream:
+  listen: "%[7]s"
+  vdisks:
+  - name: demo
+    base: %[8]s
+    description: empty demo disk; put a real golden image here
 `
 
 func upCmd() *cobra.Command {
-	var stateDir, listen, adminListen string
+	var stateDir, listen, adminListen, streamListen string
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run every role on this machine with embedded defaults and print where to connect",
@@ -59,7 +65,14 @@ func upCmd() *cobra.Command {
 				if _, _, err := net.SplitHostPort(listen); err != nil || !strings.HasPrefix(listen, ":") {
 					return fmt.Errorf("up: --listen %q must be :PORT", listen)
 				}
-				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), random(32), random(12), adminListen, listen)
+				if _, _, err := net.SplitHostPort(streamListen); err != nil {
+					return fmt.Errorf("up: --stream-listen %q must be host:port", streamListen)
+				}
+				demo := filepath.Join(stateDir, "vdisks", "demo.img")
+				if err := makeSparse(demo, 256<<20); err != nil {
+					return fmt.Errorf("up: demo vDisk: %w", err)
+				}
+				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), random(32), random(12), adminListen, listen, streamListen, demo)
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -69,8 +82,12 @@ func upCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), func(gw, admin net.Addr) {
-				_, gport, _ := net.SplitHostPort(gw.String())
+			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), func(l listeners) {
+				admin := l.Admin
+				gport := "8443"
+				if l.Gateway != nil {
+					_, gport, _ = net.SplitHostPort(l.Gateway.String())
+				}
 				pw := ""
 				if len(cfg.Auth.Users) > 0 {
 					pw = cfg.Auth.Users[0].Password.Value()
@@ -83,13 +100,39 @@ func upCmd() *cobra.Command {
 Connect through it to an RDP host on this machine:
   xfreerdp /v:127.0.0.1 /g:localhost:%s /gu:demo /gp:'%s' /gt:http /cert:ignore
 `, path, gport, admin, cfg.Admin.Tokens[0].Value(), admin, pw, gport, pw)
+				if l.Stream != nil && cfg.Stream != nil && len(cfg.Stream.VDisks) > 0 {
+					_, sport, _ := net.SplitHostPort(l.Stream.String())
+					fmt.Fprintf(out, `  stream     nbd://localhost:%[1]s/%[2]s  (vDisks over NBD; a client boots nbd://localhost:%[1]s/%[2]s/CLIENT/BOOT)
+  catalog    https://%[3]s/api/v1/stream/vdisks
+`, sport, cfg.Stream.VDisks[0].Name, admin)
+				}
 			})
 		},
 	}
 	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
 	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port, written into the config on first start")
+	c.Flags().StringVar(&streamListen, "stream-listen", ":10809", "NBD listener of the stream role, written into the config on first start")
 	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c
+}
+
+// makeSparse creates a sparse file of size bytes unless path exists.
+func makeSparse(path string, size int64) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func random(n int) string {

@@ -29,6 +29,7 @@ type Config struct {
 	TLS     TLS      `yaml:"tls"`
 	Auth    Auth     `yaml:"auth"`
 	Gateway *Gateway `yaml:"gateway"`
+	Stream  *Stream  `yaml:"stream"`
 }
 
 // Log configures log/slog.
@@ -135,6 +136,33 @@ type RADIUS struct {
 	Timeout Duration `yaml:"timeout"`
 	// NASIdentifier is sent in every request so the server can tell gateways apart.
 	NASIdentifier string `yaml:"nas_identifier"`
+}
+
+// Stream is the vDisk streaming role (NBD).
+type Stream struct {
+	Listen string `yaml:"listen"`
+	// TLS is off, on (offered through NBD_OPT_STARTTLS) or require
+	// (plain-text clients are refused).
+	TLS string `yaml:"tls"`
+	// Store holds write-cache overflow and private images.
+	Store string `yaml:"store"`
+	// CacheRAMMB is how much of each client boot's write cache stays in
+	// RAM before it overflows to a sparse file in Store.
+	CacheRAMMB int `yaml:"cache_ram_mb"`
+	// ReconnectWindow is how long a boot's write cache outlives its last
+	// connection when the client left without NBD_CMD_DISC.
+	ReconnectWindow Duration `yaml:"reconnect_window"`
+	// MaxInflight bounds the requests served at once on one connection.
+	MaxInflight int     `yaml:"max_inflight"`
+	VDisks      []VDisk `yaml:"vdisks"`
+}
+
+// VDisk is one streamed disk image.
+type VDisk struct {
+	Name        string `yaml:"name"`
+	Base        string `yaml:"base"`
+	Mode        string `yaml:"mode"` // standard (shared base, per-boot write cache) or private
+	Description string `yaml:"description"`
 }
 
 // Duration is a time.Duration written as "30s", "5m", "8h".
@@ -301,6 +329,31 @@ func (c *Config) ApplyDefaults() {
 	if c.Auth.FailureWindow == 0 {
 		c.Auth.FailureWindow = Duration(5 * time.Minute)
 	}
+	if st := c.Stream; st != nil {
+		if st.Listen == "" {
+			st.Listen = ":10809"
+		}
+		if st.TLS == "" {
+			st.TLS = "on"
+		}
+		if st.Store == "" {
+			st.Store = c.StateDir + "/vdisks"
+		}
+		if st.CacheRAMMB == 0 {
+			st.CacheRAMMB = 64
+		}
+		if st.ReconnectWindow == 0 {
+			st.ReconnectWindow = Duration(2 * time.Minute)
+		}
+		if st.MaxInflight == 0 {
+			st.MaxInflight = 16
+		}
+		for i := range st.VDisks {
+			if st.VDisks[i].Mode == "" {
+				st.VDisks[i].Mode = "standard"
+			}
+		}
+	}
 	if g := c.Gateway; g != nil {
 		if g.Listen == "" {
 			g.Listen = ":8443"
@@ -388,6 +441,9 @@ func (c *Config) Validate() error {
 	if g := c.Gateway; g != nil {
 		c.validateGateway(g, bad)
 	}
+	if st := c.Stream; st != nil {
+		validateStream(st, bad)
+	}
 	return errors.Join(errs...)
 }
 
@@ -466,6 +522,51 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 		}
 		if r.Secret.Value() == "" {
 			bad("gateway.radius.secret", "is required")
+		}
+	}
+}
+
+func validateStream(st *Stream, bad func(string, string, ...any)) {
+	if _, _, err := net.SplitHostPort(st.Listen); err != nil {
+		bad("stream.listen", "%q is not host:port", st.Listen)
+	}
+	switch st.TLS {
+	case "off", "on", "require":
+	default:
+		bad("stream.tls", "%q is not one of off, on, require", st.TLS)
+	}
+	if st.CacheRAMMB < 0 {
+		bad("stream.cache_ram_mb", "must not be negative")
+	}
+	if st.MaxInflight < 1 || st.MaxInflight > 1024 {
+		bad("stream.max_inflight", "must be between 1 and 1024")
+	}
+	if len(st.VDisks) == 0 {
+		bad("stream.vdisks", "list at least one vDisk (name, base)")
+	}
+	seen := map[string]bool{}
+	for i, v := range st.VDisks {
+		key := fmt.Sprintf("stream.vdisks[%d]", i)
+		if v.Name == "" || strings.ContainsAny(v.Name, "/ ") {
+			bad(key+".name", "%q is empty or has a / or a space", v.Name)
+		}
+		if seen[v.Name] {
+			bad(key+".name", "%q appears twice", v.Name)
+		}
+		seen[v.Name] = true
+		if v.Base == "" {
+			bad(key+".base", "give the path of the base image")
+		} else if fi, err := os.Stat(v.Base); err != nil {
+			bad(key+".base", "%v", err)
+		} else if !fi.Mode().IsRegular() {
+			bad(key+".base", "%s is not a regular file", v.Base)
+		}
+		switch v.Mode {
+		case "standard":
+		case "private":
+			bad(key+".mode", "private mode is not available yet; use standard")
+		default:
+			bad(key+".mode", "%q is not standard or private", v.Mode)
 		}
 	}
 }

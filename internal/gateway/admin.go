@@ -60,7 +60,7 @@ func (s *Server) Disconnect(id uint32, reason string) bool {
 
 // AdminHandler serves the gateway's part of the admin API; the caller
 // mounts it behind authentication.
-func (s *Server) AdminHandler() http.Handler {
+func (s *Server) AdminHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/gateway/tunnels", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -53,8 +53,8 @@ type Admin struct {
 	Registry *prometheus.Registry
 	// Tokens are accepted as "Authorization: Bearer <token>" on /api/ and /debug/.
 	Tokens []string
-	// API handlers, each owning a path prefix under /api/v1/.
-	API []http.Handler
+	// API muxes, each owning a path prefix under /api/v1/.
+	API []*http.ServeMux
 }
 
 func (a *Admin) authorized(r *http.Request) bool {
@@ -72,10 +72,18 @@ func (a *Admin) authorized(r *http.Request) bool {
 
 // Handler returns the admin mux.
 func (a *Admin) Handler() http.Handler {
-	api := http.NewServeMux()
-	for _, h := range a.API {
-		api = chain(api, h)
-	}
+	// The first role mux with a route for the request serves it.
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, m := range a.API {
+			if _, pattern := m.Handler(r); pattern != "" {
+				m.ServeHTTP(w, r)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"error":"no such admin API path"}`+"\n")
+	})
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -97,19 +105,6 @@ func (a *Admin) Handler() http.Handler {
 	mux.Handle("/api/", guard)
 	mux.Handle("/debug/", guard)
 	return mux
-}
-
-// chain tries each handler's routes in turn: the first that matches serves.
-func chain(first *http.ServeMux, next http.Handler) *http.ServeMux {
-	m := http.NewServeMux()
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		if _, pattern := first.Handler(r); pattern != "" {
-			first.ServeHTTP(w, r)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-	return m
 }
 
 // Serve runs the admin listener until ctx ends.

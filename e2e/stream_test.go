@@ -1,0 +1,255 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+const streamConfig = `state_dir: %[1]s
+log: {level: debug, format: text}
+admin: {listen: "127.0.0.1:%[2]d", tokens: [tok]}
+tls: {cert: %[3]s, key: %[4]s}
+stream:
+  listen: "127.0.0.1:%[5]d"
+  tls: %[6]s
+  cache_ram_mb: 1
+  reconnect_window: %[7]s
+  vdisks:
+  - {name: golden, base: %[8]s, description: golden test image}
+`
+
+type streamRig struct {
+	base, uri, dir string
+	sum            string
+	log            *testkit.Process
+}
+
+// startStream writes a base image (random head, a marked region, a sparse
+// tail) and runs deskway stream in front of it.
+func startStream(t *testing.T, tlsMode, window string) *streamRig {
+	t.Helper()
+	testkit.Require(t, "nbdinfo", "nbdcopy", "qemu-io", "qemu-img")
+	bin := build(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "golden.img")
+	f, err := os.Create(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 3<<20)
+	rand.New(rand.NewSource(1)).Read(head)
+	f.Write(head)
+	f.WriteAt([]byte(strings.Repeat("golden image ", 1000)), 40<<20)
+	f.Truncate(64 << 20)
+	f.Close()
+	_, _, cert, key := testkit.TLS(t)
+	port := testkit.FreePort(t)
+	cfg := filepath.Join(dir, "deskway.yaml")
+	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), testkit.FreePort(t), cert, key, port, tlsMode, window, base)
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &streamRig{base: base, dir: dir, uri: fmt.Sprintf("nbd://127.0.0.1:%d", port), sum: fileSum(t, base)}
+	r.log = testkit.Start(t, nil, bin, "stream", "-c", cfg)
+	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, r.log.Log.String())
+	}
+	t.Cleanup(func() {
+		// Whatever the clients did, the golden image is byte for byte the same.
+		if got := fileSum(t, base); got != r.sum {
+			t.Errorf("base image changed: sha256 %s, was %s", got, r.sum)
+		}
+	})
+	return r
+}
+
+func fileSum(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	io.Copy(h, f)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func runOK(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// qemuIO runs qemu-io commands on uri and reports whether all passed;
+// qemu-io exits 0 even when a pattern check fails, so its output is read.
+func qemuIO(t *testing.T, uri string, readOnly bool, cmds ...string) (bool, string) {
+	t.Helper()
+	args := []string{"-f", "raw"}
+	if readOnly {
+		args = append(args, "-r")
+	}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	out, err := exec.Command("qemu-io", append(args, uri)...).CombinedOutput()
+	s := string(out)
+	return err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "error"), s
+}
+
+func TestStreamRealClients(t *testing.T) {
+	r := startStream(t, "on", "1m")
+
+	t.Run("nbdinfo", func(t *testing.T) {
+		var info struct {
+			Exports []struct {
+				Name     string   `json:"export-name"`
+				Size     int64    `json:"export-size"`
+				ReadOnly bool     `json:"is_read_only"`
+				Desc     string   `json:"description"`
+				Contexts []string `json:"contexts"`
+				MultiCon bool     `json:"can_multi_conn"`
+			} `json:"exports"`
+		}
+		out := runOK(t, "nbdinfo", "--json", r.uri+"/golden")
+		if err := json.Unmarshal([]byte(out), &info); err != nil || len(info.Exports) != 1 {
+			t.Fatalf("nbdinfo --json: %v\n%s", err, out)
+		}
+		e := info.Exports[0]
+		if e.Size != 64<<20 || !e.ReadOnly || e.Desc != "golden test image" || !e.MultiCon ||
+			len(e.Contexts) != 1 || e.Contexts[0] != "base:allocation" {
+			t.Errorf("bare vDisk export: %+v", e)
+		}
+		out = runOK(t, "nbdinfo", "--json", r.uri+"/golden/vm1/boot1")
+		if err := json.Unmarshal([]byte(out), &info); err != nil || len(info.Exports) != 1 || info.Exports[0].ReadOnly {
+			t.Errorf("client export should be writable: %v\n%s", err, out)
+		}
+		if out := runOK(t, "nbdinfo", "--list", r.uri); !strings.Contains(out, `export="golden"`) {
+			t.Errorf("nbdinfo --list:\n%s", out)
+		}
+		nosuch := exec.Command("nbdinfo", r.uri+"/nosuch")
+		nosuch.Env = append(os.Environ(), "LIBNBD_DEBUG=1")
+		if out, err := nosuch.CombinedOutput(); err == nil {
+			t.Errorf("unknown export accepted:\n%s", out)
+		} else if !strings.Contains(string(out), "no vDisk named") {
+			t.Errorf("unknown export: the server's reason is not shown:\n%s", out)
+		}
+	})
+
+	t.Run("nbdcopy and qemu-img compare", func(t *testing.T) {
+		copyTo := filepath.Join(r.dir, "copy.img")
+		runOK(t, "nbdcopy", r.uri+"/golden", copyTo)
+		if got := fileSum(t, copyTo); got != r.sum {
+			t.Errorf("nbdcopy image sha256 %s, base %s", got, r.sum)
+		}
+		runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, r.uri+"/golden")
+		// A client that has not written sees the base too.
+		runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, r.uri+"/golden/vm9/boot1")
+	})
+
+	t.Run("write caches are private per client", func(t *testing.T) {
+		a := r.uri + "/golden/vmA/boot1"
+		// Writes inside the RAM part and beyond it (1 MiB RAM, then spill).
+		if ok, out := qemuIO(t, a, false, "write -P 0xab 4096 8192", "write -P 0xcd 2000001 3000000",
+			"read -P 0xab 4096 8192", "read -P 0xcd 2000001 3000000"); !ok {
+			t.Fatalf("client A write/read:\n%s", out)
+		}
+		// qemu-io sent NBD_CMD_DISC when it quit: A's boot ended, its writes are gone.
+		if ok, out := qemuIO(t, a, true, "read -P 0xab 4096 8192"); ok {
+			t.Fatalf("client A's writes survived the end of its boot:\n%s", out)
+		}
+		runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, a)
+	})
+
+	t.Run("a client that reconnects gets its writes back", func(t *testing.T) {
+		a := r.uri + "/golden/vmB/boot7"
+		// qemu-io kills itself after its write is acknowledged: no
+		// NBD_CMD_DISC, as when a diskless machine loses the network.
+		killedAfterWrite(t, a, "write -P 0x5a 1048576 65536")
+		// Another client sees the base, the same client sees its write.
+		if ok, out := qemuIO(t, r.uri+"/golden/vmC/boot1", true, "read -P 0x5a 1048576 65536"); ok {
+			t.Fatalf("client C sees client B's write:\n%s", out)
+		}
+		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); !ok {
+			t.Fatalf("client B lost its write across a reconnect:\n%s", out)
+		}
+		// That read ended B's boot with NBD_CMD_DISC.
+		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); ok {
+			t.Fatalf("client B's write outlived its boot:\n%s", out)
+		}
+	})
+
+	t.Run("writes to the bare vDisk are refused", func(t *testing.T) {
+		if ok, out := qemuIO(t, r.uri+"/golden", false, "write -P 0x11 0 512"); ok {
+			t.Fatalf("write to the read-only export succeeded:\n%s", out)
+		}
+	})
+
+	t.Run("TLS", func(t *testing.T) {
+		out := runOK(t, "nbdinfo", strings.Replace(r.uri, "nbd://", "nbds://", 1)+"/golden?tls-verify-peer=false")
+		if !strings.Contains(out, "with TLS") {
+			t.Errorf("nbds:// did not use TLS:\n%s", out)
+		}
+	})
+}
+
+func TestStreamTLSRequired(t *testing.T) {
+	r := startStream(t, "require", "1m")
+	plain := exec.Command("nbdinfo", r.uri+"/golden")
+	plain.Env = append(os.Environ(), "LIBNBD_DEBUG=1")
+	out, err := plain.CombinedOutput()
+	if err == nil {
+		t.Fatalf("plain-text client accepted when TLS is required:\n%s", out)
+	}
+	if !strings.Contains(string(out), "requires TLS") {
+		t.Errorf("refusal does not say TLS is required:\n%s", out)
+	}
+	out2 := runOK(t, "nbdinfo", strings.Replace(r.uri, "nbd://", "nbds://", 1)+"/golden?tls-verify-peer=false")
+	if !strings.Contains(out2, "with TLS") {
+		t.Errorf("nbds://:\n%s", out2)
+	}
+}
+
+func TestStreamBootEndsAfterReconnectWindow(t *testing.T) {
+	r := startStream(t, "off", "1s")
+	a := r.uri + "/golden/vmD/boot1"
+	killedAfterWrite(t, a, "write -P 0x77 0 4096")
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(r.log.Log.String(), "no reconnect within 1s") {
+		if time.Now().After(deadline) {
+			t.Fatalf("boot not discarded after the reconnect window:\n%s", r.log.Log.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ok, out := qemuIO(t, a, true, "read -P 0x77 0 4096"); ok {
+		t.Fatalf("write survived the reconnect window:\n%s", out)
+	}
+}
+
+// killedAfterWrite runs a qemu-io write on uri and has qemu-io kill
+// itself with SIGKILL once the write is acknowledged.
+func killedAfterWrite(t *testing.T, uri, write string) {
+	t.Helper()
+	out, err := exec.Command("qemu-io", "-f", "raw", "-c", write, "-c", "sigraise 9", uri).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 137 && !strings.Contains(ee.Error(), "killed") {
+		t.Fatalf("qemu-io should have died by SIGKILL: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "wrote ") {
+		t.Fatalf("qemu-io never acknowledged the write:\n%s", out)
+	}
+}

@@ -1,0 +1,200 @@
+package stream
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sync"
+)
+
+// cacheBlock is the unit of the write cache: a partial write first copies
+// the rest of its block from the base.
+const cacheBlock = 4096
+
+// writeCache is one client boot's private writes over a shared read-only
+// base. Blocks live in RAM up to ramLimit bytes, then in a sparse spill
+// file that is removed when the cache is closed. The base is never written.
+type writeCache struct {
+	base io.ReaderAt
+	size int64
+
+	mu       sync.RWMutex
+	ram      map[int64][]byte // block number → cacheBlock bytes
+	ramLimit int64
+	spillDir string
+	spill    *os.File
+	slots    map[int64]int64 // block number → offset in spill
+	closed   bool
+}
+
+func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string) *writeCache {
+	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}}
+}
+
+// bytes reports how much the cache holds in RAM and in its spill file.
+func (c *writeCache) bytes() (ram, spilled int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return int64(len(c.ram)) * cacheBlock, int64(len(c.slots)) * cacheBlock
+}
+
+// ReadAt reads the client's view: its own blocks where it wrote, the
+// base elsewhere, in as few base reads as the layout allows.
+func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return 0, os.ErrClosed
+	}
+	if len(c.ram) == 0 && len(c.slots) == 0 {
+		return readFull(c.base, p, off)
+	}
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		blk := pos / cacheBlock
+		in := pos - blk*cacheBlock
+		n := min(int64(len(p)-done), cacheBlock-in)
+		if b, ok := c.ram[blk]; ok {
+			copy(p[done:done+int(n)], b[in:])
+		} else if slot, ok := c.slots[blk]; ok {
+			if _, err := c.spill.ReadAt(p[done:done+int(n)], slot+in); err != nil {
+				return done, fmt.Errorf("write cache spill read: %w", err)
+			}
+		} else {
+			// Extend over every following block the client never wrote.
+			end := (blk + 1) * cacheBlock
+			for end < off+int64(len(p)) && !c.has(end/cacheBlock) {
+				end += cacheBlock
+			}
+			n = min(end, off+int64(len(p))) - pos
+			if _, err := readFull(c.base, p[done:done+int(n)], pos); err != nil {
+				return done, err
+			}
+		}
+		done += int(n)
+	}
+	return done, nil
+}
+
+func (c *writeCache) has(blk int64) bool {
+	if _, ok := c.ram[blk]; ok {
+		return true
+	}
+	_, ok := c.slots[blk]
+	return ok
+}
+
+// WriteAt stores p at off in the cache; nil p writes zeroes of length n.
+func (c *writeCache) WriteAt(p []byte, off int64) (int, error) {
+	return c.write(p, off, int64(len(p)))
+}
+
+// WriteZeroes stores n zero bytes at off.
+func (c *writeCache) WriteZeroes(off, n int64) error {
+	_, err := c.write(nil, off, n)
+	return err
+}
+
+func (c *writeCache) write(p []byte, off, total int64) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, os.ErrClosed
+	}
+	var done int64
+	for done < total {
+		pos := off + done
+		blk := pos / cacheBlock
+		in := pos - blk*cacheBlock
+		n := min(total-done, cacheBlock-in)
+		var src []byte
+		if p != nil {
+			src = p[done : done+n]
+		}
+		if b, ok := c.ram[blk]; ok {
+			fill(b[in:in+n], src)
+		} else if slot, ok := c.slots[blk]; ok {
+			if src == nil {
+				src = make([]byte, n)
+			}
+			if _, err := c.spill.WriteAt(src, slot+in); err != nil {
+				return int(done), fmt.Errorf("write cache spill write: %w", err)
+			}
+		} else {
+			b := make([]byte, cacheBlock)
+			if n < cacheBlock {
+				if _, err := readFull(c.base, b, blk*cacheBlock); err != nil {
+					return int(done), err
+				}
+			}
+			fill(b[in:in+n], src)
+			if int64(len(c.ram)+1)*cacheBlock <= c.ramLimit {
+				c.ram[blk] = b
+			} else {
+				if c.spill == nil {
+					if err := c.openSpill(); err != nil {
+						return int(done), err
+					}
+				}
+				slot := int64(len(c.slots)) * cacheBlock
+				if _, err := c.spill.WriteAt(b, slot); err != nil {
+					return int(done), fmt.Errorf("write cache spill write: %w", err)
+				}
+				c.slots[blk] = slot
+			}
+		}
+		done += n
+	}
+	return int(done), nil
+}
+
+func (c *writeCache) openSpill() error {
+	if err := os.MkdirAll(c.spillDir, 0o700); err != nil {
+		return fmt.Errorf("write cache: %w", err)
+	}
+	f, err := os.CreateTemp(c.spillDir, "cache-*.spill")
+	if err != nil {
+		return fmt.Errorf("write cache: %w", err)
+	}
+	// Unlinked at once: the file goes away with the process even after a crash.
+	_ = os.Remove(f.Name())
+	c.spill = f
+	return nil
+}
+
+// close discards everything the client wrote.
+func (c *writeCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.ram, c.slots = nil, nil
+	if c.spill != nil {
+		_ = c.spill.Close()
+	}
+}
+
+func fill(dst, src []byte) {
+	if src == nil {
+		clear(dst)
+		return
+	}
+	copy(dst, src)
+}
+
+// readFull reads len(p) bytes at off; the part of p past the end of r
+// reads as zeroes, so an image whose size is not a block multiple works.
+func readFull(r io.ReaderAt, p []byte, off int64) (int, error) {
+	n, err := r.ReadAt(p, off)
+	if err == io.EOF {
+		clear(p[n:])
+		return len(p), nil
+	}
+	if err != nil {
+		return n, fmt.Errorf("base read at %d: %w", off, err)
+	}
+	return n, nil
+}

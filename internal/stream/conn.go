@@ -1,0 +1,300 @@
+package stream
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/deskway/deskway/internal/proto/nbd"
+)
+
+// Limits of the negotiation phase.
+const (
+	negotiateTimeout = 30 * time.Second
+	// maxOptionLen is the longest option data read and answered; longer
+	// ones up to maxOptionDrain are skipped with NBD_REP_ERR_TOO_BIG, and
+	// beyond that the connection is closed.
+	maxOptionLen   = 16 << 10
+	maxOptionDrain = 1 << 20
+	baseContextID  = 1
+)
+
+// conn is one client connection.
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	rw     net.Conn // nc, or the TLS connection over it
+	r      *bufio.Reader
+	remote string
+
+	noZeroes   bool
+	tls        bool
+	structured bool
+	metaBase   bool // base:allocation selected
+
+	wmu  sync.Mutex
+	werr error
+}
+
+// export is what a connection serves once negotiation ends.
+type export struct {
+	vd       *vdisk
+	boot     *boot // nil for a read-only view
+	readOnly bool
+}
+
+func (e *export) flags() nbd.TransmissionFlags {
+	f := nbd.FlagHasFlags | nbd.FlagSendFlush | nbd.FlagSendCache | nbd.FlagCanMultiConn
+	if e.readOnly {
+		return f | nbd.FlagReadOnly
+	}
+	return f | nbd.FlagSendFUA | nbd.FlagSendTrim | nbd.FlagSendWriteZeroes
+}
+
+func (s *Server) serveConn(nc net.Conn) {
+	defer nc.Close()
+	c := &conn{s: s, nc: nc, rw: nc, r: bufio.NewReaderSize(nc, 64<<10), remote: nc.RemoteAddr().String()}
+	log := s.log.With("client_address", c.remote)
+	_ = nc.SetDeadline(time.Now().Add(negotiateTimeout))
+	exp, err := c.negotiate()
+	if err != nil && exp != nil && exp.boot != nil {
+		s.detach(exp.boot, false)
+	}
+	if err != nil {
+		if !errors.Is(err, io.EOF) && !errors.Is(err, errAbort) {
+			log.Warn("negotiation failed", "err", err)
+			s.metrics.refused.Inc()
+		}
+		return
+	}
+	_ = nc.SetDeadline(time.Time{})
+	s.metrics.conns.Inc()
+	defer s.metrics.conns.Dec()
+	disc, err := c.transmit(exp)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		log.Warn("connection ended", "vdisk", exp.vd.name, "err", err)
+	}
+	if exp.boot != nil {
+		s.detach(exp.boot, disc)
+	}
+}
+
+var errAbort = errors.New("client aborted negotiation")
+
+func (c *conn) write(b []byte) error {
+	_, err := c.rw.Write(b)
+	return err
+}
+
+func (c *conn) reply(o nbd.Option, t nbd.ReplyType, data []byte) error {
+	return c.write(nbd.AppendOptionReply(nil, o, t, data))
+}
+
+func (c *conn) replyErr(o nbd.Option, t nbd.ReplyType, format string, a ...any) error {
+	return c.reply(o, t, fmt.Appendf(nil, format, a...))
+}
+
+// negotiate runs the fixed newstyle handshake and returns the export the
+// client chose.
+func (c *conn) negotiate() (*export, error) {
+	if err := c.write(nbd.AppendGreeting(nil, nbd.FlagFixedNewstyle|nbd.FlagNoZeroes)); err != nil {
+		return nil, err
+	}
+	var hdr [nbd.OptionHeaderLen]byte
+	if _, err := io.ReadFull(c.r, hdr[:nbd.ClientFlagsLen]); err != nil {
+		return nil, err
+	}
+	cf, _ := nbd.ParseClientFlags(hdr[:])
+	if cf&^(nbd.FlagCFixedNewstyle|nbd.FlagCNoZeroes) != 0 {
+		return nil, fmt.Errorf("unknown client flags %#x", uint32(cf))
+	}
+	if cf&nbd.FlagCFixedNewstyle == 0 {
+		return nil, errors.New("client does not speak fixed newstyle negotiation")
+	}
+	c.noZeroes = cf&nbd.FlagCNoZeroes != 0
+	for {
+		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
+			return nil, err
+		}
+		h, err := nbd.ParseOptionHeader(hdr[:])
+		if err != nil {
+			return nil, err
+		}
+		if h.Length > maxOptionLen {
+			if h.Length > maxOptionDrain || h.Option == nbd.OptExportName {
+				return nil, fmt.Errorf("%s with %d bytes of data", h.Option, h.Length)
+			}
+			if _, err := io.CopyN(io.Discard, c.r, int64(h.Length)); err != nil {
+				return nil, err
+			}
+			if err := c.replyErr(h.Option, nbd.RepErrTooBig, "option data over %d bytes", maxOptionLen); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		data := make([]byte, h.Length)
+		if _, err := io.ReadFull(c.r, data); err != nil {
+			return nil, err
+		}
+		exp, err := c.option(h.Option, data)
+		if exp != nil || err != nil {
+			return exp, err
+		}
+	}
+}
+
+// option answers one option; a non-nil export ends negotiation.
+func (c *conn) option(o nbd.Option, data []byte) (*export, error) {
+	s := c.s
+	if s.cfg.TLS == "require" && !c.tls && o != nbd.OptStartTLS && o != nbd.OptAbort {
+		if o == nbd.OptExportName {
+			return nil, errors.New("plain-text NBD_OPT_EXPORT_NAME refused: TLS is required")
+		}
+		return nil, c.replyErr(o, nbd.RepErrTLSReqd, "this server requires TLS (NBD_OPT_STARTTLS)")
+	}
+	switch o {
+	case nbd.OptAbort:
+		_ = c.reply(o, nbd.RepAck, nil)
+		return nil, errAbort
+	case nbd.OptStartTLS:
+		return nil, c.startTLS(data)
+	case nbd.OptStructuredReply:
+		if len(data) != 0 {
+			return nil, c.replyErr(o, nbd.RepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+		}
+		c.structured = true
+		return nil, c.reply(o, nbd.RepAck, nil)
+	case nbd.OptList:
+		if len(data) != 0 {
+			return nil, c.replyErr(o, nbd.RepErrInvalid, "NBD_OPT_LIST takes no data")
+		}
+		for _, v := range s.vdisks {
+			if err := c.reply(o, nbd.RepServer, nbd.AppendServer(nil, v.name, v.desc)); err != nil {
+				return nil, err
+			}
+		}
+		return nil, c.reply(o, nbd.RepAck, nil)
+	case nbd.OptListMetaContext, nbd.OptSetMetaContext:
+		return nil, c.metaContext(o, data)
+	case nbd.OptExportName:
+		vd, client, id, writable, err := s.parseExport(string(data))
+		if err != nil {
+			// The only answer the protocol allows here is to hang up.
+			return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: %w", err)
+		}
+		exp := c.open(vd, client, id, writable)
+		return exp, c.write(nbd.AppendExportNameReply(nil, uint64(vd.size), exp.flags(), c.noZeroes))
+	case nbd.OptInfo, nbd.OptGo:
+		return c.infoGo(o, data)
+	default:
+		return nil, c.replyErr(o, nbd.RepErrUnsup, "%s is not supported", o)
+	}
+}
+
+func (c *conn) startTLS(data []byte) error {
+	o := nbd.OptStartTLS
+	switch {
+	case len(data) != 0:
+		return c.replyErr(o, nbd.RepErrInvalid, "NBD_OPT_STARTTLS takes no data")
+	case c.s.cfg.TLS == "off":
+		return c.replyErr(o, nbd.RepErrUnsup, "TLS is off on this server (stream.tls)")
+	case c.tls:
+		return c.replyErr(o, nbd.RepErrInvalid, "TLS is already on")
+	case c.r.Buffered() != 0:
+		return errors.New("client sent data after NBD_OPT_STARTTLS before the reply")
+	}
+	if err := c.reply(o, nbd.RepAck, nil); err != nil {
+		return err
+	}
+	tc := tls.Server(c.nc, c.s.tls)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	c.rw, c.tls = tc, true
+	c.r = bufio.NewReaderSize(tc, 64<<10)
+	// Option state from before TLS does not carry over (the spec's rule
+	// against downgrade by a man in the middle).
+	c.structured, c.metaBase = false, false
+	return nil
+}
+
+func (c *conn) metaContext(o nbd.Option, data []byte) error {
+	if !c.structured {
+		return c.replyErr(o, nbd.RepErrInvalid, "negotiate NBD_OPT_STRUCTURED_REPLY first")
+	}
+	var req nbd.MetaContextRequest
+	if err := req.Decode(data); err != nil {
+		return c.replyErr(o, nbd.RepErrInvalid, "%v", err)
+	}
+	if _, _, _, _, err := c.s.parseExport(req.Name); err != nil {
+		return c.replyErr(o, nbd.RepErrUnknown, "%v", err)
+	}
+	match := false
+	for _, q := range req.Queries {
+		if q == nbd.MetaContextBaseAllocation || (o == nbd.OptListMetaContext && q == "base:") {
+			match = true
+		}
+	}
+	if o == nbd.OptListMetaContext && len(req.Queries) == 0 {
+		match = true
+	}
+	if o == nbd.OptSetMetaContext {
+		c.metaBase = match
+	}
+	if match {
+		if err := c.reply(o, nbd.RepMetaContext, nbd.AppendMetaContext(nil, baseContextID, nbd.MetaContextBaseAllocation)); err != nil {
+			return err
+		}
+	}
+	return c.reply(o, nbd.RepAck, nil)
+}
+
+func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
+	var req nbd.InfoRequest
+	if err := req.Decode(data); err != nil {
+		return nil, c.replyErr(o, nbd.RepErrInvalid, "%v", err)
+	}
+	vd, client, id, writable, err := c.s.parseExport(req.Name)
+	if err != nil {
+		return nil, c.replyErr(o, nbd.RepErrUnknown, "%v", err)
+	}
+	probe := &export{vd: vd, readOnly: !writable}
+	infos := [][]byte{
+		nbd.AppendInfoExport(nil, uint64(vd.size), probe.flags()),
+		nbd.AppendInfoBlockSize(nil, 1, prefBlock, maxPayload),
+	}
+	for _, t := range req.Infos {
+		switch t {
+		case nbd.InfoName:
+			infos = append(infos, nbd.AppendInfoString(nil, nbd.InfoName, req.Name))
+		case nbd.InfoDescription:
+			if vd.desc != "" {
+				infos = append(infos, nbd.AppendInfoString(nil, nbd.InfoDescription, vd.desc))
+			}
+		}
+	}
+	for _, in := range infos {
+		if err := c.reply(o, nbd.RepInfo, in); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.reply(o, nbd.RepAck, nil); err != nil {
+		return nil, err
+	}
+	if o == nbd.OptInfo {
+		return nil, nil
+	}
+	return c.open(vd, client, id, writable), nil
+}
+
+func (c *conn) open(vd *vdisk, client, id string, writable bool) *export {
+	if !writable {
+		return &export{vd: vd, readOnly: true}
+	}
+	return &export{vd: vd, boot: c.s.attach(vd, client, id)}
+}

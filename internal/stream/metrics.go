@@ -1,0 +1,35 @@
+package stream
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are built per server on the registry passed in.
+type metrics struct {
+	conns, boots          prometheus.Gauge
+	refused               prometheus.Counter
+	requests, errors      *prometheus.CounterVec
+	readBytes, writeBytes prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m := &metrics{
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_stream_connections",
+			Help: "NBD connections in the transmission phase."}),
+		boots: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_stream_boots",
+			Help: "Client boots whose write caches are alive."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_negotiations_failed_total",
+			Help: "Connections that ended during NBD negotiation with an error."}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_stream_requests_total",
+			Help: "NBD requests served, by command."}, []string{"command"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_stream_request_errors_total",
+			Help: "NBD requests answered with an error, by errno."}, []string{"errno"}),
+		readBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_read_bytes_total",
+			Help: "Bytes served to NBD_CMD_READ."}),
+		writeBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_written_bytes_total",
+			Help: "Bytes taken into write caches by NBD_CMD_WRITE."}),
+	}
+	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes)
+	return m
+}

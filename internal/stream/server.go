@@ -1,0 +1,296 @@
+// Package stream is the vDisk streaming role: an NBD server from which
+// diskless machines boot a shared golden image. In standard mode every
+// client boot sees the base image through its own write cache, which is
+// discarded when the boot ends; the base file is only ever read.
+//
+// A client names itself in the export name: "VDISK/CLIENT/BOOT" opens a
+// writable view for that client's boot (the same name after a reconnect
+// gets the same writes back), "VDISK/CLIENT" is a boot with an empty boot
+// id, and a bare "VDISK" is a read-only view of the base. A boot ends when
+// a connection sends NBD_CMD_DISC (once all its connections are gone), or
+// when its last connection has been gone for the reconnect window.
+package stream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/config"
+)
+
+// Sizes the server announces in NBD_INFO_BLOCK_SIZE; maxPayload is also
+// the largest READ or WRITE it serves.
+const (
+	prefBlock  = 4096
+	maxPayload = 32 << 20
+)
+
+// Deps are what the server needs from the process.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	// TLS is the certificate served after NBD_OPT_STARTTLS; needed unless
+	// stream.tls is off.
+	TLS *tls.Config
+}
+
+// Server serves the configured vDisks over NBD.
+type Server struct {
+	cfg     *config.Stream
+	log     *slog.Logger
+	tls     *tls.Config
+	metrics *metrics
+	vdisks  []*vdisk
+	byName  map[string]*vdisk
+
+	mu    sync.Mutex
+	boots map[string]*boot
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// vdisk is one catalog entry with its base image open read-only.
+type vdisk struct {
+	name, desc, mode string
+	path             string
+	f                *os.File
+	size             int64
+}
+
+// boot is one client boot's write cache and the connections using it.
+type boot struct {
+	key          string
+	vd           *vdisk
+	client, id   string
+	cache        *writeCache
+	conns        int
+	ended        bool
+	started      time.Time
+	discardTimer *time.Timer
+}
+
+// New opens every vDisk's base image read-only.
+func New(cfg *config.Stream, d Deps) (*Server, error) {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.TLS != "off" && d.TLS == nil {
+		return nil, errors.New("stream: stream.tls is " + cfg.TLS + " but no certificate was given")
+	}
+	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, metrics: newMetrics(d.Registry), byName: map[string]*vdisk{},
+		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}}
+	for _, v := range cfg.VDisks {
+		f, err := os.Open(v.Base)
+		if err != nil {
+			s.closeFiles()
+			return nil, fmt.Errorf("stream: vDisk %s: %w", v.Name, err)
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			s.closeFiles()
+			return nil, fmt.Errorf("stream: vDisk %s: %w", v.Name, err)
+		}
+		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, size: fi.Size()}
+		s.vdisks = append(s.vdisks, vd)
+		s.byName[v.Name] = vd
+	}
+	return s, nil
+}
+
+func (s *Server) closeFiles() {
+	for _, v := range s.vdisks {
+		v.f.Close()
+	}
+}
+
+// Serve accepts NBD clients on ln until ctx ends, then closes every
+// connection, drops every write cache and returns.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	s.log.Info("stream listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS, "vdisks", len(s.vdisks))
+	var err error
+	for {
+		var c net.Conn
+		c, err = ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				err = nil
+			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			break
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(c)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.mu.Lock()
+	for _, b := range s.boots {
+		s.discardLocked(b, "server stopped")
+	}
+	s.mu.Unlock()
+	s.closeFiles()
+	s.log.Info("stream stopped")
+	return err
+}
+
+// parseExport splits an export name into vDisk, client and boot.
+func (s *Server) parseExport(name string) (vd *vdisk, client, bootID string, writable bool, err error) {
+	if name == "" && len(s.vdisks) > 0 {
+		return s.vdisks[0], "", "", false, nil
+	}
+	parts := strings.SplitN(name, "/", 3)
+	vd = s.byName[parts[0]]
+	if vd == nil {
+		return nil, "", "", false, fmt.Errorf("no vDisk named %q", parts[0])
+	}
+	if len(parts) == 1 {
+		return vd, "", "", false, nil
+	}
+	client = parts[1]
+	if len(parts) == 3 {
+		bootID = parts[2]
+	}
+	if client == "" || len(client) > 128 || len(bootID) > 128 || strings.Contains(bootID, "/") {
+		return nil, "", "", false, fmt.Errorf("export %q: use VDISK/CLIENT/BOOT with a client id of 1 to 128 characters", name)
+	}
+	return vd, client, bootID, true, nil
+}
+
+// attach joins (or starts) the boot of client on vd.
+func (s *Server) attach(vd *vdisk, client, id string) *boot {
+	key := vd.name + "/" + client + "/" + id
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.boots[key]
+	if b == nil || b.ended {
+		b = &boot{key: key, vd: vd, client: client, id: id, started: time.Now(),
+			cache: newWriteCache(vd.f, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))}
+		s.boots[key] = b
+		s.metrics.boots.Inc()
+		s.log.Info("boot started", "vdisk", vd.name, "client", client, "boot", id)
+	} else if b.discardTimer != nil {
+		b.discardTimer.Stop()
+		b.discardTimer = nil
+		s.log.Info("client reconnected to its boot", "vdisk", vd.name, "client", client, "boot", id)
+	}
+	b.conns++
+	return b
+}
+
+// detach is called when a connection of b ends; disc says it sent NBD_CMD_DISC.
+func (s *Server) detach(b *boot, disc bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b.conns--
+	if disc {
+		b.ended = true
+	}
+	if b.conns > 0 {
+		return
+	}
+	if b.ended {
+		s.discardLocked(b, "client disconnected")
+		return
+	}
+	window := s.cfg.ReconnectWindow.D()
+	b.discardTimer = time.AfterFunc(window, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if b.conns == 0 && s.boots[b.key] == b {
+			s.discardLocked(b, fmt.Sprintf("no reconnect within %s", window))
+		}
+	})
+}
+
+func (s *Server) discardLocked(b *boot, why string) {
+	if s.boots[b.key] == b {
+		delete(s.boots, b.key)
+		s.metrics.boots.Dec()
+	}
+	if b.discardTimer != nil {
+		b.discardTimer.Stop()
+	}
+	ram, spilled := b.cache.bytes()
+	b.cache.close()
+	s.log.Info("boot ended, write cache discarded", "vdisk", b.vd.name, "client", b.client, "boot", b.id,
+		"why", why, "cache_ram_bytes", ram, "cache_spill_bytes", spilled)
+}
+
+// VDiskInfo is one row of the admin API's catalog.
+type VDiskInfo struct {
+	Name        string `json:"name"`
+	Base        string `json:"base"`
+	Mode        string `json:"mode"`
+	Description string `json:"description,omitempty"`
+	Size        int64  `json:"size"`
+}
+
+// VDisks lists the catalog.
+func (s *Server) VDisks() []VDiskInfo {
+	out := make([]VDiskInfo, 0, len(s.vdisks))
+	for _, v := range s.vdisks {
+		out = append(out, VDiskInfo{Name: v.name, Base: v.path, Mode: v.mode, Description: v.desc, Size: v.size})
+	}
+	return out
+}
+
+// BootInfo is one row of the admin API's boot list.
+type BootInfo struct {
+	VDisk       string    `json:"vdisk"`
+	Client      string    `json:"client"`
+	Boot        string    `json:"boot"`
+	Connections int       `json:"connections"`
+	Started     time.Time `json:"started"`
+	CacheRAM    int64     `json:"cache_ram_bytes"`
+	CacheSpill  int64     `json:"cache_spill_bytes"`
+}
+
+// Boots lists the boots whose write caches are alive.
+func (s *Server) Boots() []BootInfo {
+	s.mu.Lock()
+	bs := make([]*boot, 0, len(s.boots))
+	for _, b := range s.boots {
+		bs = append(bs, b)
+	}
+	out := make([]BootInfo, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Connections: b.conns, Started: b.started})
+	}
+	s.mu.Unlock()
+	for i, b := range bs {
+		out[i].CacheRAM, out[i].CacheSpill = b.cache.bytes()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	return out
+}

@@ -1,0 +1,197 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+
+	"github.com/deskway/deskway/internal/proto/nbd"
+)
+
+// transmit serves requests until the client sends NBD_CMD_DISC (disc is
+// then true), hangs up, or breaks the protocol. Up to max_inflight
+// requests run at once; replies go out as they finish.
+func (c *conn) transmit(exp *export) (disc bool, err error) {
+	sem := make(chan struct{}, c.s.cfg.MaxInflight)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var hdr [nbd.RequestLen]byte
+	for {
+		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
+			return false, err
+		}
+		var req nbd.Request
+		if err := req.Decode(hdr[:]); err != nil {
+			return false, err
+		}
+		var payload []byte
+		if req.Cmd == nbd.CmdWrite {
+			if req.Length > maxPayload {
+				// The payload cannot be skipped safely at this size.
+				return false, fmt.Errorf("NBD_CMD_WRITE of %d bytes over the %d-byte maximum", req.Length, maxPayload)
+			}
+			payload = make([]byte, req.Length)
+			if _, err := io.ReadFull(c.r, payload); err != nil {
+				// A client that hangs up mid-write: nothing of it is stored.
+				return false, err
+			}
+		}
+		if req.Cmd == nbd.CmdDisc {
+			return true, nil
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c.serve(exp, req, payload)
+		}()
+	}
+}
+
+// serve runs one request and sends its reply.
+func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
+	m := c.s.metrics
+	m.requests.WithLabelValues(cmdLabel(req.Cmd)).Inc()
+	size := uint64(exp.vd.size)
+	end := req.Offset + uint64(req.Length)
+	inBounds := end >= req.Offset && end <= size
+	switch req.Cmd {
+	case nbd.CmdRead:
+		switch {
+		case req.Length > maxPayload:
+			c.fail(req, nbd.EINVAL, "read of %d bytes over the %d-byte maximum", req.Length, maxPayload)
+		case !inBounds:
+			c.fail(req, nbd.EINVAL, "read past the end of the %d-byte disk", size)
+		default:
+			buf := make([]byte, req.Length)
+			var err error
+			if exp.boot != nil {
+				_, err = exp.boot.cache.ReadAt(buf, int64(req.Offset))
+			} else {
+				_, err = readFull(exp.vd.f, buf, int64(req.Offset))
+			}
+			if err != nil {
+				c.s.log.Error("read failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
+				c.fail(req, nbd.EIO, "read failed")
+				return
+			}
+			m.readBytes.Add(float64(len(buf)))
+			c.sendData(req, buf)
+		}
+	case nbd.CmdWrite, nbd.CmdWriteZeroes, nbd.CmdTrim:
+		switch {
+		case exp.readOnly:
+			c.fail(req, nbd.EPERM, "export is read-only; open VDISK/CLIENT/BOOT for a writable view")
+		case !inBounds:
+			c.fail(req, nbd.ENOSPC, "write past the end of the %d-byte disk", size)
+		default:
+			var err error
+			switch req.Cmd {
+			case nbd.CmdWrite:
+				_, err = exp.boot.cache.WriteAt(payload, int64(req.Offset))
+				m.writeBytes.Add(float64(len(payload)))
+			case nbd.CmdWriteZeroes:
+				err = exp.boot.cache.WriteZeroes(int64(req.Offset), int64(req.Length))
+			}
+			// TRIM is advisory: the cache keeps what it has.
+			if err != nil {
+				c.s.log.Error("write failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
+				e := nbd.EIO
+				if errors.Is(err, syscall.ENOSPC) {
+					e = nbd.ENOSPC
+				}
+				c.fail(req, e, "write failed")
+				return
+			}
+			c.ok(req)
+		}
+	case nbd.CmdFlush:
+		// The write cache lives only as long as the boot; nothing to make durable.
+		c.ok(req)
+	case nbd.CmdCache:
+		if !inBounds {
+			c.fail(req, nbd.EINVAL, "cache request past the end of the disk")
+			return
+		}
+		c.ok(req)
+	case nbd.CmdBlockStatus:
+		switch {
+		case !c.metaBase:
+			c.fail(req, nbd.EINVAL, "no meta context selected (NBD_OPT_SET_META_CONTEXT base:allocation)")
+		case req.Length == 0 || !inBounds:
+			c.fail(req, nbd.EINVAL, "block status range outside the disk")
+		default:
+			// Every byte is data as far as the server reports: the base
+			// is read as a plain file and caches hold written blocks.
+			c.send(nbd.AppendBlockStatusChunk(nil, nbd.ChunkFlagDone, req.Cookie, baseContextID,
+				[]nbd.Extent{{Length: req.Length, Flags: 0}}))
+		}
+	default:
+		c.fail(req, nbd.EINVAL, "%s is not supported", req.Cmd)
+	}
+}
+
+func (c *conn) ok(req nbd.Request) {
+	if c.structured {
+		c.send(nbd.AppendChunkHeader(nil, nbd.ChunkHeader{Flags: nbd.ChunkFlagDone, Type: nbd.ChunkNone, Cookie: req.Cookie}))
+		return
+	}
+	c.send(nbd.AppendSimpleReply(nil, 0, req.Cookie))
+}
+
+func (c *conn) fail(req nbd.Request, e nbd.Errno, format string, a ...any) {
+	c.s.metrics.errors.WithLabelValues(e.String()).Inc()
+	if c.structured {
+		c.send(nbd.AppendErrorChunk(nil, req.Cookie, e, fmt.Sprintf(format, a...)))
+		return
+	}
+	c.send(nbd.AppendSimpleReply(nil, e, req.Cookie))
+}
+
+func (c *conn) sendData(req nbd.Request, data []byte) {
+	var hdr []byte
+	if c.structured {
+		hdr = nbd.AppendOffsetDataChunk(nil, nbd.ChunkFlagDone, req.Cookie, req.Offset, len(data))
+	} else {
+		hdr = nbd.AppendSimpleReply(nil, 0, req.Cookie)
+	}
+	c.send(hdr, data)
+}
+
+// send writes one whole reply; after a failed write the connection is
+// closed so the reader stops too.
+func (c *conn) send(parts ...[]byte) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return
+	}
+	bufs := net.Buffers(parts)
+	if _, err := bufs.WriteTo(c.rw); err != nil {
+		c.werr = err
+		c.nc.Close()
+	}
+}
+
+func cmdLabel(cmd nbd.Cmd) string {
+	switch cmd {
+	case nbd.CmdRead:
+		return "read"
+	case nbd.CmdWrite:
+		return "write"
+	case nbd.CmdFlush:
+		return "flush"
+	case nbd.CmdTrim:
+		return "trim"
+	case nbd.CmdCache:
+		return "cache"
+	case nbd.CmdWriteZeroes:
+		return "write_zeroes"
+	case nbd.CmdBlockStatus:
+		return "block_status"
+	}
+	return "other"
+}
