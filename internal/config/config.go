@@ -152,6 +152,9 @@ type Stream struct {
 	// ReconnectWindow is how long a boot's write cache outlives its last
 	// connection when the client left without NBD_CMD_DISC.
 	ReconnectWindow Duration `yaml:"reconnect_window"`
+	// SharedCache keeps write caches as files in Store instead of RAM, so
+	// that another server sharing the store can take a boot over.
+	SharedCache bool `yaml:"shared_cache"`
 	// MaxInflight bounds the requests served at once on one connection.
 	MaxInflight int     `yaml:"max_inflight"`
 	VDisks      []VDisk `yaml:"vdisks"`

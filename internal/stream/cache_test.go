@@ -2,8 +2,10 @@ package stream
 
 import (
 	"bytes"
+	"errors"
 	"math/rand"
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -19,6 +21,73 @@ func TestWriteCacheModel(t *testing.T) {
 	model := bytes.Clone(base)
 	dir := t.TempDir()
 	c := newWriteCache(bytes.NewReader(base), size, 16*cacheBlock, dir)
+	exercise(t, c, rng, model, size)
+	ram, spilled := c.bytes()
+	if ram != 16*cacheBlock || spilled == 0 {
+		t.Errorf("ram %d spilled %d: the spill file was not used", ram, spilled)
+	}
+	if !bytes.Equal(base, orig) {
+		t.Fatal("the base was written")
+	}
+	c.close()
+	if _, err := c.ReadAt(make([]byte, 1), 0); err == nil {
+		t.Error("read after close succeeded")
+	}
+	// The spill file was unlinked when it was made; nothing stays behind.
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("files left in the spill directory: %v", ents)
+	}
+}
+
+// TestStoreCacheModel runs the same model against the shared-store cache,
+// releasing and reopening it (a takeover) half way, and checks that only
+// one owner at a time gets it.
+func TestStoreCacheModel(t *testing.T) {
+	const size = 300*1024 + 123
+	rng := rand.New(rand.NewSource(4))
+	base := make([]byte, size)
+	rng.Read(base)
+	orig := bytes.Clone(base)
+	model := bytes.Clone(base)
+	dir := filepath.Join(t.TempDir(), "boot")
+	c, err := openStoreCache(dir, bytes.NewReader(base), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exercise(t, c, rng, model, size)
+	if _, err := openStoreCache(dir, bytes.NewReader(base), size); !errors.Is(err, errCacheBusy) {
+		t.Fatalf("second owner: %v, want errCacheBusy", err)
+	}
+	c.release()
+	c2, err := openStoreCache(dir, bytes.NewReader(base), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	if _, err := c2.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+		t.Fatalf("after takeover the cache differs: %v", err)
+	}
+	exercise(t, c2, rng, model, size)
+	if err := c2.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(base, orig) {
+		t.Fatal("the base was written")
+	}
+	c2.close()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("discarded cache still on the store: %v", err)
+	}
+}
+
+type modelCache interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	WriteZeroes(off, n int64) error
+}
+
+func exercise(t *testing.T, c modelCache, rng *rand.Rand, model []byte, size int64) {
+	t.Helper()
 	for i := 0; i < 3000; i++ {
 		off := rng.Int63n(size)
 		n := rng.Int63n(min(size-off, 3*cacheBlock)) + 1
@@ -48,20 +117,5 @@ func TestWriteCacheModel(t *testing.T) {
 	got := make([]byte, size)
 	if _, err := c.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
 		t.Fatalf("whole read: %v", err)
-	}
-	ram, spilled := c.bytes()
-	if ram != 16*cacheBlock || spilled == 0 {
-		t.Errorf("ram %d spilled %d: the spill file was not used", ram, spilled)
-	}
-	if !bytes.Equal(base, orig) {
-		t.Fatal("the base was written")
-	}
-	c.close()
-	if _, err := c.ReadAt(got[:1], 0); err == nil {
-		t.Error("read after close succeeded")
-	}
-	// The spill file was unlinked when it was made; nothing stays behind.
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		t.Errorf("files left in the spill directory: %v", ents)
 	}
 }

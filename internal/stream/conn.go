@@ -187,7 +187,10 @@ func (c *conn) option(o nbd.Option, data []byte) (*export, error) {
 			// The only answer the protocol allows here is to hang up.
 			return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: %w", err)
 		}
-		exp := c.open(vd, client, id, writable)
+		exp, err := c.open(vd, client, id, writable)
+		if err != nil {
+			return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: %w", err)
+		}
 		return exp, c.write(nbd.AppendExportNameReply(nil, uint64(vd.size), exp.flags(), c.noZeroes))
 	case nbd.OptInfo, nbd.OptGo:
 		return c.infoGo(o, data)
@@ -263,6 +266,14 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 	if err != nil {
 		return nil, c.replyErr(o, nbd.RepErrUnknown, "%v", err)
 	}
+	var exp *export
+	if o == nbd.OptGo {
+		// Attach before answering, so a boot that cannot be served here
+		// is refused while the client can still be told why.
+		if exp, err = c.open(vd, client, id, writable); err != nil {
+			return nil, c.replyErr(o, nbd.RepErrPolicy, "%s/%s/%s: %v", vd.name, client, id, err)
+		}
+	}
 	probe := &export{vd: vd, readOnly: !writable}
 	infos := [][]byte{
 		nbd.AppendInfoExport(nil, uint64(vd.size), probe.flags()),
@@ -280,21 +291,22 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 	}
 	for _, in := range infos {
 		if err := c.reply(o, nbd.RepInfo, in); err != nil {
-			return nil, err
+			return exp, err
 		}
 	}
 	if err := c.reply(o, nbd.RepAck, nil); err != nil {
-		return nil, err
+		return exp, err
 	}
-	if o == nbd.OptInfo {
-		return nil, nil
-	}
-	return c.open(vd, client, id, writable), nil
+	return exp, nil
 }
 
-func (c *conn) open(vd *vdisk, client, id string, writable bool) *export {
+func (c *conn) open(vd *vdisk, client, id string, writable bool) (*export, error) {
 	if !writable {
-		return &export{vd: vd, readOnly: true}
+		return &export{vd: vd, readOnly: true}, nil
 	}
-	return &export{vd: vd, boot: c.s.attach(vd, client, id)}
+	b, err := c.s.attach(vd, client, id)
+	if err != nil {
+		return nil, err
+	}
+	return &export{vd: vd, boot: b}, nil
 }

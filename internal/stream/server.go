@@ -69,12 +69,25 @@ type vdisk struct {
 	size             int64
 }
 
+// bootCache is a client boot's private view of its vDisk.
+type bootCache interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	WriteZeroes(off, n int64) error
+	// Sync makes acknowledged writes durable (FLUSH, FUA).
+	Sync() error
+	bytes() (ram, spilled int64)
+	// close discards the cache.
+	close()
+}
+
 // boot is one client boot's write cache and the connections using it.
 type boot struct {
 	key          string
 	vd           *vdisk
 	client, id   string
-	cache        *writeCache
+	cache        bootCache // nil while a shared cache is released
+	dir          string    // the shared cache's directory
 	conns        int
 	ended        bool
 	started      time.Time
@@ -156,6 +169,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.wg.Wait()
 	s.mu.Lock()
 	for _, b := range s.boots {
+		if s.cfg.SharedCache {
+			// Kept on the store for another server (or this one, restarted).
+			if b.discardTimer != nil {
+				b.discardTimer.Stop()
+			}
+			if b.cache != nil {
+				b.cache.(*storeCache).release()
+			}
+			continue
+		}
 		s.discardLocked(b, "server stopped")
 	}
 	s.mu.Unlock()
@@ -181,21 +204,61 @@ func (s *Server) parseExport(name string) (vd *vdisk, client, bootID string, wri
 	if len(parts) == 3 {
 		bootID = parts[2]
 	}
-	if client == "" || len(client) > 128 || len(bootID) > 128 || strings.Contains(bootID, "/") {
-		return nil, "", "", false, fmt.Errorf("export %q: use VDISK/CLIENT/BOOT with a client id of 1 to 128 characters", name)
+	if !validID(client, false) || !validID(bootID, true) {
+		return nil, "", "", false, fmt.Errorf("export %q: use VDISK/CLIENT/BOOT, ids of up to 128 letters, digits, '.', '_', ':' or '-'", name)
 	}
 	return vd, client, bootID, true, nil
 }
 
-// attach joins (or starts) the boot of client on vd.
-func (s *Server) attach(vd *vdisk, client, id string) *boot {
+// validID reports whether an id from an export name is safe as a path
+// element: 1 to 128 of [A-Za-z0-9._:-], not "." or "..".
+func validID(id string, emptyOK bool) bool {
+	if id == "" {
+		return emptyOK
+	}
+	if len(id) > 128 || id == "." || id == ".." {
+		return false
+	}
+	for _, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == ':' || r == '-'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// attach joins (or starts) the boot of client on vd. With shared caches
+// it takes ownership of the boot's cache files, which fails while
+// another server serves that boot.
+func (s *Server) attach(vd *vdisk, client, id string) (*boot, error) {
 	key := vd.name + "/" + client + "/" + id
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.boots[key]
-	if b == nil || b.ended {
+	fresh := b == nil || b.ended
+	if fresh {
+		dirID := id
+		if dirID == "" {
+			dirID = "-"
+		}
 		b = &boot{key: key, vd: vd, client: client, id: id, started: time.Now(),
-			cache: newWriteCache(vd.f, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))}
+			dir: filepath.Join(s.cfg.Store, "cache", vd.name, client, dirID)}
+		if !s.cfg.SharedCache {
+			b.cache = newWriteCache(vd.f, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
+		}
+	}
+	if b.cache == nil {
+		sc, err := openStoreCache(b.dir, vd.f, vd.size)
+		if err != nil {
+			return nil, err
+		}
+		b.cache = sc
+		if _, spilled := sc.bytes(); spilled > 0 {
+			s.log.Info("boot taken over from the shared store", "vdisk", vd.name, "client", client, "boot", id, "cache_bytes", spilled)
+		}
+	}
+	if fresh {
 		s.boots[key] = b
 		s.metrics.boots.Inc()
 		s.log.Info("boot started", "vdisk", vd.name, "client", client, "boot", id)
@@ -205,7 +268,7 @@ func (s *Server) attach(vd *vdisk, client, id string) *boot {
 		s.log.Info("client reconnected to its boot", "vdisk", vd.name, "client", client, "boot", id)
 	}
 	b.conns++
-	return b
+	return b, nil
 }
 
 // detach is called when a connection of b ends; disc says it sent NBD_CMD_DISC.
@@ -222,6 +285,11 @@ func (s *Server) detach(b *boot, disc bool) {
 	if b.ended {
 		s.discardLocked(b, "client disconnected")
 		return
+	}
+	if sc, ok := b.cache.(*storeCache); ok {
+		// Let another server take the boot while it is idle here.
+		sc.release()
+		b.cache = nil
 	}
 	window := s.cfg.ReconnectWindow.D()
 	b.discardTimer = time.AfterFunc(window, func() {
@@ -241,8 +309,21 @@ func (s *Server) discardLocked(b *boot, why string) {
 	if b.discardTimer != nil {
 		b.discardTimer.Stop()
 	}
+	if b.cache == nil {
+		// A released shared cache: remove it unless another server took
+		// the boot over or used it within the reconnect window.
+		removed, err := discardStoreCache(b.dir, s.cfg.ReconnectWindow.D())
+		if err != nil {
+			s.log.Warn("could not remove a write cache", "dir", b.dir, "err", err)
+		}
+		if removed {
+			s.log.Info("boot ended, write cache discarded", "vdisk", b.vd.name, "client", b.client, "boot", b.id, "why", why)
+		}
+		return
+	}
 	ram, spilled := b.cache.bytes()
 	b.cache.close()
+	b.cache = nil
 	s.log.Info("boot ended, write cache discarded", "vdisk", b.vd.name, "client", b.client, "boot", b.id,
 		"why", why, "cache_ram_bytes", ram, "cache_spill_bytes", spilled)
 }
@@ -288,8 +369,16 @@ func (s *Server) Boots() []BootInfo {
 		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Connections: b.conns, Started: b.started})
 	}
 	s.mu.Unlock()
+	s.mu.Lock()
+	caches := make([]bootCache, len(bs))
 	for i, b := range bs {
-		out[i].CacheRAM, out[i].CacheSpill = b.cache.bytes()
+		caches[i] = b.cache
+	}
+	s.mu.Unlock()
+	for i, c := range caches {
+		if c != nil {
+			out[i].CacheRAM, out[i].CacheSpill = c.bytes()
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
 	return out

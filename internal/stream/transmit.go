@@ -97,6 +97,9 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 				err = exp.boot.cache.WriteZeroes(int64(req.Offset), int64(req.Length))
 			}
 			// TRIM is advisory: the cache keeps what it has.
+			if err == nil && req.Flags&nbd.CmdFlagFUA != 0 {
+				err = exp.boot.cache.Sync()
+			}
 			if err != nil {
 				c.s.log.Error("write failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
 				e := nbd.EIO
@@ -109,7 +112,13 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			c.ok(req)
 		}
 	case nbd.CmdFlush:
-		// The write cache lives only as long as the boot; nothing to make durable.
+		if exp.boot != nil {
+			if err := exp.boot.cache.Sync(); err != nil {
+				c.s.log.Error("flush failed", "vdisk", exp.vd.name, "err", err)
+				c.fail(req, nbd.EIO, "flush failed")
+				return
+			}
+		}
 		c.ok(req)
 	case nbd.CmdCache:
 		if !inBounds {

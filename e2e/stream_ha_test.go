@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/nbdclient"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+const haConfig = `state_dir: %[1]s
+log: {level: info, format: text}
+admin: {listen: "127.0.0.1:%[2]d", tokens: [tok]}
+stream:
+  listen: "127.0.0.1:%[3]d"
+  tls: "off"
+  store: %[4]s
+  shared_cache: true
+  reconnect_window: 1m
+  vdisks:
+  - {name: golden, base: %[5]s}
+`
+
+// TestStreamFailover runs two servers on one shared store, kills the one
+// a client is writing through, and checks on the other that every write
+// the first acknowledged is there, read by the Go client and by qemu-io.
+func TestStreamFailover(t *testing.T) {
+	testkit.Require(t, "nbdcopy")
+	bin := build(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "golden.img")
+	if err := os.WriteFile(base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum := fileSum(t, base)
+	store := filepath.Join(dir, "store")
+	var addrs [2]string
+	var procs [2]*testkit.Process
+	for i := range procs {
+		port := testkit.FreePort(t)
+		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
+		body := fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), testkit.FreePort(t), port, store, base)
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
+		if err := testkit.WaitPort(addrs[i], 10*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, procs[i].Log.String())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const export = "golden/vm7/boot42"
+	c, err := nbdclient.Dial(ctx, addrs[0], export, nbdclient.Options{Structured: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Eight writers, 16 KiB blocks with a pattern naming the block; the
+	// server dies while they are writing.
+	const block = 16 << 10
+	pattern := func(i int) []byte {
+		return bytes.Repeat([]byte(fmt.Sprintf("blk%05d", i)), block/8)
+	}
+	var mu sync.Mutex
+	acked := map[int]bool{}
+	var wg sync.WaitGroup
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		for i := 0; i < 8<<20/block; i++ {
+			select {
+			case next <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := c.WriteAt(pattern(i), int64(i)*block, false); err != nil {
+					return
+				}
+				mu.Lock()
+				acked[i] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	for {
+		mu.Lock()
+		n := len(acked)
+		mu.Unlock()
+		if n >= 100 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := procs[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	c.Drop()
+	mu.Lock()
+	total := len(acked)
+	mu.Unlock()
+	if total == 8<<20/block {
+		t.Fatal("every write finished before the server died; the test proved nothing")
+	}
+	t.Logf("%d writes acknowledged before the kill", total)
+
+	// The client reconnects to the other server under the same name.
+	c2, err := nbdclient.Dial(ctx, addrs[1], export, nbdclient.Options{Structured: true})
+	if err != nil {
+		t.Fatalf("takeover: %v\n%s", err, procs[1].Log.String())
+	}
+	got := make([]byte, block)
+	for i := range acked {
+		if _, err := c2.ReadAt(got, int64(i)*block); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, pattern(i)) {
+			t.Fatalf("acknowledged write %d lost in the failover: %q…", i, got[:16])
+		}
+	}
+	c2.Drop()
+	// A real client sees the same: nbdcopy the boot's disk (it ends the
+	// boot with NBD_CMD_DISC when done).
+	copyTo := filepath.Join(dir, "copy.img")
+	runOK(t, "nbdcopy", fmt.Sprintf("nbd://%s/%s", addrs[1], export), copyTo)
+	img, err := os.ReadFile(copyTo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range acked {
+		if !bytes.Equal(img[i*block:(i+1)*block], pattern(i)) {
+			t.Fatalf("nbdcopy: acknowledged write %d missing", i)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(store, "cache", "golden", "vm7", "boot42")); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("write cache still on the store after the boot ended\n%s", procs[1].Log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if fileSum(t, base) != sum {
+		t.Fatal("base image changed")
+	}
+}

@@ -1,0 +1,90 @@
+package nbdclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/proto/nbd"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// TestAgainstNBDKit checks the client against a real server, nbdkit's
+// memory plugin, with simple and structured replies and many requests in
+// flight at once.
+func TestAgainstNBDKit(t *testing.T) {
+	testkit.Require(t, "nbdkit")
+	port := testkit.FreePort(t)
+	cmd := exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", fmt.Sprint(port), "--exit-with-parent", "memory", "4M")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if err := testkit.WaitPort(addr, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, structured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, addr, "", Options{Structured: structured})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.Size != 4<<20 || c.Flags&nbd.FlagHasFlags == 0 {
+				t.Fatalf("size %d flags %#x", c.Size, c.Flags)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for i := 0; i < 64; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					p := make([]byte, 16<<10)
+					rand.New(rand.NewSource(int64(i))).Read(p)
+					off := int64(i) * int64(len(p))
+					if err := c.WriteAt(p, off, i%2 == 0); err != nil {
+						errs <- err
+						return
+					}
+					got := make([]byte, len(p))
+					if _, err := c.ReadAt(got, off); err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(got, p) {
+						errs <- fmt.Errorf("block %d read back differently", i)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			// A read past the end comes back as the server's error.
+			_, err = c.ReadAt(make([]byte, 512), 4<<20)
+			var se *ServerError
+			if !errors.As(err, &se) || se.Errno != nbd.EINVAL {
+				t.Fatalf("read past end: %v", err)
+			}
+			// A sparse region of nbdkit memory reads as zeroes (a hole chunk
+			// when structured).
+			z := bytes.Repeat([]byte{1}, 64<<10)
+			if _, err := c.ReadAt(z, 3<<20); err != nil || !bytes.Equal(z, make([]byte, 64<<10)) {
+				t.Fatalf("hole read: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,233 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// errCacheBusy means another server (or process) holds a boot's cache.
+var errCacheBusy = errors.New("the boot's write cache is open on another server")
+
+// storeCache is a boot's write cache kept as files on the shared store,
+// so that a second server can take the boot over when the first dies:
+// "data" is a sparse file the size of the disk holding written blocks at
+// their own offsets, and "map" a bitmap with one bit per block. A write is
+// in both files (the page cache) before it is acknowledged, so it
+// survives the server process; FLUSH and FUA make it durable on disk.
+// An exclusive flock on "lock" makes one server at a time the owner.
+type storeCache struct {
+	base io.ReaderAt
+	size int64
+	dir  string
+
+	mu        sync.RWMutex
+	lock      *os.File
+	data, mp  *os.File
+	bitmap    []byte
+	present   int64
+	discarded bool
+}
+
+// openStoreCache takes ownership of the cache in dir, creating it empty
+// if it does not exist, and loads its bitmap.
+func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("write cache: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("write cache: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errCacheBusy
+		}
+		return nil, fmt.Errorf("write cache lock: %w", err)
+	}
+	c := &storeCache{base: base, size: size, dir: dir, lock: lock}
+	if c.data, err = os.OpenFile(filepath.Join(dir, "data"), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+		c.release()
+		return nil, fmt.Errorf("write cache: %w", err)
+	}
+	if c.mp, err = os.OpenFile(filepath.Join(dir, "map"), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+		c.release()
+		return nil, fmt.Errorf("write cache: %w", err)
+	}
+	blocks := (size + cacheBlock - 1) / cacheBlock
+	c.bitmap = make([]byte, (blocks+7)/8)
+	if _, err := c.mp.ReadAt(c.bitmap, 0); err != nil && !errors.Is(err, io.EOF) {
+		c.release()
+		return nil, fmt.Errorf("write cache map: %w", err)
+	}
+	for _, b := range c.bitmap {
+		for ; b != 0; b &= b - 1 {
+			c.present++
+		}
+	}
+	return c, nil
+}
+
+func (c *storeCache) has(blk int64) bool { return c.bitmap[blk/8]&(1<<(blk%8)) != 0 }
+
+func (c *storeCache) bytes() (ram, spilled int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return 0, c.present * cacheBlock
+}
+
+// ReadAt reads written blocks from the data file and the rest from the
+// base, a run of like blocks at a time.
+func (c *storeCache) ReadAt(p []byte, off int64) (int, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.data == nil {
+		return 0, os.ErrClosed
+	}
+	end := off + int64(len(p))
+	for pos := off; pos < end; {
+		blk := pos / cacheBlock
+		in := c.has(blk)
+		runEnd := (blk + 1) * cacheBlock
+		for runEnd < end && c.has(runEnd/cacheBlock) == in {
+			runEnd += cacheBlock
+		}
+		runEnd = min(runEnd, end)
+		dst := p[pos-off : runEnd-off]
+		var err error
+		if in {
+			_, err = readFull(c.data, dst, pos)
+		} else {
+			_, err = readFull(c.base, dst, pos)
+		}
+		if err != nil {
+			return int(pos - off), err
+		}
+		pos = runEnd
+	}
+	return len(p), nil
+}
+
+// WriteAt stores p at off.
+func (c *storeCache) WriteAt(p []byte, off int64) (int, error) {
+	return c.write(p, off, int64(len(p)))
+}
+
+// WriteZeroes stores n zero bytes at off.
+func (c *storeCache) WriteZeroes(off, n int64) error {
+	_, err := c.write(nil, off, n)
+	return err
+}
+
+func (c *storeCache) write(p []byte, off, total int64) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.data == nil {
+		return 0, os.ErrClosed
+	}
+	end := off + total
+	// Partial blocks never written before take the rest of the block
+	// from the base first, so the data file holds whole blocks.
+	for _, blk := range []int64{off / cacheBlock, (end - 1) / cacheBlock} {
+		bs, be := blk*cacheBlock, (blk+1)*cacheBlock
+		if c.has(blk) || (off <= bs && end >= be) {
+			continue
+		}
+		b := make([]byte, cacheBlock)
+		if _, err := readFull(c.base, b, bs); err != nil {
+			return 0, err
+		}
+		if _, err := c.data.WriteAt(b, bs); err != nil {
+			return 0, fmt.Errorf("write cache data: %w", err)
+		}
+	}
+	if p == nil {
+		p = make([]byte, min(total, 1<<20))
+		for pos := off; pos < end; pos += int64(len(p)) {
+			n := min(int64(len(p)), end-pos)
+			if _, err := c.data.WriteAt(p[:n], pos); err != nil {
+				return 0, fmt.Errorf("write cache data: %w", err)
+			}
+		}
+	} else if _, err := c.data.WriteAt(p, off); err != nil {
+		return 0, fmt.Errorf("write cache data: %w", err)
+	}
+	first, last := off/cacheBlock, (end-1)/cacheBlock
+	for blk := first; blk <= last; blk++ {
+		if !c.has(blk) {
+			c.bitmap[blk/8] |= 1 << (blk % 8)
+			c.present++
+		}
+	}
+	// The map is written after the data: a block is marked only once its
+	// bytes are in place.
+	if _, err := c.mp.WriteAt(c.bitmap[first/8:last/8+1], first/8); err != nil {
+		return 0, fmt.Errorf("write cache map: %w", err)
+	}
+	return int(total), nil
+}
+
+// Sync makes every acknowledged write durable.
+func (c *storeCache) Sync() error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.data == nil {
+		return os.ErrClosed
+	}
+	if err := c.data.Sync(); err != nil {
+		return err
+	}
+	return c.mp.Sync()
+}
+
+// release gives up ownership and keeps the files, for a reconnect here
+// or on another server.
+func (c *storeCache) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	_ = os.Chtimes(filepath.Join(c.dir, "lock"), now, now)
+	for _, f := range []*os.File{c.data, c.mp, c.lock} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	c.data, c.mp, c.lock = nil, nil, nil
+}
+
+// close discards the cache: its files are removed.
+func (c *storeCache) close() {
+	c.mu.Lock()
+	if c.data != nil && !c.discarded {
+		c.discarded = true
+		_ = os.RemoveAll(c.dir)
+	}
+	c.mu.Unlock()
+	c.release()
+}
+
+// discardStoreCache removes the cache in dir unless a server owns it or
+// it was used within idle.
+func discardStoreCache(dir string, idle time.Duration) (bool, error) {
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return false, nil // another server has the boot now
+	}
+	if fi, err := lock.Stat(); err == nil && time.Since(fi.ModTime()) < idle {
+		return false, nil
+	}
+	return true, os.RemoveAll(dir)
+}
