@@ -28,6 +28,7 @@ stream:
   reconnect_window: %[7]s
   vdisks:
   - {name: golden, base: %[8]s, description: golden test image}
+  - {name: personal, base: %[8]s, mode: private}
 `
 
 type streamRig struct {
@@ -197,6 +198,42 @@ func TestStreamRealClients(t *testing.T) {
 	t.Run("writes to the bare vDisk are refused", func(t *testing.T) {
 		if ok, out := qemuIO(t, r.uri+"/golden", false, "write -P 0x11 0 512"); ok {
 			t.Fatalf("write to the read-only export succeeded:\n%s", out)
+		}
+	})
+
+	t.Run("private mode: one persistent image per client, one writer", func(t *testing.T) {
+		a := r.uri + "/personal/alice"
+		if ok, out := qemuIO(t, a, false, "write -P 0x42 65536 4096"); !ok {
+			t.Fatalf("private write:\n%s", out)
+		}
+		// Unlike a standard-mode boot, the write outlives the disconnect.
+		if ok, out := qemuIO(t, a, true, "read -P 0x42 65536 4096"); !ok {
+			t.Fatalf("private image lost its write:\n%s", out)
+		}
+		if ok, out := qemuIO(t, r.uri+"/personal/bob", true, "read -P 0x42 65536 4096"); ok {
+			t.Fatalf("bob sees alice's private write:\n%s", out)
+		}
+		runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, r.uri+"/personal/bob")
+		// A second writer while the first is connected is refused, and told why.
+		opened := strings.Count(r.log.Log.String(), "private image opened")
+		first := exec.Command("qemu-io", "-f", "raw", a)
+		stdin, _ := first.StdinPipe()
+		if err := first.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { stdin.Close(); first.Wait() }()
+		deadline := time.Now().Add(10 * time.Second)
+		for strings.Count(r.log.Log.String(), "private image opened") <= opened {
+			if time.Now().After(deadline) {
+				t.Fatalf("first writer never connected:\n%s", r.log.Log.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		second := exec.Command("nbdinfo", a)
+		second.Env = append(os.Environ(), "LIBNBD_DEBUG=1")
+		out, err := second.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "allows one writer") {
+			t.Fatalf("second writer: %v\n%s", err, out)
 		}
 	})
 

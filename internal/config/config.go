@@ -567,7 +567,6 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 		switch v.Mode {
 		case "standard":
 		case "private":
-			bad(key+".mode", "private mode is not available yet; use standard")
 		default:
 			bad(key+".mode", "%q is not standard or private", v.Mode)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -44,16 +45,34 @@ type conn struct {
 // export is what a connection serves once negotiation ends.
 type export struct {
 	vd       *vdisk
-	boot     *boot // nil for a read-only view
+	view     bootCache     // what reads and writes go to; nil reads the base
+	boot     *boot         // standard mode: the boot this connection belongs to
+	private  *privateImage // private mode: the client's own image
 	readOnly bool
 }
 
 func (e *export) flags() nbd.TransmissionFlags {
-	f := nbd.FlagHasFlags | nbd.FlagSendFlush | nbd.FlagSendCache | nbd.FlagCanMultiConn
+	f := nbd.FlagHasFlags | nbd.FlagSendFlush | nbd.FlagSendCache
+	if e.vd.mode != "private" || e.readOnly {
+		// Connections of one boot share its cache; a private image has
+		// one writer.
+		f |= nbd.FlagCanMultiConn
+	}
 	if e.readOnly {
 		return f | nbd.FlagReadOnly
 	}
 	return f | nbd.FlagSendFUA | nbd.FlagSendTrim | nbd.FlagSendWriteZeroes
+}
+
+// end releases what the export holds.
+func (e *export) end(s *Server, disc bool) {
+	switch {
+	case e.boot != nil:
+		s.detach(e.boot, disc)
+	case e.private != nil:
+		e.private.close()
+		s.log.Info("private image closed", "vdisk", e.vd.name)
+	}
 }
 
 func (s *Server) serveConn(nc net.Conn) {
@@ -62,8 +81,8 @@ func (s *Server) serveConn(nc net.Conn) {
 	log := s.log.With("client_address", c.remote)
 	_ = nc.SetDeadline(time.Now().Add(negotiateTimeout))
 	exp, err := c.negotiate()
-	if err != nil && exp != nil && exp.boot != nil {
-		s.detach(exp.boot, false)
+	if err != nil && exp != nil {
+		exp.end(s, false)
 	}
 	if err != nil {
 		if !errors.Is(err, io.EOF) && !errors.Is(err, errAbort) {
@@ -79,9 +98,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		log.Warn("connection ended", "vdisk", exp.vd.name, "err", err)
 	}
-	if exp.boot != nil {
-		s.detach(exp.boot, disc)
-	}
+	exp.end(s, disc)
 }
 
 var errAbort = errors.New("client aborted negotiation")
@@ -274,7 +291,10 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 			return nil, c.replyErr(o, nbd.RepErrPolicy, "%s/%s/%s: %v", vd.name, client, id, err)
 		}
 	}
-	probe := &export{vd: vd, readOnly: !writable}
+	probe := exp
+	if probe == nil {
+		probe = &export{vd: vd, readOnly: !writable}
+	}
 	infos := [][]byte{
 		nbd.AppendInfoExport(nil, uint64(vd.size), probe.flags()),
 		nbd.AppendInfoBlockSize(nil, 1, prefBlock, maxPayload),
@@ -304,9 +324,17 @@ func (c *conn) open(vd *vdisk, client, id string, writable bool) (*export, error
 	if !writable {
 		return &export{vd: vd, readOnly: true}, nil
 	}
+	if vd.mode == "private" {
+		img, err := openPrivate(filepath.Join(c.s.cfg.Store, "private", vd.name, client+".img"), vd.f, vd.size)
+		if err != nil {
+			return nil, err
+		}
+		c.s.log.Info("private image opened", "vdisk", vd.name, "client", client)
+		return &export{vd: vd, view: img, private: img}, nil
+	}
 	b, err := c.s.attach(vd, client, id)
 	if err != nil {
 		return nil, err
 	}
-	return &export{vd: vd, boot: b}, nil
+	return &export{vd: vd, view: b.cache, boot: b}, nil
 }

@@ -68,8 +68,8 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 		default:
 			buf := make([]byte, req.Length)
 			var err error
-			if exp.boot != nil {
-				_, err = exp.boot.cache.ReadAt(buf, int64(req.Offset))
+			if exp.view != nil {
+				_, err = exp.view.ReadAt(buf, int64(req.Offset))
 			} else {
 				_, err = readFull(exp.vd.f, buf, int64(req.Offset))
 			}
@@ -91,14 +91,14 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			var err error
 			switch req.Cmd {
 			case nbd.CmdWrite:
-				_, err = exp.boot.cache.WriteAt(payload, int64(req.Offset))
+				_, err = exp.view.WriteAt(payload, int64(req.Offset))
 				m.writeBytes.Add(float64(len(payload)))
 			case nbd.CmdWriteZeroes:
-				err = exp.boot.cache.WriteZeroes(int64(req.Offset), int64(req.Length))
+				err = exp.view.WriteZeroes(int64(req.Offset), int64(req.Length))
 			}
 			// TRIM is advisory: the cache keeps what it has.
 			if err == nil && req.Flags&nbd.CmdFlagFUA != 0 {
-				err = exp.boot.cache.Sync()
+				err = exp.view.Sync()
 			}
 			if err != nil {
 				c.s.log.Error("write failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
@@ -112,8 +112,8 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			c.ok(req)
 		}
 	case nbd.CmdFlush:
-		if exp.boot != nil {
-			if err := exp.boot.cache.Sync(); err != nil {
+		if exp.view != nil {
+			if err := exp.view.Sync(); err != nil {
 				c.s.log.Error("flush failed", "vdisk", exp.vd.name, "err", err)
 				c.fail(req, nbd.EIO, "flush failed")
 				return

@@ -1,0 +1,121 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// errWriterBusy means a private image already has its one writer.
+var errWriterBusy = errors.New("the private image is open for writing by another connection (private mode allows one writer)")
+
+// privateImage is one client's own writable copy of a vDisk (private
+// mode). It persists across boots; an exclusive flock on the file admits
+// one writer at a time, across every server sharing the store.
+type privateImage struct {
+	f *os.File
+}
+
+// openPrivate opens (creating on first use from base) the image at path
+// and takes its writer lock.
+func openPrivate(path string, base *os.File, size int64) (*privateImage, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if err := sparseCopy(path, base, size); err != nil {
+			return nil, fmt.Errorf("private image: %w", err)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("private image: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errWriterBusy
+		}
+		return nil, fmt.Errorf("private image lock: %w", err)
+	}
+	return &privateImage{f: f}, nil
+}
+
+// sparseCopy copies the data segments of base to a new file at path (in
+// the kernel, with copy_file_range), leaving holes as holes, and renames
+// it into place only when complete.
+func sparseCopy(path string, base *os.File, size int64) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".copy-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	// A separate descriptor: the shared one is read with pread elsewhere,
+	// and this copy moves its offset.
+	src, err := os.Open(base.Name())
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	const seekData, seekHole = 3, 4
+	for off := int64(0); off < size; {
+		data, err := src.Seek(off, seekData)
+		if err != nil {
+			break // ENXIO: no data after off
+		}
+		hole, err := src.Seek(data, seekHole)
+		if err != nil {
+			return err
+		}
+		if _, err := src.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := tmp.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := tmp.ReadFrom(&io.LimitedReader{R: src, N: hole - data}); err != nil {
+			return err
+		}
+		off = hole
+	}
+	if err := tmp.Truncate(size); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func (p *privateImage) ReadAt(b []byte, off int64) (int, error) { return readFull(p.f, b, off) }
+
+func (p *privateImage) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
+
+// WriteZeroes punches a hole (reading back as zeroes) where the file
+// system can, and writes zeroes where it cannot.
+func (p *privateImage) WriteZeroes(off, n int64) error {
+	const punchHole, keepSize = 0x02, 0x01
+	if err := syscall.Fallocate(int(p.f.Fd()), punchHole|keepSize, off, n); err == nil {
+		return nil
+	}
+	z := make([]byte, min(n, 1<<20))
+	for done := int64(0); done < n; {
+		k := min(int64(len(z)), n-done)
+		if _, err := p.f.WriteAt(z[:k], off+done); err != nil {
+			return err
+		}
+		done += k
+	}
+	return nil
+}
+
+func (p *privateImage) Sync() error { return p.f.Sync() }
+
+func (p *privateImage) bytes() (ram, spilled int64) { return 0, 0 }
+
+// close releases the writer lock; the image stays for the next boot.
+func (p *privateImage) close() { p.f.Close() }
