@@ -8,6 +8,8 @@ packages=(
   freeradius freeradius-utils                          # central policy (RADIUS) tests
   haproxy                                              # baseline relay for benchmarks
   libnbd-bin qemu-utils                                # NBD clients for the vDisk streaming tests
+  nbdkit                                               # reference NBD server for the client tests
+  qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
@@ -41,4 +43,25 @@ if ((${#missing[@]})); then
   pkill -x freeradius 2>/dev/null || true
   pkill -x haproxy 2>/dev/null || true
 fi
+# A Debian kernel for the diskless-boot test, unpacked (never installed)
+# with only the modules a virtio disk with ext4 needs.
+kdir=/var/cache/deskway/kernel
+if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1; then
+  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  if [ -z "$pkg" ]; then
+    apt-get update -qq
+    pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  fi
+  echo "install-deps: unpacking $pkg into $kdir"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -qq "$pkg" 2>/dev/null)
+  mkdir -p "$kdir.new"
+  dpkg-deb -x "$tmp"/*.deb "$kdir.new"
+  find "$kdir.new"/lib/modules -name '*.ko' \
+    ! -path '*/fs/ext4/*' ! -path '*/fs/jbd2/*' ! -name mbcache.ko ! -name crc16.ko \
+    ! -name crc32c_generic.ko ! -path '*/drivers/virtio/*' ! -name virtio_blk.ko -delete
+  rm -rf "$tmp" "$kdir"
+  mv "$kdir.new" "$kdir"
+fi
+
 echo "install-deps: all test dependencies present"
