@@ -156,8 +156,12 @@ type Stream struct {
 	// that another server sharing the store can take a boot over.
 	SharedCache bool `yaml:"shared_cache"`
 	// MaxInflight bounds the requests served at once on one connection.
-	MaxInflight int     `yaml:"max_inflight"`
-	VDisks      []VDisk `yaml:"vdisks"`
+	MaxInflight int `yaml:"max_inflight"`
+	// Trace, when set, is a file to which every request of every client
+	// boot is appended as CSV (client,boot,ms,op,offset,length): the raw
+	// material of the boot-storm bench's trace.
+	Trace  string  `yaml:"trace"`
+	VDisks []VDisk `yaml:"vdisks"`
 }
 
 // VDisk is one streamed disk image.

@@ -19,16 +19,18 @@ type writeCache struct {
 	size int64
 
 	mu       sync.RWMutex
-	ram      map[int64][]byte // block number → cacheBlock bytes
+	ram      map[int64][]byte   // block number → cacheBlock bytes
+	zeros    map[int64]struct{} // blocks written as all zeroes, held as nothing
 	ramLimit int64
 	spillDir string
 	spill    *os.File
 	slots    map[int64]int64 // block number → offset in spill
+	nextSlot int64
 	closed   bool
 }
 
 func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string) *writeCache {
-	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}}
+	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, zeros: map[int64]struct{}{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}}
 }
 
 // bytes reports how much the cache holds in RAM and in its spill file.
@@ -46,7 +48,7 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 	if c.closed {
 		return 0, os.ErrClosed
 	}
-	if len(c.ram) == 0 && len(c.slots) == 0 {
+	if len(c.ram) == 0 && len(c.slots) == 0 && len(c.zeros) == 0 {
 		return readFull(c.base, p, off)
 	}
 	done := 0
@@ -57,6 +59,8 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 		n := min(int64(len(p)-done), cacheBlock-in)
 		if b, ok := c.ram[blk]; ok {
 			copy(p[done:done+int(n)], b[in:])
+		} else if _, ok := c.zeros[blk]; ok {
+			clear(p[done : done+int(n)])
 		} else if slot, ok := c.slots[blk]; ok {
 			if _, err := c.spill.ReadAt(p[done:done+int(n)], slot+in); err != nil {
 				return done, fmt.Errorf("write cache spill read: %w", err)
@@ -79,6 +83,9 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 
 func (c *writeCache) has(blk int64) bool {
 	if _, ok := c.ram[blk]; ok {
+		return true
+	}
+	if _, ok := c.zeros[blk]; ok {
 		return true
 	}
 	_, ok := c.slots[blk]
@@ -112,6 +119,25 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 		if p != nil {
 			src = p[done : done+n]
 		}
+		if src == nil && n == cacheBlock {
+			// A whole block of zeroes (file systems zero journals and
+			// inode tables this way) costs no memory.
+			delete(c.ram, blk)
+			delete(c.slots, blk)
+			c.zeros[blk] = struct{}{}
+			done += n
+			continue
+		}
+		if _, ok := c.zeros[blk]; ok {
+			delete(c.zeros, blk)
+			b := make([]byte, cacheBlock)
+			fill(b[in:in+n], src)
+			if err := c.store(blk, b); err != nil {
+				return int(done), err
+			}
+			done += n
+			continue
+		}
 		if b, ok := c.ram[blk]; ok {
 			fill(b[in:in+n], src)
 		} else if slot, ok := c.slots[blk]; ok {
@@ -129,24 +155,35 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 				}
 			}
 			fill(b[in:in+n], src)
-			if int64(len(c.ram)+1)*cacheBlock <= c.ramLimit {
-				c.ram[blk] = b
-			} else {
-				if c.spill == nil {
-					if err := c.openSpill(); err != nil {
-						return int(done), err
-					}
-				}
-				slot := int64(len(c.slots)) * cacheBlock
-				if _, err := c.spill.WriteAt(b, slot); err != nil {
-					return int(done), fmt.Errorf("write cache spill write: %w", err)
-				}
-				c.slots[blk] = slot
+			if err := c.store(blk, b); err != nil {
+				return int(done), err
 			}
 		}
 		done += n
 	}
 	return int(done), nil
+}
+
+// store keeps a new block in RAM while there is room, else in the spill file.
+func (c *writeCache) store(blk int64, b []byte) error {
+	if int64(len(c.ram)+1)*cacheBlock <= c.ramLimit {
+		c.ram[blk] = b
+		return nil
+	}
+	if c.spill == nil {
+		if err := c.openSpill(); err != nil {
+			return err
+		}
+	}
+	// Slots are never reused: a block dropped for zeroes leaves a hole
+	// behind, which the spill file's sparseness makes cheap enough.
+	slot := c.nextSlot
+	c.nextSlot += cacheBlock
+	if _, err := c.spill.WriteAt(b, slot); err != nil {
+		return fmt.Errorf("write cache spill write: %w", err)
+	}
+	c.slots[blk] = slot
+	return nil
 }
 
 func (c *writeCache) openSpill() error {
@@ -174,7 +211,7 @@ func (c *writeCache) close() {
 		return
 	}
 	c.closed = true
-	c.ram, c.slots = nil, nil
+	c.ram, c.slots, c.zeros = nil, nil, nil
 	if c.spill != nil {
 		_ = c.spill.Close()
 	}

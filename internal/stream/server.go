@@ -55,6 +55,8 @@ type Server struct {
 	vdisks  []*vdisk
 	byName  map[string]*vdisk
 
+	trace *tracer
+
 	mu    sync.Mutex
 	boots map[string]*boot
 	conns map[net.Conn]struct{}
@@ -104,6 +106,13 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, metrics: newMetrics(d.Registry), byName: map[string]*vdisk{},
 		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}}
+	if cfg.Trace != "" {
+		t, err := newTracer(cfg.Trace)
+		if err != nil {
+			return nil, err
+		}
+		s.trace = t
+	}
 	for _, v := range cfg.VDisks {
 		f, err := os.Open(v.Base)
 		if err != nil {
@@ -126,6 +135,9 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 func (s *Server) closeFiles() {
 	for _, v := range s.vdisks {
 		v.f.Close()
+	}
+	if s.trace != nil {
+		s.trace.close()
 	}
 }
 
@@ -320,6 +332,9 @@ func (s *Server) discardLocked(b *boot, why string) {
 			s.log.Info("boot ended, write cache discarded", "vdisk", b.vd.name, "client", b.client, "boot", b.id, "why", why)
 		}
 		return
+	}
+	if s.trace != nil {
+		s.trace.flush()
 	}
 	ram, spilled := b.cache.bytes()
 	b.cache.close()

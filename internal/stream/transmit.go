@@ -55,6 +55,9 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 	m := c.s.metrics
 	m.requests.WithLabelValues(cmdLabel(req.Cmd)).Inc()
+	if c.s.trace != nil && exp.boot != nil {
+		c.s.trace.record(exp.boot, req)
+	}
 	size := uint64(exp.vd.size)
 	end := req.Offset + uint64(req.Length)
 	inBounds := end >= req.Offset && end <= size
