@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/deskway/deskway/internal/bench/bootstorm"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
 	"github.com/deskway/deskway/internal/obs"
@@ -21,7 +22,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), benchGatewayCmd(), benchThroughputCmd())
+	c.AddCommand(echoServerCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd())
 	return c
 }
 
@@ -114,6 +115,80 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 		fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", f.out)
 	}
 	return nil
+}
+
+func benchBootstormCmd() *cobra.Command {
+	var (
+		out, scenario, clients, readers, tracePath string
+		scale                                      float64
+		readFor                                    time.Duration
+		qd                                         int
+	)
+	c := &cobra.Command{
+		Use:   "bootstorm",
+		Short: "vDisk boot storm: N clients replay a recorded boot at once against deskway stream and the stock NBD servers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd,
+				Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
+			if scenario == "all" {
+				o.Scenarios = bootstorm.Scenarios
+			} else {
+				o.Scenarios = strings.Split(scenario, ",")
+			}
+			if o.Clients, err = counts("--clients", clients); err != nil {
+				return err
+			}
+			if o.Readers, err = counts("--readers", readers); err != nil {
+				return err
+			}
+			if tracePath != "" {
+				if o.Trace, err = os.ReadFile(tracePath); err != nil {
+					return fmt.Errorf("bench: --trace: %w", err)
+				}
+			}
+			res, err := bootstorm.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			for k, v := range res.Summary {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
+			}
+			if out != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and charts")
+	c.Flags().StringVar(&scenario, "scenario", "all", "comma-separated: storm, read, or all")
+	c.Flags().StringVar(&clients, "clients", "", "storm sizes, comma-separated (default 1,5,10,25,50,75,100,250,500,1000)")
+	c.Flags().StringVar(&readers, "readers", "", "reader counts of the aggregate read test (default 10,25,50)")
+	c.Flags().StringVar(&tracePath, "trace", "", "boot trace CSV (ms,op,offset,length); default the committed recording")
+	c.Flags().Float64Var(&scale, "time-scale", 1, "multiplies the trace's think time; 0 replays as fast as answers come")
+	c.Flags().DurationVar(&readFor, "read-duration", 5*time.Second, "length of each aggregate-read step")
+	c.Flags().IntVar(&qd, "queue-depth", 4, "requests each booting client keeps in flight")
+	return c
+}
+
+// counts parses a comma-separated list of positive integers.
+func counts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bench: %s: %q is not a positive count", flag, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func benchGatewayCmd() *cobra.Command {

@@ -127,7 +127,10 @@ func negotiate(conn net.Conn, export string, o Options) (*Client, error) {
 		r = bufio.NewReader(tc)
 	}
 	if o.Structured {
-		if err := option(conn, r, nbd.OptStructuredReply, nil, nil); err != nil {
+		err := option(conn, r, nbd.OptStructuredReply, nil, nil)
+		var oe *OptionError
+		// A server without structured replies answers in simple ones.
+		if err != nil && !(errors.As(err, &oe) && oe.Type == nbd.RepErrUnsup) {
 			return nil, err
 		}
 	}
@@ -195,6 +198,15 @@ func (c *Client) WriteAt(p []byte, off int64, fua bool) error {
 		f = nbd.CmdFlagFUA
 	}
 	return c.do(nbd.Request{Cmd: nbd.CmdWrite, Flags: f, Offset: uint64(off), Length: uint32(len(p))}, p, nil)
+}
+
+// WriteZeroes writes n zero bytes at off, as NBD_CMD_WRITE_ZEROES when
+// the server offers it and as a plain write of zeroes when it does not.
+func (c *Client) WriteZeroes(off int64, n uint32) error {
+	if c.Flags&nbd.FlagSendWriteZeroes != 0 {
+		return c.do(nbd.Request{Cmd: nbd.CmdWriteZeroes, Offset: uint64(off), Length: n}, nil, nil)
+	}
+	return c.WriteAt(make([]byte, n), off, false)
 }
 
 // Flush asks the server to make every acknowledged write durable.

@@ -81,6 +81,23 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
+func (c *writeCache) baseOnly(off, n int64) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return false
+	}
+	if len(c.ram) == 0 && len(c.slots) == 0 && len(c.zeros) == 0 {
+		return true
+	}
+	for blk := off / cacheBlock; blk*cacheBlock < off+n; blk++ {
+		if c.has(blk) {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *writeCache) has(blk int64) bool {
 	if _, ok := c.ram[blk]; ok {
 		return true

@@ -10,7 +10,9 @@ type metrics struct {
 	readBytes, writeBytes prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics registers the stream metrics; cacheBytes reports the RAM
+// held by write caches at scrape time.
+func newMetrics(reg prometheus.Registerer, cacheBytes func() float64) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
@@ -30,6 +32,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		writeBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_written_bytes_total",
 			Help: "Bytes taken into write caches by NBD_CMD_WRITE."}),
 	}
-	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes)
+	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deskway_stream_cache_ram_bytes",
+			Help: "RAM held by client boots' write caches."}, cacheBytes))
 	return m
 }

@@ -117,5 +117,8 @@ func (p *privateImage) Sync() error { return p.f.Sync() }
 
 func (p *privateImage) bytes() (ram, spilled int64) { return 0, 0 }
 
+// baseOnly is false: a private image is its own file.
+func (p *privateImage) baseOnly(off, n int64) bool { return false }
+
 // close releases the writer lock; the image stays for the next boot.
 func (p *privateImage) close() { p.f.Close() }

@@ -56,6 +56,7 @@ type Server struct {
 	byName  map[string]*vdisk
 
 	trace *tracer
+	bufs  bufPool
 
 	mu    sync.Mutex
 	boots map[string]*boot
@@ -68,6 +69,7 @@ type vdisk struct {
 	name, desc, mode string
 	path             string
 	f                *os.File
+	fd               int // f's descriptor, for sendfile
 	size             int64
 }
 
@@ -79,6 +81,9 @@ type bootCache interface {
 	// Sync makes acknowledged writes durable (FLUSH, FUA).
 	Sync() error
 	bytes() (ram, spilled int64)
+	// baseOnly reports whether [off, off+n) holds nothing but base
+	// bytes, which can then go to the client straight from the base file.
+	baseOnly(off, n int64) bool
 	// close discards the cache.
 	close()
 }
@@ -104,8 +109,9 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 	if cfg.TLS != "off" && d.TLS == nil {
 		return nil, errors.New("stream: stream.tls is " + cfg.TLS + " but no certificate was given")
 	}
-	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, metrics: newMetrics(d.Registry), byName: map[string]*vdisk{},
+	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{},
 		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}}
+	s.metrics = newMetrics(d.Registry, s.cacheRAM)
 	if cfg.Trace != "" {
 		t, err := newTracer(cfg.Trace)
 		if err != nil {
@@ -125,7 +131,7 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			s.closeFiles()
 			return nil, fmt.Errorf("stream: vDisk %s: %w", v.Name, err)
 		}
-		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, size: fi.Size()}
+		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, fd: int(f.Fd()), size: fi.Size()}
 		s.vdisks = append(s.vdisks, vd)
 		s.byName[v.Name] = vd
 	}
@@ -341,6 +347,24 @@ func (s *Server) discardLocked(b *boot, why string) {
 	b.cache = nil
 	s.log.Info("boot ended, write cache discarded", "vdisk", b.vd.name, "client", b.client, "boot", b.id,
 		"why", why, "cache_ram_bytes", ram, "cache_spill_bytes", spilled)
+}
+
+// cacheRAM sums the RAM of every live write cache.
+func (s *Server) cacheRAM() float64 {
+	s.mu.Lock()
+	caches := make([]bootCache, 0, len(s.boots))
+	for _, b := range s.boots {
+		if b.cache != nil {
+			caches = append(caches, b.cache)
+		}
+	}
+	s.mu.Unlock()
+	var n int64
+	for _, c := range caches {
+		ram, _ := c.bytes()
+		n += ram
+	}
+	return float64(n)
 }
 
 // VDiskInfo is one row of the admin API's catalog.

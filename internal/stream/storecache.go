@@ -74,6 +74,23 @@ func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, erro
 	return c, nil
 }
 
+func (c *storeCache) baseOnly(off, n int64) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.data == nil {
+		return false
+	}
+	if c.present == 0 {
+		return true
+	}
+	for blk := off / cacheBlock; blk*cacheBlock < off+n; blk++ {
+		if c.has(blk) {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *storeCache) has(blk int64) bool { return c.bitmap[blk/8]&(1<<(blk%8)) != 0 }
 
 func (c *storeCache) bytes() (ram, spilled int64) {

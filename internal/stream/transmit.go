@@ -33,7 +33,7 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 				// The payload cannot be skipped safely at this size.
 				return false, fmt.Errorf("NBD_CMD_WRITE of %d bytes over the %d-byte maximum", req.Length, maxPayload)
 			}
-			payload = make([]byte, req.Length)
+			payload = c.s.bufs.get(int(req.Length))
 			if _, err := io.ReadFull(c.r, payload); err != nil {
 				// A client that hangs up mid-write: nothing of it is stored.
 				return false, err
@@ -47,6 +47,9 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			c.serve(exp, req, payload)
+			if payload != nil {
+				c.s.bufs.put(payload)
+			}
 		}()
 	}
 }
@@ -68,8 +71,11 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			c.fail(req, nbd.EINVAL, "read of %d bytes over the %d-byte maximum", req.Length, maxPayload)
 		case !inBounds:
 			c.fail(req, nbd.EINVAL, "read past the end of the %d-byte disk", size)
+		case c.sendBase(exp, req):
+			m.readBytes.Add(float64(req.Length))
 		default:
-			buf := make([]byte, req.Length)
+			buf := c.s.bufs.get(int(req.Length))
+			defer c.s.bufs.put(buf)
 			var err error
 			if exp.view != nil {
 				_, err = exp.view.ReadAt(buf, int64(req.Offset))
@@ -163,14 +169,39 @@ func (c *conn) fail(req nbd.Request, e nbd.Errno, format string, a ...any) {
 	c.send(nbd.AppendSimpleReply(nil, e, req.Cookie))
 }
 
-func (c *conn) sendData(req nbd.Request, data []byte) {
-	var hdr []byte
-	if c.structured {
-		hdr = nbd.AppendOffsetDataChunk(nil, nbd.ChunkFlagDone, req.Cookie, req.Offset, len(data))
-	} else {
-		hdr = nbd.AppendSimpleReply(nil, 0, req.Cookie)
+// sendBase answers a READ straight from the base file with sendfile when
+// the connection is plain TCP and nothing in the range was written; it
+// reports whether it did.
+func (c *conn) sendBase(exp *export, req nbd.Request) bool {
+	tc, ok := c.rw.(*net.TCPConn)
+	if !ok || req.Length == 0 {
+		return false
 	}
-	c.send(hdr, data)
+	if exp.view != nil && !exp.view.baseOnly(int64(req.Offset), int64(req.Length)) {
+		return false
+	}
+	hdr := c.dataHeader(req, int(req.Length))
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return true
+	}
+	if err := sendFileReply(tc, hdr, exp.vd.fd, int64(req.Offset), int(req.Length)); err != nil {
+		c.werr = err
+		c.nc.Close()
+	}
+	return true
+}
+
+func (c *conn) dataHeader(req nbd.Request, n int) []byte {
+	if c.structured {
+		return nbd.AppendOffsetDataChunk(nil, nbd.ChunkFlagDone, req.Cookie, req.Offset, n)
+	}
+	return nbd.AppendSimpleReply(nil, 0, req.Cookie)
+}
+
+func (c *conn) sendData(req nbd.Request, data []byte) {
+	c.send(c.dataHeader(req, len(data)), data)
 }
 
 // send writes one whole reply; after a failed write the connection is

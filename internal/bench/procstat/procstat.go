@@ -56,6 +56,72 @@ func Read(pid int) (Sample, error) {
 	return s, nil
 }
 
+// ReadTree samples pid and every live descendant, for servers that fork
+// per connection: CPU includes children already reaped, RSS sums the
+// live processes.
+func ReadTree(pid int) (Sample, error) {
+	root, err := Read(pid)
+	if err != nil {
+		return root, err
+	}
+	root.CPU += reapedCPU(pid)
+	ents, _ := os.ReadDir("/proc")
+	parent := map[int]int{}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pp := ppid(p); pp > 0 {
+			parent[p] = pp
+		}
+	}
+	for p := range parent {
+		for a := parent[p]; a > 0; a = parent[a] {
+			if a == pid {
+				if s, err := Read(p); err == nil {
+					root.CPU += s.CPU
+					root.RSS += s.RSS
+				}
+				break
+			}
+		}
+	}
+	return root, nil
+}
+
+func statFields(pid int) []string {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(stat[i+1:]))
+}
+
+func ppid(pid int) int {
+	f := statFields(pid)
+	if len(f) < 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(f[1])
+	return p
+}
+
+// reapedCPU is the user and system time of pid's children it has waited for.
+func reapedCPU(pid int) time.Duration {
+	f := statFields(pid)
+	if len(f) < 15 {
+		return 0
+	}
+	cu, _ := strconv.ParseInt(f[13], 10, 64)
+	cs, _ := strconv.ParseInt(f[14], 10, 64)
+	return time.Duration(cu+cs) * time.Second / clockTick
+}
+
 // CPUPercent is the CPU used between a and b as a percentage of one core.
 func CPUPercent(a, b Sample) float64 {
 	wall := b.At.Sub(a.At)

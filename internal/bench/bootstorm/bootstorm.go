@@ -1,0 +1,408 @@
+package bootstorm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deskway/deskway/internal/bench/procstat"
+	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/nbdclient"
+)
+
+// Scenarios are the parts of the bench, as the paper names them.
+var Scenarios = []string{"storm", "read"}
+
+// DefaultClients are the paper's boot-storm group sizes, then the larger
+// ones the issue asks for.
+var DefaultClients = []int{1, 5, 10, 25, 50, 75, 100, 250, 500, 1000}
+
+// DefaultReaders are the reader counts of the aggregate read test.
+var DefaultReaders = []int{10, 25, 50}
+
+// slowRequest is the paper's UDP retry timeout: a request slower than
+// this would have been a "retry".
+const slowRequest = 200 * time.Millisecond
+
+// Options configure a run.
+type Options struct {
+	Exe       string // the deskway binary, started as the server
+	Out       string
+	Command   string
+	Scenarios []string
+	Clients   []int
+	Readers   []int
+	// TimeScale multiplies the trace's think time (1 replays the
+	// recorded pace; 0 replays as fast as the server answers).
+	TimeScale float64
+	// ReadFor is how long each aggregate-read step runs.
+	ReadFor time.Duration
+	// QueueDepth is how many requests one client keeps in flight.
+	QueueDepth int
+	Trace      []byte // nil: the committed boot trace
+	Log        *slog.Logger
+}
+
+type runner struct {
+	o    Options
+	tr   *trace
+	dir  string
+	base string
+	res  *report.Result
+}
+
+// Run measures every system and writes the results when o.Out is set.
+func Run(ctx context.Context, o Options) (*report.Result, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if len(o.Clients) == 0 {
+		o.Clients = DefaultClients
+	}
+	if len(o.Readers) == 0 {
+		o.Readers = DefaultReaders
+	}
+	if o.QueueDepth == 0 {
+		o.QueueDepth = 4
+	}
+	if o.ReadFor == 0 {
+		o.ReadFor = 5 * time.Second
+	}
+	raw := o.Trace
+	if raw == nil {
+		raw = defaultTrace
+	}
+	tr, err := parseTrace(raw)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "deskway-bootstorm-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	r := &runner{o: o, tr: tr, dir: dir, res: &report.Result{Bench: "stream", Command: o.Command, Started: time.Now().UTC(),
+		Machine: report.ThisMachine(), Summary: map[string]float64{}}}
+	if r.base, err = makeBase(dir, tr.end); err != nil {
+		return nil, err
+	}
+	systems := []system{deskway(o.Exe)}
+	for _, peer := range []func() (system, error){nbdServer, nbdkitCow, qemuNBD} {
+		s, err := peer()
+		if err != nil {
+			o.Log.Warn("peer missing", "peer", s.name, "err", err)
+			r.res.Points = append(r.res.Points, report.Point{Scenario: "storm", System: s.name, Metrics: map[string]float64{}, Skipped: err.Error()})
+			continue
+		}
+		systems = append(systems, s)
+	}
+	o.Log.Info("trace", "requests", len(tr.ops), "read_mib", tr.readBytes>>20, "write_kib", tr.writeBytes>>10, "span", tr.span)
+	for _, sc := range o.Scenarios {
+		var steps []int
+		switch sc {
+		case "storm":
+			steps = o.Clients
+		case "read":
+			steps = o.Readers
+		default:
+			return nil, fmt.Errorf("bench: unknown scenario %q (have %v)", sc, Scenarios)
+		}
+		for _, n := range steps {
+			for _, sys := range systems {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				p, err := r.step(ctx, sys, sc, n)
+				if err != nil {
+					return nil, fmt.Errorf("%s %s %d: %w", sc, sys.name, n, err)
+				}
+				r.res.Points = append(r.res.Points, p)
+			}
+		}
+	}
+	r.summarize(systems)
+	if o.Out != "" {
+		if err := r.write(systems); err != nil {
+			return nil, err
+		}
+	}
+	return r.res, nil
+}
+
+// makeBase writes a base image covering the trace with incompressible
+// data, so no layer can shortcut reads of zeroes.
+func makeBase(dir string, end int64) (string, error) {
+	path := filepath.Join(dir, "golden.img")
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	size := (end + 1<<20 - 1) &^ (1<<20 - 1)
+	chunk := make([]byte, 1<<20)
+	rng := rand.New(rand.NewSource(1))
+	for off := int64(0); off < size; off += int64(len(chunk)) {
+		rng.Read(chunk)
+		if _, err := f.WriteAt(chunk, off); err != nil {
+			return "", err
+		}
+	}
+	return path, f.Close()
+}
+
+// clientResult is one client's boot (or read run).
+type clientResult struct {
+	took  time.Duration
+	slow  int
+	reads int64
+	err   error
+}
+
+func (r *runner) step(ctx context.Context, sys system, scenario string, n int) (report.Point, error) {
+	sdir, err := os.MkdirTemp(r.dir, sys.name+"-")
+	if err != nil {
+		return report.Point{}, err
+	}
+	defer os.RemoveAll(sdir)
+	srv, err := sys.start(sdir, r.base)
+	if err != nil {
+		return report.Point{}, err
+	}
+	defer srv.stop()
+	idle, err := procstat.ReadTree(srv.pid)
+	if err != nil {
+		return report.Point{}, err
+	}
+	// Memory is sampled through the run; its peak (less the write caches
+	// deskway reports) is what the clients cost.
+	var peakRSS, peakBeyondCache atomic.Int64
+	sampleDone := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampleDone)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-t.C:
+			}
+			s, err := procstat.ReadTree(srv.pid)
+			if err != nil {
+				continue
+			}
+			if s.RSS > peakRSS.Load() {
+				peakRSS.Store(s.RSS)
+			}
+			beyond := s.RSS
+			if srv.cacheBytes != nil {
+				beyond -= srv.cacheBytes()
+			}
+			if beyond > peakBeyondCache.Load() {
+				peakBeyondCache.Store(beyond)
+			}
+		}
+	}()
+	start := time.Now()
+	results := make([]clientResult, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if scenario == "storm" {
+				results[i] = r.boot(ctx, srv.addr, srv.export(i, true))
+			} else {
+				results[i] = r.readLoop(ctx, srv.addr, srv.export(i, false))
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	end, _ := procstat.ReadTree(srv.pid)
+	close(stopSampling)
+	<-sampleDone
+
+	var times []float64
+	var slow, failed int
+	var reads int64
+	var firstErr error
+	for _, cr := range results {
+		reads += cr.reads
+		slow += cr.slow
+		if cr.err != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = cr.err
+			}
+			continue
+		}
+		times = append(times, cr.took.Seconds())
+	}
+	slices.Sort(times)
+	cpu := 100 * (end.CPU - idle.CPU).Seconds() / wall.Seconds()
+	m := map[string]float64{
+		"clients": float64(n), "failed_clients": float64(failed), "slow_requests": float64(slow),
+		"cpu_pct": round(cpu, 1), "rss_idle_bytes": float64(idle.RSS), "rss_peak_bytes": float64(peakRSS.Load()),
+		"bytes_read": float64(reads), "read_gbps": round(float64(reads)*8/wall.Seconds()/1e9, 3),
+		"read_mb_s": round(float64(reads)/wall.Seconds()/1e6, 1), "wall_s": round(wall.Seconds(), 2),
+	}
+	if len(times) > 0 {
+		m["boot_median_s"] = round(times[len(times)/2], 2)
+		m["boot_max_s"] = round(times[len(times)-1], 2)
+	}
+	if srv.cacheBytes != nil {
+		m["rss_beyond_cache_per_client_bytes"] = round(float64(peakBeyondCache.Load()-idle.RSS)/float64(n), 0)
+	}
+	log := r.o.Log.With("scenario", scenario, "system", sys.name, "clients", n)
+	if failed > 0 {
+		log.Warn("clients failed", "failed", failed, "first_error", firstErr)
+	}
+	log.Info("step", "boot_median_s", m["boot_median_s"], "boot_max_s", m["boot_max_s"], "slow", slow,
+		"cpu_pct", m["cpu_pct"], "rss_mib", peakRSS.Load()>>20, "read_mb_s", m["read_mb_s"])
+	return report.Point{Scenario: scenario, System: sys.name, Params: map[string]any{"clients": n}, Metrics: m}, nil
+}
+
+// dial connects, retrying while the server's accept queue overflows in a
+// storm, as a booting client's firmware would.
+func dial(ctx context.Context, addr, export string) (*nbdclient.Client, error) {
+	var err error
+	for attempt := 0; attempt < 50; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var c *nbdclient.Client
+		c, err = nbdclient.Dial(cctx, addr, export, nbdclient.Options{Structured: true})
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		var oe *nbdclient.OptionError
+		if errors.As(err, &oe) || ctx.Err() != nil {
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil, err
+}
+
+// boot replays the trace at its recorded pace (scaled), keeping up to
+// QueueDepth requests in flight, and returns when the last is answered.
+func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
+	start := time.Now()
+	c, err := dial(ctx, addr, export)
+	if err != nil {
+		return clientResult{err: err}
+	}
+	qd := r.o.QueueDepth
+	bufs := make(chan []byte, qd)
+	for i := 0; i < qd; i++ {
+		bufs <- make([]byte, r.tr.maxLen)
+	}
+	var slow atomic.Int64
+	var reads atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	for _, o := range r.tr.ops {
+		if wait := time.Until(start.Add(time.Duration(float64(o.at) * r.o.TimeScale))); wait > 0 {
+			time.Sleep(wait)
+		}
+		buf := <-bufs
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { bufs <- buf }()
+			t0 := time.Now()
+			var err error
+			switch o.cmd {
+			case 'R':
+				_, err = c.ReadAt(buf[:o.n], o.off)
+				reads.Add(int64(o.n))
+			case 'W':
+				err = c.WriteAt(buf[:o.n], o.off, false)
+			case 'Z':
+				err = c.WriteZeroes(o.off, o.n)
+			case 'F':
+				err = c.Flush()
+			}
+			if time.Since(t0) > slowRequest {
+				slow.Add(1)
+			}
+			if err != nil {
+				errOnce.Do(func() { firstErr = err })
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	_ = c.Close()
+	return clientResult{took: took, slow: int(slow.Load()), reads: reads.Load(), err: firstErr}
+}
+
+// readLoop replays the trace's reads with no think time, over and over,
+// for ReadFor: the aggregate read throughput a server sustains.
+func (r *runner) readLoop(ctx context.Context, addr, export string) clientResult {
+	c, err := dial(ctx, addr, export)
+	if err != nil {
+		return clientResult{err: err}
+	}
+	defer c.Close()
+	qd := 8
+	bufs := make(chan []byte, qd)
+	for i := 0; i < qd; i++ {
+		bufs <- make([]byte, r.tr.maxLen)
+	}
+	var reads, slow atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	start := time.Now()
+	for time.Since(start) < r.o.ReadFor && !failed.Load() {
+		for _, o := range r.tr.ops {
+			if o.cmd != 'R' {
+				continue
+			}
+			buf := <-bufs
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { bufs <- buf }()
+				t0 := time.Now()
+				if _, err := c.ReadAt(buf[:o.n], o.off); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					failed.Store(true)
+					return
+				}
+				if time.Since(t0) > slowRequest {
+					slow.Add(1)
+				}
+				reads.Add(int64(o.n))
+			}()
+			if time.Since(start) >= r.o.ReadFor {
+				break
+			}
+		}
+	}
+	wg.Wait()
+	return clientResult{took: time.Since(start), slow: int(slow.Load()), reads: reads.Load(), err: firstErr}
+}
+
+func round(v float64, digits int) float64 {
+	p := 1.0
+	for i := 0; i < digits; i++ {
+		p *= 10
+	}
+	if v >= 0 {
+		return float64(int64(v*p+0.5)) / p
+	}
+	return -float64(int64(-v*p+0.5)) / p
+}

@@ -1,0 +1,204 @@
+package bootstorm
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+// metric returns a point's metric for system at n clients in scenario.
+func (r *runner) metric(scenario, sys string, n int, key string) (float64, bool) {
+	for _, p := range r.res.Points {
+		if p.Scenario == scenario && p.System == sys && p.Skipped == "" {
+			if c, ok := p.Params["clients"].(int); ok && c == n {
+				v, ok := p.Metrics[key]
+				return v, ok
+			}
+		}
+	}
+	return 0, false
+}
+
+func (r *runner) summarize(systems []system) {
+	s := r.res.Summary
+	best := -1
+	for _, n := range r.o.Clients {
+		slow, ok1 := r.metric("storm", "deskway", n, "slow_requests")
+		failed, ok2 := r.metric("storm", "deskway", n, "failed_clients")
+		if ok1 && ok2 && slow == 0 && failed == 0 {
+			best = max(best, n)
+		}
+	}
+	if best >= 0 {
+		s["max_clients_no_slow_requests"] = float64(best)
+	}
+	peak := map[string]float64{}
+	for _, sys := range systems {
+		for _, n := range r.o.Readers {
+			if v, ok := r.metric("read", sys.name, n, "read_gbps"); ok {
+				peak[sys.name] = max(peak[sys.name], v)
+			}
+		}
+	}
+	if v, ok := peak["deskway"]; ok {
+		s["read_gbps"] = v
+		bestPeer := 0.0
+		for name, g := range peak {
+			if name != "deskway" {
+				bestPeer = max(bestPeer, g)
+			}
+		}
+		if bestPeer > 0 {
+			s["read_ratio_best_peer"] = round(v/bestPeer, 3)
+		}
+	}
+	if len(r.o.Clients) > 0 {
+		top := r.o.Clients[len(r.o.Clients)-1]
+		if v, ok := r.metric("storm", "deskway", top, "rss_beyond_cache_per_client_bytes"); ok {
+			s["rss_bytes_per_client"] = v
+		}
+	}
+}
+
+func (r *runner) write(systems []system) error {
+	if err := os.MkdirAll(r.o.Out, 0o755); err != nil {
+		return err
+	}
+	if err := r.res.WriteJSON(r.o.Out); err != nil {
+		return err
+	}
+	var md strings.Builder
+	m := r.res.Machine
+	fmt.Fprintf(&md, "# vDisk boot storm: deskway stream beside nbd-server, nbdkit, qemu-nbd and the paper\n\n")
+	fmt.Fprintf(&md, "Command: `%s`  \nStarted: %s  \nMachine: %d CPUs, %d GiB, Linux %s, %s. The clients (Go NBD clients in the bench process) and the server share these CPUs; the paper's server had a dual-core Xeon 5160 and its 100 clients were separate PCs on gigabit Ethernet.\n\n",
+		r.o.Command, r.res.Started.Format("2006-01-02 15:04 UTC"), m.CPUs, m.MemBytes>>30, m.Kernel, m.Go)
+	fmt.Fprintf(&md, "How it is measured: every client replays the same recorded boot (%d requests: %.1f MiB read, %.1f MiB written, spread over %.1f s; `internal/bench/bootstorm/boot-trace.csv`, recorded by deskway from a qemu VM booting Debian's kernel and loading programs and libraries from an ext4 vDisk). A storm starts N clients at the same instant; each keeps its recorded pace (think time × %g) with at most %d requests in flight, and its boot time runs from its first connection attempt to its last answer. A *slow request* is one answered after more than 200 ms, the paper's UDP retry timeout, so it counts what the paper counts as retries. Server CPU and memory come from /proc for the server process and its children; the server is restarted for every step. The aggregate read test has N readers replay only the trace's reads with no think time and 8 in flight, for %s.\n\n",
+		len(r.tr.ops), float64(r.tr.readBytes)/(1<<20), float64(r.tr.writeBytes)/(1<<20), r.tr.span.Seconds(), r.o.TimeScale, r.o.QueueDepth, r.o.ReadFor)
+	md.WriteString("Systems: ")
+	var notes []string
+	for _, s := range systems {
+		notes = append(notes, fmt.Sprintf("**%s** (%s)", s.name, s.note))
+	}
+	md.WriteString(strings.Join(notes, "; ") + ".\n\n")
+	for _, p := range r.res.Points {
+		if p.Skipped != "" {
+			fmt.Fprintf(&md, "Not measured: **%s**: %s.\n\n", p.System, p.Skipped)
+		}
+	}
+
+	table := func(title, key string, scale float64, digits int) {
+		t := report.Table{Title: title, Head: []string{"clients"}}
+		for _, s := range systems {
+			t.Head = append(t.Head, s.name)
+		}
+		for _, n := range r.o.Clients {
+			row := []string{fmt.Sprint(n)}
+			for _, s := range systems {
+				if v, ok := r.metric("storm", s.name, n, key); ok {
+					cell := fmt.Sprintf("%.*f", digits, v*scale)
+					if f, _ := r.metric("storm", s.name, n, "failed_clients"); f > 0 && key == "boot_median_s" {
+						cell += fmt.Sprintf(" (%d failed)", int(f))
+					}
+					row = append(row, cell)
+				} else {
+					row = append(row, "–")
+				}
+			}
+			t.Rows = append(t.Rows, row)
+		}
+		md.WriteString(t.Markdown())
+	}
+	if slices.Contains(r.o.Scenarios, "storm") {
+		table("Figure 3: boot time, median seconds (paper: 27 s from a local disk; about 15 s more at 100 clients than at 25)", "boot_median_s", 1, 2)
+		table("Boot time, slowest client, seconds", "boot_max_s", 1, 2)
+		table("Figure 4: requests slower than 200 ms (the paper's retries: 2 to 6 over a 6-minute storm at 75–100 clients)", "slow_requests", 1, 0)
+		table("Figure 5: server CPU % of one core over the storm (paper: peaks of 85 % at 50 clients, 100 % from 75)", "cpu_pct", 1, 0)
+		table("Figure 6: server peak RSS, MiB (paper: under 1 GB of 4 GB used at 100 clients)", "rss_peak_bytes", 1.0/(1<<20), 0)
+		table("Figure 7: data served during the storm, MB/s (paper: two gigabit links at 98 % from 75 clients)", "read_mb_s", 1, 0)
+		t := report.Table{Title: "deskway memory per connected client beyond its write cache", Head: []string{"clients", "bytes per client"}}
+		for _, n := range r.o.Clients {
+			if v, ok := r.metric("storm", "deskway", n, "rss_beyond_cache_per_client_bytes"); ok {
+				t.Rows = append(t.Rows, []string{fmt.Sprint(n), fmt.Sprintf("%.0f", v)})
+			}
+		}
+		md.WriteString(t.Markdown())
+	}
+	if slices.Contains(r.o.Scenarios, "read") {
+		t := report.Table{Title: "Aggregate read throughput, GB/s (bytes × 8 / 1e9 per second)", Head: []string{"readers"}}
+		for _, s := range systems {
+			t.Head = append(t.Head, s.name)
+		}
+		for _, n := range r.o.Readers {
+			row := []string{fmt.Sprint(n)}
+			for _, s := range systems {
+				if v, ok := r.metric("read", s.name, n, "read_gbps"); ok {
+					row = append(row, fmt.Sprintf("%.2f", v))
+				} else {
+					row = append(row, "–")
+				}
+			}
+			t.Rows = append(t.Rows, row)
+		}
+		md.WriteString(t.Markdown())
+	}
+	md.WriteString("## Summary keys\n\n")
+	st := report.Table{Head: []string{"key", "value"}}
+	for _, k := range slices.Sorted(maps.Keys(r.res.Summary)) {
+		st.Rows = append(st.Rows, []string{k, fmt.Sprintf("%g", r.res.Summary[k])})
+	}
+	md.WriteString(st.Markdown())
+	for _, n := range r.res.Notes {
+		md.WriteString(n + "\n\n")
+	}
+
+	var boot, slow []report.Series
+	for _, s := range systems {
+		b := report.Series{Name: s.name}
+		sl := report.Series{Name: s.name}
+		for _, n := range r.o.Clients {
+			if v, ok := r.metric("storm", s.name, n, "boot_median_s"); ok {
+				b.X, b.Y = append(b.X, float64(n)), append(b.Y, v)
+			}
+			if v, ok := r.metric("storm", s.name, n, "slow_requests"); ok {
+				sl.X, sl.Y = append(sl.X, float64(n)), append(sl.Y, v)
+			}
+		}
+		boot, slow = append(boot, b), append(slow, sl)
+	}
+	var charts []string
+	if slices.Contains(r.o.Scenarios, "storm") {
+		if err := report.LineChart(filepath.Join(r.o.Out, "boot-time.svg"), "Median boot time in a storm", "clients booting at once", "seconds", boot, 0); err != nil {
+			return err
+		}
+		if err := report.LineChart(filepath.Join(r.o.Out, "slow-requests.svg"), "Requests over 200 ms (retries)", "clients booting at once", "requests", slow, 0); err != nil {
+			return err
+		}
+		charts = append(charts, "`boot-time.svg`", "`slow-requests.svg`")
+	}
+	if slices.Contains(r.o.Scenarios, "read") {
+		var labels []string
+		var series []report.Series
+		for _, n := range r.o.Readers {
+			labels = append(labels, fmt.Sprintf("%d readers", n))
+		}
+		for _, s := range systems {
+			se := report.Series{Name: s.name}
+			for i, n := range r.o.Readers {
+				v, _ := r.metric("read", s.name, n, "read_gbps")
+				se.X, se.Y = append(se.X, float64(i)), append(se.Y, v)
+			}
+			series = append(series, se)
+		}
+		if err := report.BarChart(filepath.Join(r.o.Out, "read-throughput.svg"), "Aggregate read throughput", "Gbit/s", labels, series); err != nil {
+			return err
+		}
+		charts = append(charts, "`read-throughput.svg`")
+	}
+	fmt.Fprintf(&md, "Charts: %s.\n", strings.Join(charts, ", "))
+	return os.WriteFile(filepath.Join(r.o.Out, "result.md"), []byte(md.String()), 0o644)
+}
