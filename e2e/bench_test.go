@@ -70,3 +70,60 @@ func TestGatewayBenchSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestBootstormBenchSmoke runs a tiny `deskway bench bootstorm` against
+// deskway and every peer (nbd-server, nbdkit, qemu-nbd) and checks the
+// result's shape. Correctness only, never timing.
+func TestBootstormBenchSmoke(t *testing.T) {
+	testkit.Require(t, "nbd-server", "nbdkit", "qemu-nbd")
+	bin := build(t)
+	out := t.TempDir()
+	cmd := exec.Command(bin, "bench", "bootstorm", "--clients", "1,3", "--readers", "2", "--read-duration", "500ms",
+		"--time-scale", "0", "--runs", "2", "--out", out)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res report.Result
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Bench != "stream" {
+		t.Fatalf("bench %q", res.Bench)
+	}
+	for _, k := range []string{"max_clients_no_slow_requests", "read_gbps", "read_ratio_best_peer", "rss_bytes_per_client"} {
+		if _, ok := res.Summary[k]; !ok {
+			t.Errorf("summary lacks %s", k)
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range res.Points {
+		if p.Skipped != "" {
+			t.Errorf("%s skipped: %s", p.System, p.Skipped)
+			continue
+		}
+		seen[p.Scenario+"/"+p.System] = true
+		if p.Metrics["failed_clients"] != 0 {
+			t.Errorf("%s/%s: %v clients failed", p.Scenario, p.System, p.Metrics["failed_clients"])
+		}
+		if p.Metrics["bytes_read"] <= 0 {
+			t.Errorf("%s/%s read nothing", p.Scenario, p.System)
+		}
+	}
+	for _, sys := range []string{"deskway", "nbd-server-cow", "nbdkit-cow", "qemu-nbd"} {
+		for _, sc := range []string{"storm", "read"} {
+			if !seen[sc+"/"+sys] {
+				t.Errorf("no %s point for %s", sc, sys)
+			}
+		}
+	}
+	for _, f := range []string{"result.md", "boot-time.svg", "slow-requests.svg", "read-throughput.svg"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -8,7 +8,7 @@ packages=(
   freeradius freeradius-utils                          # central policy (RADIUS) tests
   haproxy                                              # baseline relay for benchmarks
   libnbd-bin qemu-utils                                # NBD clients for the vDisk streaming tests
-  nbdkit                                               # reference NBD server for the client tests
+  nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
 )
 

@@ -122,7 +122,7 @@ func benchBootstormCmd() *cobra.Command {
 		out, scenario, clients, readers, tracePath string
 		scale                                      float64
 		readFor                                    time.Duration
-		qd                                         int
+		qd, runs                                   int
 	)
 	c := &cobra.Command{
 		Use:   "bootstorm",
@@ -133,7 +133,7 @@ func benchBootstormCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd,
+			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd, Runs: runs,
 				Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
 			if scenario == "all" {
 				o.Scenarios = bootstorm.Scenarios
@@ -172,6 +172,7 @@ func benchBootstormCmd() *cobra.Command {
 	c.Flags().Float64Var(&scale, "time-scale", 1, "multiplies the trace's think time; 0 replays as fast as answers come")
 	c.Flags().DurationVar(&readFor, "read-duration", 5*time.Second, "length of each aggregate-read step")
 	c.Flags().IntVar(&qd, "queue-depth", 4, "requests each booting client keeps in flight")
+	c.Flags().IntVar(&runs, "runs", 3, "storms per step; each point is the median run")
 	return c
 }
 

@@ -90,7 +90,8 @@ func Dial(ctx context.Context, addr, export string, o Options) (*Client, error) 
 		return nil, err
 	}
 	_ = c.conn.SetDeadline(time.Time{})
-	go c.readLoop(bufio.NewReaderSize(c.conn, 256<<10))
+	// Small enough that large READ payloads bypass it and are copied once.
+	go c.readLoop(bufio.NewReaderSize(c.conn, 32<<10))
 	return c, nil
 }
 

@@ -47,8 +47,11 @@ type Options struct {
 	ReadFor time.Duration
 	// QueueDepth is how many requests one client keeps in flight.
 	QueueDepth int
-	Trace      []byte // nil: the committed boot trace
-	Log        *slog.Logger
+	// Runs repeats every storm step; the point reports the median run
+	// (by slow requests), as the paper's figures are medians.
+	Runs  int
+	Trace []byte // nil: the committed boot trace
+	Log   *slog.Logger
 }
 
 type runner struct {
@@ -72,6 +75,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	}
 	if o.QueueDepth == 0 {
 		o.QueueDepth = 4
+	}
+	if o.Runs == 0 {
+		o.Runs = 1
 	}
 	if o.ReadFor == 0 {
 		o.ReadFor = 5 * time.Second
@@ -163,10 +169,39 @@ type clientResult struct {
 	took  time.Duration
 	slow  int
 	reads int64
+	lat   []float64 // request latencies, ms
 	err   error
 }
 
+// step measures sys with n clients, Runs times for a storm, and returns
+// the median run's point.
 func (r *runner) step(ctx context.Context, sys system, scenario string, n int) (report.Point, error) {
+	runs := 1
+	if scenario == "storm" && sys.name == "deskway" {
+		runs = r.o.Runs
+	}
+	var points []report.Point
+	for i := 0; i < runs; i++ {
+		p, err := r.run(ctx, sys, scenario, n)
+		if err != nil {
+			return p, err
+		}
+		points = append(points, p)
+	}
+	slices.SortStableFunc(points, func(a, b report.Point) int {
+		return int(a.Metrics["slow_requests"] - b.Metrics["slow_requests"])
+	})
+	med := points[len(points)/2]
+	if runs > 1 {
+		med.Params["runs"] = runs
+		med.Metrics["slow_requests_min"] = points[0].Metrics["slow_requests"]
+		med.Metrics["slow_requests_max"] = points[len(points)-1].Metrics["slow_requests"]
+	}
+	return med, nil
+}
+
+// run is one measurement with a freshly started server.
+func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (report.Point, error) {
 	sdir, err := os.MkdirTemp(r.dir, sys.name+"-")
 	if err != nil {
 		return report.Point{}, err
@@ -231,14 +266,19 @@ func (r *runner) step(ctx context.Context, sys system, scenario string, n int) (
 	end, _ := procstat.ReadTree(srv.pid)
 	close(stopSampling)
 	<-sampleDone
+	// A short step may end before the first sample.
+	if end.RSS > peakRSS.Load() {
+		peakRSS.Store(end.RSS)
+	}
 
-	var times []float64
+	var times, lat []float64
 	var slow, failed int
 	var reads int64
 	var firstErr error
 	for _, cr := range results {
 		reads += cr.reads
 		slow += cr.slow
+		lat = append(lat, cr.lat...)
 		if cr.err != nil {
 			failed++
 			if firstErr == nil {
@@ -260,14 +300,21 @@ func (r *runner) step(ctx context.Context, sys system, scenario string, n int) (
 		m["boot_median_s"] = round(times[len(times)/2], 2)
 		m["boot_max_s"] = round(times[len(times)-1], 2)
 	}
-	if srv.cacheBytes != nil {
-		m["rss_beyond_cache_per_client_bytes"] = round(float64(peakBeyondCache.Load()-idle.RSS)/float64(n), 0)
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		m["request_p50_ms"] = round(lat[len(lat)/2], 2)
+		m["request_p99_ms"] = round(lat[len(lat)*99/100], 2)
+		m["request_max_ms"] = round(lat[len(lat)-1], 1)
+	}
+	if srv.cacheBytes != nil && peakBeyondCache.Load() > 0 {
+		m["rss_beyond_cache_per_client_bytes"] = round(float64(max(0, peakBeyondCache.Load()-idle.RSS))/float64(n), 0)
 	}
 	log := r.o.Log.With("scenario", scenario, "system", sys.name, "clients", n)
 	if failed > 0 {
 		log.Warn("clients failed", "failed", failed, "first_error", firstErr)
 	}
 	log.Info("step", "boot_median_s", m["boot_median_s"], "boot_max_s", m["boot_max_s"], "slow", slow,
+		"p99_ms", m["request_p99_ms"], "max_ms", m["request_max_ms"],
 		"cpu_pct", m["cpu_pct"], "rss_mib", peakRSS.Load()>>20, "read_mb_s", m["read_mb_s"])
 	return report.Point{Scenario: scenario, System: sys.name, Params: map[string]any{"clients": n}, Metrics: m}, nil
 }
@@ -311,7 +358,8 @@ func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
 	var firstErr error
 	var errOnce sync.Once
 	var wg sync.WaitGroup
-	for _, o := range r.tr.ops {
+	lat := make([]float64, len(r.tr.ops))
+	for i, o := range r.tr.ops {
 		if wait := time.Until(start.Add(time.Duration(float64(o.at) * r.o.TimeScale))); wait > 0 {
 			time.Sleep(wait)
 		}
@@ -333,7 +381,9 @@ func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
 			case 'F':
 				err = c.Flush()
 			}
-			if time.Since(t0) > slowRequest {
+			d := time.Since(t0)
+			lat[i] = float64(d.Microseconds()) / 1000
+			if d > slowRequest {
 				slow.Add(1)
 			}
 			if err != nil {
@@ -344,7 +394,7 @@ func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
 	wg.Wait()
 	took := time.Since(start)
 	_ = c.Close()
-	return clientResult{took: took, slow: int(slow.Load()), reads: reads.Load(), err: firstErr}
+	return clientResult{took: took, slow: int(slow.Load()), reads: reads.Load(), lat: lat, err: firstErr}
 }
 
 // readLoop replays the trace's reads with no think time, over and over,
