@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,6 +35,7 @@ stream:
 
 type streamRig struct {
 	base, uri, dir string
+	admin          string
 	sum            string
 	log            *testkit.Process
 }
@@ -56,13 +59,14 @@ func startStream(t *testing.T, tlsMode, window string) *streamRig {
 	f.Truncate(64 << 20)
 	f.Close()
 	_, _, cert, key := testkit.TLS(t)
-	port := testkit.FreePort(t)
+	port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
 	cfg := filepath.Join(dir, "deskway.yaml")
-	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), testkit.FreePort(t), cert, key, port, tlsMode, window, base)
+	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := &streamRig{base: base, dir: dir, uri: fmt.Sprintf("nbd://127.0.0.1:%d", port), sum: fileSum(t, base)}
+	r := &streamRig{base: base, dir: dir, uri: fmt.Sprintf("nbd://127.0.0.1:%d", port), sum: fileSum(t, base),
+		admin: fmt.Sprintf("https://127.0.0.1:%d", adminPort)}
 	r.log = testkit.Start(t, nil, bin, "stream", "-c", cfg)
 	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, r.log.Log.String())
@@ -237,6 +241,36 @@ func TestStreamRealClients(t *testing.T) {
 		}
 	})
 
+	t.Run("versions through the admin API", func(t *testing.T) {
+		var v struct {
+			Version int    `json:"version"`
+			Stage   string `json:"stage"`
+		}
+		r.api(t, "POST", "/api/v1/stream/vdisks/golden/versions", http.StatusCreated, &v)
+		if v.Stage != "maintenance" {
+			t.Fatalf("new version: %+v", v)
+		}
+		if ok, out := qemuIO(t, r.uri+"/golden@maintenance/admin", false, "write -P 0x77 8192 4096"); !ok {
+			t.Fatalf("maintenance write:\n%s", out)
+		}
+		path := fmt.Sprintf("/api/v1/stream/vdisks/golden/versions/%d/promote", v.Version)
+		r.api(t, "POST", path, http.StatusOK, &v)
+		if ok, out := qemuIO(t, r.uri+"/golden/vmP/b1", true, "read -P 0x77 8192 4096"); ok {
+			t.Fatalf("production sees a test version:\n%s", out)
+		}
+		if ok, out := qemuIO(t, r.uri+"/golden@test/vmT/b1", true, "read -P 0x77 8192 4096"); !ok {
+			t.Fatalf("test client does not see the test version:\n%s", out)
+		}
+		r.api(t, "POST", path, http.StatusOK, &v)
+		if v.Stage != "production" {
+			t.Fatalf("after two promotions: %+v", v)
+		}
+		if ok, out := qemuIO(t, r.uri+"/golden/vmP/b2", true, "read -P 0x77 8192 4096"); !ok {
+			t.Fatalf("production does not boot the promoted version:\n%s", out)
+		}
+		r.api(t, "POST", path, http.StatusConflict, nil)
+	})
+
 	t.Run("TLS", func(t *testing.T) {
 		out := runOK(t, "nbdinfo", strings.Replace(r.uri, "nbd://", "nbds://", 1)+"/golden?tls-verify-peer=false")
 		if !strings.Contains(out, "with TLS") {
@@ -288,5 +322,27 @@ func killedAfterWrite(t *testing.T, uri, write string) {
 	}
 	if !strings.Contains(string(out), "wrote ") {
 		t.Fatalf("qemu-io never acknowledged the write:\n%s", out)
+	}
+}
+
+// api calls the admin API with the test's token and decodes the answer.
+func (r *streamRig) api(t *testing.T, method, path string, want int, out any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, r.admin+path, nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("%s %s: %d, want %d: %s", method, path, resp.StatusCode, want, body)
+	}
+	if out != nil {
+		if err := json.Unmarshal(body, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, body)
+		}
 	}
 }

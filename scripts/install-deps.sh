@@ -35,13 +35,14 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts these on install; tests start their own on loopback.
-  for svc in xrdp xrdp-sesman freeradius haproxy; do
+  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
   done
   pkill -x xrdp-sesman 2>/dev/null || true
   pkill -x xrdp 2>/dev/null || true
   pkill -x freeradius 2>/dev/null || true
   pkill -x haproxy 2>/dev/null || true
+  pkill -x nbd-server 2>/dev/null || true
 fi
 # A Debian kernel for the diskless-boot test, unpacked (never installed)
 # with only the modules a virtio disk with ext4 needs.

@@ -56,6 +56,7 @@ type ServerError struct {
 	Message string
 }
 
+// Error implements error.
 func (e *ServerError) Error() string {
 	if e.Message != "" {
 		return fmt.Sprintf("nbd: server error %s: %s", e.Errno, e.Message)
@@ -70,6 +71,7 @@ type OptionError struct {
 	Message string
 }
 
+// Error implements error.
 func (e *OptionError) Error() string {
 	return fmt.Sprintf("nbd: %s refused (reply %#x): %s", e.Option, uint32(e.Type), e.Message)
 }

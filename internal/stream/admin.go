@@ -2,7 +2,9 @@ package stream
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
+	"strconv"
 )
 
 // AdminHandler serves the stream role's part of the admin API: the vDisk
@@ -17,5 +19,68 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"boots": s.Boots()})
 	})
+	mux.HandleFunc("GET /api/v1/stream/vdisks/{name}/versions", s.versionHandler(func(vd *vdisk, _ *http.Request) (any, error) {
+		vs, err := vd.versionList()
+		return map[string]any{"versions": vs}, err
+	}))
+	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/versions", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		var body struct {
+			Note string `json:"note"`
+		}
+		_ = json.NewDecoder(http.MaxBytesReader(nil, r.Body, 4096)).Decode(&body)
+		v, err := vd.createVersion(body.Note)
+		if err == nil {
+			s.log.Info("vDisk version created for maintenance", "vdisk", vd.name, "version", v.Version)
+		}
+		return v, err
+	}))
+	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/versions/{n}/promote", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		n, err := strconv.Atoi(r.PathValue("n"))
+		if err != nil {
+			return nil, errors.Join(errVersion, errors.New("version must be a number"))
+		}
+		v, err := vd.promote(n)
+		if err == nil {
+			s.log.Info("vDisk version promoted", "vdisk", vd.name, "version", v.Version, "stage", v.Stage)
+		}
+		return v, err
+	}))
+	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/merge", s.versionHandler(func(vd *vdisk, _ *http.Request) (any, error) {
+		v, err := vd.merge()
+		if err == nil {
+			s.log.Info("vDisk versions merged into a new base", "vdisk", vd.name, "version", v.Version, "base", v.MergedBase)
+		}
+		return v, err
+	}))
 	return mux
+}
+
+// versionHandler finds the vDisk named in the path, runs fn and writes
+// its result as JSON: 404 for an unknown vDisk, 409 when the chain's
+// state does not allow the request.
+func (s *Server) versionHandler(fn func(*vdisk, *http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		vd := s.byName[r.PathValue("name")]
+		if vd == nil {
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "no vDisk named " + r.PathValue("name")})
+			return
+		}
+		out, err := fn(vd, r)
+		switch {
+		case errors.Is(err, errVersion):
+			w.WriteHeader(http.StatusConflict)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		case err != nil:
+			s.log.Error("vDisk version operation failed", "vdisk", vd.name, "err", err)
+			w.WriteHeader(http.StatusInternalServerError)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		default:
+			if r.Method == http.MethodPost && r.PathValue("n") == "" {
+				w.WriteHeader(http.StatusCreated) // a new version
+			}
+			_ = json.NewEncoder(w).Encode(out)
+		}
+	}
 }

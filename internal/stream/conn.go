@@ -45,15 +45,17 @@ type conn struct {
 // export is what a connection serves once negotiation ends.
 type export struct {
 	vd       *vdisk
-	view     bootCache     // what reads and writes go to; nil reads the base
+	img      *image        // the version read where view has nothing
+	view     bootCache     // what reads and writes go to; nil reads img
 	boot     *boot         // standard mode: the boot this connection belongs to
 	private  *privateImage // private mode: the client's own image
+	maint    *storeCache   // a maintenance version's delta, written directly
 	readOnly bool
 }
 
 func (e *export) flags() nbd.TransmissionFlags {
 	f := nbd.FlagHasFlags | nbd.FlagSendFlush | nbd.FlagSendCache
-	if e.vd.mode != "private" || e.readOnly {
+	if (e.vd.mode != "private" && e.maint == nil) || e.readOnly {
 		// Connections of one boot share its cache; a private image has
 		// one writer.
 		f |= nbd.FlagCanMultiConn
@@ -72,6 +74,10 @@ func (e *export) end(s *Server, disc bool) {
 	case e.private != nil:
 		e.private.close()
 		s.log.Info("private image closed", "vdisk", e.vd.name)
+	case e.maint != nil:
+		// The version's changes stay; only the writer lock goes.
+		e.maint.release()
+		s.log.Info("maintenance writer closed", "vdisk", e.vd.name)
 	}
 }
 
@@ -199,16 +205,16 @@ func (c *conn) option(o nbd.Option, data []byte) (*export, error) {
 	case nbd.OptListMetaContext, nbd.OptSetMetaContext:
 		return nil, c.metaContext(o, data)
 	case nbd.OptExportName:
-		vd, client, id, writable, err := s.parseExport(string(data))
+		t, err := s.parseExport(string(data))
 		if err != nil {
 			// The only answer the protocol allows here is to hang up.
 			return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: %w", err)
 		}
-		exp, err := c.open(vd, client, id, writable)
+		exp, err := c.open(t)
 		if err != nil {
 			return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: %w", err)
 		}
-		return exp, c.write(nbd.AppendExportNameReply(nil, uint64(vd.size), exp.flags(), c.noZeroes))
+		return exp, c.write(nbd.AppendExportNameReply(nil, uint64(t.vd.size), exp.flags(), c.noZeroes))
 	case nbd.OptInfo, nbd.OptGo:
 		return c.infoGo(o, data)
 	default:
@@ -251,7 +257,7 @@ func (c *conn) metaContext(o nbd.Option, data []byte) error {
 	if err := req.Decode(data); err != nil {
 		return c.replyErr(o, nbd.RepErrInvalid, "%v", err)
 	}
-	if _, _, _, _, err := c.s.parseExport(req.Name); err != nil {
+	if _, err := c.s.parseExport(req.Name); err != nil {
 		return c.replyErr(o, nbd.RepErrUnknown, "%v", err)
 	}
 	match := false
@@ -279,21 +285,22 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 	if err := req.Decode(data); err != nil {
 		return nil, c.replyErr(o, nbd.RepErrInvalid, "%v", err)
 	}
-	vd, client, id, writable, err := c.s.parseExport(req.Name)
+	t, err := c.s.parseExport(req.Name)
 	if err != nil {
 		return nil, c.replyErr(o, nbd.RepErrUnknown, "%v", err)
 	}
+	vd := t.vd
 	var exp *export
 	if o == nbd.OptGo {
 		// Attach before answering, so a boot that cannot be served here
 		// is refused while the client can still be told why.
-		if exp, err = c.open(vd, client, id, writable); err != nil {
-			return nil, c.replyErr(o, nbd.RepErrPolicy, "%s/%s/%s: %v", vd.name, client, id, err)
+		if exp, err = c.open(t); err != nil {
+			return nil, c.replyErr(o, nbd.RepErrPolicy, "%s: %v", req.Name, err)
 		}
 	}
 	probe := exp
 	if probe == nil {
-		probe = &export{vd: vd, readOnly: !writable}
+		probe = &export{vd: vd, readOnly: !t.writable}
 	}
 	infos := [][]byte{
 		nbd.AppendInfoExport(nil, uint64(vd.size), probe.flags()),
@@ -320,21 +327,42 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 	return exp, nil
 }
 
-func (c *conn) open(vd *vdisk, client, id string, writable bool) (*export, error) {
-	if !writable {
-		return &export{vd: vd, readOnly: true}, nil
-	}
-	if vd.mode == "private" {
-		img, err := openPrivate(filepath.Join(c.s.cfg.Store, "private", vd.name, client+".img"), vd.f, vd.size)
+func (c *conn) open(t target) (*export, error) {
+	vd := t.vd
+	if t.writable && vd.mode == "private" {
+		img, err := openPrivate(filepath.Join(c.s.cfg.Store, "private", vd.name, t.client+".img"), vd.f, vd.size)
 		if err != nil {
 			return nil, err
 		}
-		c.s.log.Info("private image opened", "vdisk", vd.name, "client", client)
-		return &export{vd: vd, view: img, private: img}, nil
+		c.s.log.Info("private image opened", "vdisk", vd.name, "client", t.client)
+		return &export{vd: vd, img: &image{base: vd.f, baseFD: vd.fd, size: vd.size}, view: img, private: img}, nil
 	}
-	b, err := c.s.attach(vd, client, id)
+	img, v, err := vd.imageFor(t.stage)
 	if err != nil {
 		return nil, err
 	}
-	return &export{vd: vd, view: b.cache, boot: b}, nil
+	if t.stage == StageMaintenance {
+		// The maintenance version's delta, over its parent's image.
+		sc, err := openStoreCache(vd.deltaDir(v.Version), img, vd.size)
+		if errors.Is(err, errCacheBusy) {
+			return nil, fmt.Errorf("version %d is open for maintenance by another client (one writer at a time)", v.Version)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !t.writable {
+			// A read-only look at the version as it stands.
+			return &export{vd: vd, img: img, view: sc, maint: sc, readOnly: true}, nil
+		}
+		c.s.log.Info("maintenance writer opened", "vdisk", vd.name, "version", v.Version, "client", t.client)
+		return &export{vd: vd, img: img, view: sc, maint: sc}, nil
+	}
+	if !t.writable {
+		return &export{vd: vd, img: img, readOnly: true}, nil
+	}
+	b, err := c.s.attach(vd, img, t.client, t.boot)
+	if err != nil {
+		return nil, err
+	}
+	return &export{vd: vd, img: b.img, view: b.cache, boot: b}, nil
 }

@@ -91,8 +91,10 @@ func sparseCopy(path string, base *os.File, size int64) error {
 	return os.Rename(tmp.Name(), path)
 }
 
+// ReadAt reads the client's image.
 func (p *privateImage) ReadAt(b []byte, off int64) (int, error) { return readFull(p.f, b, off) }
 
+// WriteAt writes into the client's image.
 func (p *privateImage) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
 
 // WriteZeroes punches a hole (reading back as zeroes) where the file
@@ -113,6 +115,7 @@ func (p *privateImage) WriteZeroes(off, n int64) error {
 	return nil
 }
 
+// Sync makes the image durable.
 func (p *privateImage) Sync() error { return p.f.Sync() }
 
 func (p *privateImage) bytes() (ram, spilled int64) { return 0, 0 }

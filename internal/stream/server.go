@@ -71,6 +71,13 @@ type vdisk struct {
 	f                *os.File
 	fd               int // f's descriptor, for sendfile
 	size             int64
+	store            string // holds versions/NAME/
+
+	mu           sync.Mutex // guards what follows
+	manifest     manifest
+	manifestTime time.Time
+	images       map[string]*image // what production and test clients boot
+	built        map[int]*image    // finished versions, opened once
 }
 
 // bootCache is a client boot's private view of its vDisk.
@@ -92,6 +99,7 @@ type bootCache interface {
 type boot struct {
 	key          string
 	vd           *vdisk
+	img          *image // the version this boot started on, kept to its end
 	client, id   string
 	cache        bootCache // nil while a shared cache is released
 	dir          string    // the shared cache's directory
@@ -131,7 +139,12 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			s.closeFiles()
 			return nil, fmt.Errorf("stream: vDisk %s: %w", v.Name, err)
 		}
-		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, fd: int(f.Fd()), size: fi.Size()}
+		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, fd: int(f.Fd()), size: fi.Size(), store: cfg.Store}
+		if err := vd.loadVersions(); err != nil {
+			f.Close()
+			s.closeFiles()
+			return nil, fmt.Errorf("stream: vDisk %s versions: %w", v.Name, err)
+		}
 		s.vdisks = append(s.vdisks, vd)
 		s.byName[v.Name] = vd
 	}
@@ -205,27 +218,41 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// parseExport splits an export name into vDisk, client and boot.
-func (s *Server) parseExport(name string) (vd *vdisk, client, bootID string, writable bool, err error) {
+// target is what an export name asks for.
+type target struct {
+	vd       *vdisk
+	stage    string // "", production, test, maintenance or vN
+	client   string
+	boot     string
+	writable bool
+}
+
+// parseExport splits an export name, VDISK[@STAGE][/CLIENT[/BOOT]], into
+// its parts.
+func (s *Server) parseExport(name string) (target, error) {
 	if name == "" && len(s.vdisks) > 0 {
-		return s.vdisks[0], "", "", false, nil
+		return target{vd: s.vdisks[0]}, nil
 	}
 	parts := strings.SplitN(name, "/", 3)
-	vd = s.byName[parts[0]]
-	if vd == nil {
-		return nil, "", "", false, fmt.Errorf("no vDisk named %q", parts[0])
+	vname, stage, _ := strings.Cut(parts[0], "@")
+	t := target{vd: s.byName[vname], stage: stage}
+	if t.vd == nil {
+		return t, fmt.Errorf("no vDisk named %q", vname)
 	}
 	if len(parts) == 1 {
-		return vd, "", "", false, nil
+		return t, nil
 	}
-	client = parts[1]
+	t.client, t.writable = parts[1], true
 	if len(parts) == 3 {
-		bootID = parts[2]
+		t.boot = parts[2]
 	}
-	if !validID(client, false) || !validID(bootID, true) {
-		return nil, "", "", false, fmt.Errorf("export %q: use VDISK/CLIENT/BOOT, ids of up to 128 letters, digits, '.', '_', ':' or '-'", name)
+	if !validID(t.client, false) || !validID(t.boot, true) {
+		return t, fmt.Errorf("export %q: use VDISK[@STAGE]/CLIENT/BOOT, ids of up to 128 letters, digits, '.', '_', ':' or '-'", name)
 	}
-	return vd, client, bootID, true, nil
+	if t.vd.mode == "private" && stage != "" {
+		return t, fmt.Errorf("export %q: vDisk %s is in private mode, which has no stages", name, vname)
+	}
+	return t, nil
 }
 
 // validID reports whether an id from an export name is safe as a path
@@ -249,7 +276,7 @@ func validID(id string, emptyOK bool) bool {
 // attach joins (or starts) the boot of client on vd. With shared caches
 // it takes ownership of the boot's cache files, which fails while
 // another server serves that boot.
-func (s *Server) attach(vd *vdisk, client, id string) (*boot, error) {
+func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error) {
 	key := vd.name + "/" + client + "/" + id
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -260,14 +287,14 @@ func (s *Server) attach(vd *vdisk, client, id string) (*boot, error) {
 		if dirID == "" {
 			dirID = "-"
 		}
-		b = &boot{key: key, vd: vd, client: client, id: id, started: time.Now(),
+		b = &boot{key: key, vd: vd, img: img, client: client, id: id, started: time.Now(),
 			dir: filepath.Join(s.cfg.Store, "cache", vd.name, client, dirID)}
 		if !s.cfg.SharedCache {
-			b.cache = newWriteCache(vd.f, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
+			b.cache = newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
 		}
 	}
 	if b.cache == nil {
-		sc, err := openStoreCache(b.dir, vd.f, vd.size)
+		sc, err := openStoreCache(b.dir, b.img, vd.size)
 		if err != nil {
 			return nil, err
 		}
@@ -279,7 +306,7 @@ func (s *Server) attach(vd *vdisk, client, id string) (*boot, error) {
 	if fresh {
 		s.boots[key] = b
 		s.metrics.boots.Inc()
-		s.log.Info("boot started", "vdisk", vd.name, "client", client, "boot", id)
+		s.log.Info("boot started", "vdisk", vd.name, "version", img.version, "client", client, "boot", id)
 	} else if b.discardTimer != nil {
 		b.discardTimer.Stop()
 		b.discardTimer = nil

@@ -80,7 +80,7 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			if exp.view != nil {
 				_, err = exp.view.ReadAt(buf, int64(req.Offset))
 			} else {
-				_, err = readFull(exp.vd.f, buf, int64(req.Offset))
+				_, err = exp.img.ReadAt(buf, int64(req.Offset))
 			}
 			if err != nil {
 				c.s.log.Error("read failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
@@ -177,7 +177,8 @@ func (c *conn) sendBase(exp *export, req nbd.Request) bool {
 	if !ok || req.Length == 0 {
 		return false
 	}
-	if exp.view != nil && !exp.view.baseOnly(int64(req.Offset), int64(req.Length)) {
+	off, n := int64(req.Offset), int64(req.Length)
+	if (exp.view != nil && !exp.view.baseOnly(off, n)) || !exp.img.baseFile(off, n) {
 		return false
 	}
 	hdr := c.dataHeader(req, int(req.Length))
@@ -186,7 +187,7 @@ func (c *conn) sendBase(exp *export, req nbd.Request) bool {
 	if c.werr != nil {
 		return true
 	}
-	if err := sendFileReply(tc, hdr, exp.vd.fd, int64(req.Offset), int(req.Length)); err != nil {
+	if err := sendFileReply(tc, hdr, exp.img.baseFD, off, int(n)); err != nil {
 		c.werr = err
 		c.nc.Close()
 	}

@@ -348,11 +348,7 @@ func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
 	if err != nil {
 		return clientResult{err: err}
 	}
-	qd := r.o.QueueDepth
-	bufs := make(chan []byte, qd)
-	for i := 0; i < qd; i++ {
-		bufs <- make([]byte, r.tr.maxLen)
-	}
+	bufs := r.buffers(r.o.QueueDepth)
 	var slow atomic.Int64
 	var reads atomic.Int64
 	var firstErr error
@@ -397,6 +393,16 @@ func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
 	return clientResult{took: took, slow: int(slow.Load()), reads: reads.Load(), lat: lat, err: firstErr}
 }
 
+// buffers returns n request buffers in a channel: taking one is also
+// what bounds a client's requests in flight.
+func (r *runner) buffers(n int) chan []byte {
+	bufs := make(chan []byte, n)
+	for i := 0; i < n; i++ {
+		bufs <- make([]byte, r.tr.maxLen)
+	}
+	return bufs
+}
+
 // readLoop replays the trace's reads with no think time, over and over,
 // for ReadFor: the aggregate read throughput a server sustains.
 func (r *runner) readLoop(ctx context.Context, addr, export string) clientResult {
@@ -405,11 +411,7 @@ func (r *runner) readLoop(ctx context.Context, addr, export string) clientResult
 		return clientResult{err: err}
 	}
 	defer c.Close()
-	qd := 8
-	bufs := make(chan []byte, qd)
-	for i := 0; i < qd; i++ {
-		bufs <- make([]byte, r.tr.maxLen)
-	}
+	bufs := r.buffers(8)
 	var reads, slow atomic.Int64
 	var firstErr error
 	var errOnce sync.Once

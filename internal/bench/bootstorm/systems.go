@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/deskway/deskway/internal/bench/loopback"
 )
 
 // server is one NBD server under test, started for one step.
@@ -38,27 +39,6 @@ type system struct {
 	start func(dir, base string) (*server, error)
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func waitPort(addr string, d time.Duration) error {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("bench: %s did not open within %s", addr, d)
-}
-
 // startCmd runs argv in its own process group and stops the group.
 func startCmd(addr string, argv ...string) (*server, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -79,7 +59,7 @@ func startCmd(addr string, argv ...string) (*server, error) {
 			<-done
 		}
 	}}
-	if err := waitPort(addr, 15*time.Second); err != nil {
+	if err := loopback.WaitPort(addr, 15*time.Second); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("%w\n%s", err, log.String())
 	}
@@ -101,11 +81,11 @@ stream:
 func deskway(exe string) system {
 	return system{name: "deskway", note: "per-client write cache (RAM, then a sparse file), discarded at the end of each boot",
 		start: func(dir, base string) (*server, error) {
-			port, err := freePort()
+			port, err := loopback.FreePort()
 			if err != nil {
 				return nil, err
 			}
-			admin, err := freePort()
+			admin, err := loopback.FreePort()
 			if err != nil {
 				return nil, err
 			}
@@ -169,7 +149,7 @@ func nbdServer() (system, error) {
 	}
 	return system{name: "nbd-server-cow", note: "copyonwrite: a forked process and a diff file per connection",
 		start: func(dir, base string) (*server, error) {
-			port, err := freePort()
+			port, err := loopback.FreePort()
 			if err != nil {
 				return nil, err
 			}
@@ -185,7 +165,7 @@ func nbdServer() (system, error) {
 				return nil, fmt.Errorf("bench: nbd-server: %v\n%s", err, out)
 			}
 			addr := fmt.Sprintf("127.0.0.1:%d", port)
-			if err := waitPort(addr, 15*time.Second); err != nil {
+			if err := loopback.WaitPort(addr, 15*time.Second); err != nil {
 				return nil, err
 			}
 			raw, _ := os.ReadFile(pidFile)
@@ -213,7 +193,7 @@ func nbdkitCow() (system, error) {
 	}
 	return system{name: "nbdkit-cow", note: "cow filter: one overlay shared by all clients",
 		start: func(dir, base string) (*server, error) {
-			port, err := freePort()
+			port, err := loopback.FreePort()
 			if err != nil {
 				return nil, err
 			}
@@ -235,7 +215,7 @@ func qemuNBD() (system, error) {
 	}
 	return system{name: "qemu-nbd", note: "--snapshot: one temporary overlay shared by all clients",
 		start: func(dir, base string) (*server, error) {
-			port, err := freePort()
+			port, err := loopback.FreePort()
 			if err != nil {
 				return nil, err
 			}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/bench/load"
+	"github.com/deskway/deskway/internal/bench/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
@@ -88,27 +89,6 @@ func startProc(name string, cpus int, extraEnv []string, argv ...string) (*proc,
 	return &proc{cmd: cmd, log: &log, name: name}, nil
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func waitPort(addr string, d time.Duration) error {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("bench: %s did not open within %s", addr, d)
-}
-
 func newEnv(exe, dir string) (*env, error) {
 	e := &env{dir: dir, exe: exe, tokenKey: "bench-token-key-0123456789abcdef0123456789"}
 	e.cert, e.key = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
@@ -129,11 +109,11 @@ func newEnv(exe, dir string) (*env, error) {
 	// Session resumption off: every tunnel does a full handshake, as
 	// separate client machines would.
 	e.clientTLS = &tls.Config{InsecureSkipVerify: true, ClientSessionCache: nil}
-	p1, err := freePort()
+	p1, err := loopback.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	p2, err := freePort()
+	p2, err := loopback.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +123,7 @@ func newEnv(exe, dir string) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := waitPort(e.echoTLS, 10*time.Second); err != nil {
+	if err := loopback.WaitPort(e.echoTLS, 10*time.Second); err != nil {
 		e.echo.stop()
 		return nil, fmt.Errorf("%w\n%s", err, e.echo.log.String())
 	}
@@ -190,11 +170,11 @@ gateway:
 
 // startGateway runs one deskway gateway node and returns its address.
 func (e *env) startGateway(cpus int) (*proc, string, error) {
-	gp, err := freePort()
+	gp, err := loopback.FreePort()
 	if err != nil {
 		return nil, "", err
 	}
-	ap, err := freePort()
+	ap, err := loopback.FreePort()
 	if err != nil {
 		return nil, "", err
 	}
@@ -216,7 +196,7 @@ func (e *env) startGateway(cpus int) (*proc, string, error) {
 		return nil, "", err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", gp)
-	if err := waitPort(addr, 10*time.Second); err != nil {
+	if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
 		p.stop()
 		return nil, "", fmt.Errorf("%w\n%s", err, p.log.String())
 	}
@@ -274,7 +254,7 @@ func (e *env) haproxy() (system, error) {
 		return system{}, errors.New("haproxy is not installed (apt-get install haproxy)")
 	}
 	return system{name: "haproxy", start: func(cpus int) (*proc, load.Dialer, error) {
-		port, err := freePort()
+		port, err := loopback.FreePort()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -291,7 +271,7 @@ func (e *env) haproxy() (system, error) {
 			return nil, nil, err
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		if err := waitPort(addr, 10*time.Second); err != nil {
+		if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
 			p.stop()
 			return nil, nil, fmt.Errorf("%w\n%s", err, p.log.String())
 		}

@@ -102,6 +102,7 @@ var optionNames = map[Option]string{
 	OptExtendedHeaders: "NBD_OPT_EXTENDED_HEADERS",
 }
 
+// String names o as the specification does.
 func (o Option) String() string {
 	if s, ok := optionNames[o]; ok {
 		return s
@@ -167,6 +168,7 @@ var cmdNames = map[Cmd]string{
 	CmdBlockStatus: "NBD_CMD_BLOCK_STATUS", CmdResize: "NBD_CMD_RESIZE",
 }
 
+// String names c as the specification does.
 func (c Cmd) String() string {
 	if s, ok := cmdNames[c]; ok {
 		return s
@@ -205,6 +207,7 @@ const (
 var errnoNames = map[Errno]string{EPERM: "EPERM", EIO: "EIO", ENOMEM: "ENOMEM", EINVAL: "EINVAL",
 	ENOSPC: "ENOSPC", EOVERFLOW: "EOVERFLOW", ENOTSUP: "ENOTSUP", ESHUTDOWN: "ESHUTDOWN"}
 
+// String names e as errno.h does.
 func (e Errno) String() string {
 	if s, ok := errnoNames[e]; ok {
 		return s
