@@ -83,3 +83,61 @@ func pumpPlain(c net.Conn, buf []byte, fn func(p []byte) ([]byte, error)) error 
 		}
 	}
 }
+
+// ErrWouldBlock is what a PushConn in push mode returns from Read when it
+// holds nothing: a temporary error, so crypto/tls keeps its state and the
+// read can be retried once more bytes are pushed.
+var ErrWouldBlock error = wouldBlock{}
+
+type wouldBlock struct{}
+
+func (wouldBlock) Error() string   { return "pollread: no pushed data" }
+func (wouldBlock) Timeout() bool   { return false }
+func (wouldBlock) Temporary() bool { return true }
+
+// PushConn lets a layered reader (a TLS session) sit on a connection that
+// is read by Pump. Until StartPushing, Read reads the connection; after,
+// Read hands out only the bytes given to Push and reports ErrWouldBlock
+// when they are used up. Writes always go to the connection.
+type PushConn struct {
+	net.Conn
+	pushing bool
+	pending []byte
+}
+
+// NewPushConn wraps c.
+func NewPushConn(c net.Conn) *PushConn { return &PushConn{Conn: c} }
+
+// Read implements net.Conn.
+func (c *PushConn) Read(p []byte) (int, error) {
+	if !c.pushing {
+		return c.Conn.Read(p)
+	}
+	if len(c.pending) == 0 {
+		return 0, ErrWouldBlock
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
+
+// StartPushing switches reads to pushed bytes; the caller then reads the
+// connection with Pump and hands each chunk to Push. Only the goroutine
+// that reads may call it.
+func (c *PushConn) StartPushing() { c.pushing = true }
+
+// Push makes p the bytes Read hands out. p is not copied: the reader
+// must have consumed it (seen ErrWouldBlock) before p is reused.
+func (c *PushConn) Push(p []byte) { c.pending = p }
+
+// Listener wraps every accepted connection in a PushConn.
+type Listener struct{ net.Listener }
+
+// Accept implements net.Listener.
+func (l Listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return NewPushConn(c), nil
+}
