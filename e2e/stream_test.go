@@ -144,6 +144,10 @@ func TestStreamRealClients(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &info); err != nil || len(info.Exports) != 1 || info.Exports[0].ReadOnly {
 			t.Errorf("client export should be writable: %v\n%s", err, out)
 		}
+		// The base is sparse after its first 3 MiB but for a marked region.
+		if out := runOK(t, "nbdinfo", "--map", r.uri+"/golden"); !strings.Contains(out, "hole,zero") || !strings.Contains(out, "data") {
+			t.Errorf("nbdinfo --map shows no holes:\n%s", out)
+		}
 		if out := runOK(t, "nbdinfo", "--list", r.uri); !strings.Contains(out, `export="golden"`) {
 			t.Errorf("nbdinfo --list:\n%s", out)
 		}

@@ -333,6 +333,17 @@ func TestStructuredReplies(t *testing.T) {
 	if h.Type != nbd.ChunkBlockStatus || err != nil || id != baseContextID || len(ext) != 1 || ext[0].Length != 65536 {
 		t.Fatalf("block status %+v %d %+v %v", h, id, ext, err)
 	}
+	// The test base has no holes; a written range reports data too.
+	cl.request(nbd.Request{Cmd: nbd.CmdWrite, Cookie: 61, Offset: 0, Length: 3}, []byte("abc"))
+	if h, _ = chunk(); h.Type != nbd.ChunkNone {
+		t.Fatalf("write %+v", h)
+	}
+	cl.request(nbd.Request{Cmd: nbd.CmdBlockStatus, Cookie: 62, Offset: 0, Length: 8192}, nil)
+	if _, p = chunk(); true {
+		if _, ext, _ := nbd.ParseBlockStatus(p); len(ext) != 1 || ext[0].Flags != 0 || ext[0].Length != 8192 {
+			t.Fatalf("block status over a write: %+v", ext)
+		}
+	}
 	cl.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: 7, Offset: testSize, Length: 1}, nil)
 	h, p = chunk()
 	if e, msg, err := nbd.ParseErrorChunk(p); h.Type != nbd.ChunkError || err != nil || e != nbd.EINVAL || msg == "" {

@@ -142,10 +142,8 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 		case req.Length == 0 || !inBounds:
 			c.fail(req, nbd.EINVAL, "block status range outside the disk")
 		default:
-			// Every byte is data as far as the server reports: the base
-			// is read as a plain file and caches hold written blocks.
-			c.send(nbd.AppendBlockStatusChunk(nil, nbd.ChunkFlagDone, req.Cookie, baseContextID,
-				[]nbd.Extent{{Length: req.Length, Flags: 0}}))
+			ext := exp.extents(int64(req.Offset), int64(req.Length), req.Flags&nbd.CmdFlagReqOne != 0)
+			c.send(nbd.AppendBlockStatusChunk(nil, nbd.ChunkFlagDone, req.Cookie, baseContextID, ext))
 		}
 	default:
 		c.fail(req, nbd.EINVAL, "%s is not supported", req.Cmd)
@@ -167,6 +165,45 @@ func (c *conn) fail(req nbd.Request, e nbd.Errno, format string, a ...any) {
 		return
 	}
 	c.send(nbd.AppendSimpleReply(nil, e, req.Cookie))
+}
+
+// maxExtents bounds one block status reply; the client asks again for
+// the rest.
+const maxExtents = 256
+
+// extents describes [off, off+n) for base:allocation. Where the range
+// reads only the base file, its holes are found with SEEK_DATA/SEEK_HOLE;
+// a range anything was written to is reported as data.
+func (e *export) extents(off, n int64, one bool) []nbd.Extent {
+	data := []nbd.Extent{{Length: uint32(n)}}
+	if (e.view != nil && !e.view.baseOnly(off, n)) || !e.img.baseFile(off, n) {
+		return data
+	}
+	const seekData, seekHole = 3, 4
+	var out []nbd.Extent
+	end := off + n
+	for pos := off; pos < end && len(out) < maxExtents; {
+		next, err := e.img.base.Seek(pos, seekData)
+		var ext nbd.Extent
+		switch {
+		case err != nil: // ENXIO: only a hole from pos on
+			ext = nbd.Extent{Length: uint32(end - pos), Flags: nbd.StateHole | nbd.StateZero}
+		case next > pos:
+			ext = nbd.Extent{Length: uint32(min(next, end) - pos), Flags: nbd.StateHole | nbd.StateZero}
+		default:
+			hole, err := e.img.base.Seek(pos, seekHole)
+			if err != nil {
+				return data
+			}
+			ext = nbd.Extent{Length: uint32(min(hole, end) - pos)}
+		}
+		out = append(out, ext)
+		pos += int64(ext.Length)
+		if one {
+			break
+		}
+	}
+	return out
 }
 
 // sendBase answers a READ straight from the base file with sendfile when
