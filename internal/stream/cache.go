@@ -217,6 +217,18 @@ func (c *writeCache) openSpill() error {
 	return nil
 }
 
+// trim forgets the whole blocks inside [off, off+n): they read as the
+// base again, which NBD_CMD_TRIM allows, and their memory is freed.
+func (c *writeCache) trim(off, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for blk := (off + cacheBlock - 1) / cacheBlock; (blk+1)*cacheBlock <= off+n; blk++ {
+		delete(c.ram, blk)
+		delete(c.zeros, blk)
+		delete(c.slots, blk)
+	}
+}
+
 // Sync has nothing to do: a RAM cache lives only as long as its boot.
 func (c *writeCache) Sync() error { return nil }
 

@@ -26,6 +26,14 @@ func TestWriteCacheModel(t *testing.T) {
 	if ram != 16*cacheBlock || spilled == 0 {
 		t.Errorf("ram %d spilled %d: the spill file was not used", ram, spilled)
 	}
+	// Trim gives whole blocks back to the base and keeps partial ones.
+	c.trim(100, 8*cacheBlock)
+	got := make([]byte, 9*cacheBlock)
+	c.ReadAt(got, 0)
+	if !bytes.Equal(got[:cacheBlock], model[:cacheBlock]) || !bytes.Equal(got[cacheBlock:8*cacheBlock], base[cacheBlock:8*cacheBlock]) ||
+		!bytes.Equal(got[8*cacheBlock:], model[8*cacheBlock:9*cacheBlock]) {
+		t.Error("trim did not revert exactly the whole blocks inside its range")
+	}
 	if !bytes.Equal(base, orig) {
 		t.Fatal("the base was written")
 	}

@@ -104,8 +104,13 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 				m.writeBytes.Add(float64(len(payload)))
 			case nbd.CmdWriteZeroes:
 				err = exp.view.WriteZeroes(int64(req.Offset), int64(req.Length))
+			case nbd.CmdTrim:
+				// Trimmed bytes may read back as anything: a RAM cache
+				// gives their blocks back; other views keep what they have.
+				if wc, ok := exp.view.(*writeCache); ok {
+					wc.trim(int64(req.Offset), int64(req.Length))
+				}
 			}
-			// TRIM is advisory: the cache keeps what it has.
 			if err == nil && req.Flags&nbd.CmdFlagFUA != 0 {
 				err = exp.view.Sync()
 			}
