@@ -119,10 +119,10 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 
 func benchBootstormCmd() *cobra.Command {
 	var (
-		out, scenario, clients, readers, tracePath string
-		scale                                      float64
-		readFor                                    time.Duration
-		qd, runs                                   int
+		out, scenario, clients, readers, tracePath, systems string
+		scale                                               float64
+		readFor                                             time.Duration
+		qd, runs                                            int
 	)
 	c := &cobra.Command{
 		Use:   "bootstorm",
@@ -145,6 +145,9 @@ func benchBootstormCmd() *cobra.Command {
 			}
 			if o.Readers, err = counts("--readers", readers); err != nil {
 				return err
+			}
+			if systems != "" {
+				o.Systems = strings.Split(systems, ",")
 			}
 			if tracePath != "" {
 				if o.Trace, err = os.ReadFile(tracePath); err != nil {
@@ -172,6 +175,7 @@ func benchBootstormCmd() *cobra.Command {
 	c.Flags().Float64Var(&scale, "time-scale", 1, "multiplies the trace's think time; 0 replays as fast as answers come")
 	c.Flags().DurationVar(&readFor, "read-duration", 5*time.Second, "length of each aggregate-read step")
 	c.Flags().IntVar(&qd, "queue-depth", 4, "requests each booting client keeps in flight")
+	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: deskway, nbd-server-cow, nbdkit-cow, qemu-nbd (default all)")
 	c.Flags().IntVar(&runs, "runs", 3, "storms per step; each point is the median run")
 	return c
 }

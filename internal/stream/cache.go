@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // cacheBlock is the unit of the write cache: a partial write first copies
@@ -26,6 +27,11 @@ type writeCache struct {
 	spill    *os.File
 	slots    map[int64]int64 // block number → offset in spill
 	nextSlot int64
+	// slabs hold the RAM blocks outside the Go heap: the garbage
+	// collector neither scans them nor sizes the heap by them, and they
+	// go back to the system the moment the boot ends.
+	slabs    [][]byte
+	slabUsed int
 	closed   bool
 }
 
@@ -184,7 +190,12 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 // store keeps a new block in RAM while there is room, else in the spill file.
 func (c *writeCache) store(blk int64, b []byte) error {
 	if int64(len(c.ram)+1)*cacheBlock <= c.ramLimit {
-		c.ram[blk] = b
+		nb, err := c.newBlock()
+		if err != nil {
+			return err
+		}
+		copy(nb, b)
+		c.ram[blk] = nb
 		return nil
 	}
 	if c.spill == nil {
@@ -217,6 +228,23 @@ func (c *writeCache) openSpill() error {
 	return nil
 }
 
+// slabSize is how much RAM a cache maps at a time.
+const slabSize = 1 << 20
+
+// newBlock carves a block out of the cache's slabs.
+func (c *writeCache) newBlock() ([]byte, error) {
+	if len(c.slabs) == 0 || c.slabUsed == slabSize {
+		slab, err := syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+		if err != nil {
+			return nil, fmt.Errorf("write cache: %w", err)
+		}
+		c.slabs, c.slabUsed = append(c.slabs, slab), 0
+	}
+	b := c.slabs[len(c.slabs)-1][c.slabUsed : c.slabUsed+cacheBlock : c.slabUsed+cacheBlock]
+	c.slabUsed += cacheBlock
+	return b, nil
+}
+
 // trim forgets the whole blocks inside [off, off+n): they read as the
 // base again, which NBD_CMD_TRIM allows, and their memory is freed.
 func (c *writeCache) trim(off, n int64) {
@@ -241,6 +269,10 @@ func (c *writeCache) close() {
 	}
 	c.closed = true
 	c.ram, c.slots, c.zeros = nil, nil, nil
+	for _, slab := range c.slabs {
+		_ = syscall.Munmap(slab)
+	}
+	c.slabs = nil
 	if c.spill != nil {
 		_ = c.spill.Close()
 	}

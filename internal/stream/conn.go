@@ -25,6 +25,10 @@ const (
 	baseContextID  = 1
 )
 
+// connReadBuf buffers request headers; a large WRITE payload is read
+// past it, so it need not be big, and a thousand clients hold one each.
+const connReadBuf = 16 << 10
+
 // conn is one client connection.
 type conn struct {
 	s      *Server
@@ -83,7 +87,7 @@ func (e *export) end(s *Server, disc bool) {
 
 func (s *Server) serveConn(nc net.Conn) {
 	defer nc.Close()
-	c := &conn{s: s, nc: nc, rw: nc, r: bufio.NewReaderSize(nc, 64<<10), remote: nc.RemoteAddr().String()}
+	c := &conn{s: s, nc: nc, rw: nc, r: bufio.NewReaderSize(nc, connReadBuf), remote: nc.RemoteAddr().String()}
 	log := s.log.With("client_address", c.remote)
 	_ = nc.SetDeadline(time.Now().Add(negotiateTimeout))
 	exp, err := c.negotiate()
@@ -242,7 +246,7 @@ func (c *conn) startTLS(data []byte) error {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	c.rw, c.tls = tc, true
-	c.r = bufio.NewReaderSize(tc, 64<<10)
+	c.r = bufio.NewReaderSize(tc, connReadBuf)
 	// Option state from before TLS does not carry over (the spec's rule
 	// against downgrade by a man in the middle).
 	c.structured, c.metaBase = false, false

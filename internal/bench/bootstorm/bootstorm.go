@@ -51,7 +51,10 @@ type Options struct {
 	// (by slow requests), as the paper's figures are medians.
 	Runs  int
 	Trace []byte // nil: the committed boot trace
-	Log   *slog.Logger
+	// Systems limits the run to these names (deskway, nbd-server-cow,
+	// nbdkit-cow, qemu-nbd); empty means all.
+	Systems []string
+	Log     *slog.Logger
 }
 
 type runner struct {
@@ -100,9 +103,16 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if r.base, err = makeBase(dir, tr.end); err != nil {
 		return nil, err
 	}
-	systems := []system{deskway(o.Exe)}
+	want := func(name string) bool { return len(o.Systems) == 0 || slices.Contains(o.Systems, name) }
+	var systems []system
+	if want("deskway") {
+		systems = append(systems, deskway(o.Exe))
+	}
 	for _, peer := range []func() (system, error){nbdServer, nbdkitCow, qemuNBD} {
 		s, err := peer()
+		if !want(s.name) {
+			continue
+		}
 		if err != nil {
 			o.Log.Warn("peer missing", "peer", s.name, "err", err)
 			r.res.Points = append(r.res.Points, report.Point{Scenario: "storm", System: s.name, Metrics: map[string]float64{}, Skipped: err.Error()})

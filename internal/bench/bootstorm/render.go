@@ -130,7 +130,7 @@ func (r *runner) write(systems []system) error {
 		md.WriteString(t.Markdown())
 	}
 	if slices.Contains(r.o.Scenarios, "read") {
-		t := report.Table{Title: "Aggregate read throughput, GB/s (bytes × 8 / 1e9 per second)", Head: []string{"readers"}}
+		t := report.Table{Title: "Aggregate read throughput, Gbit/s", Head: []string{"readers"}}
 		for _, s := range systems {
 			t.Head = append(t.Head, s.name)
 		}
