@@ -333,8 +333,12 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 
 func (c *conn) open(t target) (*export, error) {
 	vd := t.vd
-	if t.writable && vd.mode == "private" {
-		img, err := openPrivate(filepath.Join(c.s.cfg.Store, "private", vd.name, t.client+".img"), vd.f, vd.size)
+	if t.writable && vd.mode == "private" && t.stage != StageMaintenance {
+		from, _, err := vd.imageFor(StageProduction)
+		if err != nil {
+			return nil, err
+		}
+		img, err := openPrivate(filepath.Join(c.s.cfg.Store, "private", vd.name, t.client+".img"), from)
 		if err != nil {
 			return nil, err
 		}

@@ -103,6 +103,30 @@ func (im *image) baseFile(off, n int64) bool {
 	return true
 }
 
+// flatten writes the image as one file at path: the base copied sparsely
+// in the kernel, then every delta's blocks, oldest first. The file
+// appears complete or not at all.
+func (im *image) flatten(path string) error {
+	return sparseCopy(path, im.base, im.size, func(out *os.File) error {
+		buf := make([]byte, cacheBlock)
+		for i := len(im.deltas) - 1; i >= 0; i-- {
+			d := im.deltas[i]
+			for blk := int64(0); blk < int64(len(d.bitmap))*8 && blk*cacheBlock < im.size; blk++ {
+				if !d.has(blk) {
+					continue
+				}
+				if _, err := readFull(d.data, buf, blk*cacheBlock); err != nil {
+					return err
+				}
+				if _, err := out.WriteAt(buf[:min(cacheBlock, im.size-blk*cacheBlock)], blk*cacheBlock); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // close releases the delta files; the base belongs to the vDisk or the
 // version that merged it.
 func (im *image) closeDeltas() {

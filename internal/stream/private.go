@@ -19,11 +19,12 @@ type privateImage struct {
 	f *os.File
 }
 
-// openPrivate opens (creating on first use from base) the image at path
-// and takes its writer lock.
-func openPrivate(path string, base *os.File, size int64) (*privateImage, error) {
+// openPrivate opens the image at path, creating it on first use as a copy
+// of from (the vDisk's newest production version), and takes its writer
+// lock.
+func openPrivate(path string, from *image) (*privateImage, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		if err := sparseCopy(path, base, size); err != nil {
+		if err := from.flatten(path); err != nil {
 			return nil, fmt.Errorf("private image: %w", err)
 		}
 	}
@@ -42,9 +43,9 @@ func openPrivate(path string, base *os.File, size int64) (*privateImage, error) 
 }
 
 // sparseCopy copies the data segments of base to a new file at path (in
-// the kernel, with copy_file_range), leaving holes as holes, and renames
-// it into place only when complete.
-func sparseCopy(path string, base *os.File, size int64) error {
+// the kernel, with copy_file_range), leaving holes as holes, lets then
+// change the copy, and renames it into place only when complete.
+func sparseCopy(path string, base *os.File, size int64, then func(*os.File) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
@@ -84,6 +85,11 @@ func sparseCopy(path string, base *os.File, size int64) error {
 	}
 	if err := tmp.Truncate(size); err != nil {
 		return err
+	}
+	if then != nil {
+		if err := then(tmp); err != nil {
+			return err
+		}
 	}
 	if err := tmp.Sync(); err != nil {
 		return err

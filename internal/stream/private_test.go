@@ -26,7 +26,8 @@ func TestPrivateImage(t *testing.T) {
 	}
 	defer base.Close()
 	path := filepath.Join(dir, "private", "golden", "alice.img")
-	p, err := openPrivate(path, base, size)
+	from := &image{base: base, baseFD: int(base.Fd()), size: size}
+	p, err := openPrivate(path, from)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestPrivateImage(t *testing.T) {
 	if st.Blocks*512 > 8<<20 {
 		t.Errorf("private copy allocates %d bytes for 2 MiB of data: holes were filled", st.Blocks*512)
 	}
-	if _, err := openPrivate(path, base, size); !errors.Is(err, errWriterBusy) {
+	if _, err := openPrivate(path, from); !errors.Is(err, errWriterBusy) {
 		t.Fatalf("second writer: %v", err)
 	}
 	if _, err := p.WriteAt([]byte("alice"), 100); err != nil {
@@ -52,7 +53,7 @@ func TestPrivateImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.close()
-	p2, err := openPrivate(path, base, size)
+	p2, err := openPrivate(path, from)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,6 +78,7 @@ type vdisk struct {
 	manifestTime time.Time
 	images       map[string]*image // what production and test clients boot
 	built        map[int]*image    // finished versions, opened once
+	merging      bool
 }
 
 // bootCache is a client boot's private view of its vDisk.
@@ -249,8 +250,8 @@ func (s *Server) parseExport(name string) (target, error) {
 	if !validID(t.client, false) || !validID(t.boot, true) {
 		return t, fmt.Errorf("export %q: use VDISK[@STAGE]/CLIENT/BOOT, ids of up to 128 letters, digits, '.', '_', ':' or '-'", name)
 	}
-	if t.vd.mode == "private" && stage != "" {
-		return t, fmt.Errorf("export %q: vDisk %s is in private mode, which has no stages", name, vname)
+	if t.vd.mode == "private" && stage != "" && stage != StageMaintenance {
+		return t, fmt.Errorf("export %q: vDisk %s is in private mode: each client boots its own image (a new one starts from the newest production version)", name, vname)
 	}
 	return t, nil
 }

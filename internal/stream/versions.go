@@ -253,38 +253,29 @@ func (vd *vdisk) merge() (Version, error) {
 	if len(im.deltas) == 0 {
 		return Version{}, fmt.Errorf("%w: production version %d has no deltas to merge", errVersion, im.version)
 	}
+	if vd.merging {
+		return Version{}, fmt.Errorf("%w: a merge is already running", errVersion)
+	}
 	next := n + 1
 	path := filepath.Join(vd.versionsDir(), fmt.Sprintf("base-v%d.img", next))
-	if err := sparseCopy(path, im.base, vd.size); err != nil {
+	// The copy can take minutes: clients keep booting meanwhile.
+	vd.merging = true
+	vd.mu.Unlock()
+	err := im.flatten(path)
+	vd.mu.Lock()
+	vd.merging = false
+	if err != nil {
 		return Version{}, fmt.Errorf("merge: %w", err)
 	}
-	out, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
+	if err := vd.loadVersions(); err != nil {
 		return Version{}, err
 	}
-	// Oldest delta first, so newer blocks overwrite older ones.
-	buf := make([]byte, cacheBlock)
-	for i := len(im.deltas) - 1; i >= 0; i-- {
-		d := im.deltas[i]
-		for blk := int64(0); blk < int64(len(d.bitmap))*8; blk++ {
-			if !d.has(blk) || blk*cacheBlock >= vd.size {
-				continue
-			}
-			if _, err := readFull(d.data, buf, blk*cacheBlock); err != nil {
-				out.Close()
-				return Version{}, err
-			}
-			if _, err := out.WriteAt(buf[:min(cacheBlock, vd.size-blk*cacheBlock)], blk*cacheBlock); err != nil {
-				out.Close()
-				return Version{}, err
-			}
+	for _, v := range vd.manifest.Versions {
+		if v.Version >= next {
+			_ = os.Remove(path)
+			return Version{}, fmt.Errorf("%w: version %d appeared during the merge; merge again", errVersion, v.Version)
 		}
 	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return Version{}, err
-	}
-	out.Close()
 	v := Version{Version: next, Parent: im.version, Stage: StageProduction, Created: time.Now().UTC(), MergedBase: path,
 		Note: fmt.Sprintf("merge of version %d", im.version)}
 	vd.manifest.Versions = append(vd.manifest.Versions, v)

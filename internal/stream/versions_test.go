@@ -157,3 +157,52 @@ func TestVersions(t *testing.T) {
 		t.Fatalf("versions: %+v %v", vs, err)
 	}
 }
+
+// TestPrivateFromProduction: a private-mode client's new image starts
+// from the newest production version, edited through maintenance.
+func TestPrivateFromProduction(t *testing.T) {
+	dir := t.TempDir()
+	basePath := filepath.Join(dir, "base.img")
+	os.WriteFile(basePath, bytes.Repeat([]byte{'b'}, 1<<20), 0o400)
+	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", ReconnectWindow: config.Duration(time.Minute),
+		VDisks: []config.VDisk{{Name: "desk", Base: basePath, Mode: "private"}}}}
+	cfg.ApplyDefaults()
+	s, err := New(cfg.Stream, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Serve(ctx, ln)
+	vd := s.byName["desk"]
+	if _, err := vd.createVersion(""); err != nil {
+		t.Fatal(err)
+	}
+	m, err := nbdclient.Dial(ctx, ln.Addr().String(), "desk@maintenance/admin", nbdclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.WriteAt(bytes.Repeat([]byte{'P'}, 4096), 0, true)
+	m.Close()
+	for i := 0; i < 2; i++ {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := vd.promote(1); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+	}
+	c, err := nbdclient.Dial(ctx, ln.Addr().String(), "desk/alice", nbdclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := make([]byte, 8192)
+	c.ReadAt(b, 0)
+	if b[0] != 'P' || b[4096] != 'b' {
+		t.Fatalf("new private image starts with %q…%q, want the production version", b[0], b[4096])
+	}
+	if _, err := nbdclient.Dial(ctx, ln.Addr().String(), "desk@test/alice", nbdclient.Options{}); err == nil {
+		t.Fatal("a stage was accepted for a private vDisk")
+	}
+}
