@@ -17,22 +17,9 @@ import (
 // It asserts correctness only, never timing.
 func TestGatewayBenchSmoke(t *testing.T) {
 	testkit.Require(t, "haproxy", "taskset")
-	bin := build(t)
 	out := t.TempDir()
-	cmd := exec.Command(bin, "bench", "gateway", "--scenario", "kw1,kw2,cpus,farm,throughput", "--steps", "10,30",
-		"--warmup", "300ms", "--window", "1s", "--throughput-duration", "1s", "--out", out)
-	b, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
-	}
-	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res report.Result
-	if err := json.Unmarshal(raw, &res); err != nil {
-		t.Fatal(err)
-	}
+	res := runBench(t, out, "gateway", "--scenario", "kw1,kw2,cpus,farm,throughput", "--steps", "10,30",
+		"--warmup", "300ms", "--window", "1s", "--throughput-duration", "1s")
 	if res.Bench != "gateway" || res.Machine.CPUs == 0 || res.Command == "" {
 		t.Fatalf("header: %+v", res)
 	}
@@ -76,22 +63,9 @@ func TestGatewayBenchSmoke(t *testing.T) {
 // result's shape. Correctness only, never timing.
 func TestBootstormBenchSmoke(t *testing.T) {
 	testkit.Require(t, "nbd-server", "nbdkit", "qemu-nbd")
-	bin := build(t)
 	out := t.TempDir()
-	cmd := exec.Command(bin, "bench", "bootstorm", "--clients", "1,3", "--readers", "2", "--read-duration", "500ms",
-		"--time-scale", "0", "--runs", "2", "--out", out)
-	b, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
-	}
-	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res report.Result
-	if err := json.Unmarshal(raw, &res); err != nil {
-		t.Fatal(err)
-	}
+	res := runBench(t, out, "bootstorm", "--clients", "1,3", "--readers", "2", "--read-duration", "500ms",
+		"--time-scale", "0", "--runs", "2")
 	if res.Bench != "stream" {
 		t.Fatalf("bench %q", res.Bench)
 	}
@@ -126,4 +100,22 @@ func TestBootstormBenchSmoke(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// runBench runs `deskway bench NAME ARGS --out out` and decodes its result.json.
+func runBench(t *testing.T, out, name string, args ...string) report.Result {
+	t.Helper()
+	cmd := exec.Command(build(t), append(append([]string{"bench", name}, args...), "--out", out)...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res report.Result
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
