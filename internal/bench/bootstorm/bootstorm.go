@@ -235,11 +235,15 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 		defer close(sampleDone)
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-t.C:
+		// The first sample is taken at once, so a step shorter than the
+		// tick still has one.
+		for first := true; ; first = false {
+			if !first {
+				select {
+				case <-stopSampling:
+					return
+				case <-t.C:
+				}
 			}
 			s, err := procstat.ReadTree(srv.pid)
 			if err != nil {
