@@ -270,23 +270,16 @@ func (c *Client) readLoop(r *bufio.Reader) {
 	close(c.closed)
 }
 
-func (c *Client) take(cookie uint64) (*call, error) {
+// lookup finds the call waiting for cookie; done also removes it.
+func (c *Client) lookup(cookie uint64, done bool) (*call, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cl := c.wait[cookie]
 	if cl == nil {
 		return nil, fmt.Errorf("nbd: reply for unknown cookie %d", cookie)
 	}
-	delete(c.wait, cookie)
-	return cl, nil
-}
-
-func (c *Client) peek(cookie uint64) (*call, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cl := c.wait[cookie]
-	if cl == nil {
-		return nil, fmt.Errorf("nbd: reply for unknown cookie %d", cookie)
+	if done {
+		delete(c.wait, cookie)
 	}
 	return cl, nil
 }
@@ -307,7 +300,7 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 			if err != nil {
 				return err
 			}
-			cl, err := c.take(sr.Cookie)
+			cl, err := c.lookup(sr.Cookie, true)
 			if err != nil {
 				return err
 			}
@@ -329,7 +322,7 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 		if err != nil {
 			return err
 		}
-		cl, err := c.peek(h.Cookie)
+		cl, err := c.lookup(h.Cookie, false)
 		if err != nil {
 			return err
 		}
@@ -379,7 +372,7 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 			}
 		}
 		if h.Flags&nbd.ChunkFlagDone != 0 {
-			if _, err := c.take(h.Cookie); err != nil {
+			if _, err := c.lookup(h.Cookie, true); err != nil {
 				return err
 			}
 			cl.done <- cerr

@@ -245,9 +245,9 @@ func (c *writeCache) newBlock() ([]byte, error) {
 	return b, nil
 }
 
-// trim forgets the whole blocks inside [off, off+n): they read as the
-// base again, which NBD_CMD_TRIM allows, and their memory is freed.
-func (c *writeCache) trim(off, n int64) {
+// Trim forgets the whole blocks inside [off, off+n): they read as the
+// base again and their memory is freed.
+func (c *writeCache) Trim(off, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for blk := (off + cacheBlock - 1) / cacheBlock; (blk+1)*cacheBlock <= off+n; blk++ {

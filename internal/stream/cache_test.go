@@ -27,7 +27,7 @@ func TestWriteCacheModel(t *testing.T) {
 		t.Errorf("ram %d spilled %d: the spill file was not used", ram, spilled)
 	}
 	// Trim gives whole blocks back to the base and keeps partial ones.
-	c.trim(100, 8*cacheBlock)
+	c.Trim(100, 8*cacheBlock)
 	got := make([]byte, 9*cacheBlock)
 	c.ReadAt(got, 0)
 	if !bytes.Equal(got[:cacheBlock], model[:cacheBlock]) || !bytes.Equal(got[cacheBlock:8*cacheBlock], base[cacheBlock:8*cacheBlock]) ||

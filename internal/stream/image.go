@@ -126,11 +126,3 @@ func (im *image) flatten(path string) error {
 		return nil
 	})
 }
-
-// close releases the delta files; the base belongs to the vDisk or the
-// version that merged it.
-func (im *image) closeDeltas() {
-	for _, d := range im.deltas {
-		d.data.Close()
-	}
-}

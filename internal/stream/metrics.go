@@ -1,9 +1,14 @@
 package stream
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/proto/nbd"
+)
 
 // metrics are built per server on the registry passed in.
 type metrics struct {
+	byCmd                 map[nbd.Cmd]prometheus.Counter // requests, resolved once
 	conns, boots          prometheus.Gauge
 	refused               prometheus.Counter
 	requests, errors      *prometheus.CounterVec
@@ -32,8 +37,20 @@ func newMetrics(reg prometheus.Registerer, cacheBytes func() float64) *metrics {
 		writeBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_written_bytes_total",
 			Help: "Bytes taken into write caches by NBD_CMD_WRITE."}),
 	}
+	m.byCmd = map[nbd.Cmd]prometheus.Counter{}
+	for cmd := nbd.CmdRead; cmd <= nbd.CmdResize; cmd++ {
+		m.byCmd[cmd] = m.requests.WithLabelValues(cmdLabel(cmd))
+	}
 	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deskway_stream_cache_ram_bytes",
 			Help: "RAM held by client boots' write caches."}, cacheBytes))
 	return m
+}
+
+// request is the counter for cmd, without a label lookup per request.
+func (m *metrics) request(cmd nbd.Cmd) prometheus.Counter {
+	if c, ok := m.byCmd[cmd]; ok {
+		return c
+	}
+	return m.requests.WithLabelValues("other")
 }

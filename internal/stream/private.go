@@ -124,6 +124,9 @@ func (p *privateImage) WriteZeroes(off, n int64) error {
 // Sync makes the image durable.
 func (p *privateImage) Sync() error { return p.f.Sync() }
 
+// Trim keeps the client's bytes; the image is its disk.
+func (p *privateImage) Trim(off, n int64) {}
+
 func (p *privateImage) bytes() (ram, spilled int64) { return 0, 0 }
 
 // baseOnly is false: a private image is its own file.

@@ -88,6 +88,9 @@ type bootCache interface {
 	WriteZeroes(off, n int64) error
 	// Sync makes acknowledged writes durable (FLUSH, FUA).
 	Sync() error
+	// Trim may forget [off, off+n): NBD_CMD_TRIM lets those bytes read
+	// back as anything.
+	Trim(off, n int64)
 	bytes() (ram, spilled int64)
 	// baseOnly reports whether [off, off+n) holds nothing but base
 	// bytes, which can then go to the client straight from the base file.

@@ -57,7 +57,7 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 // serve runs one request and sends its reply.
 func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 	m := c.s.metrics
-	m.requests.WithLabelValues(cmdLabel(req.Cmd)).Inc()
+	m.request(req.Cmd).Inc()
 	if c.s.trace != nil && exp.boot != nil {
 		c.s.trace.record(exp.boot, req)
 	}
@@ -105,11 +105,7 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			case nbd.CmdWriteZeroes:
 				err = exp.view.WriteZeroes(int64(req.Offset), int64(req.Length))
 			case nbd.CmdTrim:
-				// Trimmed bytes may read back as anything: a RAM cache
-				// gives their blocks back; other views keep what they have.
-				if wc, ok := exp.view.(*writeCache); ok {
-					wc.trim(int64(req.Offset), int64(req.Length))
-				}
+				exp.view.Trim(int64(req.Offset), int64(req.Length))
 			}
 			if err == nil && req.Flags&nbd.CmdFlagFUA != 0 {
 				err = exp.view.Sync()
