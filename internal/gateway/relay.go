@@ -90,116 +90,50 @@ func (tn *tunnel) closeChannel(code tsgu.HRESULT, reason string) {
 }
 
 func (tn *tunnel) clientToHost() error {
-	if wt, ok := tn.t.(*wsTransport); ok && wt.push != nil {
-		return tn.clientToHostPolled(wt)
-	}
+	up := tn.upstream
+	m := tn.srv.metrics
 	for {
 		pkt, err := tn.t.readPacket()
 		if err != nil {
-			return tn.clientReadErr(err)
-		}
-		if err := tn.fromClient(pkt); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				tn.reasonf("client closed the connection")
+				return io.EOF
+			}
+			tn.reasonf("client read: %v", err)
 			return err
 		}
-	}
-}
-
-// clientToHostPolled reads the client's TCP connection in a pollread
-// loop and feeds each chunk through TLS, websocket and MS-TSGU framing
-// until they need more, so an interactive tunnel costs one read call per
-// message instead of two.
-func (tn *tunnel) clientToHostPolled(wt *wsTransport) error {
-	pc := wt.push
-	pc.StartPushing()
-	drain := func() error {
-		for {
-			pkt, err := wt.readPacket()
-			if errors.Is(err, pollread.ErrWouldBlock) {
-				return nil
-			}
-			if err != nil {
-				return tn.clientReadErr(err)
-			}
-			if err := tn.fromClient(pkt); err != nil {
+		h, _ := tsgu.ParseHeader(pkt)
+		switch h.Type {
+		case tsgu.TypeData:
+			start := time.Now()
+			var d tsgu.Data
+			if err := d.Decode(pkt[tsgu.HeaderLen:]); err != nil {
+				tn.log.Warn("malformed data packet", "err", err)
+				tn.closeChannel(tsgu.EBadArguments, "malformed data packet")
 				return err
 			}
+			if _, err := up.Write(d.Payload); err != nil {
+				tn.reasonf("host write: %v", err)
+				return err
+			}
+			n := uint64(len(d.Payload))
+			tn.bytesUp.Add(n)
+			m.bytesUp.Add(float64(n))
+			m.latencyUp.Observe(time.Since(start).Seconds())
+			tn.lastActivity.Store(start.UnixNano())
+		case tsgu.TypeKeepalive:
+		case tsgu.TypeCloseChannel:
+			tn.reasonf("client closed the channel")
+			_ = tn.send(&tsgu.CloseChannelResponse{StatusCode: tsgu.SOK})
+			return io.EOF
+		case tsgu.TypeCloseChannelResponse:
+			return io.EOF
+		default:
+			tn.log.Warn("unexpected packet on open channel", "packet", h.Type.String())
+			tn.closeChannel(tsgu.EAccessDenied, "unexpected "+h.Type.String()+" on open channel")
+			return fmt.Errorf("gateway: unexpected %s on open channel", h.Type)
 		}
 	}
-	// Whatever TLS and the framing layers already hold goes first.
-	if err := drain(); err != nil {
-		return err
-	}
-	buf := make([]byte, relayBufMin/4)
-	err := pollread.Pump(pc.Conn, buf, func(p []byte) ([]byte, error) {
-		pc.Push(p)
-		if err := drain(); err != nil {
-			return nil, errClientDone{err}
-		}
-		if len(p) == len(buf) && len(buf) < relayBufMax {
-			buf = make([]byte, min(4*len(buf), relayBufMax))
-		}
-		return buf, nil
-	})
-	var done errClientDone
-	if errors.As(err, &done) {
-		return done.err
-	}
-	return tn.clientReadErr(err)
-}
-
-// errClientDone carries the end of the client side out of the read loop
-// as it is, apart from errors of the loop's own reads.
-type errClientDone struct{ err error }
-
-func (e errClientDone) Error() string { return e.err.Error() }
-func (e errClientDone) Unwrap() error { return e.err }
-
-// clientReadErr records why reading the client ended.
-func (tn *tunnel) clientReadErr(err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		tn.reasonf("client closed the connection")
-		return io.EOF
-	}
-	tn.reasonf("client read: %v", err)
-	return err
-}
-
-// fromClient acts on one packet from the client on an open channel; an
-// error (io.EOF for a clean close) ends the tunnel.
-func (tn *tunnel) fromClient(pkt []byte) error {
-	m := tn.srv.metrics
-	h, _ := tsgu.ParseHeader(pkt)
-	switch h.Type {
-	case tsgu.TypeData:
-		start := time.Now()
-		var d tsgu.Data
-		if err := d.Decode(pkt[tsgu.HeaderLen:]); err != nil {
-			tn.log.Warn("malformed data packet", "err", err)
-			tn.closeChannel(tsgu.EBadArguments, "malformed data packet")
-			return err
-		}
-		if _, err := tn.upstream.Write(d.Payload); err != nil {
-			tn.reasonf("host write: %v", err)
-			return err
-		}
-		n := uint64(len(d.Payload))
-		tn.bytesUp.Add(n)
-		m.bytesUp.Add(float64(n))
-		m.latencyUp.Observe(time.Since(start).Seconds())
-		tn.lastActivity.Store(start.UnixNano())
-	case tsgu.TypeKeepalive:
-	case tsgu.TypeCloseChannel:
-		tn.reasonf("client closed the channel")
-		_ = tn.send(&tsgu.CloseChannelResponse{StatusCode: tsgu.SOK})
-		return io.EOF
-	case tsgu.TypeCloseChannelResponse:
-		return io.EOF
-	default:
-		tn.log.Warn("unexpected packet on open channel", "packet", h.Type.String())
-		tn.closeChannel(tsgu.EAccessDenied, "unexpected "+h.Type.String()+" on open channel")
-		return fmt.Errorf("gateway: unexpected %s on open channel", h.Type)
-	}
-	return nil
 }
 
 func (tn *tunnel) hostToClient() error {

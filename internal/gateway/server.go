@@ -30,7 +30,6 @@ import (
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/policy"
-	"github.com/deskway/deskway/internal/pollread"
 	"github.com/deskway/deskway/internal/proto/ntlm"
 )
 
@@ -128,8 +127,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 		},
 	}
 	errc := make(chan error, 1)
-	// PushConn lets the relay read clients' sockets in a poll loop.
-	go func() { errc <- s.http.Serve(tls.NewListener(pollread.Listener{Listener: ln}, tc)) }()
+	go func() { errc <- s.http.Serve(tls.NewListener(ln, tc)) }()
 	s.log.Info("gateway listening", "addr", ln.Addr().String())
 	select {
 	case err := <-errc:

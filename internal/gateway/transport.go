@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/gobwas/ws"
 
-	"github.com/deskway/deskway/internal/pollread"
 	"github.com/deskway/deskway/internal/proto/tsgu"
 )
 
@@ -99,9 +96,6 @@ type wsTransport struct {
 	conn net.Conn
 	in   wsReader
 	pr   packetReader
-	// push is the TCP connection under conn's TLS when the listener
-	// provided one, for the relay's poll loop; nil otherwise.
-	push *pollread.PushConn
 
 	wmu    sync.Mutex // guards writes to conn and closed
 	closed bool
@@ -110,9 +104,6 @@ type wsTransport struct {
 
 func newWSTransport(conn net.Conn, r io.Reader) *wsTransport {
 	t := &wsTransport{conn: conn}
-	if tc, ok := conn.(*tls.Conn); ok {
-		t.push, _ = tc.NetConn().(*pollread.PushConn)
-	}
 	t.in = wsReader{r: r, t: t}
 	t.pr = packetReader{r: &t.in}
 	return t
@@ -204,9 +195,7 @@ const (
 )
 
 // wsReader presents the payloads of a client's data frames as one byte
-// stream, answering pings and closes on the way. It keeps a partly read
-// frame header or control frame across calls, so a read that stops with
-// pollread.ErrWouldBlock (the relay's push mode) resumes where it was.
+// stream, answering pings and closes on the way.
 type wsReader struct {
 	r      io.Reader
 	t      *wsTransport
@@ -214,27 +203,6 @@ type wsReader struct {
 	mask   [4]byte
 	pos    int
 	closed bool
-
-	hdr [14]byte // a frame header being read
-	hn  int      // bytes of it read so far
-	ctl []byte   // a control frame's payload being read
-	ctn int      // bytes of it read so far
-	cop ws.OpCode
-}
-
-// wsHeaderLen is the length of a frame header whose second byte is b1.
-func wsHeaderLen(b1 byte) int {
-	n := 2
-	switch b1 & 0x7f {
-	case 126:
-		n += 2
-	case 127:
-		n += 8
-	}
-	if b1&0x80 != 0 {
-		n += 4
-	}
-	return n
 }
 
 func (w *wsReader) Read(p []byte) (int, error) {
@@ -242,60 +210,39 @@ func (w *wsReader) Read(p []byte) (int, error) {
 		if w.closed {
 			return 0, io.EOF
 		}
-		if w.ctl != nil {
-			if err := w.readControl(); err != nil {
-				return 0, err
-			}
-			continue
+		h, err := ws.ReadHeader(w.r)
+		if err != nil {
+			return 0, fmt.Errorf("websocket header: %w", err)
 		}
-		need := 2
-		if w.hn >= 2 {
-			need = wsHeaderLen(w.hdr[1])
-		}
-		for w.hn < need {
-			n, err := w.r.Read(w.hdr[w.hn:need])
-			w.hn += n
-			if w.hn >= 2 {
-				need = wsHeaderLen(w.hdr[1])
-			}
-			if err != nil && w.hn < need {
-				if errors.Is(err, io.EOF) && w.hn > 0 {
-					err = io.ErrUnexpectedEOF
-				}
-				return 0, fmt.Errorf("websocket header: %w", err)
-			}
-		}
-		h := w.hdr[:need]
-		w.hn = 0
-		if h[0]&0x70 != 0 {
-			return 0, errors.New("websocket: reserved bits set")
-		}
-		if h[1]&0x80 == 0 {
+		if !h.Masked {
 			return 0, errors.New("websocket: client frame not masked")
 		}
-		op := ws.OpCode(h[0] & 0x0f)
-		length := int64(h[1] & 0x7f)
-		switch length {
-		case 126:
-			length = int64(binary.BigEndian.Uint16(h[2:]))
-		case 127:
-			length = int64(binary.BigEndian.Uint64(h[2:]))
+		if h.Length > maxFrameLen {
+			return 0, fmt.Errorf("websocket: frame of %d bytes over %d", h.Length, maxFrameLen)
 		}
-		if length < 0 || length > maxFrameLen {
-			return 0, fmt.Errorf("websocket: frame of %d bytes over %d", length, maxFrameLen)
-		}
-		var mask [4]byte
-		copy(mask[:], h[need-4:])
-		switch op {
+		switch h.OpCode {
 		case ws.OpBinary, ws.OpContinuation, ws.OpText:
-			w.left, w.mask, w.pos = length, mask, 0
+			w.left, w.mask, w.pos = h.Length, h.Mask, 0
 		case ws.OpPing, ws.OpPong, ws.OpClose:
-			if length > maxControlPayload {
+			if h.Length > maxControlPayload {
 				return 0, errors.New("websocket: control frame too long")
 			}
-			w.ctl, w.ctn, w.cop, w.mask = make([]byte, length), 0, op, mask
+			payload := make([]byte, h.Length)
+			if _, err := io.ReadFull(w.r, payload); err != nil {
+				return 0, fmt.Errorf("websocket control frame: %w", err)
+			}
+			ws.Cipher(payload, h.Mask, 0)
+			switch h.OpCode {
+			case ws.OpPing:
+				if err := w.t.writeControl(ws.OpPong, payload); err != nil {
+					return 0, err
+				}
+			case ws.OpClose:
+				w.closed = true
+				return 0, io.EOF
+			}
 		default:
-			return 0, fmt.Errorf("websocket: unknown opcode %d", op)
+			return 0, fmt.Errorf("websocket: unknown opcode %d", h.OpCode)
 		}
 	}
 	if int64(len(p)) > w.left {
@@ -306,28 +253,6 @@ func (w *wsReader) Read(p []byte) (int, error) {
 	w.pos += n
 	w.left -= int64(n)
 	return n, err
-}
-
-// readControl finishes reading a control frame and acts on it.
-func (w *wsReader) readControl() error {
-	for w.ctn < len(w.ctl) {
-		n, err := w.r.Read(w.ctl[w.ctn:])
-		w.ctn += n
-		if err != nil && w.ctn < len(w.ctl) {
-			return fmt.Errorf("websocket control frame: %w", err)
-		}
-	}
-	payload, op := w.ctl, w.cop
-	w.ctl = nil
-	ws.Cipher(payload, w.mask, 0)
-	switch op {
-	case ws.OpPing:
-		return w.t.writeControl(ws.OpPong, payload)
-	case ws.OpClose:
-		w.closed = true
-		return io.EOF
-	}
-	return nil
 }
 
 // legacyTransport is the RDG_IN_DATA (client to gateway, chunked) and
