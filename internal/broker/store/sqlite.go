@@ -1,0 +1,135 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// sqlite is the embedded dialect. SQLite has one writer at a time, so a
+// launch is a short IMMEDIATE transaction on the only connection: nothing
+// else can reserve a slot between its read and its write.
+type sqlite struct{}
+
+func openSQLite(path string) (*sql.DB, error) {
+	if path == "" {
+		return nil, errors.New("store: empty SQLite path")
+	}
+	if dir := filepath.Dir(path); dir != "." {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("store: open SQLite %s: %w", path, err)
+	}
+	// One connection: writes serialize anyway, and a single writer never
+	// waits on SQLite's busy handler.
+	db.SetMaxOpenConns(1)
+	return db, nil
+}
+
+func (sqlite) name() string { return "sqlite" }
+
+const sqliteLiveSQL = `SELECT s.id, h.name, h.address, h.port, h.last_seen >= $3
+    FROM sessions s JOIN hosts h ON h.name = s.host_name
+    WHERE s.user_name = $1 AND s.group_name = $2 AND s.state <> 'ended' LIMIT 1`
+
+// $1 user, $2 group, $3 zone, $4 stale cutoff, $5 personal, $6 depth.
+const sqlitePickSQL = `SELECT h.name, h.address, h.port FROM hosts h
+    WHERE h.group_name = $2 AND h.last_seen >= $4 AND h.unhealthy = ''
+      AND NOT h.admin_drain AND NOT h.agent_drain
+      AND h.sessions < h.session_limit AND h.pending < h.logon_limit
+      AND (NOT $5 OR h.assigned_user = $1 OR (h.assigned_user IS NULL AND NOT EXISTS
+          (SELECT 1 FROM hosts m WHERE m.group_name = $2 AND m.assigned_user = $1)))
+    ORDER BY h.zone = $3 DESC,
+      CASE WHEN $6 THEN -1 ELSE 1 END * CAST(20 * MAX(CAST(h.sessions AS REAL) / h.session_limit, h.cpu, h.mem) / h.weight AS INTEGER),
+      h.pending, random()
+    LIMIT 1`
+
+func (sqlite) place(ctx context.Context, db *sql.DB, l Launch) (Placement, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return Placement{}, fmt.Errorf("store: place: %w", err)
+	}
+	defer tx.Rollback()
+	var p Placement
+	err = tx.QueryRowContext(ctx, sqliteLiveSQL, l.User, l.Group, l.Stale.UnixMilli()).Scan(&p.SessionID, &p.Host, &p.Address, &p.Port, &p.HostAlive)
+	if err == nil {
+		p.Reconnect = true
+		return p, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return Placement{}, fmt.Errorf("store: place: %w", err)
+	}
+	err = tx.QueryRowContext(ctx, sqlitePickSQL, l.User, l.Group, l.Zone, l.Stale.UnixMilli(), l.Personal, l.Depth).Scan(&p.Host, &p.Address, &p.Port)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Placement{}, ErrNoHost
+	}
+	if err != nil {
+		return Placement{}, fmt.Errorf("store: place: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE hosts SET sessions = sessions + 1, pending = pending + 1,
+		assigned_user = CASE WHEN $2 THEN $3 ELSE assigned_user END WHERE name = $1`, p.Host, l.Personal, l.User); err != nil {
+		return Placement{}, fmt.Errorf("store: place: %w", err)
+	}
+	now := l.Now.UnixMilli()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, 'launching', $5, $5)`, l.SessionID, l.User, l.Group, p.Host, now); err != nil {
+		return Placement{}, fmt.Errorf("store: place: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return Placement{}, fmt.Errorf("store: place: %w", err)
+	}
+	p.SessionID, p.HostAlive = l.SessionID, true
+	return p, nil
+}
+
+func (sqlite) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("store: session event: %w", err)
+	}
+	defer tx.Rollback()
+	now := e.Now.UnixMilli()
+	res, err := tx.ExecContext(ctx, `UPDATE sessions SET state = $3, updated_at = $4,
+		logon_at = CASE WHEN $3 = 'active' THEN COALESCE(logon_at, $4) ELSE logon_at END,
+		ended_at = CASE WHEN $3 = 'ended' THEN $4 ELSE ended_at END
+		WHERE host_name = $1 AND user_name = $2 AND state <> 'ended' AND state <> $3`, e.Host, e.User, e.State, now)
+	if err != nil {
+		return false, fmt.Errorf("store: session event: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return false, nil
+	}
+	if err := recount(ctx, tx, e.Host); err != nil {
+		return false, err
+	}
+	return true, tx.Commit()
+}
+
+func (sqlite) lockHost(context.Context, *sql.Tx, string) error { return nil }
+
+func (sqlite) migrateLock(context.Context, *sql.Tx) error { return nil }
+
+// NewID returns a random 128-bit identifier in hex.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,575 @@
+// Package store keeps the broker's state (delivery groups, hosts, sessions)
+// in SQL: SQLite embedded by default, PostgreSQL when several brokers share
+// one database. Both run the same embedded, forward-only migrations.
+//
+// Placement is the hot path and costs one database round trip on
+// PostgreSQL: a single statement picks the least-loaded eligible host,
+// skipping rows other launches hold, and reserves a slot on it under that
+// row's lock only. Nothing locks a whole delivery group, so launches do not
+// queue behind each other however far away the database is.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Session states.
+const (
+	Launching    = "launching"
+	Active       = "active"
+	Disconnected = "disconnected"
+	Ended        = "ended"
+)
+
+// Group is a delivery group as the config defines it.
+type Group struct {
+	Name        string
+	Kind        string // pooled or personal
+	Spread      string // breadth or depth
+	Description string
+}
+
+// Host is one session host as its agent registered it, with the load and
+// health it last reported.
+type Host struct {
+	Name         string
+	Group        string
+	Zone         string
+	Address      string
+	Port         int
+	Weight       float64
+	SessionLimit int
+	LogonLimit   int
+	Sessions     int
+	Pending      int
+	CPU, Mem     float64 // 0..1
+	DiskIdle     float64 // 0..1
+	DiskLatency  float64 // milliseconds per request
+	MemPressure  float64 // 0..1
+	Unhealthy    string  // why the host takes no new sessions; empty when healthy
+	AdminDrain   bool
+	AgentDrain   bool
+	AssignedUser string
+	RegisteredAt time.Time
+	LastSeen     time.Time
+}
+
+// Session is one user's session on a host.
+type Session struct {
+	ID        string
+	User      string
+	Group     string
+	Host      string
+	State     string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Launch asks for a host for User in Group.
+type Launch struct {
+	User  string
+	Group string
+	// Zone is preferred; hosts elsewhere are taken only when none is free there.
+	Zone      string
+	Personal  bool // the group assigns each user one host for good
+	Depth     bool // fill the most loaded host first instead of spreading
+	SessionID string
+	Now       time.Time
+	// Stale is when a host's last heartbeat must be after to count as reachable.
+	Stale time.Time
+}
+
+// Placement is where a launch goes.
+type Placement struct {
+	SessionID string
+	Host      string
+	Address   string
+	Port      int
+	// Reconnect is true when the user already had a live session there.
+	Reconnect bool
+	// HostAlive is false when that existing session's host stopped reporting.
+	HostAlive bool
+}
+
+// ErrNoHost means no host can take the launch; Explain says why.
+var ErrNoHost = errors.New("no host can take the launch")
+
+// ErrNotFound means the named host or session does not exist.
+var ErrNotFound = errors.New("not found")
+
+// errRetry is a unique-index conflict with a concurrent launch for the same
+// user; running the launch again finds that launch's session.
+var errRetry = errors.New("concurrent launch for the same user")
+
+// Report is what an agent says about its host in a heartbeat.
+type Report struct {
+	Host        string
+	CPU, Mem    float64
+	DiskIdle    float64
+	DiskLatency float64
+	MemPressure float64
+	Unhealthy   string
+	Drain       bool
+	// Sessions maps user to state (active or disconnected) on the host now.
+	Sessions map[string]string
+	Now      time.Time
+	// LogonGrace is how long a launch may stay unseen on its host before
+	// the report ends it as a failed logon.
+	LogonGrace time.Duration
+}
+
+// Event is a session change an agent reports as it happens.
+type Event struct {
+	Host  string
+	User  string
+	State string // active (logon or reconnect), disconnected, ended (logoff)
+	Now   time.Time
+}
+
+// Store is the broker's database.
+type Store struct {
+	db      *sql.DB
+	dialect dialect
+}
+
+// dialect holds what differs between SQLite and PostgreSQL.
+type dialect interface {
+	name() string
+	place(ctx context.Context, db *sql.DB, l Launch) (Placement, error)
+	event(ctx context.Context, db *sql.DB, e Event) (bool, error)
+	lockHost(ctx context.Context, tx *sql.Tx, host string) error
+	migrateLock(ctx context.Context, tx *sql.Tx) error
+}
+
+// Open connects to dsn and runs pending migrations. A dsn starting with
+// postgres:// or postgresql:// is PostgreSQL; anything else is a SQLite
+// file path (sqlite:// prefix optional).
+func Open(ctx context.Context, dsn string, maxConns int) (*Store, error) {
+	var s *Store
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		db, err := openPostgres(dsn, maxConns)
+		if err != nil {
+			return nil, err
+		}
+		s = &Store{db: db, dialect: postgres{}}
+	default:
+		db, err := openSQLite(strings.TrimPrefix(dsn, "sqlite://"))
+		if err != nil {
+			return nil, err
+		}
+		s = &Store{db: db, dialect: sqlite{}}
+	}
+	if err := s.migrate(ctx); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Dialect is "sqlite" or "postgres".
+func (s *Store) Dialect() string { return s.dialect.name() }
+
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+// migrate applies, in order and each in its own transaction, every embedded
+// migration not yet recorded in schema_migrations.
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
+		return fmt.Errorf("store: create schema_migrations: %w", err)
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		base := strings.TrimPrefix(name, "migrations/")
+		v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("store: migration %s has no number prefix", base)
+		}
+		body, err := migrations.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		if err := s.apply(ctx, v, base, string(body)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) apply(ctx context.Context, version int, name, body string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: migration %s: %w", name, err)
+	}
+	defer tx.Rollback()
+	// Brokers starting together must not apply the same migration twice.
+	if err := s.dialect.migrateLock(ctx, tx); err != nil {
+		return fmt.Errorf("store: migration lock: %w", err)
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM schema_migrations WHERE version = $1`, version).Scan(&n); err != nil {
+		return fmt.Errorf("store: migration %s: %w", name, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	for _, stmt := range splitStatements(body) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("store: migration %s: %w", name, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)`, version, time.Now().UnixMilli()); err != nil {
+		return fmt.Errorf("store: migration %s: %w", name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: migration %s: %w", name, err)
+	}
+	return nil
+}
+
+// splitStatements cuts a migration at semicolons that end a line; the
+// migrations hold no semicolons inside strings or bodies.
+func splitStatements(body string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(body, "\n") {
+		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, "--") || t == "" {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(t, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if strings.TrimSpace(cur.String()) != "" {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// SyncGroups makes the delivery_groups table match the config's groups
+// (insert or update; groups no longer configured stay while hosts use them).
+func (s *Store) SyncGroups(ctx context.Context, groups []Group) error {
+	for _, g := range groups {
+		_, err := s.db.ExecContext(ctx, `INSERT INTO delivery_groups (name, kind, spread, description) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, spread = excluded.spread, description = excluded.description`,
+			g.Name, g.Kind, g.Spread, g.Description)
+		if err != nil {
+			return fmt.Errorf("store: sync delivery group %s: %w", g.Name, err)
+		}
+	}
+	return nil
+}
+
+// RegisterHost adds a host or updates its address, zone, weight and limits;
+// its sessions and counters survive a re-registration.
+func (s *Store) RegisterHost(ctx context.Context, h Host) error {
+	now := h.RegisteredAt.UnixMilli()
+	_, err := s.db.ExecContext(ctx, `INSERT INTO hosts (name, group_name, zone, address, port, weight, session_limit, logon_limit, registered_at, last_seen)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+		ON CONFLICT (name) DO UPDATE SET group_name = excluded.group_name, zone = excluded.zone, address = excluded.address,
+			port = excluded.port, weight = excluded.weight, session_limit = excluded.session_limit,
+			logon_limit = excluded.logon_limit, registered_at = excluded.registered_at, last_seen = excluded.last_seen`,
+		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, now)
+	if err != nil {
+		return fmt.Errorf("store: register host %s: %w", h.Name, err)
+	}
+	return nil
+}
+
+// Place picks and reserves a host for l, or returns the user's live session
+// in the group. It returns ErrNoHost when no host qualifies.
+func (s *Store) Place(ctx context.Context, l Launch) (Placement, error) {
+	for attempt := 0; ; attempt++ {
+		p, err := s.dialect.place(ctx, s.db, l)
+		if errors.Is(err, errRetry) && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return Placement{}, err
+		}
+		if p.Reconnect && !p.HostAlive {
+			// The session's host is gone: end the session and place anew.
+			if _, err := s.EndSession(ctx, p.SessionID, l.Now); err != nil {
+				return Placement{}, err
+			}
+			continue
+		}
+		return p, nil
+	}
+}
+
+// EndSession marks a session ended and releases its slot. It reports
+// whether the session was live.
+func (s *Store) EndSession(ctx context.Context, id string, now time.Time) (bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("store: end session: %w", err)
+	}
+	defer tx.Rollback()
+	var host, state string
+	err = tx.QueryRowContext(ctx, `SELECT host_name, state FROM sessions WHERE id = $1`, id).Scan(&host, &state)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, ErrNotFound
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: end session: %w", err)
+	}
+	if state == Ended {
+		return false, nil
+	}
+	if err := s.dialect.lockHost(ctx, tx, host); err != nil {
+		return false, err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sessions SET state = 'ended', updated_at = $2, ended_at = $2 WHERE id = $1`, id, now.UnixMilli()); err != nil {
+		return false, fmt.Errorf("store: end session: %w", err)
+	}
+	if err := recount(ctx, tx, host); err != nil {
+		return false, err
+	}
+	return true, tx.Commit()
+}
+
+// recount sets a host's counters from its sessions; the caller holds the
+// host's row lock.
+func recount(ctx context.Context, tx *sql.Tx, host string) error {
+	_, err := tx.ExecContext(ctx, `UPDATE hosts SET
+		sessions = (SELECT count(*) FROM sessions WHERE host_name = $1 AND state <> 'ended'),
+		pending = (SELECT count(*) FROM sessions WHERE host_name = $1 AND state = 'launching')
+		WHERE name = $1`, host)
+	if err != nil {
+		return fmt.Errorf("store: recount host %s: %w", host, err)
+	}
+	return nil
+}
+
+// Event applies one session change on a host: a logon or reconnect makes
+// the user's session active, a disconnect disconnected, a logoff ended. It
+// reports whether a session changed.
+func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
+	switch e.State {
+	case Active, Disconnected, Ended:
+	default:
+		return false, fmt.Errorf("store: event state %q is not active, disconnected or ended", e.State)
+	}
+	return s.dialect.event(ctx, s.db, e)
+}
+
+// Heartbeat records a report's load and health and, when the sessions on
+// the host differ from the database's, reconciles them: sessions the host
+// no longer has end, sessions it has that the broker did not place are
+// recorded, launches unseen past the logon grace end as failed.
+func (s *Store) Heartbeat(ctx context.Context, r Report) error {
+	now := r.Now.UnixMilli()
+	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET cpu = $2, mem = $3, disk_idle = $4, disk_latency = $5, mem_pressure = $6,
+		unhealthy = $7, agent_drain = $8, last_seen = $9 WHERE name = $1`,
+		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now)
+	if err != nil {
+		return fmt.Errorf("store: heartbeat %s: %w", r.Host, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	live, err := s.liveSessions(ctx, s.db, r.Host)
+	if err != nil {
+		return err
+	}
+	if !needsReconcile(live, r) {
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+	}
+	defer tx.Rollback()
+	if err := s.dialect.lockHost(ctx, tx, r.Host); err != nil {
+		return err
+	}
+	var group string
+	if err := tx.QueryRowContext(ctx, `SELECT group_name FROM hosts WHERE name = $1`, r.Host).Scan(&group); err != nil {
+		return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+	}
+	if live, err = s.liveSessions(ctx, tx, r.Host); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, ss := range live {
+		seen[ss.User] = true
+		st, ok := r.Sessions[ss.User]
+		switch {
+		case ok && st != ss.State:
+			_, err = tx.ExecContext(ctx, `UPDATE sessions SET state = $2, updated_at = $3,
+				logon_at = COALESCE(logon_at, $3) WHERE id = $1`, ss.ID, st, now)
+		case !ok && (ss.State != Launching || r.Now.Sub(ss.CreatedAt) > r.LogonGrace):
+			_, err = tx.ExecContext(ctx, `UPDATE sessions SET state = 'ended', updated_at = $2, ended_at = $2 WHERE id = $1`, ss.ID, now)
+		}
+		if err != nil {
+			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+		}
+	}
+	for user, st := range r.Sessions {
+		if seen[user] {
+			continue
+		}
+		// A session the broker did not place (a direct logon); recorded
+		// unless the user holds a live session on another host of the group.
+		var other int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended'`, user, group).Scan(&other); err != nil {
+			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+		}
+		if other > 0 {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at, logon_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $6, $6)`, NewID(), user, group, r.Host, st, now); err != nil {
+			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+		}
+	}
+	if err := recount(ctx, tx, r.Host); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+	}
+	return nil
+}
+
+// needsReconcile reports whether the host's reported sessions differ from
+// the live ones recorded, ignoring launches still inside the logon grace.
+func needsReconcile(live []Session, r Report) bool {
+	seen := 0
+	for _, ss := range live {
+		st, ok := r.Sessions[ss.User]
+		if ok {
+			seen++
+		}
+		switch {
+		case ok && st != ss.State:
+			return true
+		case !ok && (ss.State != Launching || r.Now.Sub(ss.CreatedAt) > r.LogonGrace):
+			return true
+		}
+	}
+	return seen != len(r.Sessions)
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func (s *Store) liveSessions(ctx context.Context, q querier, host string) ([]Session, error) {
+	rows, err := q.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at
+		FROM sessions WHERE host_name = $1 AND state <> 'ended'`, host)
+	if err != nil {
+		return nil, fmt.Errorf("store: sessions of %s: %w", host, err)
+	}
+	return scanSessions(rows)
+}
+
+func scanSessions(rows *sql.Rows) ([]Session, error) {
+	defer rows.Close()
+	var out []Session
+	for rows.Next() {
+		var ss Session
+		var created, updated int64
+		if err := rows.Scan(&ss.ID, &ss.User, &ss.Group, &ss.Host, &ss.State, &created, &updated); err != nil {
+			return nil, fmt.Errorf("store: scan session: %w", err)
+		}
+		ss.CreatedAt, ss.UpdatedAt = time.UnixMilli(created), time.UnixMilli(updated)
+		out = append(out, ss)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: sessions: %w", err)
+	}
+	return out, nil
+}
+
+// Sessions lists sessions, newest first: live only unless all is set, of
+// one user when user is not empty, at most limit.
+func (s *Store) Sessions(ctx context.Context, user string, all bool, limit int) ([]Session, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at
+		FROM sessions WHERE ($1 = '' OR user_name = $1) AND ($2 OR state <> 'ended')
+		ORDER BY created_at DESC, id LIMIT $3`, user, all, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: sessions: %w", err)
+	}
+	return scanSessions(rows)
+}
+
+// Hosts lists the hosts of group, or of every group when group is empty.
+func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,
+		sessions, pending, cpu, mem, disk_idle, disk_latency, mem_pressure, unhealthy, admin_drain, agent_drain,
+		COALESCE(assigned_user, ''), registered_at, last_seen
+		FROM hosts WHERE ($1 = '' OR group_name = $1) ORDER BY name`, group)
+	if err != nil {
+		return nil, fmt.Errorf("store: hosts: %w", err)
+	}
+	defer rows.Close()
+	var out []Host
+	for rows.Next() {
+		var h Host
+		var reg, seen int64
+		if err := rows.Scan(&h.Name, &h.Group, &h.Zone, &h.Address, &h.Port, &h.Weight, &h.SessionLimit, &h.LogonLimit,
+			&h.Sessions, &h.Pending, &h.CPU, &h.Mem, &h.DiskIdle, &h.DiskLatency, &h.MemPressure, &h.Unhealthy,
+			&h.AdminDrain, &h.AgentDrain, &h.AssignedUser, &reg, &seen); err != nil {
+			return nil, fmt.Errorf("store: scan host: %w", err)
+		}
+		h.RegisteredAt, h.LastSeen = time.UnixMilli(reg), time.UnixMilli(seen)
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: hosts: %w", err)
+	}
+	return out, nil
+}
+
+// Host returns one host.
+func (s *Store) Host(ctx context.Context, name string) (Host, error) {
+	hs, err := s.Hosts(ctx, "")
+	if err != nil {
+		return Host{}, err
+	}
+	for _, h := range hs {
+		if h.Name == name {
+			return h, nil
+		}
+	}
+	return Host{}, ErrNotFound
+}
+
+// SetAdminDrain puts a host in or out of drain mode: a draining host keeps
+// its sessions (and reconnections to them) but takes no new ones.
+func (s *Store) SetAdminDrain(ctx context.Context, host string, drain bool) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET admin_drain = $2 WHERE name = $1`, host, drain)
+	if err != nil {
+		return fmt.Errorf("store: drain %s: %w", host, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
