@@ -10,6 +10,7 @@ packages=(
   libnbd-bin qemu-utils                                # NBD clients for the vDisk streaming tests
   nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
+  postgresql                                           # the broker's shared database (tests start their own clusters)
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
@@ -35,7 +36,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts these on install; tests start their own on loopback.
-  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server; do
+  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server postgresql; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
   done
   pkill -x xrdp-sesman 2>/dev/null || true

@@ -3,6 +3,7 @@
 package auth
 
 import (
+	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -17,7 +18,15 @@ import (
 type User struct {
 	Name   string
 	Groups []string
+	// Zone is the user's home zone; the broker prefers hosts there.
+	Zone   string
 	ntHash [16]byte
+}
+
+// CheckPassword reports whether password is the user's, in constant time.
+func (u *User) CheckPassword(password string) bool {
+	h := NTHash(password)
+	return subtle.ConstantTimeCompare(h[:], u.ntHash[:]) == 1
 }
 
 // Users is the local user store, keyed by lower-case name.
@@ -38,7 +47,7 @@ func NTHash(password string) [16]byte {
 func NewUsers(cfg []config.User) (*Users, error) {
 	s := &Users{byName: make(map[string]*User, len(cfg))}
 	for _, u := range cfg {
-		nu := &User{Name: u.Name, Groups: append([]string(nil), u.Groups...)}
+		nu := &User{Name: u.Name, Groups: append([]string(nil), u.Groups...), Zone: u.Zone}
 		if u.NTHash.IsSet() {
 			b, err := hex.DecodeString(u.NTHash.Value())
 			if err != nil || len(b) != 16 {

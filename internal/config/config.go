@@ -30,6 +30,7 @@ type Config struct {
 	Auth    Auth     `yaml:"auth"`
 	Gateway *Gateway `yaml:"gateway"`
 	Stream  *Stream  `yaml:"stream"`
+	Broker  *Broker  `yaml:"broker"`
 }
 
 // Log configures log/slog.
@@ -72,6 +73,8 @@ type User struct {
 	Password Secret   `yaml:"password"`
 	NTHash   Secret   `yaml:"nt_hash"`
 	Groups   []string `yaml:"groups"`
+	// Zone is the user's home zone: the broker prefers hosts there.
+	Zone string `yaml:"zone"`
 }
 
 // Gateway is the RD Gateway role.
@@ -170,6 +173,71 @@ type VDisk struct {
 	Base        string `yaml:"base"`
 	Mode        string `yaml:"mode"` // standard (shared base, per-boot write cache) or private
 	Description string `yaml:"description"`
+}
+
+// Broker is the session broker: it places launches on session hosts and
+// hands back .rdp files that route through the gateway.
+type Broker struct {
+	Listen string `yaml:"listen"`
+	// Database is a SQLite file path (the default, in state_dir) or a
+	// postgres:// URL when several brokers share state.
+	Database string `yaml:"database"`
+	// MaxDBConnections bounds the PostgreSQL pool; each launch in flight
+	// holds one connection for one round trip.
+	MaxDBConnections int `yaml:"max_db_connections"`
+	// Zone is where this broker runs: launches prefer hosts in the user's
+	// home zone, else in this zone, before any other.
+	Zone string `yaml:"zone"`
+	// MaxConcurrentLaunches caps launches in progress; more get 503 with
+	// Retry-After. 0 means no cap.
+	MaxConcurrentLaunches int      `yaml:"max_concurrent_launches"`
+	RetryAfter            Duration `yaml:"retry_after"`
+	// LaunchTimeout bounds one launch, database round trips included.
+	LaunchTimeout Duration `yaml:"launch_timeout"`
+	// HeartbeatInterval is how often agents report; a host silent for
+	// HeartbeatTimeout is unreachable and gets no launches.
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
+	HeartbeatTimeout  Duration `yaml:"heartbeat_timeout"`
+	// LogonGrace is how long a launched session may take to appear on its
+	// host before it counts as a failed logon and its slot is freed.
+	LogonGrace Duration `yaml:"logon_grace"`
+	// TokenTTL is how long the gateway token in a launch's .rdp file is valid.
+	TokenTTL Duration `yaml:"token_ttl"`
+	// Gateway is the gateway's public host:port written into .rdp files;
+	// empty means gateway.public_name.
+	Gateway string `yaml:"gateway"`
+	// FrontendTokens let a trusted front end (a web portal, the bench)
+	// launch on behalf of a user it has authenticated itself.
+	FrontendTokens []Secret      `yaml:"frontend_tokens"`
+	Health         Health        `yaml:"health"`
+	DeliveryGroups []DeliveryGrp `yaml:"delivery_groups"`
+}
+
+// Health holds the thresholds past which a host takes no new sessions,
+// from the Terminal Server sizing guidance.
+type Health struct {
+	DiskIdleMinPct       float64 `yaml:"disk_idle_min_pct"`
+	DiskLatencyMaxMS     float64 `yaml:"disk_latency_max_ms"`
+	MemoryPressureMaxPct float64 `yaml:"memory_pressure_max_pct"`
+}
+
+// DeliveryGrp is a delivery group: a set of hosts and who may launch on them.
+type DeliveryGrp struct {
+	Name        string `yaml:"name"`
+	Description string `yaml:"description"`
+	// Kind is pooled (any host) or personal (a user keeps the host of
+	// their first launch).
+	Kind string `yaml:"kind"`
+	// Spread is breadth (least loaded first) or depth (fill a host first).
+	Spread string   `yaml:"spread"`
+	Users  []string `yaml:"users"`
+	Groups []string `yaml:"groups"`
+	// SessionLimit is the default per-host session limit; an agent may
+	// register a lower one.
+	SessionLimit int `yaml:"session_limit"`
+	// LogonLimit is how many launches a host may have that have not yet
+	// logged on (concurrent logon tolerance).
+	LogonLimit int `yaml:"logon_limit"`
 }
 
 // Duration is a time.Duration written as "30s", "5m", "8h".
@@ -305,6 +373,13 @@ func (c *Config) resolveSecrets() error {
 			return fmt.Errorf("auth.users[%d] (%s).nt_hash: %w", i, u.Name, err)
 		}
 	}
+	if c.Broker != nil {
+		for i := range c.Broker.FrontendTokens {
+			if err := c.Broker.FrontendTokens[i].Resolve(); err != nil {
+				return fmt.Errorf("broker.frontend_tokens[%d]: %w", i, err)
+			}
+		}
+	}
 	if c.Gateway != nil && c.Gateway.RADIUS != nil {
 		if err := c.Gateway.RADIUS.Secret.Resolve(); err != nil {
 			return fmt.Errorf("gateway.radius.secret: %w", err)
@@ -360,6 +435,9 @@ func (c *Config) ApplyDefaults() {
 				st.VDisks[i].Mode = "standard"
 			}
 		}
+	}
+	if b := c.Broker; b != nil {
+		c.brokerDefaults(b)
 	}
 	if g := c.Gateway; g != nil {
 		if g.Listen == "" {
@@ -450,6 +528,9 @@ func (c *Config) Validate() error {
 	}
 	if st := c.Stream; st != nil {
 		validateStream(st, bad)
+	}
+	if b := c.Broker; b != nil {
+		c.validateBroker(b, bad)
 	}
 	return errors.Join(errs...)
 }

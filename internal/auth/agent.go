@@ -1,0 +1,79 @@
+package auth
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Audiences of the broker's agent tokens: a join token lets an agent
+// register a host into one delivery group; the credential the broker hands
+// back lets it report for that host only.
+const (
+	JoinAudience  = "deskway-join"
+	AgentAudience = "deskway-agent"
+)
+
+// AgentClaims is what join tokens and agent credentials assert.
+type AgentClaims struct {
+	Group string `json:"grp"`
+	Zone  string `json:"zone,omitempty"`
+	jwt.RegisteredClaims
+}
+
+// MintJoin returns a join token for group (and zone, if set), valid for ttl.
+func (t *Tokens) MintJoin(group, zone string, ttl time.Duration) (string, error) {
+	return t.mintAgent(JoinAudience, "", group, zone, ttl)
+}
+
+// MintAgent returns the credential host reports with.
+func (t *Tokens) MintAgent(host, group string, ttl time.Duration) (string, error) {
+	return t.mintAgent(AgentAudience, host, group, "", ttl)
+}
+
+func (t *Tokens) mintAgent(aud, sub, group, zone string, ttl time.Duration) (string, error) {
+	now := t.now()
+	c := AgentClaims{Group: group, Zone: zone, RegisteredClaims: jwt.RegisteredClaims{
+		Subject:   sub,
+		Audience:  jwt.ClaimStrings{aud},
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+	}}
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(t.key)
+	if err != nil {
+		return "", fmt.Errorf("auth: sign %s token: %w", aud, err)
+	}
+	return s, nil
+}
+
+// VerifyJoin checks a join token.
+func (t *Tokens) VerifyJoin(token string) (*AgentClaims, error) {
+	return t.verifyAgent(JoinAudience, token)
+}
+
+// VerifyAgent checks an agent credential; its subject is the host.
+func (t *Tokens) VerifyAgent(token string) (*AgentClaims, error) {
+	c, err := t.verifyAgent(AgentAudience, token)
+	if err == nil && c.Subject == "" {
+		return nil, fmt.Errorf("%w: agent credential names no host", ErrBadToken)
+	}
+	return c, err
+}
+
+func (t *Tokens) verifyAgent(aud, token string) (*AgentClaims, error) {
+	var c AgentClaims
+	_, err := jwt.ParseWithClaims(token, &c, func(*jwt.Token) (any, error) { return t.key, nil },
+		jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithAudience(aud),
+		jwt.WithExpirationRequired(),
+		jwt.WithTimeFunc(t.now),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadToken, err)
+	}
+	if c.Group == "" {
+		return nil, fmt.Errorf("%w: no delivery group", ErrBadToken)
+	}
+	return &c, nil
+}

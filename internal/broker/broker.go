@@ -1,0 +1,619 @@
+// Package broker is the session broker: it authenticates a launch, checks
+// entitlement, places it on the least-loaded healthy host of the delivery
+// group (or the user's existing session) and answers with an .rdp file that
+// reaches that host through the gateway with a signed token. Agents on the
+// session hosts register with join tokens and report load, health and
+// sessions.
+package broker
+
+import (
+	"context"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/store"
+	"github.com/deskway/deskway/internal/config"
+)
+
+// maxBody bounds every API request body.
+const maxBody = 64 << 10
+
+// agentCredentialTTL is how long a registered host's credential lasts; an
+// agent whose credential expires registers again with its join token.
+const agentCredentialTTL = 7 * 24 * time.Hour
+
+// Deps are what the broker needs from outside.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	Users    *auth.Users
+	Tokens   *auth.Tokens
+	Store    *store.Store
+	// Throttle locks out users and addresses after repeated bad passwords.
+	Throttle *auth.Throttle
+	Now      func() time.Time
+}
+
+// Server is the broker role.
+type Server struct {
+	cfg      *config.Broker
+	log      *slog.Logger
+	users    *auth.Users
+	tokens   *auth.Tokens
+	store    *store.Store
+	throttle *auth.Throttle
+	now      func() time.Time
+	groups   map[string]*config.DeliveryGrp
+	frontend [][]byte
+	sem      chan struct{}
+	m        *metrics
+}
+
+// New builds the broker; Start syncs its delivery groups into the store.
+func New(cfg *config.Broker, d Deps) (*Server, error) {
+	if d.Tokens == nil {
+		return nil, errors.New("broker: auth.token_key is required to sign gateway tokens")
+	}
+	if d.Store == nil || d.Users == nil || d.Logger == nil {
+		return nil, errors.New("broker: store, users and logger are required")
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Throttle == nil {
+		d.Throttle = auth.NewThrottle(5, 5*time.Minute, d.Now)
+	}
+	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
+		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry)}
+	for i := range cfg.DeliveryGroups {
+		g := &cfg.DeliveryGroups[i]
+		s.groups[g.Name] = g
+	}
+	for _, t := range cfg.FrontendTokens {
+		s.frontend = append(s.frontend, []byte(t.Value()))
+	}
+	if cfg.MaxConcurrentLaunches > 0 {
+		s.sem = make(chan struct{}, cfg.MaxConcurrentLaunches)
+	}
+	return s, nil
+}
+
+// Start writes the configured delivery groups into the store.
+func (s *Server) Start(ctx context.Context) error {
+	var gs []store.Group
+	for _, g := range s.cfg.DeliveryGroups {
+		gs = append(gs, store.Group{Name: g.Name, Kind: g.Kind, Spread: g.Spread, Description: g.Description})
+	}
+	return s.store.SyncGroups(ctx, gs)
+}
+
+// Handler serves the launch and agent API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/launch", s.launch)
+	mux.HandleFunc("POST /api/v1/agent/register", s.register)
+	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
+	mux.HandleFunc("POST /api/v1/agent/events", s.events)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, http.StatusNotFound, "no such broker API path %s %s (see docs/broker-openapi.yaml)", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// Serve runs the broker's HTTPS listener until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(tls.NewListener(ln, tc)) }()
+	s.log.Info("broker listening", "addr", ln.Addr().String(), "database", s.store.Dialect(), "zone", s.cfg.Zone)
+	select {
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("broker: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	}
+}
+
+// fail answers with a JSON error and logs it.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	lvl := slog.LevelInfo
+	if status >= 500 && status != http.StatusServiceUnavailable {
+		lvl = slog.LevelError
+	}
+	s.log.Log(r.Context(), lvl, "request refused", "method", r.Method, "path", r.URL.Path, "status", status,
+		"remote", r.RemoteAddr, "error", msg)
+	writeJSON(w, status, brokerapi.Error{Error: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// decode reads one JSON object into v: at most maxBody bytes, no unknown
+// fields, nothing after it.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("request body is over %d bytes", maxBody)
+		}
+		return fmt.Errorf("request body is not the expected JSON: %v", err)
+	}
+	if dec.More() {
+		return errors.New("request body has data after the JSON object")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("request body has data after the JSON object")
+	}
+	return nil
+}
+
+// bearer returns the bearer token of r, or "".
+func bearer(r *http.Request) string {
+	t, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if t == r.Header.Get("Authorization") {
+		return ""
+	}
+	return t
+}
+
+// caller is who is launching.
+type caller struct {
+	user     string
+	groups   []string
+	zone     string
+	frontend bool
+}
+
+// authenticate accepts HTTP Basic with a local user's password, or a
+// front-end bearer token.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (caller, bool) {
+	if tok := bearer(r); tok != "" {
+		for _, f := range s.frontend {
+			if subtle.ConstantTimeCompare([]byte(tok), f) == 1 {
+				return caller{frontend: true}, true
+			}
+		}
+		s.fail(w, r, http.StatusUnauthorized, "bearer token is not a front-end token of this broker")
+		return caller{}, false
+	}
+	name, pw, ok := r.BasicAuth()
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="deskway broker", charset="UTF-8"`)
+		s.fail(w, r, http.StatusUnauthorized, "authenticate with HTTP Basic (user and password) or a front-end bearer token")
+		return caller{}, false
+	}
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	key := strings.ToLower(auth.BareName(name))
+	if !s.throttle.Allowed(key) || !s.throttle.Allowed(host) {
+		w.Header().Set("Retry-After", strconv.Itoa(int(s.cfg.RetryAfter.D().Seconds()+1)))
+		s.fail(w, r, http.StatusTooManyRequests, "too many failed logins for %s or from %s; wait and retry", key, host)
+		return caller{}, false
+	}
+	u, found := s.users.Lookup(name)
+	if !found || !u.CheckPassword(pw) {
+		s.throttle.Fail(key)
+		s.throttle.Fail(host)
+		w.Header().Set("WWW-Authenticate", `Basic realm="deskway broker", charset="UTF-8"`)
+		s.fail(w, r, http.StatusUnauthorized, "wrong user name or password")
+		return caller{}, false
+	}
+	s.throttle.Succeed(key)
+	return caller{user: u.Name, groups: u.Groups, zone: u.Zone}, true
+}
+
+// entitled reports whether the user or one of their groups may launch g.
+func entitled(g *config.DeliveryGrp, user string, groups []string) bool {
+	for _, u := range g.Users {
+		if strings.EqualFold(u, user) {
+			return true
+		}
+	}
+	for _, want := range g.Groups {
+		if slices.ContainsFunc(groups, func(have string) bool { return strings.EqualFold(have, want) }) {
+			return true
+		}
+	}
+	return false
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
+// validUser keeps user names that fit a line of an .rdp file and a token.
+func validUser(u string) bool {
+	if u == "" || len(u) > 256 {
+		return false
+	}
+	for _, c := range u {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
+	start := s.now()
+	who, ok := s.authenticate(w, r)
+	if !ok {
+		s.m.launches.WithLabelValues("denied").Inc()
+		return
+	}
+	var req brokerapi.LaunchRequest
+	if err := decode(w, r, &req); err != nil {
+		s.m.launches.WithLabelValues("bad_request").Inc()
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	switch {
+	case who.frontend && req.User == "":
+		s.fail(w, r, http.StatusBadRequest, "a front end launching on behalf of a user must name the user")
+		return
+	case who.frontend:
+		if u, found := s.users.Lookup(req.User); found {
+			// A local account's groups and zone are the broker's to know.
+			who.user, who.groups, who.zone = u.Name, u.Groups, u.Zone
+		} else {
+			who.user, who.groups = req.User, req.Groups
+		}
+	case req.User != "" || len(req.Groups) > 0:
+		s.fail(w, r, http.StatusBadRequest, "user and groups are for front ends; a user launching for themself leaves them out")
+		return
+	}
+	if !validUser(who.user) {
+		s.fail(w, r, http.StatusBadRequest, "user name %q is empty, too long or has control characters", who.user)
+		return
+	}
+	g, found := s.groups[req.DeliveryGroup]
+	if !found {
+		s.m.launches.WithLabelValues("bad_request").Inc()
+		s.fail(w, r, http.StatusNotFound, "no delivery group named %q", req.DeliveryGroup)
+		return
+	}
+	if !entitled(g, who.user, who.groups) {
+		s.m.launches.WithLabelValues("denied").Inc()
+		s.fail(w, r, http.StatusForbidden, "user %s is not entitled to delivery group %q: an administrator adds the user or one of their groups to it", who.user, g.Name)
+		return
+	}
+	if s.sem != nil {
+		select {
+		case s.sem <- struct{}{}:
+			defer func() { <-s.sem }()
+		default:
+			s.m.launches.WithLabelValues("throttled").Inc()
+			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, s.cfg.RetryAfter.D().Round(time.Second).Seconds()))))
+			s.fail(w, r, http.StatusServiceUnavailable, "broker busy: %d launches in progress (broker.max_concurrent_launches); retry", cap(s.sem))
+			return
+		}
+	}
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	zone := who.zone
+	if zone == "" {
+		zone = req.Zone
+	}
+	if zone == "" {
+		zone = s.cfg.Zone
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.LaunchTimeout.D())
+	defer cancel()
+	now := s.now()
+	stale := now.Add(-s.cfg.HeartbeatTimeout.D())
+	p, err := s.store.Place(ctx, store.Launch{User: who.user, Group: g.Name, Zone: zone, Personal: g.Kind == "personal",
+		Depth: g.Spread == "depth", SessionID: store.NewID(), Now: now, Stale: stale})
+	if errors.Is(err, store.ErrNoHost) {
+		s.m.launches.WithLabelValues("no_host").Inc()
+		hosts, herr := s.store.Hosts(ctx, g.Name)
+		if herr != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
+			return
+		}
+		msg, retry := Explain(g.Name, hosts, stale, g.Kind == "personal", who.user)
+		if retry {
+			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, s.cfg.RetryAfter.D().Round(time.Second).Seconds()))))
+		}
+		s.fail(w, r, http.StatusServiceUnavailable, "%s", msg)
+		return
+	}
+	if err != nil {
+		s.m.launches.WithLabelValues("error").Inc()
+		s.fail(w, r, http.StatusServiceUnavailable, "placement failed: %v", err)
+		return
+	}
+	tok, err := s.tokens.Mint(who.user, who.groups, p.Address, p.Port, s.cfg.TokenTTL.D(), p.SessionID)
+	if err != nil {
+		s.m.launches.WithLabelValues("error").Inc()
+		s.fail(w, r, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	result := "placed"
+	if p.Reconnect {
+		result = "reconnected"
+	}
+	s.m.launches.WithLabelValues(result).Inc()
+	s.m.latency.Observe(s.now().Sub(start).Seconds())
+	s.log.Info("launch", "user", who.user, "delivery_group", g.Name, "host", p.Host, "session", p.SessionID,
+		"reconnect", p.Reconnect, "zone", zone, "ms", s.now().Sub(start).Milliseconds())
+	resp := brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
+		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok,
+		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, who.user)}
+	if strings.Contains(r.Header.Get("Accept"), "application/x-rdp") {
+		w.Header().Set("Content-Type", "application/x-rdp")
+		w.Header().Set("Content-Disposition", `attachment; filename="`+g.Name+`.rdp"`)
+		_, _ = io.WriteString(w, resp.RDP)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// agent authenticates an agent credential and checks it is for host.
+func (s *Server) agent(w http.ResponseWriter, r *http.Request, host string) (*auth.AgentClaims, bool) {
+	tok := bearer(r)
+	if tok == "" {
+		s.fail(w, r, http.StatusUnauthorized, "agent requests need Authorization: Bearer <credential from register>")
+		return nil, false
+	}
+	c, err := s.tokens.VerifyAgent(tok)
+	if err != nil {
+		s.fail(w, r, http.StatusUnauthorized, "agent credential refused (%v): register again with a join token", err)
+		return nil, false
+	}
+	if c.Subject != host {
+		s.fail(w, r, http.StatusForbidden, "this credential is for host %q, not %q", c.Subject, host)
+		return nil, false
+	}
+	return c, true
+}
+
+func (s *Server) register(w http.ResponseWriter, r *http.Request) {
+	tok := bearer(r)
+	if tok == "" {
+		s.fail(w, r, http.StatusUnauthorized, "register with Authorization: Bearer <join token> (deskway token join --group NAME)")
+		return
+	}
+	jc, err := s.tokens.VerifyJoin(tok)
+	if err != nil {
+		s.fail(w, r, http.StatusUnauthorized, "join token refused (%v): mint a new one with deskway token join", err)
+		return
+	}
+	g, found := s.groups[jc.Group]
+	if !found {
+		s.fail(w, r, http.StatusForbidden, "join token is for delivery group %q, which this broker does not define", jc.Group)
+		return
+	}
+	var req brokerapi.RegisterRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	switch {
+	case !namePattern.MatchString(req.Name):
+		s.fail(w, r, http.StatusBadRequest, "host name %q must be 1 to 253 letters, digits, dots, dashes or underscores", req.Name)
+		return
+	case req.Address == "" || len(req.Address) > 253 || strings.ContainsAny(req.Address, " /:\r\n") && net.ParseIP(req.Address) == nil:
+		s.fail(w, r, http.StatusBadRequest, "address %q is not a host name or IP address", req.Address)
+		return
+	case req.Port < 1 || req.Port > 65535:
+		s.fail(w, r, http.StatusBadRequest, "port %d is not 1 to 65535", req.Port)
+		return
+	case req.Weight < 0 || req.Weight > 100:
+		s.fail(w, r, http.StatusBadRequest, "weight %g is not between 0 and 100", req.Weight)
+		return
+	case req.SessionLimit < 0:
+		s.fail(w, r, http.StatusBadRequest, "session_limit %d is negative", req.SessionLimit)
+		return
+	}
+	limit := g.SessionLimit
+	if req.SessionLimit > 0 && req.SessionLimit < limit {
+		limit = req.SessionLimit
+	}
+	weight := req.Weight
+	if weight == 0 {
+		weight = 1
+	}
+	zone := jc.Zone
+	if zone == "" {
+		zone = req.Zone
+	}
+	err = s.store.RegisterHost(r.Context(), store.Host{Name: req.Name, Group: g.Name, Zone: zone, Address: req.Address,
+		Port: req.Port, Weight: weight, SessionLimit: limit, LogonLimit: g.LogonLimit, RegisteredAt: s.now()})
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	cred, err := s.tokens.MintAgent(req.Name, g.Name, agentCredentialTTL)
+	if err != nil {
+		s.fail(w, r, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	s.log.Info("host registered", "host", req.Name, "delivery_group", g.Name, "zone", zone, "address", req.Address,
+		"port", req.Port, "session_limit", limit, "weight", weight)
+	writeJSON(w, http.StatusOK, brokerapi.RegisterResponse{Host: req.Name, DeliveryGroup: g.Name, Credential: cred,
+		HeartbeatInterval: s.cfg.HeartbeatInterval.D().Seconds()})
+}
+
+func fraction(name string, v float64) error {
+	if v < 0 || v > 1 || v != v {
+		return fmt.Errorf("%s %g is not a fraction between 0 and 1", name, v)
+	}
+	return nil
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
+	var hb brokerapi.Heartbeat
+	if err := decode(w, r, &hb); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if _, ok := s.agent(w, r, hb.Host); !ok {
+		return
+	}
+	err := errors.Join(fraction("cpu", hb.CPU), fraction("memory", hb.Memory), fraction("disk_idle", hb.DiskIdle),
+		fraction("memory_pressure", hb.MemoryPressure))
+	if hb.DiskLatencyMS < 0 || hb.DiskLatencyMS != hb.DiskLatencyMS {
+		err = errors.Join(err, fmt.Errorf("disk_latency_ms %g is negative", hb.DiskLatencyMS))
+	}
+	sessions := map[string]string{}
+	for _, ss := range hb.Sessions {
+		if ss.User == "" || (ss.State != store.Active && ss.State != store.Disconnected) {
+			err = errors.Join(err, fmt.Errorf("session %+v needs a user and a state of active or disconnected", ss))
+			break
+		}
+		sessions[ss.User] = ss.State
+	}
+	if err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	rep := store.Report{Host: hb.Host, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
+		MemPressure: hb.MemoryPressure, Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions,
+		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
+	err = s.store.Heartbeat(r.Context(), rep)
+	if errors.Is(err, store.ErrNotFound) {
+		s.fail(w, r, http.StatusNotFound, "host %q is not registered: register again with a join token", hb.Host)
+		return
+	}
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	s.m.heartbeats.Inc()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	var ev brokerapi.Events
+	if err := decode(w, r, &ev); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if _, ok := s.agent(w, r, ev.Host); !ok {
+		return
+	}
+	for _, e := range ev.Events {
+		if e.User == "" || (e.State != store.Active && e.State != store.Disconnected && e.State != store.Ended) {
+			s.fail(w, r, http.StatusBadRequest, "event %+v needs a user and a state of active, disconnected or ended", e)
+			return
+		}
+	}
+	now := s.now()
+	for _, e := range ev.Events {
+		changed, err := s.store.Event(r.Context(), store.Event{Host: ev.Host, User: e.User, State: e.State, Now: now})
+		if err != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		s.log.Debug("session event", "host", ev.Host, "user", e.User, "state", e.State, "changed", changed)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// AdminHandler serves the broker's part of the admin API.
+func (s *Server) AdminHandler() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/broker/hosts", func(w http.ResponseWriter, r *http.Request) {
+		hosts, err := s.store.Hosts(r.Context(), r.URL.Query().Get("delivery_group"))
+		if err != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		stale := s.now().Add(-s.cfg.HeartbeatTimeout.D())
+		out := make([]map[string]any, 0, len(hosts))
+		for _, h := range hosts {
+			out = append(out, map[string]any{"name": h.Name, "delivery_group": h.Group, "zone": h.Zone,
+				"address": h.Address, "port": h.Port, "weight": h.Weight, "session_limit": h.SessionLimit,
+				"logon_limit": h.LogonLimit, "sessions": h.Sessions, "pending_logons": h.Pending, "cpu": h.CPU,
+				"memory": h.Mem, "disk_idle": h.DiskIdle, "disk_latency_ms": h.DiskLatency,
+				"memory_pressure": h.MemPressure, "unhealthy": h.Unhealthy, "admin_drain": h.AdminDrain,
+				"agent_drain": h.AgentDrain, "assigned_user": h.AssignedUser, "last_seen": h.LastSeen,
+				"status": HostStatus(h, stale, false, "")})
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("GET /api/v1/broker/sessions", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		ss, err := s.store.Sessions(r.Context(), q.Get("user"), q.Get("all") == "1", 1000)
+		if err != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		out := make([]map[string]any, 0, len(ss))
+		for _, x := range ss {
+			out = append(out, map[string]any{"id": x.ID, "user": x.User, "delivery_group": x.Group, "host": x.Host,
+				"state": x.State, "created": x.CreatedAt, "updated": x.UpdatedAt})
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/drain", func(w http.ResponseWriter, r *http.Request) {
+		var req brokerapi.DrainRequest
+		if err := decode(w, r, &req); err != nil {
+			s.fail(w, r, http.StatusBadRequest, "%v", err)
+			return
+		}
+		name := r.PathValue("name")
+		err := s.store.SetAdminDrain(r.Context(), name, req.Drain)
+		if errors.Is(err, store.ErrNotFound) {
+			s.fail(w, r, http.StatusNotFound, "no host named %q", name)
+			return
+		}
+		if err != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		s.log.Info("drain", "host", name, "drain", req.Drain)
+		writeJSON(w, http.StatusOK, map[string]any{"host": name, "admin_drain": req.Drain})
+	})
+	return mux
+}
+
+type metrics struct {
+	launches   *prometheus.CounterVec
+	latency    prometheus.Histogram
+	inflight   prometheus.Gauge
+	heartbeats prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_broker_launches_total",
+			Help: "Launch requests by result: placed, reconnected, no_host, throttled, denied, bad_request, error."}, []string{"result"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "deskway_broker_launch_seconds",
+			Help: "Time to place a launch, database round trips included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_launches_in_flight",
+			Help: "Launches being placed now."}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_broker_heartbeats_total",
+			Help: "Agent heartbeats accepted."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats)
+	}
+	return m
+}

@@ -1,0 +1,102 @@
+// Package brokerapi is the broker's JSON wire format, shared by the broker,
+// the agent and the client: types only, documented for people in
+// docs/broker-openapi.yaml.
+package brokerapi
+
+// LaunchRequest asks for a desktop in a delivery group.
+type LaunchRequest struct {
+	DeliveryGroup string `json:"delivery_group"`
+	// User and Groups are set only by a trusted front end launching on
+	// behalf of a user it authenticated; a user launching for themself
+	// authenticates with HTTP Basic and leaves them empty.
+	User   string   `json:"user,omitempty"`
+	Groups []string `json:"groups,omitempty"`
+	// Zone is where the request came from, when the front end knows.
+	Zone string `json:"zone,omitempty"`
+}
+
+// LaunchResponse says where the session runs and how to reach it.
+type LaunchResponse struct {
+	SessionID string `json:"session_id"`
+	Host      string `json:"host"`
+	Address   string `json:"address"`
+	Port      int    `json:"port"`
+	// Reconnect is true when the user already had this session.
+	Reconnect bool   `json:"reconnect"`
+	Gateway   string `json:"gateway"`
+	// Token is the gateway access (PAA) token for this user and host.
+	Token string `json:"token"`
+	// RDP is the .rdp file: host, gateway and token.
+	RDP string `json:"rdp"`
+}
+
+// Error is every non-2xx body.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// RegisterRequest is an agent joining a delivery group with a join token.
+type RegisterRequest struct {
+	// Name identifies the host; re-registering the same name updates it.
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	Port    int    `json:"port"`
+	// Zone overrides the join token's zone, if the token names none.
+	Zone string `json:"zone,omitempty"`
+	// Weight is the host's relative capacity (default 1).
+	Weight float64 `json:"weight,omitempty"`
+	// SessionLimit lowers the group's per-host session limit.
+	SessionLimit int `json:"session_limit,omitempty"`
+}
+
+// RegisterResponse hands the agent its credential.
+type RegisterResponse struct {
+	Host          string `json:"host"`
+	DeliveryGroup string `json:"delivery_group"`
+	// Credential authenticates this host's heartbeats and events.
+	Credential        string  `json:"credential"`
+	HeartbeatInterval float64 `json:"heartbeat_interval_s"`
+}
+
+// Heartbeat is an agent's periodic report.
+type Heartbeat struct {
+	Host string `json:"host"`
+	// CPU and Memory are busy fractions, 0 to 1.
+	CPU    float64 `json:"cpu"`
+	Memory float64 `json:"memory"`
+	// DiskIdle is the busiest disk's idle fraction, 0 to 1.
+	DiskIdle float64 `json:"disk_idle"`
+	// DiskLatencyMS is the busiest disk's average time per request.
+	DiskLatencyMS float64 `json:"disk_latency_ms"`
+	// MemoryPressure is the share of time tasks stalled on memory (PSI
+	// "some"), 0 to 1: the page cache losing to working sets.
+	MemoryPressure float64 `json:"memory_pressure"`
+	// Drain asks for no new sessions (the host's own drain switch).
+	Drain    bool      `json:"drain"`
+	Sessions []Session `json:"sessions"`
+}
+
+// Session is one user's session on a host as the host sees it.
+type Session struct {
+	User string `json:"user"`
+	// State is active or disconnected.
+	State string `json:"state"`
+}
+
+// Events reports session changes as they happen.
+type Events struct {
+	Host   string  `json:"host"`
+	Events []Event `json:"events"`
+}
+
+// Event is one logon (state active), disconnect (disconnected),
+// reconnect (active) or logoff (ended).
+type Event struct {
+	User  string `json:"user"`
+	State string `json:"state"`
+}
+
+// DrainRequest turns a host's admin drain mode on or off.
+type DrainRequest struct {
+	Drain bool `json:"drain"`
+}

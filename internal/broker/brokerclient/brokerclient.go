@@ -1,0 +1,142 @@
+// Package brokerclient calls the broker's API: launches (retrying when the
+// broker says to with 503 and Retry-After, as a store front does), and the
+// agent's register, heartbeat and events.
+package brokerclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+)
+
+// Client talks to one broker.
+type Client struct {
+	// Base is the broker's URL, https://host:port.
+	Base string
+	HTTP *http.Client
+	// MaxRetries bounds retries of a launch the broker asked to retry.
+	MaxRetries int
+}
+
+// StatusError is a non-2xx answer.
+type StatusError struct {
+	Status     int
+	Message    string
+	RetryAfter time.Duration
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("broker: %d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
+}
+
+// Credentials authenticate a request.
+type Credentials func(*http.Request)
+
+// Basic authenticates as a user.
+func Basic(user, password string) Credentials {
+	return func(r *http.Request) { r.SetBasicAuth(user, password) }
+}
+
+// Bearer authenticates with a token (front end, join token, agent credential).
+func Bearer(token string) Credentials {
+	return func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token) }
+}
+
+func (c *Client) do(ctx context.Context, path string, cred Credentials, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.Base, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if cred != nil {
+		cred(req)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("broker: read answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		se := &StatusError{Status: resp.StatusCode}
+		var e brokerapi.Error
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			se.Message = e.Error
+		} else {
+			se.Message = strings.TrimSpace(string(b))
+		}
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+			se.RetryAfter = time.Duration(s) * time.Second
+		}
+		return se
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("broker: answer is not the expected JSON: %w", err)
+	}
+	return nil
+}
+
+// Launch asks for a desktop. When the broker answers 503 with Retry-After
+// (its launch cap is reached, or every host is busy with logons) it waits
+// that long, give or take half, and tries again, up to MaxRetries times.
+func (c *Client) Launch(ctx context.Context, cred Credentials, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, int, error) {
+	for try := 0; ; try++ {
+		var out brokerapi.LaunchResponse
+		err := c.do(ctx, "/api/v1/launch", cred, req, &out)
+		se, ok := err.(*StatusError)
+		if !ok || se.Status != http.StatusServiceUnavailable || se.RetryAfter == 0 || try >= c.MaxRetries {
+			if err != nil {
+				return nil, try, err
+			}
+			return &out, try, nil
+		}
+		wait := time.Duration(float64(se.RetryAfter) * (0.5 + rand.Float64()))
+		select {
+		case <-ctx.Done():
+			return nil, try, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Register joins a host to the delivery group of joinToken.
+func (c *Client) Register(ctx context.Context, joinToken string, req brokerapi.RegisterRequest) (*brokerapi.RegisterResponse, error) {
+	var out brokerapi.RegisterResponse
+	if err := c.do(ctx, "/api/v1/agent/register", Bearer(joinToken), req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Heartbeat reports a host's load, health and sessions.
+func (c *Client) Heartbeat(ctx context.Context, credential string, hb brokerapi.Heartbeat) error {
+	return c.do(ctx, "/api/v1/agent/heartbeat", Bearer(credential), hb, nil)
+}
+
+// Events reports session changes.
+func (c *Client) Events(ctx context.Context, credential string, ev brokerapi.Events) error {
+	return c.do(ctx, "/api/v1/agent/events", Bearer(credential), ev, nil)
+}

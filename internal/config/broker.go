@@ -1,0 +1,121 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+func (c *Config) brokerDefaults(b *Broker) {
+	if b.Listen == "" {
+		b.Listen = ":8444"
+	}
+	if b.Database == "" {
+		b.Database = filepath.Join(c.StateDir, "broker.db")
+	}
+	if b.MaxDBConnections == 0 {
+		b.MaxDBConnections = 64
+	}
+	if b.RetryAfter == 0 {
+		b.RetryAfter = Duration(time.Second)
+	}
+	if b.LaunchTimeout == 0 {
+		b.LaunchTimeout = Duration(30 * time.Second)
+	}
+	if b.HeartbeatInterval == 0 {
+		b.HeartbeatInterval = Duration(5 * time.Second)
+	}
+	if b.HeartbeatTimeout == 0 {
+		b.HeartbeatTimeout = Duration(30 * time.Second)
+	}
+	if b.LogonGrace == 0 {
+		b.LogonGrace = Duration(2 * time.Minute)
+	}
+	if b.TokenTTL == 0 {
+		b.TokenTTL = Duration(5 * time.Minute)
+	}
+	if b.Gateway == "" && c.Gateway != nil {
+		b.Gateway = c.Gateway.PublicName
+	}
+	if b.Health.DiskIdleMinPct == 0 {
+		b.Health.DiskIdleMinPct = 50
+	}
+	if b.Health.DiskLatencyMaxMS == 0 {
+		b.Health.DiskLatencyMaxMS = 25
+	}
+	if b.Health.MemoryPressureMaxPct == 0 {
+		b.Health.MemoryPressureMaxPct = 20
+	}
+	for i := range b.DeliveryGroups {
+		g := &b.DeliveryGroups[i]
+		if g.Kind == "" {
+			g.Kind = "pooled"
+		}
+		if g.Spread == "" {
+			g.Spread = "breadth"
+		}
+		if g.SessionLimit == 0 {
+			g.SessionLimit = 50
+		}
+		if g.LogonLimit == 0 {
+			g.LogonLimit = 2
+		}
+	}
+}
+
+func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
+	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
+		bad("broker.listen", "%q is not host:port", b.Listen)
+	}
+	if !c.Auth.TokenKey.IsSet() {
+		bad("auth.token_key", "the broker signs gateway tokens and agent credentials with it: set 32 or more random bytes")
+	}
+	if b.Gateway == "" {
+		bad("broker.gateway", "set the gateway's public host:port for .rdp files (or add a gateway section with public_name)")
+	}
+	if b.MaxConcurrentLaunches < 0 {
+		bad("broker.max_concurrent_launches", "must be 0 (no cap) or more")
+	}
+	if b.MaxDBConnections < 1 {
+		bad("broker.max_db_connections", "must be at least 1")
+	}
+	if b.HeartbeatTimeout.D() <= b.HeartbeatInterval.D() {
+		bad("broker.heartbeat_timeout", "%s must exceed heartbeat_interval %s", b.HeartbeatTimeout.D(), b.HeartbeatInterval.D())
+	}
+	for _, h := range []struct {
+		key string
+		v   float64
+	}{{"disk_idle_min_pct", b.Health.DiskIdleMinPct}, {"memory_pressure_max_pct", b.Health.MemoryPressureMaxPct}} {
+		if h.v < 0 || h.v > 100 {
+			bad("broker.health."+h.key, "%g is not a percentage", h.v)
+		}
+	}
+	if len(b.DeliveryGroups) == 0 {
+		bad("broker.delivery_groups", "define at least one delivery group (name, users or groups)")
+	}
+	seen := map[string]bool{}
+	for i, g := range b.DeliveryGroups {
+		key := fmt.Sprintf("broker.delivery_groups[%d]", i)
+		if g.Name == "" || strings.ContainsAny(g.Name, "/ ") {
+			bad(key+".name", "%q is empty or has a slash or space", g.Name)
+		}
+		if seen[g.Name] {
+			bad(key+".name", "%q appears twice", g.Name)
+		}
+		seen[g.Name] = true
+		if g.Kind != "pooled" && g.Kind != "personal" {
+			bad(key+".kind", "%q is not pooled or personal", g.Kind)
+		}
+		if g.Spread != "breadth" && g.Spread != "depth" {
+			bad(key+".spread", "%q is not breadth or depth", g.Spread)
+		}
+		if len(g.Users) == 0 && len(g.Groups) == 0 {
+			bad(key, "group %q entitles nobody: list users or groups", g.Name)
+		}
+		if g.SessionLimit < 1 || g.LogonLimit < 1 {
+			bad(key, "session_limit and logon_limit must be at least 1")
+		}
+	}
+}
