@@ -82,13 +82,13 @@ func TestTokenAndNTHash(t *testing.T) {
 // gateway with the printed credentials, and checks the admin listener.
 func TestUp(t *testing.T) {
 	dir := t.TempDir()
-	gwPort, adminPort, streamPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	gwPort, adminPort, streamPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errb := &lockedBuf{}, &lockedBuf{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"up", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort),
-			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort)}, out, errb)
+			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort), "--broker-listen", fmt.Sprintf(":%d", brokerPort)}, out, errb)
 	}()
 	defer func() {
 		cancel()
@@ -145,6 +145,35 @@ func TestUp(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+	// The local agent registers this machine and the demo user gets an
+	// .rdp file for it through the gateway.
+	var rdp []byte
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		req, _ := http.NewRequest("POST", fmt.Sprintf("https://localhost:%d/api/v1/launch", brokerPort), strings.NewReader(`{"delivery_group":"desktops"}`))
+		req.SetBasicAuth("demo", m[1])
+		req.Header.Set("Accept", "application/x-rdp")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdp, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("launch: %d %s\n%s", resp.StatusCode, rdp, errb.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, want := range []string{"full address:s:127.0.0.1:3389\r\n", fmt.Sprintf("gatewayhostname:s:localhost:%d\r\n", gwPort), "gatewayaccesstoken:s:ey"} {
+		if !strings.Contains(string(rdp), want) {
+			t.Fatalf(".rdp from deskway up lacks %q:\n%s", want, rdp)
+		}
+	}
+	if !strings.Contains(out.String(), fmt.Sprintf("https://localhost:%d/api/v1/launch", brokerPort)) {
+		t.Errorf("up did not print the broker address:\n%s", out.String())
 	}
 	// The stream role serves the demo vDisk and lists it in the catalog.
 	if !strings.Contains(out.String(), fmt.Sprintf("nbd://localhost:%d/demo", streamPort)) {

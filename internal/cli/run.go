@@ -25,15 +25,15 @@ import (
 // listeners are the addresses each started role listens on, for the
 // banner deskway up prints.
 type listeners struct {
-	Gateway, Stream, Admin net.Addr
+	Gateway, Stream, Broker, Admin net.Addr
 }
 
 // runRoles starts every role cfg enables plus the admin listener, and
 // returns when ctx ends and all have shut down, or when one fails to start.
 func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
-	if cfg.Gateway == nil && cfg.Stream == nil {
-		return errors.New("no role is enabled: add a gateway or stream section to the config (or use deskway up)")
+	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil {
+		return errors.New("no role is enabled: add a gateway, broker or stream section to the config (or use deskway up)")
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
@@ -92,6 +92,34 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 		lns.Stream = sln.Addr()
 		serve = append(serve, func(ctx context.Context) error { return st.Serve(ctx, sln) })
 		api = append(api, st.AdminHandler())
+	}
+	if cfg.Broker != nil {
+		b, st, err := newBroker(ctx, cfg, log, reg)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		bln, err := listen("broker.listen", cfg.Broker.Listen)
+		if err != nil {
+			return err
+		}
+		lns.Broker = bln.Addr()
+		serve = append(serve, func(ctx context.Context) error { return b.Serve(ctx, bln, tc) })
+		api = append(api, b.AdminHandler())
+	}
+	if cfg.Agent != nil {
+		a, err := newAgent(cfg.Agent, log.With("role", "agent"))
+		if err != nil {
+			return err
+		}
+		// The agent's end is not the process's: it stops with the others.
+		serve = append(serve, func(ctx context.Context) error {
+			if err := a.Run(ctx); err != nil {
+				log.Error("agent stopped", "error", err)
+			}
+			<-ctx.Done()
+			return nil
+		})
 	}
 	aln, err := listen("admin.listen", cfg.Admin.Listen)
 	if err != nil {

@@ -55,6 +55,7 @@ func tokenCmd() *cobra.Command {
 	c.Flags().StringVar(&host, "host", "", "RDP host the token allows")
 	c.Flags().IntVar(&port, "port", 3389, "RDP port the token allows")
 	c.Flags().DurationVar(&ttl, "ttl", 5*time.Minute, "how long the token is valid")
+	c.AddCommand(joinCmd())
 	return c
 }
 

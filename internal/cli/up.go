@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -42,6 +44,18 @@ gateway:
     groups: [users]
     hosts: [127.0.0.0/8, "::1"]
     ports: [3389]
+broker:
+  listen: "%[9]s"
+  delivery_groups:
+  - name: desktops
+    description: this machine's RDP server
+    groups: [users]
+agent:
+  broker: https://localhost%[9]s
+  broker_ca: %[1]s/tls.crt
+  join_token: %[10]s
+  address: 127.0.0.1
+  port: 3389
 stream:
   listen: "%[7]s"
   vdisks:
@@ -51,7 +65,7 @@ stream:
 `
 
 func upCmd() *cobra.Command {
-	var stateDir, listen, adminListen, streamListen string
+	var stateDir, listen, adminListen, streamListen, brokerListen string
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run every role on this machine with embedded defaults and print where to connect",
@@ -65,6 +79,9 @@ func upCmd() *cobra.Command {
 				if _, _, err := net.SplitHostPort(listen); err != nil || !strings.HasPrefix(listen, ":") {
 					return fmt.Errorf("up: --listen %q must be :PORT", listen)
 				}
+				if _, _, err := net.SplitHostPort(brokerListen); err != nil || !strings.HasPrefix(brokerListen, ":") {
+					return fmt.Errorf("up: --broker-listen %q must be :PORT", brokerListen)
+				}
 				if _, _, err := net.SplitHostPort(streamListen); err != nil {
 					return fmt.Errorf("up: --stream-listen %q must be host:port", streamListen)
 				}
@@ -72,7 +89,17 @@ func upCmd() *cobra.Command {
 				if err := makeSparse(demo, 256<<20); err != nil {
 					return fmt.Errorf("up: demo vDisk: %w", err)
 				}
-				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), random(32), random(12), adminListen, listen, streamListen, demo)
+				key := random(32)
+				tk, err := auth.NewTokens([]byte(key), nil)
+				if err != nil {
+					return err
+				}
+				// The local agent's join token; it is only good for this machine's config.
+				join, err := tk.MintJoin("desktops", "", 10*365*24*time.Hour)
+				if err != nil {
+					return err
+				}
+				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo, brokerListen, join)
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -100,6 +127,13 @@ func upCmd() *cobra.Command {
 Connect through it to an RDP host on this machine:
   xfreerdp /v:127.0.0.1 /g:localhost:%s /gu:demo /gp:'%s' /gt:http /cert:ignore
 `, path, gport, admin, cfg.Admin.Tokens[0].Value(), admin, pw, gport, pw)
+				if l.Broker != nil {
+					_, bport, _ := net.SplitHostPort(l.Broker.String())
+					fmt.Fprintf(out, `  broker     https://localhost:%[1]s/api/v1/launch  (a desktop from delivery group desktops, as an .rdp file:)
+             curl -sk -u demo:'%[2]s' -H 'Accept: application/x-rdp' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp && xfreerdp desk.rdp /cert:ignore
+  hosts      https://%[3]s/api/v1/broker/hosts
+`, bport, pw, admin)
+				}
 				if l.Stream != nil && cfg.Stream != nil && len(cfg.Stream.VDisks) > 0 {
 					_, sport, _ := net.SplitHostPort(l.Stream.String())
 					fmt.Fprintf(out, `  stream     nbd://localhost:%[1]s/%[2]s  (vDisks over NBD; a client boots nbd://localhost:%[1]s/%[2]s/CLIENT/BOOT)
@@ -111,6 +145,7 @@ Connect through it to an RDP host on this machine:
 	}
 	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
 	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port, written into the config on first start")
+	c.Flags().StringVar(&brokerListen, "broker-listen", ":8444", "broker port, written into the config on first start")
 	c.Flags().StringVar(&streamListen, "stream-listen", ":10809", "NBD listener of the stream role, written into the config on first start")
 	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c

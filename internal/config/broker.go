@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -117,5 +119,46 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 		if g.SessionLimit < 1 || g.LogonLimit < 1 {
 			bad(key, "session_limit and logon_limit must be at least 1")
 		}
+	}
+}
+
+func (c *Config) agentDefaults(a *Agent) {
+	host, _ := os.Hostname()
+	if a.Name == "" {
+		a.Name = host
+	}
+	if a.Address == "" {
+		a.Address = host
+	}
+	if a.Port == 0 {
+		a.Port = 3389
+	}
+	if a.Sessions == "" {
+		a.Sessions = "xrdp"
+	}
+	if a.SessionPoll == 0 {
+		a.SessionPoll = Duration(time.Second)
+	}
+	if a.DrainFile == "" {
+		a.DrainFile = filepath.Join(c.StateDir, "agent.drain")
+	}
+}
+
+func validateAgent(a *Agent, bad func(string, string, ...any)) {
+	u, err := url.Parse(a.Broker)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		bad("agent.broker", "%q is not an https://host:port URL of a broker", a.Broker)
+	}
+	if !a.JoinToken.IsSet() {
+		bad("agent.join_token", "set the join token from deskway token join --group NAME")
+	}
+	if a.Port < 1 || a.Port > 65535 {
+		bad("agent.port", "%d is not 1 to 65535", a.Port)
+	}
+	if a.Sessions != "xrdp" && a.Sessions != "none" {
+		bad("agent.sessions", "%q is not xrdp or none", a.Sessions)
+	}
+	if a.Weight < 0 || a.SessionLimit < 0 {
+		bad("agent", "weight and session_limit must not be negative")
 	}
 }

@@ -31,6 +31,7 @@ type Config struct {
 	Gateway *Gateway `yaml:"gateway"`
 	Stream  *Stream  `yaml:"stream"`
 	Broker  *Broker  `yaml:"broker"`
+	Agent   *Agent   `yaml:"agent"`
 }
 
 // Log configures log/slog.
@@ -213,6 +214,33 @@ type Broker struct {
 	DeliveryGroups []DeliveryGrp `yaml:"delivery_groups"`
 }
 
+// Agent is the session-host agent: it registers this host with a broker
+// and reports its load, health and sessions.
+type Agent struct {
+	// Broker is the broker's URL, https://host:port.
+	Broker string `yaml:"broker"`
+	// BrokerCA is a PEM file of the CA (or self-signed certificate) the
+	// broker's certificate is checked against; empty means system roots.
+	BrokerCA string `yaml:"broker_ca"`
+	// JoinToken comes from deskway token join --group NAME.
+	JoinToken Secret `yaml:"join_token"`
+	// Name identifies the host to the broker (default: the host name).
+	Name string `yaml:"name"`
+	// Address and Port are where the gateway reaches the host's RDP server.
+	Address      string  `yaml:"address"`
+	Port         int     `yaml:"port"`
+	Zone         string  `yaml:"zone"`
+	Weight       float64 `yaml:"weight"`
+	SessionLimit int     `yaml:"session_limit"`
+	// Sessions is where sessions are read: xrdp, or none.
+	Sessions string `yaml:"sessions"`
+	// SessionPoll is how often sessions are checked for logons, disconnects
+	// and logoffs, which are reported at once.
+	SessionPoll Duration `yaml:"session_poll"`
+	// DrainFile, while it exists, asks the broker for no new sessions.
+	DrainFile string `yaml:"drain_file"`
+}
+
 // Health holds the thresholds past which a host takes no new sessions,
 // from the Terminal Server sizing guidance.
 type Health struct {
@@ -373,6 +401,11 @@ func (c *Config) resolveSecrets() error {
 			return fmt.Errorf("auth.users[%d] (%s).nt_hash: %w", i, u.Name, err)
 		}
 	}
+	if c.Agent != nil {
+		if err := c.Agent.JoinToken.Resolve(); err != nil {
+			return fmt.Errorf("agent.join_token: %w", err)
+		}
+	}
 	if c.Broker != nil {
 		for i := range c.Broker.FrontendTokens {
 			if err := c.Broker.FrontendTokens[i].Resolve(); err != nil {
@@ -438,6 +471,9 @@ func (c *Config) ApplyDefaults() {
 	}
 	if b := c.Broker; b != nil {
 		c.brokerDefaults(b)
+	}
+	if a := c.Agent; a != nil {
+		c.agentDefaults(a)
 	}
 	if g := c.Gateway; g != nil {
 		if g.Listen == "" {
@@ -531,6 +567,9 @@ func (c *Config) Validate() error {
 	}
 	if b := c.Broker; b != nil {
 		c.validateBroker(b, bad)
+	}
+	if a := c.Agent; a != nil {
+		validateAgent(a, bad)
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+const brokerConfig = `state_dir: %[1]s
+log: {level: debug, format: json}
+admin: {listen: "127.0.0.1:%[2]d", tokens: ["e2e-admin-token"]}
+tls: {cert: %[3]s, key: %[4]s}
+auth:
+  token_key: "e2e-token-key-0123456789abcdef0123456789"
+  users:
+  - {name: %[7]s, password: "%[8]s", groups: [staff]}
+gateway:
+  listen: "127.0.0.1:%[5]d"
+  public_name: "127.0.0.1:%[5]d"
+  connection_policies:
+  - {name: staff, groups: [staff], auth_methods: [paa]}
+  resource_policies:
+  - {name: rdp, groups: [staff], hosts: [127.0.0.1], ports: [%[6]d]}
+broker:
+  listen: "127.0.0.1:%[9]d"
+  heartbeat_interval: 1s
+  heartbeat_timeout: 10s
+  delivery_groups:
+  - {name: desk, groups: [staff]}
+agent:
+  broker: https://127.0.0.1:%[9]d
+  broker_ca: %[3]s
+  join_token: "%[10]s"
+  name: xrdp-host
+  address: 127.0.0.1
+  port: %[6]d
+  sessions: xrdp
+  session_poll: 500ms
+`
+
+// TestBrokerLaunchThroughGatewayToXRDP is the launch path end to end: the
+// agent registers the xrdp host and reports its sessions, a launch returns
+// an .rdp file, xfreerdp opens it through the gateway with the token in
+// it, the agent reports the logon, then the disconnect, and a relaunch
+// returns the same session on the same host, which xfreerdp reconnects to.
+func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
+	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp")
+	testkit.RequireRoot(t)
+	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name()), consent: "y\n"}
+	_ = os.RemoveAll(r.artifacts)
+	rdpPort := testkit.FreePort(t)
+	r.xrdp = testkit.StartXRDP(t, rdpPort)
+	r.display = testkit.Xvfb(t)
+	dir := t.TempDir()
+	_, _, cert, key := testkit.TLS(t)
+	gwPort, brokerPort, adminPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	r.gw = fmt.Sprintf("127.0.0.1:%d", gwPort)
+	r.cfg = filepath.Join(dir, "deskway.yaml")
+	write := func(join string) {
+		body := fmt.Sprintf(brokerConfig, dir, adminPort, cert, key, gwPort, rdpPort, r.xrdp.User, r.xrdp.Password, brokerPort, join)
+		if err := os.WriteFile(r.cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("placeholder")
+	out, err := exec.Command(r.bin, "token", "join", "-c", r.cfg, "--group", "desk", "--ttl", "1h").CombinedOutput()
+	if err != nil {
+		t.Fatalf("deskway token join: %v %s", err, out)
+	}
+	write(strings.TrimSpace(string(out)))
+	r.gwLog = testkit.Start(t, nil, r.bin, "run", "-c", r.cfg)
+	if err := testkit.WaitPort(r.gw, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	broker := fmt.Sprintf("https://127.0.0.1:%d", brokerPort)
+	launch := func() brokerapi.LaunchResponse {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); ; {
+			req, _ := http.NewRequest("POST", broker+"/api/v1/launch", strings.NewReader(`{"delivery_group":"desk"}`))
+			req.SetBasicAuth(r.xrdp.User, r.xrdp.Password)
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				var lr brokerapi.LaunchResponse
+				if err := json.Unmarshal(body, &lr); err != nil {
+					t.Fatal(err)
+				}
+				return lr
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("launch: %d %s\n%s", resp.StatusCode, body, lastLines(r.gwLog.Log.String(), 20))
+			}
+			time.Sleep(300 * time.Millisecond) // the agent is still registering
+		}
+	}
+	sessionState := func() string {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d/api/v1/broker/sessions?user=%s", adminPort, r.xrdp.User), nil)
+		req.Header.Set("Authorization", "Bearer e2e-admin-token")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ss []map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&ss); err != nil || len(ss) == 0 {
+			return fmt.Sprintf("none (%v)", err)
+		}
+		return fmt.Sprint(ss[0]["state"])
+	}
+	waitState := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); sessionState() != want; {
+			if time.Now().After(deadline) {
+				t.Fatalf("session state %s, want %s\n%s", sessionState(), want, lastLines(r.gwLog.Log.String(), 30))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	first := launch()
+	if first.Host != "xrdp-host" || first.Reconnect || first.Port != rdpPort {
+		t.Fatalf("first launch = %+v", first)
+	}
+	if s := sessionState(); s != "launching" {
+		t.Fatalf("after launch the session is %s, want launching", s)
+	}
+	rdp := filepath.Join(dir, "desk.rdp")
+	if err := os.WriteFile(rdp, []byte(first.RDP), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// desktop waits for the desktop, then ends xfreerdp: a disconnect.
+	r.desktop(t, "broker-launch", rdp, "/gt:http")
+	r.gatewayLogHas(t, `"tunnel open"`, `"method":"paa"`)
+	// The agent saw the logon and then the disconnect.
+	if !strings.Contains(r.gwLog.Log.String(), `"msg":"session event","role":"agent","user":"`+r.xrdp.User+`","state":"active"`) {
+		t.Fatalf("agent never reported the logon\n%s", lastLines(r.gwLog.Log.String(), 30))
+	}
+	waitState("disconnected")
+	again := launch()
+	if !again.Reconnect || again.SessionID != first.SessionID || again.Host != first.Host {
+		t.Fatalf("relaunch = %+v, want a reconnect to session %s", again, first.SessionID)
+	}
+	if err := os.WriteFile(rdp, []byte(again.RDP), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.desktop(t, "broker-reconnect", rdp, "/gt:http")
+	waitState("disconnected")
+}

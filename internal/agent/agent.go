@@ -1,0 +1,186 @@
+// Package agent runs on each session host: it registers the host with the
+// broker using a join token, reports load and disk health from /proc every
+// heartbeat, reports logons, disconnects and logoffs as they happen, and
+// asks for drain mode while a drain file exists.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/config"
+)
+
+// Deps are what the agent needs from outside.
+type Deps struct {
+	Logger *slog.Logger
+	Client *brokerclient.Client
+	// Sessions lists the host's sessions now; nil means the host reports none.
+	Sessions func() ([]brokerapi.Session, error)
+	// Proc is the /proc to read counters from.
+	Proc string
+}
+
+// Agent is one host's agent.
+type Agent struct {
+	cfg  *config.Agent
+	d    Deps
+	cred string
+	beat time.Duration
+}
+
+// New builds an agent; Run registers and reports.
+func New(cfg *config.Agent, d Deps) (*Agent, error) {
+	if d.Client == nil || d.Logger == nil {
+		return nil, errors.New("agent: client and logger are required")
+	}
+	if d.Proc == "" {
+		d.Proc = "/proc"
+	}
+	if d.Sessions == nil {
+		d.Sessions = func() ([]brokerapi.Session, error) { return nil, nil }
+	}
+	return &Agent{cfg: cfg, d: d}, nil
+}
+
+// permanent reports a refusal that retrying cannot fix: the config is wrong.
+func permanent(err error) bool {
+	var se *brokerclient.StatusError
+	return errors.As(err, &se) && (se.Status == http.StatusBadRequest || se.Status == http.StatusUnauthorized || se.Status == http.StatusForbidden)
+}
+
+// register joins the broker, retrying while it is unreachable.
+func (a *Agent) register(ctx context.Context) error {
+	wait := time.Second
+	for {
+		res, err := a.d.Client.Register(ctx, a.cfg.JoinToken.Value(), brokerapi.RegisterRequest{Name: a.cfg.Name,
+			Address: a.cfg.Address, Port: a.cfg.Port, Zone: a.cfg.Zone, Weight: a.cfg.Weight, SessionLimit: a.cfg.SessionLimit})
+		if err == nil {
+			a.cred = res.Credential
+			a.beat = time.Duration(res.HeartbeatInterval * float64(time.Second))
+			if a.beat <= 0 {
+				a.beat = 5 * time.Second
+			}
+			a.d.Logger.Info("registered", "host", res.Host, "delivery_group", res.DeliveryGroup, "heartbeat", a.beat)
+			return nil
+		}
+		if permanent(err) {
+			return fmt.Errorf("agent: the broker refused registration: %w", err)
+		}
+		a.d.Logger.Warn("register failed; retrying", "error", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// Run reports until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.register(ctx); err != nil {
+		return err
+	}
+	prev, err := ReadCounters(a.d.Proc)
+	if err != nil {
+		return err
+	}
+	known, _ := a.d.Sessions()
+	heartbeat := time.NewTicker(a.beat)
+	defer heartbeat.Stop()
+	poll := time.NewTicker(a.cfg.SessionPoll.D())
+	defer poll.Stop()
+	send := func() error { return a.heartbeat(ctx, &prev, known) }
+	if err := send(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-poll.C:
+			cur, err := a.d.Sessions()
+			if err != nil {
+				a.d.Logger.Warn("reading sessions", "error", err)
+				continue
+			}
+			if ev := Diff(known, cur); len(ev) > 0 {
+				for _, e := range ev {
+					a.d.Logger.Info("session event", "user", e.User, "state", e.State)
+				}
+				if err := a.d.Client.Events(ctx, a.cred, brokerapi.Events{Host: a.cfg.Name, Events: ev}); err != nil {
+					// The next heartbeat carries the sessions and reconciles.
+					a.d.Logger.Warn("reporting session events", "error", err)
+				}
+			}
+			known = cur
+		case <-heartbeat.C:
+			if err := send(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// heartbeat reports load since *prev and the sessions; it registers again
+// when the broker no longer knows the host or its credential.
+func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []brokerapi.Session) error {
+	cur, err := ReadCounters(a.d.Proc)
+	if err != nil {
+		return err
+	}
+	l := Between(*prev, cur)
+	*prev = cur
+	_, drainErr := os.Stat(a.cfg.DrainFile)
+	hb := brokerapi.Heartbeat{Host: a.cfg.Name, CPU: l.CPU, Memory: l.Memory, DiskIdle: l.DiskIdle,
+		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, Drain: drainErr == nil, Sessions: sessions}
+	if hb.Sessions == nil {
+		hb.Sessions = []brokerapi.Session{}
+	}
+	err = a.d.Client.Heartbeat(ctx, a.cred, hb)
+	var se *brokerclient.StatusError
+	if errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusUnauthorized) {
+		a.d.Logger.Info("broker asks to register again", "reason", se.Message)
+		if err := a.register(ctx); err != nil {
+			return err
+		}
+		err = a.d.Client.Heartbeat(ctx, a.cred, hb)
+	}
+	if err != nil && !permanent(err) {
+		a.d.Logger.Warn("heartbeat failed", "error", err)
+		return nil
+	}
+	return err
+}
+
+// Diff turns two readings of a host's sessions into events: a new user is
+// a logon, active to disconnected a disconnect, back a reconnect, a user
+// gone a logoff.
+func Diff(prev, cur []brokerapi.Session) []brokerapi.Event {
+	was := map[string]string{}
+	for _, s := range prev {
+		was[s.User] = s.State
+	}
+	var out []brokerapi.Event
+	now := map[string]bool{}
+	for _, s := range cur {
+		now[s.User] = true
+		if was[s.User] != s.State {
+			out = append(out, brokerapi.Event{User: s.User, State: s.State})
+		}
+	}
+	for _, s := range prev {
+		if !now[s.User] {
+			out = append(out, brokerapi.Event{User: s.User, State: "ended"})
+		}
+	}
+	return out
+}

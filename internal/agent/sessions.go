@@ -1,0 +1,113 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+)
+
+// XRDPSessions finds xrdp sessions from /proc under root: every X server
+// (Xorg or Xvnc) started by xrdp-sesman is one user's session on display
+// :N, and it is active while xrdp holds a connection on that display's
+// socket (…/xrdp_display_N in /proc/net/unix), disconnected otherwise.
+// xrdp records no utmp entries and needs no logind, so this is what tells
+// the session state on a plain Debian host.
+func XRDPSessions(root string) ([]brokerapi.Session, error) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	type xs struct {
+		uid     string
+		display string
+	}
+	var servers []xs
+	for _, e := range ents {
+		pid := e.Name()
+		if _, err := strconv.Atoi(pid); err != nil {
+			continue
+		}
+		args, err := os.ReadFile(filepath.Join(root, pid, "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(args), "\x00"), "\x00")
+		if len(argv) < 2 {
+			continue
+		}
+		prog := filepath.Base(argv[0])
+		if prog != "Xorg" && prog != "Xvnc" {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join(root, pid, "status"))
+		if err != nil {
+			continue
+		}
+		ppid, uid := statusField(status, "PPid:"), statusField(status, "Uid:")
+		parent, _ := os.ReadFile(filepath.Join(root, ppid, "comm"))
+		if strings.TrimSpace(string(parent)) != "xrdp-sesman" {
+			continue
+		}
+		for _, a := range argv[1:] {
+			if strings.HasPrefix(a, ":") {
+				servers = append(servers, xs{uid: uid, display: a[1:]})
+				break
+			}
+		}
+	}
+	unix, err := os.ReadFile(filepath.Join(root, "net", "unix"))
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	connected := connectedXRDPDisplays(unix)
+	var out []brokerapi.Session
+	for _, s := range servers {
+		name := s.uid
+		if u, err := user.LookupId(s.uid); err == nil {
+			name = u.Username
+		}
+		state := "disconnected"
+		if connected[s.display] {
+			state = "active"
+		}
+		out = append(out, brokerapi.Session{User: name, State: state})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	return out, nil
+}
+
+// statusField returns the first value of a /proc/PID/status line.
+func statusField(status []byte, key string) string {
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == key {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// connectedXRDPDisplays returns the displays whose xrdp_display_N socket
+// has a connected (state 03) entry in /proc/net/unix: xrdp is attached.
+func connectedXRDPDisplays(unix []byte) map[string]bool {
+	out := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(unix))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 8 || f[5] != "03" {
+			continue
+		}
+		if n, ok := strings.CutPrefix(filepath.Base(f[7]), "xrdp_display_"); ok {
+			out[n] = true
+		}
+	}
+	return out
+}

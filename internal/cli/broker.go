@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/deskway/deskway/internal/agent"
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker"
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/broker/store"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/obs"
+)
+
+func brokerCmd() *cobra.Command {
+	var cfgPath string
+	c := &cobra.Command{
+		Use:   "broker",
+		Short: "Run the session broker: places launches on session hosts and returns .rdp files through the gateway",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if cfg.Broker == nil {
+				return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
+			}
+			cfg.Gateway, cfg.Stream, cfg.Agent = nil, nil, nil
+			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
+		},
+	}
+	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	return c
+}
+
+func agentCmd() *cobra.Command {
+	var cfgPath string
+	c := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the session-host agent: registers this host with the broker and reports load, disk health and sessions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if cfg.Agent == nil {
+				return errors.New("the config has no agent section: add agent.broker and agent.join_token")
+			}
+			log := obs.NewLogger(cmd.ErrOrStderr(), cfg.Log.Level, cfg.Log.Format).With("role", "agent")
+			a, err := newAgent(cfg.Agent, log)
+			if err != nil {
+				return err
+			}
+			return a.Run(cmd.Context())
+		},
+	}
+	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	return c
+}
+
+// newAgent builds the agent from its config section.
+func newAgent(cfg *config.Agent, log *slog.Logger) (*agent.Agent, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.BrokerCA != "" {
+		pem, err := os.ReadFile(cfg.BrokerCA)
+		if err != nil {
+			return nil, fmt.Errorf("agent.broker_ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("agent.broker_ca: %s holds no PEM certificate", cfg.BrokerCA)
+		}
+		tc.RootCAs = pool
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}}
+	var sessions func() ([]brokerapi.Session, error)
+	if cfg.Sessions == "xrdp" {
+		sessions = func() ([]brokerapi.Session, error) { return agent.XRDPSessions("/proc") }
+	}
+	return agent.New(cfg, agent.Deps{Logger: log, Client: &brokerclient.Client{Base: cfg.Broker, HTTP: hc}, Sessions: sessions})
+}
+
+// newBroker opens the broker's store and builds the role.
+func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) (*broker.Server, *store.Store, error) {
+	st, err := store.Open(ctx, cfg.Broker.Database, cfg.Broker.MaxDBConnections)
+	if err != nil {
+		return nil, nil, fmt.Errorf("broker.database: %w", err)
+	}
+	users, err := auth.NewUsers(cfg.Auth.Users)
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	tokens, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: log.With("role", "broker"), Registry: reg, Users: users,
+		Tokens: tokens, Store: st, Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil)})
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	if err := b.Start(ctx); err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	return b, st, nil
+}
+
+func joinCmd() *cobra.Command {
+	var (
+		cfgPath, group, zone string
+		ttl                  time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "join",
+		Short: "Mint a join token with which deskway agent registers a session host into a delivery group",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if !cfg.Auth.TokenKey.IsSet() {
+				return errors.New("token join: auth.token_key is not set in " + cfgPath)
+			}
+			if group == "" {
+				return errors.New("token join: --group is required")
+			}
+			tk, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+			if err != nil {
+				return err
+			}
+			s, err := tk.MintJoin(group, zone, ttl)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file holding auth.token_key")
+	c.Flags().StringVar(&group, "group", "", "delivery group the host joins")
+	c.Flags().StringVar(&zone, "zone", "", "zone the host is in (else the agent's own setting)")
+	c.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "how long the token can register hosts")
+	return c
+}
+
+func runCmd() *cobra.Command {
+	var cfgPath string
+	c := &cobra.Command{
+		Use:   "run",
+		Short: "Run every role the config file has a section for (gateway, broker, agent, stream)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
+		},
+	}
+	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	return c
+}
