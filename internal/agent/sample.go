@@ -13,14 +13,14 @@ import (
 
 // Counters is one reading of the host's cumulative counters.
 type Counters struct {
-	At         time.Time
-	CPUBusy    uint64 // jiffies not idle or waiting on I/O
-	CPUTotal   uint64
-	MemTotal   uint64 // bytes
-	MemAvail   uint64
-	MemSome10  float64 // PSI memory "some" avg10, percent
-	Disks      map[string]DiskCounters
-	HasPSI     bool
+	At        time.Time
+	CPUBusy   uint64 // jiffies not idle or waiting on I/O
+	CPUTotal  uint64
+	MemTotal  uint64 // bytes
+	MemAvail  uint64
+	MemSome10 float64 // PSI memory "some" avg10, percent
+	Disks     map[string]DiskCounters
+	HasPSI    bool
 }
 
 // DiskCounters are one block device's fields from /proc/diskstats.
