@@ -119,3 +119,48 @@ func runBench(t *testing.T, out, name string, args ...string) report.Result {
 	}
 	return res
 }
+
+// TestBrokerBenchSmoke runs a tiny `deskway bench broker` (few hosts and
+// launches, PostgreSQL behind 20 ms of injected round trip, and SQLite)
+// and checks the result's shape and that every launch was placed.
+func TestBrokerBenchSmoke(t *testing.T) {
+	out := t.TempDir()
+	res := runBench(t, out, "broker", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
+	if res.Bench != "broker" || res.Command == "" {
+		t.Fatalf("header: %+v", res)
+	}
+	for _, k := range []string{"rtt10_c60_launches_per_s", "rtt250_c60_launches_per_s", "rtt250_c60_median_ms"} {
+		if _, ok := res.Summary[k]; ok {
+			t.Errorf("summary has %s for a point that was not measured", k)
+		}
+	}
+	if v, ok := res.Summary["max_error_pct"]; !ok || v != 0 {
+		t.Errorf("max_error_pct = %v (present %v), want 0", v, ok)
+	}
+	seen := map[string]int{}
+	for _, p := range res.Points {
+		if p.Skipped != "" {
+			t.Errorf("%s skipped: %s", p.System, p.Skipped)
+		}
+		seen[p.System]++
+		if p.System == "paper" {
+			continue
+		}
+		m := p.Metrics
+		if m["launches"] != 150 || m["errors"] != 0 || m["launches_per_s"] <= 0 || m["median_ms"] <= 0 {
+			t.Errorf("point %v: %v", p.Params, m)
+		}
+		// Through the proxy every launch pays at least one 20 ms round trip.
+		if p.System == "deskway-postgres" && m["median_ms"] < 20 {
+			t.Errorf("postgres median %v ms under the injected 20 ms round trip", m["median_ms"])
+		}
+	}
+	if seen["deskway-postgres"] != 2 || seen["deskway-sqlite"] != 2 || seen["paper"] != 25 {
+		t.Errorf("points per system: %v", seen)
+	}
+	for _, f := range []string{"result.md", "launches-per-second.svg", "response-time.svg"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s missing or empty", f)
+		}
+	}
+}

@@ -525,13 +525,20 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	now := s.now()
-	for _, e := range ev.Events {
-		changed, err := s.store.Event(r.Context(), store.Event{Host: ev.Host, User: e.User, State: e.State, Now: now})
+	// Consecutive events of one state go to the store together: a batch of
+	// logons costs one statement, and the order of a user's events holds.
+	for i := 0; i < len(ev.Events); {
+		j, users := i, []string{}
+		for ; j < len(ev.Events) && ev.Events[j].State == ev.Events[i].State; j++ {
+			users = append(users, ev.Events[j].User)
+		}
+		changed, err := s.store.Event(r.Context(), store.Event{Host: ev.Host, Users: users, State: ev.Events[i].State, Now: now})
 		if err != nil {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
 		}
-		s.log.Debug("session event", "host", ev.Host, "user", e.User, "state", e.State, "changed", changed)
+		s.log.Debug("session events", "host", ev.Host, "users", users, "state", ev.Events[i].State, "changed", changed)
+		i = j
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

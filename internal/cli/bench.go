@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deskway/deskway/internal/bench/bootstorm"
+	"github.com/deskway/deskway/internal/bench/brokerbench"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
 	"github.com/deskway/deskway/internal/obs"
@@ -22,7 +23,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd())
+	c.AddCommand(echoServerCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd())
 	return c
 }
 
@@ -217,5 +218,58 @@ func benchThroughputCmd() *cobra.Command {
 		RunE:  func(cmd *cobra.Command, args []string) error { return f.run(cmd.Context(), cmd, args) },
 	}
 	f.register(c, "throughput")
+	return c
+}
+
+func benchBrokerCmd() *cobra.Command {
+	var (
+		out, conc, rtts, systems string
+		o                        brokerbench.Options
+	)
+	c := &cobra.Command{
+		Use:   "broker",
+		Short: "Brokering storm: simulated hosts, 10,000 launches at fixed concurrency, PostgreSQL behind injected latency; the paper's tables",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Concurrency, err = counts("--concurrency", conc); err != nil {
+				return err
+			}
+			for _, s := range strings.Split(rtts, ",") {
+				if s = strings.TrimSpace(s); s == "" {
+					continue
+				}
+				d, err := time.ParseDuration(s)
+				if err != nil || d < 0 {
+					return fmt.Errorf("bench: --rtt: %q is not a duration like 45ms", s)
+				}
+				o.RTTs = append(o.RTTs, d)
+			}
+			if systems != "" {
+				o.Systems = strings.Split(systems, ",")
+			}
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			res, err := brokerbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			for k, v := range res.Summary {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
+			}
+			if out != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and charts")
+	c.Flags().IntVar(&o.Hosts, "hosts", 57, "simulated session hosts in the delivery group")
+	c.Flags().IntVar(&o.Launches, "launches", 10000, "user launches per point")
+	c.Flags().StringVar(&conc, "concurrency", "12,24,36,48,60", "launches in flight, comma-separated")
+	c.Flags().StringVar(&rtts, "rtt", "10ms,45ms,90ms,160ms,250ms", "broker-to-PostgreSQL round trips, comma-separated")
+	c.Flags().StringVar(&systems, "systems", "postgres,sqlite", "databases: postgres (over each RTT), sqlite (embedded)")
+	c.Flags().IntVar(&o.LogonLimit, "logon-limit", 5, "per-host launches not yet logged on")
+	c.Flags().DurationVar(&o.LogonAfter, "logon-after", 100*time.Millisecond, "how often a simulated host reports logons")
 	return c
 }

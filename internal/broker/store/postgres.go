@@ -92,10 +92,10 @@ func (postgres) place(ctx context.Context, db *sql.DB, l Launch) (Placement, err
 }
 
 // eventSQL applies a session change and adjusts the host's counters in one
-// statement. $1 host, $2 user, $3 new state, $4 now.
+// statement. $1 host, $2 users, $3 new state, $4 now.
 const eventSQL = `WITH old AS (
     SELECT id, state FROM sessions
-    WHERE host_name = $1 AND user_name = $2 AND state <> 'ended' AND state <> $3
+    WHERE host_name = $1 AND user_name = ANY($2) AND state <> 'ended' AND state <> $3
     FOR UPDATE
 ), s AS (
     UPDATE sessions SET state = $3, updated_at = $4,
@@ -109,7 +109,7 @@ UPDATE hosts SET pending = pending - (SELECT count(*) FROM s WHERE was = 'launch
 WHERE name = $1 AND EXISTS (SELECT 1 FROM s)`
 
 func (postgres) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
-	res, err := db.ExecContext(ctx, eventSQL, e.Host, e.User, e.State, e.Now.UnixMilli())
+	res, err := db.ExecContext(ctx, eventSQL, e.Host, e.Users, e.State, e.Now.UnixMilli())
 	if err != nil {
 		return false, fmt.Errorf("store: session event: %w", err)
 	}

@@ -107,14 +107,19 @@ func (sqlite) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
 	}
 	defer tx.Rollback()
 	now := e.Now.UnixMilli()
-	res, err := tx.ExecContext(ctx, `UPDATE sessions SET state = $3, updated_at = $4,
-		logon_at = CASE WHEN $3 = 'active' THEN COALESCE(logon_at, $4) ELSE logon_at END,
-		ended_at = CASE WHEN $3 = 'ended' THEN $4 ELSE ended_at END
-		WHERE host_name = $1 AND user_name = $2 AND state <> 'ended' AND state <> $3`, e.Host, e.User, e.State, now)
-	if err != nil {
-		return false, fmt.Errorf("store: session event: %w", err)
+	changed := false
+	for _, u := range e.Users {
+		res, err := tx.ExecContext(ctx, `UPDATE sessions SET state = $3, updated_at = $4,
+			logon_at = CASE WHEN $3 = 'active' THEN COALESCE(logon_at, $4) ELSE logon_at END,
+			ended_at = CASE WHEN $3 = 'ended' THEN $4 ELSE ended_at END
+			WHERE host_name = $1 AND user_name = $2 AND state <> 'ended' AND state <> $3`, e.Host, u, e.State, now)
+		if err != nil {
+			return false, fmt.Errorf("store: session event: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		changed = changed || n > 0
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if !changed {
 		return false, nil
 	}
 	if err := recount(ctx, tx, e.Host); err != nil {

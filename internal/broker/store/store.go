@@ -130,10 +130,11 @@ type Report struct {
 	LogonGrace time.Duration
 }
 
-// Event is a session change an agent reports as it happens.
+// Event is a session change an agent reports as it happens, for one or
+// more users of a host at once.
 type Event struct {
 	Host  string
-	User  string
+	Users []string
 	State string // active (logon or reconnect), disconnected, ended (logoff)
 	Now   time.Time
 }
@@ -366,8 +367,8 @@ func recount(ctx context.Context, tx *sql.Tx, host string) error {
 	return nil
 }
 
-// Event applies one session change on a host: a logon or reconnect makes
-// the user's session active, a disconnect disconnected, a logoff ended. It
+// Event applies a session change on a host: a logon or reconnect makes
+// the users' sessions active, a disconnect disconnected, a logoff ended. It
 // reports whether a session changed.
 func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
 	switch e.State {

@@ -185,7 +185,7 @@ func TestPlacementLogonToleranceAndEvents(t *testing.T) {
 		if _, err := f.launch("c"); !errors.Is(err, store.ErrNoHost) {
 			t.Fatalf("third launch with logon limit 2: %v, want ErrNoHost", err)
 		}
-		changed, err := f.s.Event(ctx, store.Event{Host: "h1", User: "a", State: store.Active, Now: t0})
+		changed, err := f.s.Event(ctx, store.Event{Host: "h1", Users: []string{"a"}, State: store.Active, Now: t0})
 		if err != nil || !changed {
 			t.Fatalf("logon event: %v %v", changed, err)
 		}
@@ -193,7 +193,7 @@ func TestPlacementLogonToleranceAndEvents(t *testing.T) {
 			t.Fatalf("after a logon: pending %d sessions %d, want 1 and 2", h.Pending, h.Sessions)
 		}
 		f.mustLaunch("c")
-		for _, e := range []store.Event{{User: "b", State: store.Active}, {User: "b", State: store.Disconnected}, {User: "b", State: store.Ended}, {User: "a", State: store.Ended}} {
+		for _, e := range []store.Event{{Users: []string{"b"}, State: store.Active}, {Users: []string{"b"}, State: store.Disconnected}, {Users: []string{"b", "a"}, State: store.Ended}} {
 			e.Host, e.Now = "h1", t0
 			if _, err := f.s.Event(ctx, e); err != nil {
 				t.Fatal(err)
@@ -205,11 +205,11 @@ func TestPlacementLogonToleranceAndEvents(t *testing.T) {
 		if p := f.mustLaunch("b"); p.Reconnect || p.SessionID == b.SessionID {
 			t.Fatalf("launch after logoff = %+v, want a new session", p)
 		}
-		if changed, _ := f.s.Event(ctx, store.Event{Host: "h1", User: "a", State: store.Ended, Now: t0}); changed {
+		if changed, _ := f.s.Event(ctx, store.Event{Host: "h1", Users: []string{"a"}, State: store.Ended, Now: t0}); changed {
 			t.Fatal("a second logoff changed something")
 		}
 		_ = a
-		if _, err := f.s.Event(ctx, store.Event{Host: "h1", User: "a", State: "launching", Now: t0}); err == nil {
+		if _, err := f.s.Event(ctx, store.Event{Host: "h1", Users: []string{"a"}, State: "launching", Now: t0}); err == nil {
 			t.Fatal("event with state launching accepted")
 		}
 	})
@@ -255,7 +255,7 @@ func TestPlacementZonesWeightsDepthPersonal(t *testing.T) {
 		if _, err := f.launch("cat", mine); !errors.Is(err, store.ErrNoHost) {
 			t.Fatalf("third user with two personal hosts: %v, want ErrNoHost", err)
 		}
-		if _, err := f.s.Event(context.Background(), store.Event{Host: a.Host, User: "ann", State: store.Ended, Now: t0}); err != nil {
+		if _, err := f.s.Event(context.Background(), store.Event{Host: a.Host, Users: []string{"ann"}, State: store.Ended, Now: t0}); err != nil {
 			t.Fatal(err)
 		}
 		if p := f.mustLaunch("ann", mine); p.Host != a.Host || p.Reconnect {
@@ -272,7 +272,7 @@ func TestHeartbeatReconciles(t *testing.T) {
 		f.mustLaunch("gone")   // logged on, then its session vanished from the host
 		f.mustLaunch("slow")   // launched but never arrived
 		f.mustLaunch("recent") // launched a moment ago
-		if _, err := f.s.Event(ctx, store.Event{Host: "h1", User: "gone", State: store.Active, Now: t0}); err != nil {
+		if _, err := f.s.Event(ctx, store.Event{Host: "h1", Users: []string{"gone"}, State: store.Active, Now: t0}); err != nil {
 			t.Fatal(err)
 		}
 		rep := store.Report{Host: "h1", CPU: 0.5, Mem: 0.25, DiskIdle: 0.9, Now: t0.Add(10 * time.Second),
@@ -377,7 +377,7 @@ func TestConcurrentLaunches(t *testing.T) {
 		}
 		// Now everyone logs on and a second wave fills the session limits.
 		for _, ss := range live {
-			if _, err := s.Event(ctx, store.Event{Host: ss.Host, User: ss.User, State: store.Active, Now: t0}); err != nil {
+			if _, err := s.Event(ctx, store.Event{Host: ss.Host, Users: []string{ss.User}, State: store.Active, Now: t0}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -404,7 +404,7 @@ func TestConcurrentLaunches(t *testing.T) {
 					more++
 					mu.Unlock()
 					// Log on at once so the logon limit does not stop the wave.
-					if _, err := s.Event(ctx, store.Event{Host: p.Host, User: fmt.Sprint("w", i), State: store.Active, Now: t0}); err != nil {
+					if _, err := s.Event(ctx, store.Event{Host: p.Host, Users: []string{fmt.Sprint("w", i)}, State: store.Active, Now: t0}); err != nil {
 						t.Error(err)
 					}
 					return

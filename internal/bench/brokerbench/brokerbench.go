@@ -1,0 +1,506 @@
+// Package brokerbench is the brokering paper's test rebuilt: simulated
+// session hosts (agents speaking the real agent API) in one delivery
+// group, a storm of user launches at fixed concurrency against a real
+// broker over HTTPS, and the broker's PostgreSQL put a given round trip
+// away by a latency proxy. It reports what the paper reports, for deskway
+// and beside the paper's published figures.
+package brokerbench
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/bench/latency"
+	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/broker"
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/broker/store"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/pgcluster"
+	"github.com/deskway/deskway/internal/tlsconf"
+)
+
+// Options configure a run.
+type Options struct {
+	Hosts       int             // simulated session hosts (paper: 57)
+	Launches    int             // user launches per point (paper: 10,000)
+	Concurrency []int           // launches in flight (paper: 12 … 60)
+	RTTs        []time.Duration // broker ↔ PostgreSQL round trips (paper: 10 … 250 ms)
+	// Systems are the databases measured: postgres (over each RTT) and
+	// sqlite (embedded, no latency).
+	Systems []string
+	// SessionLimit and LogonLimit are each host's limits.
+	SessionLimit, LogonLimit int
+	// LogonAfter is how often a simulated host reports the logons of the
+	// sessions placed on it: the paper's simulated sessions log on at once.
+	LogonAfter time.Duration
+	// BrokerLog receives the broker's own log (default: warnings and up
+	// to Log), so a launch storm does not log every launch.
+	BrokerLog *slog.Logger
+	Out        string
+	Command    string
+	Log        *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Hosts == 0 {
+		o.Hosts = 57
+	}
+	if o.Launches == 0 {
+		o.Launches = 10000
+	}
+	if len(o.Concurrency) == 0 {
+		o.Concurrency = []int{12, 24, 36, 48, 60}
+	}
+	if len(o.RTTs) == 0 {
+		o.RTTs = []time.Duration{10 * time.Millisecond, 45 * time.Millisecond, 90 * time.Millisecond, 160 * time.Millisecond, 250 * time.Millisecond}
+	}
+	if len(o.Systems) == 0 {
+		o.Systems = []string{"postgres", "sqlite"}
+	}
+	if o.SessionLimit == 0 {
+		o.SessionLimit = (o.Launches+o.Hosts*8)/o.Hosts + 20
+	}
+	if o.LogonLimit == 0 {
+		o.LogonLimit = 5
+	}
+	if o.LogonAfter == 0 {
+		o.LogonAfter = 100 * time.Millisecond
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.BrokerLog == nil {
+		o.BrokerLog = slog.New(&minLevel{h: o.Log.Handler(), min: slog.LevelWarn})
+	}
+}
+
+const (
+	tokenKey      = "brokerbench-token-key-0123456789abcdef"
+	frontendToken = "brokerbench-frontend"
+	group         = "bench"
+)
+
+// Run measures every point and writes the result when Out is set.
+func Run(ctx context.Context, o Options) (*report.Result, error) {
+	o.defaults()
+	res := &report.Result{Bench: "broker", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(),
+		Summary: map[string]float64{}}
+	tmp, err := os.MkdirTemp("", "deskway-brokerbench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := tlsconf.SelfSigned(filepath.Join(tmp, "tls.crt"), filepath.Join(tmp, "tls.key"), nil); err != nil {
+		return nil, err
+	}
+	var pg *pgcluster.Cluster
+	for _, sys := range o.Systems {
+		switch sys {
+		case "postgres":
+			if !pgcluster.Available() {
+				res.Points = append(res.Points, report.Point{Scenario: "launch-storm", System: "deskway-postgres",
+					Metrics: map[string]float64{}, Skipped: "PostgreSQL is not installed (apt-get install postgresql)"})
+				continue
+			}
+			// A durable server, as production runs it: commits wait for the WAL.
+			if pg, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, MaxConnections: 400}); err != nil {
+				return nil, err
+			}
+			defer pg.Stop()
+			n := 0
+			for _, rtt := range o.RTTs {
+				for _, c := range o.Concurrency {
+					n++
+					dsn, err := pg.CreateDB(ctx, fmt.Sprintf("bench%d", n), "")
+					if err != nil {
+						return nil, err
+					}
+					p, err := o.point(ctx, tmp, "postgres", dsn, pg.Addr(), rtt, c)
+					if err != nil {
+						return nil, err
+					}
+					res.Points = append(res.Points, p)
+				}
+			}
+		case "sqlite":
+			for i, c := range o.Concurrency {
+				p, err := o.point(ctx, tmp, "sqlite", filepath.Join(tmp, fmt.Sprintf("bench%d.db", i)), "", 0, c)
+				if err != nil {
+					return nil, err
+				}
+				res.Points = append(res.Points, p)
+			}
+		default:
+			return nil, fmt.Errorf("brokerbench: unknown system %q (postgres, sqlite)", sys)
+		}
+	}
+	res.Points = append(res.Points, paperPoints()...)
+	summarize(res)
+	res.Notes = notes(o)
+	if o.Out != "" {
+		if err := write(res, o.Out); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// simHost is one simulated session host: it registered through the agent
+// API and reports, every LogonAfter, the logons of sessions placed on it.
+type simHost struct {
+	name, cred string
+	mu         sync.Mutex
+	queued     []string
+	sessions   []brokerapi.Session
+}
+
+func (h *simHost) logon(user string) {
+	h.mu.Lock()
+	h.queued = append(h.queued, user)
+	h.mu.Unlock()
+}
+
+func (h *simHost) run(ctx context.Context, c *brokerclient.Client, every, beat time.Duration, log *slog.Logger) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	hb := time.NewTicker(beat)
+	defer hb.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			h.mu.Lock()
+			q := h.queued
+			h.queued = nil
+			h.mu.Unlock()
+			if len(q) == 0 {
+				continue
+			}
+			ev := brokerapi.Events{Host: h.name}
+			for _, u := range q {
+				ev.Events = append(ev.Events, brokerapi.Event{User: u, State: store.Active})
+			}
+			if err := c.Events(ctx, h.cred, ev); err != nil && ctx.Err() == nil {
+				log.Warn("simulated host: events", "host", h.name, "error", err)
+			}
+			h.mu.Lock()
+			for _, u := range q {
+				h.sessions = append(h.sessions, brokerapi.Session{User: u, State: store.Active})
+			}
+			h.mu.Unlock()
+		case <-hb.C:
+			h.mu.Lock()
+			ss := append([]brokerapi.Session{}, h.sessions...)
+			h.mu.Unlock()
+			err := c.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: h.name, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9,
+				DiskLatencyMS: 4, Sessions: ss})
+			if err != nil && ctx.Err() == nil {
+				log.Warn("simulated host: heartbeat", "host", h.name, "error", err)
+			}
+		}
+	}
+}
+
+// point runs one storm: a fresh database, a broker, the simulated hosts,
+// then Launches launches at concurrency c.
+func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, rtt time.Duration, c int) (report.Point, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	if rtt > 0 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return report.Point{}, err
+		}
+		px := &latency.Proxy{Target: pgAddr, OneWay: rtt / 2}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = px.Serve(ctx, ln) }()
+		dsn = strings.Replace(dsn, pgAddr, ln.Addr().String(), 1)
+	}
+	cfg := &config.Config{StateDir: tmp, Auth: config.Auth{TokenKey: config.NewSecret(tokenKey)},
+		Broker: &config.Broker{Database: dsn, Gateway: "gateway.bench:443", MaxDBConnections: 2*c + 40,
+			FrontendTokens: []config.Secret{config.NewSecret(frontendToken)},
+			DeliveryGroups: []config.DeliveryGrp{{Name: group, Groups: []string{group}, SessionLimit: o.SessionLimit, LogonLimit: o.LogonLimit}}}}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return report.Point{}, err
+	}
+	st, err := store.Open(ctx, dsn, cfg.Broker.MaxDBConnections)
+	if err != nil {
+		return report.Point{}, err
+	}
+	defer st.Close()
+	tokens, err := auth.NewTokens([]byte(tokenKey), nil)
+	if err != nil {
+		return report.Point{}, err
+	}
+	users, _ := auth.NewUsers(nil)
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Users: users, Tokens: tokens, Store: st})
+	if err != nil {
+		return report.Point{}, err
+	}
+	if err := b.Start(ctx); err != nil {
+		return report.Point{}, err
+	}
+	tc, err := tlsconf.Load(filepath.Join(tmp, "tls.crt"), filepath.Join(tmp, "tls.key"), tmp, nil)
+	if err != nil {
+		return report.Point{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return report.Point{}, err
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = b.Serve(ctx, ln, tc) }()
+	ctc, err := trust(filepath.Join(tmp, "tls.crt"))
+	if err != nil {
+		return report.Point{}, err
+	}
+	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{TLSClientConfig: ctc,
+		MaxIdleConnsPerHost: 2*c + o.Hosts, MaxIdleConns: 2*c + o.Hosts}}
+	defer hc.CloseIdleConnections()
+	client := &brokerclient.Client{Base: "https://" + ln.Addr().String(), HTTP: hc, MaxRetries: 1000}
+	join, err := tokens.MintJoin(group, "", time.Hour)
+	if err != nil {
+		return report.Point{}, err
+	}
+	// Hosts register at once, as a farm's agents do when the broker starts.
+	hosts := map[string]*simHost{}
+	var mu sync.Mutex
+	var reg sync.WaitGroup
+	regErr := make(chan error, o.Hosts)
+	for i := range o.Hosts {
+		reg.Add(1)
+		go func() {
+			defer reg.Done()
+			name := fmt.Sprintf("vda%03d", i+1)
+			r, err := client.Register(ctx, join, brokerapi.RegisterRequest{Name: name, Address: name + ".bench", Port: 3389})
+			if err != nil {
+				regErr <- fmt.Errorf("brokerbench: register %s: %w", name, err)
+				return
+			}
+			h := &simHost{name: name, cred: r.Credential}
+			if err := client.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: name, DiskIdle: 0.9, Sessions: []brokerapi.Session{}}); err != nil {
+				regErr <- err
+				return
+			}
+			mu.Lock()
+			hosts[name] = h
+			mu.Unlock()
+		}()
+	}
+	reg.Wait()
+	close(regErr)
+	if err := <-regErr; err != nil {
+		return report.Point{}, err
+	}
+	for _, h := range hosts {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.run(ctx, client, o.LogonAfter, cfg.Broker.HeartbeatInterval.D(), o.Log) }()
+	}
+	launch := func(user string) (time.Duration, int, error) {
+		start := time.Now()
+		res, retries, err := client.Launch(ctx, brokerclient.Bearer(frontendToken),
+			brokerapi.LaunchRequest{DeliveryGroup: group, User: user, Groups: []string{group}})
+		if err != nil {
+			return time.Since(start), retries, err
+		}
+		hosts[res.Host].logon(user)
+		return time.Since(start), retries, nil
+	}
+	// Warm the broker's connection pool and statement cache, untimed, as a
+	// broker in service has them.
+	var warm sync.WaitGroup
+	for i := range c {
+		warm.Add(1)
+		go func() {
+			defer warm.Done()
+			if _, _, err := launch(fmt.Sprintf("warm%03d", i)); err != nil {
+				o.Log.Warn("warm-up launch", "error", err)
+			}
+		}()
+	}
+	warm.Wait()
+	lat := make([]time.Duration, o.Launches)
+	failed := make([]bool, o.Launches)
+	var next, retries atomic.Int64
+	var firstErr atomic.Value
+	cpu0 := processCPU()
+	start := time.Now()
+	var workers sync.WaitGroup
+	for range c {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= o.Launches || ctx.Err() != nil {
+					return
+				}
+				d, r, err := launch(fmt.Sprintf("user%05d", i))
+				lat[i] = d
+				retries.Add(int64(r))
+				if err != nil {
+					failed[i] = true
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	workers.Wait()
+	wall := time.Since(start)
+	cpu := processCPU() - cpu0
+	var ok []time.Duration
+	errs := 0
+	var sum time.Duration
+	for i, d := range lat {
+		if failed[i] {
+			errs++
+			continue
+		}
+		ok = append(ok, d)
+		sum += d
+	}
+	sort.Slice(ok, func(i, j int) bool { return ok[i] < ok[j] })
+	m := map[string]float64{
+		"launches":           float64(o.Launches),
+		"errors":             float64(errs),
+		"error_pct":          100 * float64(errs) / float64(o.Launches),
+		"launches_per_s":     float64(len(ok)) / wall.Seconds(),
+		"wall_s":             wall.Seconds(),
+		"retries":            float64(retries.Load()),
+		"bench_cpu_s":        cpu.Seconds(),
+		"bench_cpu_ms_per_l": 1000 * cpu.Seconds() / float64(o.Launches),
+	}
+	if len(ok) > 0 {
+		m["avg_response_s"] = (sum / time.Duration(len(ok))).Seconds()
+		m["median_ms"] = ms(ok[len(ok)/2])
+		m["p99_ms"] = ms(ok[min(len(ok)-1, len(ok)*99/100)])
+		m["max_ms"] = ms(ok[len(ok)-1])
+	}
+	// What the store holds afterwards: every success is one live session.
+	live, err := st.Sessions(ctx, "", false, o.Launches+10*c+1000)
+	if err != nil {
+		return report.Point{}, err
+	}
+	m["live_sessions"] = float64(len(live))
+	if want := len(ok) + c; len(live) != want {
+		return report.Point{}, fmt.Errorf("brokerbench: %d live sessions after %d successful launches and %d warm-ups", len(live), len(ok), c)
+	}
+	p := report.Point{Scenario: "launch-storm", System: "deskway-" + dialect,
+		Params: map[string]any{"rtt_ms": rtt.Milliseconds(), "concurrency": c, "hosts": o.Hosts}, Metrics: m}
+	if e, _ := firstErr.Load().(string); e != "" {
+		p.Params["first_error"] = e
+	}
+	o.Log.Info("point", "db", dialect, "rtt", rtt, "concurrency", c, "launches_per_s", round(m["launches_per_s"]),
+		"avg_s", round(m["avg_response_s"]), "median_ms", round(m["median_ms"]), "errors", errs, "retries", retries.Load())
+	return p, nil
+}
+
+// minLevel drops records below min.
+type minLevel struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (m *minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.h.Enabled(ctx, l)
+}
+func (m *minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+func (m *minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return &minLevel{h: m.h.WithAttrs(a), min: m.min}
+}
+func (m *minLevel) WithGroup(g string) slog.Handler { return &minLevel{h: m.h.WithGroup(g), min: m.min} }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
+
+// processCPU is this process's user+system CPU time.
+func processCPU() time.Duration {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var ut, stt int64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &stt)
+	return time.Duration(ut+stt) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+var errNoPoint = errors.New("no such point")
+
+// find returns the metrics of system at rtt and concurrency.
+func find(res *report.Result, system string, rtt int64, c int) (map[string]float64, error) {
+	for _, p := range res.Points {
+		if p.System != system || p.Skipped != "" {
+			continue
+		}
+		if toInt64(p.Params["rtt_ms"]) == rtt && int(toInt64(p.Params["concurrency"])) == c {
+			return p.Metrics, nil
+		}
+	}
+	return nil, errNoPoint
+}
+
+func toInt64(v any) int64 {
+	switch x := v.(type) {
+	case int:
+		return int64(x)
+	case int64:
+		return x
+	case float64:
+		return int64(x)
+	}
+	return -1
+}
+
+func summarize(res *report.Result) {
+	if m, err := find(res, "deskway-postgres", 10, 60); err == nil {
+		res.Summary["rtt10_c60_launches_per_s"] = round(m["launches_per_s"])
+	}
+	if m, err := find(res, "deskway-postgres", 250, 60); err == nil {
+		res.Summary["rtt250_c60_launches_per_s"] = round(m["launches_per_s"])
+		res.Summary["rtt250_c60_median_ms"] = round(m["median_ms"])
+	}
+	worst := 0.0
+	for _, p := range res.Points {
+		if strings.HasPrefix(p.System, "deskway") {
+			worst = max(worst, p.Metrics["error_pct"])
+		}
+	}
+	res.Summary["max_error_pct"] = worst
+}
+
+// trust returns a client TLS config that trusts the bench's own certificate.
+func trust(certFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
