@@ -53,9 +53,9 @@ type Options struct {
 	// BrokerLog receives the broker's own log (default: warnings and up
 	// to Log), so a launch storm does not log every launch.
 	BrokerLog *slog.Logger
-	Out        string
-	Command    string
-	Log        *slog.Logger
+	Out       string
+	Command   string
+	Log       *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -430,7 +430,9 @@ func (m *minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h
 func (m *minLevel) WithAttrs(a []slog.Attr) slog.Handler {
 	return &minLevel{h: m.h.WithAttrs(a), min: m.min}
 }
-func (m *minLevel) WithGroup(g string) slog.Handler { return &minLevel{h: m.h.WithGroup(g), min: m.min} }
+func (m *minLevel) WithGroup(g string) slog.Handler {
+	return &minLevel{h: m.h.WithGroup(g), min: m.min}
+}
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
