@@ -17,10 +17,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +36,15 @@ import (
 
 // maxBody bounds every API request body.
 const maxBody = 64 << 10
+
+// dbTimeout bounds one placement attempt on the database; past it, or on
+// any failure with the database not answering a ping, the broker places
+// from its local host cache.
+const dbTimeout = 10 * time.Second
+
+// cacheRefresh is how often the local host cache is reloaded from the
+// database, and how often an unreachable database is tried again.
+const cacheRefresh = 5 * time.Second
 
 // agentCredentialTTL is how long a registered host's credential lasts; an
 // agent whose credential expires registers again with its join token.
@@ -48,6 +60,9 @@ type Deps struct {
 	// Throttle locks out users and addresses after repeated bad passwords.
 	Throttle *auth.Throttle
 	Now      func() time.Time
+	// StateDir holds the local host cache's journal of launches placed
+	// while the database was unreachable.
+	StateDir string
 }
 
 // Server is the broker role.
@@ -63,6 +78,9 @@ type Server struct {
 	frontend [][]byte
 	sem      chan struct{}
 	m        *metrics
+	cache    *localCache
+	offline  atomic.Bool
+	personal map[string]bool
 }
 
 // New builds the broker; Start syncs its delivery groups into the store.
@@ -70,8 +88,8 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	if d.Tokens == nil {
 		return nil, errors.New("broker: auth.token_key is required to sign gateway tokens")
 	}
-	if d.Store == nil || d.Users == nil || d.Logger == nil {
-		return nil, errors.New("broker: store, users and logger are required")
+	if d.Store == nil || d.Users == nil || d.Logger == nil || d.StateDir == "" {
+		return nil, errors.New("broker: store, users, logger and state dir are required")
 	}
 	if d.Now == nil {
 		d.Now = time.Now
@@ -80,10 +98,12 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 		d.Throttle = auth.NewThrottle(5, 5*time.Minute, d.Now)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
-		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry)}
+		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry), personal: map[string]bool{},
+		cache: newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"))}
 	for i := range cfg.DeliveryGroups {
 		g := &cfg.DeliveryGroups[i]
 		s.groups[g.Name] = g
+		s.personal[g.Name] = g.Kind == "personal"
 	}
 	for _, t := range cfg.FrontendTokens {
 		s.frontend = append(s.frontend, []byte(t.Value()))
@@ -94,13 +114,131 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	return s, nil
 }
 
-// Start writes the configured delivery groups into the store.
+// Start writes the configured delivery groups into the store, writes back
+// launches a previous run placed while the database was unreachable, and
+// loads the local host cache.
 func (s *Server) Start(ctx context.Context) error {
 	var gs []store.Group
 	for _, g := range s.cfg.DeliveryGroups {
 		gs = append(gs, store.Group{Name: g.Name, Kind: g.Kind, Spread: g.Spread, Description: g.Description})
 	}
-	return s.store.SyncGroups(ctx, gs)
+	if err := s.store.SyncGroups(ctx, gs); err != nil {
+		return err
+	}
+	if err := s.restore(ctx); err != nil {
+		return err
+	}
+	return s.refresh(ctx)
+}
+
+// refresh reloads the local host cache from the database.
+func (s *Server) refresh(ctx context.Context) error {
+	hosts, err := s.store.Hosts(ctx, "")
+	if err != nil {
+		return err
+	}
+	live, err := s.store.Sessions(ctx, "", false, 1<<30)
+	if err != nil {
+		return err
+	}
+	if !s.offline.Load() {
+		s.cache.load(hosts, live)
+	}
+	return nil
+}
+
+// restore writes the sessions placed from the local host cache back to
+// the database, journal by journal.
+func (s *Server) restore(ctx context.Context) error {
+	for {
+		path, err := s.cache.claim()
+		if err != nil || path == "" {
+			return err
+		}
+		sessions, err := readJournal(path)
+		if err != nil {
+			return err
+		}
+		n, err := s.store.Restore(ctx, sessions, s.personal)
+		if err != nil {
+			return fmt.Errorf("broker: writing back launches placed while the database was unreachable: %w", err)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		s.log.Info("launches placed while the database was unreachable are written back", "sessions", len(sessions), "live", n)
+	}
+}
+
+// Maintain keeps the local host cache fresh and, while the database is
+// unreachable, tries it again and writes the journal back when it answers.
+// Serve runs it; it returns when ctx ends.
+func (s *Server) Maintain(ctx context.Context) {
+	t := time.NewTicker(cacheRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.offline.Load() {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := s.store.Ping(pctx)
+			cancel()
+			if err != nil {
+				continue
+			}
+		}
+		if err := s.restore(ctx); err != nil {
+			s.log.Warn("write-back of offline launches failed; retrying", "error", err)
+			continue
+		}
+		if s.offline.Swap(false) {
+			s.m.offline.Set(0)
+			s.log.Info("database reachable again: placing launches in the database")
+		}
+		if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("local host cache refresh failed", "error", err)
+		}
+	}
+}
+
+// dbDown reports whether the database is unreachable after cause, and if
+// so switches to placing from the local host cache.
+func (s *Server) dbDown(cause error) bool {
+	if s.offline.Load() {
+		return true
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if s.store.Ping(pctx) == nil {
+		return false
+	}
+	if !s.offline.Swap(true) {
+		s.m.offline.Set(1)
+		s.log.Warn("database unreachable: placing launches from the local host cache until it returns", "error", cause)
+	}
+	return true
+}
+
+// place asks the database, or the local host cache when the database is
+// unreachable; offline says which answered.
+func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, offline bool, err error) {
+	if !s.offline.Load() {
+		dctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		p, err = s.store.Place(dctx, l)
+		cancel()
+		if err == nil {
+			s.cache.placed(l, p)
+			return p, false, nil
+		}
+		if errors.Is(err, store.ErrNoHost) || ctx.Err() != nil || !s.dbDown(err) {
+			return p, false, err
+		}
+	}
+	p, err = s.cache.place(l)
+	return p, true, err
 }
 
 // Handler serves the launch and agent API.
@@ -123,6 +261,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) err
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(ln, tc)) }()
+	mctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go s.Maintain(mctx)
 	s.log.Info("broker listening", "addr", ln.Addr().String(), "database", s.store.Dialect(), "zone", s.cfg.Zone)
 	select {
 	case err := <-errc:
@@ -327,14 +468,17 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	now := s.now()
 	stale := now.Add(-s.cfg.HeartbeatTimeout.D())
-	p, err := s.store.Place(ctx, store.Launch{User: who.user, Group: g.Name, Zone: zone, Personal: g.Kind == "personal",
+	p, offline, err := s.place(ctx, store.Launch{User: who.user, Group: g.Name, Zone: zone, Personal: g.Kind == "personal",
 		Depth: g.Spread == "depth", SessionID: store.NewID(), Now: now, Stale: stale})
 	if errors.Is(err, store.ErrNoHost) {
 		s.m.launches.WithLabelValues("no_host").Inc()
-		hosts, herr := s.store.Hosts(ctx, g.Name)
-		if herr != nil {
-			s.fail(w, r, http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
-			return
+		hosts := s.cache.snapshot(g.Name)
+		if !offline {
+			var herr error
+			if hosts, herr = s.store.Hosts(ctx, g.Name); herr != nil {
+				s.fail(w, r, http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
+				return
+			}
 		}
 		msg, retry := Explain(g.Name, hosts, stale, g.Kind == "personal", who.user)
 		if retry {
@@ -358,10 +502,13 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	if p.Reconnect {
 		result = "reconnected"
 	}
+	if offline {
+		result += "_offline"
+	}
 	s.m.launches.WithLabelValues(result).Inc()
 	s.m.latency.Observe(s.now().Sub(start).Seconds())
 	s.log.Info("launch", "user", who.user, "delivery_group", g.Name, "host", p.Host, "session", p.SessionID,
-		"reconnect", p.Reconnect, "zone", zone, "ms", s.now().Sub(start).Milliseconds())
+		"reconnect", p.Reconnect, "zone", zone, "offline", offline, "ms", s.now().Sub(start).Milliseconds())
 	resp := brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
 		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok,
 		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, who.user)}
@@ -443,12 +590,13 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	if zone == "" {
 		zone = req.Zone
 	}
-	err = s.store.RegisterHost(r.Context(), store.Host{Name: req.Name, Group: g.Name, Zone: zone, Address: req.Address,
-		Port: req.Port, Weight: weight, SessionLimit: limit, LogonLimit: g.LogonLimit, RegisteredAt: s.now()})
-	if err != nil {
+	h := store.Host{Name: req.Name, Group: g.Name, Zone: zone, Address: req.Address,
+		Port: req.Port, Weight: weight, SessionLimit: limit, LogonLimit: g.LogonLimit, RegisteredAt: s.now()}
+	if err := s.store.RegisterHost(r.Context(), h); err != nil {
 		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
+	s.cache.register(h)
 	cred, err := s.tokens.MintAgent(req.Name, g.Name, agentCredentialTTL)
 	if err != nil {
 		s.fail(w, r, http.StatusInternalServerError, "%v", err)
@@ -496,15 +644,20 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	rep := store.Report{Host: hb.Host, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
 		MemPressure: hb.MemoryPressure, Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions,
 		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
-	err = s.store.Heartbeat(r.Context(), rep)
+	err = nil
+	if !s.offline.Load() {
+		err = s.store.Heartbeat(r.Context(), rep)
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		s.fail(w, r, http.StatusNotFound, "host %q is not registered: register again with a join token", hb.Host)
 		return
 	}
-	if err != nil {
+	if err != nil && !s.dbDown(err) {
 		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
+	// While the database is away the cache alone keeps the host's health.
+	s.cache.heartbeat(rep)
 	s.m.heartbeats.Inc()
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -532,11 +685,19 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		for ; j < len(ev.Events) && ev.Events[j].State == ev.Events[i].State; j++ {
 			users = append(users, ev.Events[j].User)
 		}
-		changed, err := s.store.Event(r.Context(), store.Event{Host: ev.Host, Users: users, State: ev.Events[i].State, Now: now})
-		if err != nil {
+		e := store.Event{Host: ev.Host, Users: users, State: ev.Events[i].State, Now: now}
+		var changed bool
+		var err error
+		if !s.offline.Load() {
+			changed, err = s.store.Event(r.Context(), e)
+		}
+		if err != nil && !s.dbDown(err) {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
 		}
+		// Offline, the next heartbeat after the database returns records
+		// the sessions' states; the cache keeps the counters right meanwhile.
+		s.cache.event(e)
 		s.log.Debug("session events", "host", ev.Host, "users", users, "state", ev.Events[i].State, "changed", changed)
 		i = j
 	}
@@ -602,6 +763,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 }
 
 type metrics struct {
+	offline    prometheus.Gauge
 	launches   *prometheus.CounterVec
 	latency    prometheus.Histogram
 	inflight   prometheus.Gauge
@@ -611,16 +773,18 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_broker_launches_total",
-			Help: "Launch requests by result: placed, reconnected, no_host, throttled, denied, bad_request, error."}, []string{"result"}),
+			Help: "Launch requests by result: placed, reconnected (with _offline when placed from the local host cache), no_host, throttled, denied, bad_request, error."}, []string{"result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "deskway_broker_launch_seconds",
 			Help: "Time to place a launch, database round trips included.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_launches_in_flight",
 			Help: "Launches being placed now."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_broker_heartbeats_total",
 			Help: "Agent heartbeats accepted."}),
+		offline: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_database_unreachable",
+			Help: "1 while launches are placed from the local host cache because the database does not answer."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats)
+		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats, m.offline)
 	}
 	return m
 }

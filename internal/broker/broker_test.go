@@ -40,6 +40,7 @@ type rig struct {
 	reg    *prometheus.Registry
 	logs   *syncBuffer
 	admin  http.Handler
+	b      *broker.Server
 }
 
 type syncBuffer struct {
@@ -104,7 +105,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewJSONHandler(logs, nil)), Registry: reg,
-		Users: users, Tokens: tokens, Store: st})
+		Users: users, Tokens: tokens, Store: st, StateDir: cfg.StateDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 	}
 	srv := httptest.NewTLSServer(b.Handler())
 	t.Cleanup(srv.Close)
-	return &rig{t: t, srv: srv, tokens: tokens, store: st, reg: reg, logs: logs, admin: b.AdminHandler(),
+	return &rig{t: t, srv: srv, tokens: tokens, store: st, reg: reg, logs: logs, admin: b.AdminHandler(), b: b,
 		client: &brokerclient.Client{Base: srv.URL, HTTP: srv.Client(), MaxRetries: 50}}
 }
 

@@ -255,7 +255,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		return report.Point{}, err
 	}
 	users, _ := auth.NewUsers(nil)
-	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Users: users, Tokens: tokens, Store: st})
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Users: users, Tokens: tokens, Store: st, StateDir: tmp})
 	if err != nil {
 		return report.Point{}, err
 	}

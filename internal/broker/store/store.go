@@ -574,3 +574,61 @@ func (s *Store) SetAdminDrain(ctx context.Context, host string, drain bool) erro
 	}
 	return nil
 }
+
+// Restore writes sessions placed while the database was unreachable (by
+// this broker, from its local cache) and recounts their hosts. A session
+// whose id is already stored is skipped; one that would give its user a
+// second live session in the group (another broker placed them meanwhile)
+// is stored as ended so that no record is lost. It returns how many
+// sessions were stored live.
+func (s *Store) Restore(ctx context.Context, sessions []Session, personal map[string]bool) (int, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("store: restore: %w", err)
+	}
+	defer tx.Rollback()
+	hosts := map[string]bool{}
+	live := 0
+	for _, ss := range sessions {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE id = $1`, ss.ID).Scan(&n); err != nil {
+			return 0, fmt.Errorf("store: restore: %w", err)
+		}
+		if n > 0 {
+			continue
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended'`,
+			ss.User, ss.Group).Scan(&n); err != nil {
+			return 0, fmt.Errorf("store: restore: %w", err)
+		}
+		state, ended := ss.State, any(nil)
+		if n > 0 {
+			state, ended = Ended, ss.UpdatedAt.UnixMilli()
+		} else {
+			live++
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at, ended_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, ss.ID, ss.User, ss.Group, ss.Host, state,
+			ss.CreatedAt.UnixMilli(), ss.UpdatedAt.UnixMilli(), ended); err != nil {
+			return 0, fmt.Errorf("store: restore session %s: %w", ss.ID, err)
+		}
+		if personal[ss.Group] && state != Ended {
+			if _, err := tx.ExecContext(ctx, `UPDATE hosts SET assigned_user = $2 WHERE name = $1 AND assigned_user IS NULL`, ss.Host, ss.User); err != nil {
+				return 0, fmt.Errorf("store: restore: %w", err)
+			}
+		}
+		hosts[ss.Host] = true
+	}
+	for h := range hosts {
+		if err := s.dialect.lockHost(ctx, tx, h); err != nil {
+			return 0, err
+		}
+		if err := recount(ctx, tx, h); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("store: restore: %w", err)
+	}
+	return live, nil
+}

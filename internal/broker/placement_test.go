@@ -1,0 +1,84 @@
+package broker
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/store"
+)
+
+func TestPickFollowsTheDatabaseRules(t *testing.T) {
+	now := time.Now()
+	rnd := rand.New(rand.NewPCG(1, 2))
+	h := func(name, zone string, sessions, pending int) store.Host {
+		return store.Host{Name: name, Group: "g", Zone: zone, Weight: 1, SessionLimit: 10, LogonLimit: 2,
+			Sessions: sessions, Pending: pending, LastSeen: now, DiskIdle: 1}
+	}
+	l := store.Launch{User: "u", Group: "g", Zone: "eu", Stale: now.Add(-time.Minute)}
+	pick := func(hosts []store.Host, l store.Launch) string {
+		got, ok := Pick(hosts, l, rnd)
+		if !ok {
+			return "none"
+		}
+		return got.Name
+	}
+	if got := pick([]store.Host{h("us", "us", 0, 0), h("eu", "eu", 5, 0)}, l); got != "eu" {
+		t.Fatalf("zone preference: %s", got)
+	}
+	if got := pick([]store.Host{h("a", "", 5, 0), h("b", "", 1, 0)}, l); got != "b" {
+		t.Fatalf("breadth-first: %s", got)
+	}
+	d := l
+	d.Depth = true
+	if got := pick([]store.Host{h("a", "", 5, 0), h("b", "", 1, 0)}, d); got != "a" {
+		t.Fatalf("depth-first: %s", got)
+	}
+	full, busy, sick, gone, drained := h("full", "", 10, 0), h("busy", "", 0, 2), h("sick", "", 0, 0), h("gone", "", 0, 0), h("drained", "", 0, 0)
+	sick.Unhealthy, gone.LastSeen, drained.AgentDrain = "disk idle 10% < 50%", now.Add(-time.Hour), true
+	if got := pick([]store.Host{full, busy, sick, gone, drained}, l); got != "none" {
+		t.Fatalf("no eligible host, got %s", got)
+	}
+	mine, theirs, free := h("mine", "", 0, 0), h("theirs", "", 0, 0), h("free", "", 0, 0)
+	mine.AssignedUser, theirs.AssignedUser = "u", "v"
+	p := l
+	p.Personal = true
+	if got := pick([]store.Host{theirs, free, mine}, p); got != "mine" {
+		t.Fatalf("personal: %s", got)
+	}
+	if got := pick([]store.Host{theirs, free}, p); got != "free" {
+		t.Fatalf("personal, first launch: %s", got)
+	}
+	w1, w2 := h("w1", "", 4, 0), h("w2", "", 6, 0)
+	w2.Weight = 2 // 60 % of a double-size host weighs as 30 %
+	if got := pick([]store.Host{w1, w2}, l); got != "w2" {
+		t.Fatalf("weights: %s", got)
+	}
+}
+
+func TestJournalSurvivesATornLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j")
+	c := newLocalCache(path)
+	c.load([]store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil)
+	p, err := c.place(store.Launch{User: "u", Group: "g", SessionID: "s1", Now: time.Now(), Stale: time.Now().Add(-time.Minute)})
+	if err != nil || p.Host != "h" {
+		t.Fatalf("place = %+v %v", p, err)
+	}
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	_, _ = f.WriteString(`{"ID":"s2","User":"v","Gro`) // the crash came mid-write
+	f.Close()
+	claimed, err := c.claim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readJournal(claimed)
+	if err != nil || len(got) != 1 || got[0].ID != "s1" || got[0].Host != "h" || got[0].State != store.Launching {
+		t.Fatalf("journal = %+v %v", got, err)
+	}
+	// A second claim hands over the same unfinished journal.
+	if again, _ := c.claim(); again != claimed {
+		t.Fatalf("second claim = %q, want %q", again, claimed)
+	}
+}
