@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"time"
@@ -94,7 +95,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	known, _ := a.d.Sessions()
-	heartbeat := time.NewTicker(a.beat)
+	// A farm's agents start together after an outage; a tenth of jitter
+	// keeps their heartbeats from arriving in lockstep.
+	heartbeat := time.NewTicker(a.beat + time.Duration(rand.Int64N(int64(a.beat)/10+1)))
 	defer heartbeat.Stop()
 	poll := time.NewTicker(a.cfg.SessionPoll.D())
 	defer poll.Stop()

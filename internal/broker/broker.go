@@ -46,6 +46,10 @@ const dbTimeout = 10 * time.Second
 // database, and how often an unreachable database is tried again.
 const cacheRefresh = 5 * time.Second
 
+// sessionRefreshTicks is how many refreshes pass between full reloads of
+// the live sessions into the local host cache.
+const sessionRefreshTicks = 12
+
 // agentCredentialTTL is how long a registered host's credential lasts; an
 // agent whose credential expires registers again with its join token.
 const agentCredentialTTL = 7 * 24 * time.Hour
@@ -128,21 +132,25 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.restore(ctx); err != nil {
 		return err
 	}
-	return s.refresh(ctx)
+	return s.refresh(ctx, true)
 }
 
-// refresh reloads the local host cache from the database.
-func (s *Server) refresh(ctx context.Context) error {
+// refresh reloads the local host cache from the database: the hosts
+// every time, the live sessions when sessions is set (they change through
+// this broker's own launches and events in between, and are many).
+func (s *Server) refresh(ctx context.Context, sessions bool) error {
 	hosts, err := s.store.Hosts(ctx, "")
 	if err != nil {
 		return err
 	}
-	live, err := s.store.Sessions(ctx, "", false, 1<<30)
-	if err != nil {
-		return err
+	var live []store.Session
+	if sessions {
+		if live, err = s.store.Sessions(ctx, "", false, 1<<30); err != nil {
+			return err
+		}
 	}
 	if !s.offline.Load() {
-		s.cache.load(hosts, live)
+		s.cache.load(hosts, live, sessions)
 	}
 	return nil
 }
@@ -176,7 +184,7 @@ func (s *Server) restore(ctx context.Context) error {
 func (s *Server) Maintain(ctx context.Context) {
 	t := time.NewTicker(cacheRefresh)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -194,11 +202,12 @@ func (s *Server) Maintain(ctx context.Context) {
 			s.log.Warn("write-back of offline launches failed; retrying", "error", err)
 			continue
 		}
-		if s.offline.Swap(false) {
+		recovered := s.offline.Swap(false)
+		if recovered {
 			s.m.offline.Set(0)
 			s.log.Info("database reachable again: placing launches in the database")
 		}
-		if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
+		if err := s.refresh(ctx, recovered || tick%sessionRefreshTicks == 0); err != nil && ctx.Err() == nil {
 			s.log.Warn("local host cache refresh failed", "error", err)
 		}
 	}
@@ -468,24 +477,44 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	now := s.now()
 	stale := now.Add(-s.cfg.HeartbeatTimeout.D())
-	p, offline, err := s.place(ctx, store.Launch{User: who.user, Group: g.Name, Zone: zone, Personal: g.Kind == "personal",
-		Depth: g.Spread == "depth", SessionID: store.NewID(), Now: now, Stale: stale})
-	if errors.Is(err, store.ErrNoHost) {
-		s.m.launches.WithLabelValues("no_host").Inc()
-		hosts := s.cache.snapshot(g.Name)
-		if !offline {
-			var herr error
-			if hosts, herr = s.store.Hosts(ctx, g.Name); herr != nil {
-				s.fail(w, r, http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
-				return
+	l := store.Launch{User: who.user, Group: g.Name, Zone: zone, Personal: g.Kind == "personal",
+		Depth: g.Spread == "depth", SessionID: store.NewID(), Now: now, Stale: stale}
+	p, offline, err := s.place(ctx, l)
+	// Hosts busy with logons free up within moments as users arrive: wait
+	// here a little, trying again, rather than send the client away for
+	// a whole Retry-After second.
+	for wait, waited := 20*time.Millisecond, time.Duration(0); errors.Is(err, store.ErrNoHost); wait = min(2*wait, 320*time.Millisecond) {
+		// The cache, current with this broker's own launches and events,
+		// tells whether waiting may help without another database trip.
+		msg, busy := Explain(g.Name, s.cache.snapshot(g.Name), stale, g.Kind == "personal", who.user)
+		if !busy || waited+wait > s.cfg.BusyWait.D() {
+			if !offline {
+				hosts, herr := s.store.Hosts(ctx, g.Name)
+				if herr != nil {
+					s.m.launches.WithLabelValues("no_host").Inc()
+					s.fail(w, r, http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
+					return
+				}
+				msg, busy = Explain(g.Name, hosts, stale, g.Kind == "personal", who.user)
 			}
+			s.m.launches.WithLabelValues("no_host").Inc()
+			if busy {
+				w.Header().Set("Retry-After", strconv.Itoa(int(max(1, s.cfg.RetryAfter.D().Round(time.Second).Seconds()))))
+			}
+			s.fail(w, r, http.StatusServiceUnavailable, "%s", msg)
+			return
 		}
-		msg, retry := Explain(g.Name, hosts, stale, g.Kind == "personal", who.user)
-		if retry {
-			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, s.cfg.RetryAfter.D().Round(time.Second).Seconds()))))
+		s.m.busyWaits.Inc()
+		select {
+		case <-ctx.Done():
+			s.m.launches.WithLabelValues("error").Inc()
+			s.fail(w, r, http.StatusServiceUnavailable, "launch timed out waiting for a host: %s", msg)
+			return
+		case <-time.After(wait):
 		}
-		s.fail(w, r, http.StatusServiceUnavailable, "%s", msg)
-		return
+		waited += wait
+		l.Now = s.now()
+		p, offline, err = s.place(ctx, l)
 	}
 	if err != nil {
 		s.m.launches.WithLabelValues("error").Inc()
@@ -763,6 +792,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 }
 
 type metrics struct {
+	busyWaits  prometheus.Counter
 	offline    prometheus.Gauge
 	launches   *prometheus.CounterVec
 	latency    prometheus.Histogram
@@ -780,11 +810,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Launches being placed now."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_broker_heartbeats_total",
 			Help: "Agent heartbeats accepted."}),
+		busyWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_broker_busy_waits_total",
+			Help: "Times a launch waited inside the broker for a host busy with logons (broker.busy_wait)."}),
 		offline: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_database_unreachable",
 			Help: "1 while launches are placed from the local host cache because the database does not answer."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats, m.offline)
+		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats, m.offline, m.busyWaits)
 	}
 	return m
 }

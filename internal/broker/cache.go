@@ -35,13 +35,17 @@ func newLocalCache(journal string) *localCache {
 		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
 }
 
-// load replaces the copy with what the database holds.
-func (c *localCache) load(hosts []store.Host, sessions []store.Session) {
+// load replaces the copy's hosts, and its sessions too when withSessions
+// is set, with what the database holds.
+func (c *localCache) load(hosts []store.Host, sessions []store.Session, withSessions bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hosts = make(map[string]store.Host, len(hosts))
 	for _, h := range hosts {
 		c.hosts[h.Name] = h
+	}
+	if !withSessions {
+		return
 	}
 	c.live = make(map[string]store.Session, len(sessions))
 	for _, s := range sessions {

@@ -61,7 +61,7 @@ func TestPickFollowsTheDatabaseRules(t *testing.T) {
 func TestJournalSurvivesATornLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "j")
 	c := newLocalCache(path)
-	c.load([]store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil)
+	c.load([]store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil, true)
 	p, err := c.place(store.Launch{User: "u", Group: "g", SessionID: "s1", Now: time.Now(), Stale: time.Now().Add(-time.Minute)})
 	if err != nil || p.Host != "h" {
 		t.Fatalf("place = %+v %v", p, err)

@@ -23,6 +23,9 @@ func (c *Config) brokerDefaults(b *Broker) {
 	if b.RetryAfter == 0 {
 		b.RetryAfter = Duration(time.Second)
 	}
+	if b.BusyWait == 0 {
+		b.BusyWait = Duration(2 * time.Second)
+	}
 	if b.LaunchTimeout == 0 {
 		b.LaunchTimeout = Duration(30 * time.Second)
 	}
@@ -79,6 +82,9 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	}
 	if b.MaxConcurrentLaunches < 0 {
 		bad("broker.max_concurrent_launches", "must be 0 (no cap) or more")
+	}
+	if b.BusyWait.D() >= b.LaunchTimeout.D() {
+		bad("broker.busy_wait", "%s must be shorter than launch_timeout %s", b.BusyWait.D(), b.LaunchTimeout.D())
 	}
 	if b.MaxDBConnections < 1 {
 		bad("broker.max_db_connections", "must be at least 1")

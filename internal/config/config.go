@@ -193,6 +193,10 @@ type Broker struct {
 	// Retry-After. 0 means no cap.
 	MaxConcurrentLaunches int      `yaml:"max_concurrent_launches"`
 	RetryAfter            Duration `yaml:"retry_after"`
+	// BusyWait is how long a launch waits inside the broker, trying again,
+	// when every host is only busy (at its logon limit, or taken by
+	// concurrent launches) before it answers 503 with Retry-After.
+	BusyWait Duration `yaml:"busy_wait"`
 	// LaunchTimeout bounds one launch, database round trips included.
 	LaunchTimeout Duration `yaml:"launch_timeout"`
 	// HeartbeatInterval is how often agents report; a host silent for

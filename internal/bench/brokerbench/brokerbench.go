@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -180,6 +181,12 @@ func (h *simHost) logon(user string) {
 func (h *simHost) run(ctx context.Context, c *brokerclient.Client, every, beat time.Duration, log *slog.Logger) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	// Hosts that registered together do not heartbeat in lockstep.
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(time.Duration(rand.Int64N(int64(beat)))):
+	}
 	hb := time.NewTicker(beat)
 	defer hb.Stop()
 	for {
