@@ -1,0 +1,122 @@
+package agent_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/agent"
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker"
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/broker/store"
+	"github.com/deskway/deskway/internal/config"
+)
+
+const key = "agent-test-token-key-0123456789abcdef0"
+
+// TestAgentAgainstBroker runs the agent loop against a real broker:
+// registration, heartbeats with this machine's /proc counters, session
+// events as the host's sessions change, and drain through the drain file.
+func TestAgentAgainstBroker(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &config.Config{StateDir: dir, Auth: config.Auth{TokenKey: config.NewSecret(key)},
+		Broker: &config.Broker{Database: filepath.Join(dir, "b.db"), Gateway: "gw:443", HeartbeatInterval: config.Duration(200 * time.Millisecond),
+			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Users: []string{"ann"}}}}}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(context.Background(), cfg.Broker.Database, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tokens, _ := auth.NewTokens([]byte(key), nil)
+	users, _ := auth.NewUsers(nil)
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Users: users,
+		Tokens: tokens, Store: st, StateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewTLSServer(b.Handler())
+	defer srv.Close()
+	join, _ := tokens.MintJoin("desk", "lab", time.Hour)
+	var mu sync.Mutex
+	sessions := []brokerapi.Session{}
+	set := func(ss ...brokerapi.Session) { mu.Lock(); sessions = ss; mu.Unlock() }
+	drain := filepath.Join(dir, "drain")
+	acfg := &config.Agent{Broker: srv.URL, JoinToken: config.NewSecret(join), Name: "host-a", Address: "10.0.0.5",
+		Port: 3389, Sessions: "none", SessionPoll: config.Duration(50 * time.Millisecond), DrainFile: drain}
+	a, err := agent.New(acfg, agent.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Client: &brokerclient.Client{Base: srv.URL, HTTP: srv.Client()},
+		Sessions: func() ([]brokerapi.Session, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]brokerapi.Session(nil), sessions...), nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	host := func() store.Host {
+		h, _ := st.Host(context.Background(), "host-a")
+		return h
+	}
+	waitFor("registration", func() bool { return host().Address == "10.0.0.5" })
+	if h := host(); h.Zone != "lab" || h.Group != "desk" || h.Port != 3389 {
+		t.Fatalf("registered host = %+v", h)
+	}
+	waitFor("a heartbeat with memory use", func() bool { return host().Mem > 0 })
+	// A launch, then the user appears on the host: the logon is reported.
+	l := store.Launch{User: "ann", Group: "desk", SessionID: store.NewID(), Now: time.Now(), Stale: time.Now().Add(-time.Minute)}
+	if _, err := st.Place(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		ss, _ := st.Sessions(context.Background(), "ann", true, 1)
+		if len(ss) == 0 {
+			return ""
+		}
+		return ss[0].State
+	}
+	set(brokerapi.Session{User: "ann", State: "active"})
+	waitFor("logon", func() bool { return state() == store.Active })
+	set(brokerapi.Session{User: "ann", State: "disconnected"})
+	waitFor("disconnect", func() bool { return state() == store.Disconnected })
+	set()
+	waitFor("logoff", func() bool { return state() == store.Ended })
+	if err := os.WriteFile(drain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("drain", func() bool { return host().AgentDrain })
+	os.Remove(drain)
+	waitFor("undrain", func() bool { return !host().AgentDrain })
+}
