@@ -681,7 +681,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusNotFound, "host %q is not registered: register again with a join token", hb.Host)
 		return
 	}
-	if err != nil && !s.dbDown(err) {
+	if err != nil && (r.Context().Err() != nil || !s.dbDown(err)) {
 		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
@@ -720,7 +720,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if !s.offline.Load() {
 			changed, err = s.store.Event(r.Context(), e)
 		}
-		if err != nil && !s.dbDown(err) {
+		if err != nil && (r.Context().Err() != nil || !s.dbDown(err)) {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
 		}
