@@ -32,6 +32,7 @@ import (
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/store"
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/obs"
 )
 
 // maxBody bounds every API request body.
@@ -268,23 +269,11 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(tls.NewListener(ln, tc)) }()
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go s.Maintain(mctx)
 	s.log.Info("broker listening", "addr", ln.Addr().String(), "database", s.store.Dialect(), "zone", s.cfg.Zone)
-	select {
-	case err := <-errc:
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("broker: %w", err)
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	}
+	return obs.ServeHTTPS(ctx, "broker", srv, ln, tc, 10*time.Second)
 }
 
 // fail answers with a JSON error and logs it.

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 )
 
@@ -106,13 +105,7 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	seen := map[string]bool{}
 	for i, g := range b.DeliveryGroups {
 		key := fmt.Sprintf("broker.delivery_groups[%d]", i)
-		if g.Name == "" || strings.ContainsAny(g.Name, "/ ") {
-			bad(key+".name", "%q is empty or has a slash or space", g.Name)
-		}
-		if seen[g.Name] {
-			bad(key+".name", "%q appears twice", g.Name)
-		}
-		seen[g.Name] = true
+		uniqueName(bad, key+".name", g.Name, seen)
 		if g.Kind != "pooled" && g.Kind != "personal" {
 			bad(key+".kind", "%q is not pooled or personal", g.Kind)
 		}

@@ -678,13 +678,7 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 	seen := map[string]bool{}
 	for i, v := range st.VDisks {
 		key := fmt.Sprintf("stream.vdisks[%d]", i)
-		if v.Name == "" || strings.ContainsAny(v.Name, "/ ") {
-			bad(key+".name", "%q is empty or has a / or a space", v.Name)
-		}
-		if seen[v.Name] {
-			bad(key+".name", "%q appears twice", v.Name)
-		}
-		seen[v.Name] = true
+		uniqueName(bad, key+".name", v.Name, seen)
 		if v.Base == "" {
 			bad(key+".base", "give the path of the base image")
 		} else if fi, err := os.Stat(v.Base); err != nil {
@@ -699,6 +693,18 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 			bad(key+".mode", "%q is not standard or private", v.Mode)
 		}
 	}
+}
+
+// uniqueName checks the name of a list entry: not empty, no slash or
+// space (names appear in URLs and export names), and not used before.
+func uniqueName(bad func(string, string, ...any), key, name string, seen map[string]bool) {
+	if name == "" || strings.ContainsAny(name, "/ ") {
+		bad(key, "%q is empty or has a / or a space", name)
+	}
+	if seen[name] {
+		bad(key, "%q appears twice", name)
+	}
+	seen[name] = true
 }
 
 func isHex(s string, n int) bool {

@@ -111,17 +111,23 @@ func (a *Admin) Handler() http.Handler {
 func (a *Admin) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(a.Log.Handler(), slog.LevelDebug)}
+	a.Log.Info("admin listening", "addr", ln.Addr().String())
+	return ServeHTTPS(ctx, "admin", srv, ln, tc, 5*time.Second)
+}
+
+// ServeHTTPS serves srv over TLS on ln until ctx ends, then shuts it down,
+// letting requests in flight finish for up to grace.
+func ServeHTTPS(ctx context.Context, name string, srv *http.Server, ln net.Listener, tc *tls.Config, grace time.Duration) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(ln, tc)) }()
-	a.Log.Info("admin listening", "addr", ln.Addr().String())
 	select {
 	case err := <-errc:
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
 		}
-		return fmt.Errorf("admin: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
 		return srv.Shutdown(sctx)
 	}
