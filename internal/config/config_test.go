@@ -66,3 +66,36 @@ func TestSecrets(t *testing.T) {
 		t.Fatalf("missing env var not reported: %v", err)
 	}
 }
+
+func TestBrokerAndAgentValidation(t *testing.T) {
+	const key = "auth:\n  token_key: 0123456789abcdef0123456789abcdef\n"
+	ok := key + "broker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk, groups: [staff]}\n"
+	c, err := Parse([]byte(ok))
+	if err != nil {
+		t.Fatalf("valid broker config refused: %v", err)
+	}
+	g := c.Broker.DeliveryGroups[0]
+	if c.Broker.Listen != ":8444" || g.Kind != "pooled" || g.Spread != "breadth" || g.SessionLimit != 50 || g.LogonLimit != 2 ||
+		c.Broker.Health.DiskLatencyMaxMS != 25 || c.Broker.Health.DiskIdleMinPct != 50 || !strings.HasSuffix(c.Broker.Database, "broker.db") {
+		t.Fatalf("broker defaults: %+v", c.Broker)
+	}
+	cases := map[string]string{
+		"broker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk, groups: [g]}\n":                                           "auth.token_key",
+		key + "broker:\n  delivery_groups:\n  - {name: desk, groups: [g]}\n":                                                        "broker.gateway",
+		key + "broker:\n  gateway: gw:443\n":                                                                                        "at least one delivery group",
+		key + "broker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk}\n":                                                  "entitles nobody",
+		key + "broker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk, kind: shared, groups: [g]}\n":                       "broker.delivery_groups[0].kind",
+		key + "broker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: d, groups: [g]}\n  - {name: d, groups: [g]}\n":            "appears twice",
+		key + "broker:\n  gateway: gw:443\n  heartbeat_timeout: 1s\n  delivery_groups:\n  - {name: desk, groups: [g]}\n":            "broker.heartbeat_timeout",
+		key + "broker:\n  gateway: gw:443\n  health: {disk_idle_min_pct: 150}\n  delivery_groups:\n  - {name: desk, groups: [g]}\n": "not a percentage",
+		"agent:\n  broker: http://b:8444\n  join_token: x\n":                                                                        "agent.broker",
+		"agent:\n  broker: https://b:8444\n":                                                                                        "agent.join_token",
+		"agent:\n  broker: https://b:8444\n  join_token: x\n  sessions: wtmp\n":                                                     "agent.sessions",
+	}
+	for in, want := range cases {
+		_, err := Parse([]byte(in))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %q: got %v, want an error with %q", in, err, want)
+		}
+	}
+}

@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/bench/latency"
 	"github.com/deskway/deskway/internal/bench/report"
@@ -262,7 +264,9 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		return report.Point{}, err
 	}
 	users, _ := auth.NewUsers(nil)
-	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Users: users, Tokens: tokens, Store: st, StateDir: tmp})
+	reg := prometheus.NewRegistry()
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Registry: reg, Users: users,
+		Tokens: tokens, Store: st, StateDir: tmp})
 	if err != nil {
 		return report.Point{}, err
 	}
@@ -294,12 +298,12 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 	// Hosts register at once, as a farm's agents do when the broker starts.
 	hosts := map[string]*simHost{}
 	var mu sync.Mutex
-	var reg sync.WaitGroup
+	var joined sync.WaitGroup
 	regErr := make(chan error, o.Hosts)
 	for i := range o.Hosts {
-		reg.Add(1)
+		joined.Add(1)
 		go func() {
-			defer reg.Done()
+			defer joined.Done()
 			name := fmt.Sprintf("vda%03d", i+1)
 			r, err := client.Register(ctx, join, brokerapi.RegisterRequest{Name: name, Address: name + ".bench", Port: 3389})
 			if err != nil {
@@ -316,7 +320,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 			mu.Unlock()
 		}()
 	}
-	reg.Wait()
+	joined.Wait()
 	close(regErr)
 	if err := <-regErr; err != nil {
 		return report.Point{}, err
@@ -352,6 +356,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 	failed := make([]bool, o.Launches)
 	var next, retries atomic.Int64
 	var firstErr atomic.Value
+	waits0 := counter(reg, "deskway_broker_busy_waits_total")
 	cpu0 := processCPU()
 	start := time.Now()
 	var workers sync.WaitGroup
@@ -396,6 +401,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		"launches_per_s":     float64(len(ok)) / wall.Seconds(),
 		"wall_s":             wall.Seconds(),
 		"retries":            float64(retries.Load()),
+		"busy_waits":         counter(reg, "deskway_broker_busy_waits_total") - waits0,
 		"bench_cpu_s":        cpu.Seconds(),
 		"bench_cpu_ms_per_l": 1000 * cpu.Seconds() / float64(o.Launches),
 	}
@@ -420,7 +426,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		p.Params["first_error"] = e
 	}
 	o.Log.Info("point", "db", dialect, "rtt", rtt, "concurrency", c, "launches_per_s", round(m["launches_per_s"]),
-		"avg_s", round(m["avg_response_s"]), "median_ms", round(m["median_ms"]), "errors", errs, "retries", retries.Load())
+		"avg_s", round(m["avg_response_s"]), "median_ms", round(m["median_ms"]), "errors", errs, "retries", retries.Load(), "busy_waits", m["busy_waits"])
 	return p, nil
 }
 
@@ -439,6 +445,20 @@ func (m *minLevel) WithAttrs(a []slog.Attr) slog.Handler {
 }
 func (m *minLevel) WithGroup(g string) slog.Handler {
 	return &minLevel{h: m.h.WithGroup(g), min: m.min}
+}
+
+// counter reads a counter's value from reg (0 when absent).
+func counter(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
