@@ -87,8 +87,13 @@ func TestAgentAgainstBroker(t *testing.T) {
 		}
 	}
 	host := func() store.Host {
-		h, _ := st.Host(context.Background(), "host-a")
-		return h
+		hs, _ := st.Hosts(context.Background(), "desk")
+		for _, h := range hs {
+			if h.Name == "host-a" {
+				return h
+			}
+		}
+		return store.Host{}
 	}
 	waitFor("registration", func() bool { return host().Address == "10.0.0.5" })
 	if h := host(); h.Zone != "lab" || h.Group != "desk" || h.Port != 3389 {

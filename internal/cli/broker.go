@@ -134,17 +134,10 @@ func joinCmd() *cobra.Command {
 		Short: "Mint a join token with which deskway agent registers a session host into a delivery group",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load(cfgPath)
-			if err != nil {
-				return err
-			}
-			if !cfg.Auth.TokenKey.IsSet() {
-				return errors.New("token join: auth.token_key is not set in " + cfgPath)
-			}
 			if group == "" {
 				return errors.New("token join: --group is required")
 			}
-			tk, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+			tk, err := tokensFrom(cfgPath, "token join")
 			if err != nil {
 				return err
 			}

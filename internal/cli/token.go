@@ -25,14 +25,7 @@ func tokenCmd() *cobra.Command {
 		Short: "Mint a gateway access (PAA) token for a user and target, for /gat: or an .rdp file",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load(cfgPath)
-			if err != nil {
-				return err
-			}
-			if !cfg.Auth.TokenKey.IsSet() {
-				return errors.New("token: auth.token_key is not set in " + cfgPath)
-			}
-			tk, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+			tk, err := tokensFrom(cfgPath, "token")
 			if err != nil {
 				return err
 			}
@@ -57,6 +50,19 @@ func tokenCmd() *cobra.Command {
 	c.Flags().DurationVar(&ttl, "ttl", 5*time.Minute, "how long the token is valid")
 	c.AddCommand(joinCmd())
 	return c
+}
+
+// tokensFrom loads the config at path and returns a signer with its
+// auth.token_key; what names the command in errors.
+func tokensFrom(path, what string) (*auth.Tokens, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.Auth.TokenKey.IsSet() {
+		return nil, fmt.Errorf("%s: auth.token_key is not set in %s", what, path)
+	}
+	return auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
 }
 
 func nthashCmd() *cobra.Command {

@@ -548,20 +548,6 @@ func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 	return out, nil
 }
 
-// Host returns one host.
-func (s *Store) Host(ctx context.Context, name string) (Host, error) {
-	hs, err := s.Hosts(ctx, "")
-	if err != nil {
-		return Host{}, err
-	}
-	for _, h := range hs {
-		if h.Name == name {
-			return h, nil
-		}
-	}
-	return Host{}, ErrNotFound
-}
-
 // SetAdminDrain puts a host in or out of drain mode: a draining host keeps
 // its sessions (and reconnections to them) but takes no new ones.
 func (s *Store) SetAdminDrain(ctx context.Context, host string, drain bool) error {
