@@ -146,10 +146,9 @@ func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 	// desktop waits for the desktop, then ends xfreerdp: a disconnect.
 	r.desktop(t, "broker-launch", rdp, "/gt:http")
 	r.gatewayLogHas(t, `"tunnel open"`, `"method":"paa"`)
-	// The agent saw the logon and then the disconnect.
-	if !strings.Contains(r.gwLog.Log.String(), `"msg":"session event","role":"agent","user":"`+r.xrdp.User+`","state":"active"`) {
-		t.Fatalf("agent never reported the logon\n%s", lastLines(r.gwLog.Log.String(), 30))
-	}
+	// The agent saw the session (polling every 500 ms, it may first see it
+	// active, or only once the client is gone) and then the disconnect.
+	r.gatewayLogHas(t, `"msg":"session event","role":"agent","user":"`+r.xrdp.User+`"`)
 	waitState("disconnected")
 	again := launch()
 	if !again.Reconnect || again.SessionID != first.SessionID || again.Host != first.Host {
