@@ -1,7 +1,6 @@
 package broker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,26 +37,9 @@ type rig struct {
 	tokens *auth.Tokens
 	store  *store.Store
 	reg    *prometheus.Registry
-	logs   *syncBuffer
+	logs   *testkit.Buffer
 	admin  http.Handler
 	b      *broker.Server
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
@@ -102,7 +84,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	reg := prometheus.NewRegistry()
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewJSONHandler(logs, nil)), Registry: reg,
 		Users: users, Tokens: tokens, Store: st, StateDir: cfg.StateDir})

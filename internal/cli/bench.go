@@ -17,6 +17,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/brokerbench"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
+	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
@@ -109,12 +110,7 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	if err != nil {
 		return err
 	}
-	for k, v := range res.Summary {
-		fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
-	}
-	if f.out != "" {
-		fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", f.out)
-	}
+	printSummary(cmd, res, f.out)
 	return nil
 }
 
@@ -159,12 +155,7 @@ func benchBootstormCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			for k, v := range res.Summary {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
-			}
-			if out != "" {
-				fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)
-			}
+			printSummary(cmd, res, out)
 			return nil
 		},
 	}
@@ -254,12 +245,7 @@ func benchBrokerCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			for k, v := range res.Summary {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
-			}
-			if out != "" {
-				fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)
-			}
+			printSummary(cmd, res, out)
 			return nil
 		},
 	}
@@ -272,4 +258,14 @@ func benchBrokerCmd() *cobra.Command {
 	c.Flags().IntVar(&o.LogonLimit, "logon-limit", 5, "per-host launches not yet logged on")
 	c.Flags().DurationVar(&o.LogonAfter, "logon-after", 100*time.Millisecond, "how often a simulated host reports logons")
 	return c
+}
+
+// printSummary prints a bench's headline figures and where its results went.
+func printSummary(cmd *cobra.Command, res *report.Result, out string) {
+	for k, v := range res.Summary {
+		fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
+	}
+	if out != "" {
+		fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)
+	}
 }
