@@ -80,8 +80,11 @@ func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 	}
 	write(strings.TrimSpace(string(out)))
 	r.gwLog = testkit.Start(t, nil, r.bin, "run", "-c", r.cfg)
-	if err := testkit.WaitPort(r.gw, 10*time.Second); err != nil {
-		t.Fatal(err)
+	// The gateway listens before the broker has migrated its store: wait for both.
+	for _, addr := range []string{r.gw, fmt.Sprintf("127.0.0.1:%d", brokerPort)} {
+		if err := testkit.WaitPort(addr, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	broker := fmt.Sprintf("https://127.0.0.1:%d", brokerPort)
