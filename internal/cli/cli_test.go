@@ -102,8 +102,11 @@ func TestUp(t *testing.T) {
 		}
 	}()
 	gw := fmt.Sprintf("127.0.0.1:%d", gwPort)
-	if err := testkit.WaitPort(gw, 10*time.Second); err != nil {
-		t.Fatalf("%v\n%s", err, errb.String())
+	// Listeners open role by role; the broker's comes after its store is migrated.
+	for _, addr := range []string{gw, fmt.Sprintf("127.0.0.1:%d", brokerPort)} {
+		if err := testkit.WaitPort(addr, 20*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, errb.String())
+		}
 	}
 	time.Sleep(100 * time.Millisecond)
 	m := regexp.MustCompile(`user\s+demo / (\S+)`).FindStringSubmatch(out.String())
