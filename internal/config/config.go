@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -94,6 +95,10 @@ type Gateway struct {
 	// ShutdownGrace is how long open tunnels may run after SIGTERM.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	MaxTunnels    int      `yaml:"max_tunnels"`
+	// RelayLoops is how many event loops relay open websocket tunnels
+	// (default: one per CPU the process may use); 0 relays every tunnel on
+	// two goroutines of its own instead.
+	RelayLoops *int `yaml:"relay_loops"`
 	// ConsentMessage, when set, is shown to the user who must accept it.
 	ConsentMessage string `yaml:"consent_message"`
 	// ServiceMessage, when set, is shown after the tunnel is authorized.
@@ -507,6 +512,10 @@ func (c *Config) ApplyDefaults() {
 		if g.MaxTunnels == 0 {
 			g.MaxTunnels = 20000
 		}
+		if g.RelayLoops == nil {
+			n := runtime.GOMAXPROCS(0)
+			g.RelayLoops = &n
+		}
 		if g.RADIUS != nil {
 			if g.RADIUS.Timeout == 0 {
 				g.RADIUS.Timeout = Duration(3 * time.Second)
@@ -592,6 +601,9 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 		default:
 			bad("gateway.auth_methods", "%q is not ntlm or paa", m)
 		}
+	}
+	if g.RelayLoops != nil && (*g.RelayLoops < 0 || *g.RelayLoops > 1024) {
+		bad("gateway.relay_loops", "must be between 0 (no event loops) and 1024")
 	}
 	if g.MaxTunnels < 1 {
 		bad("gateway.max_tunnels", "must be at least 1")

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -746,4 +747,48 @@ func rawLegacy(t *testing.T, h *harness, method, id, user, pass string) net.Conn
 
 func TestMain(m *testing.M) {
 	os.Exit(m.Run())
+}
+
+// TestBulkBothWaysWithASlowReader sends more than the socket buffers hold
+// while the client does not read, so the relay must hold back each side
+// in turn (its queues fill, then drain) without losing or reordering a
+// byte. It runs on the event loops and on goroutines.
+func TestBulkBothWaysWithASlowReader(t *testing.T) {
+	for _, loops := range []int{2, 0} {
+		t.Run(fmt.Sprintf("relay_loops=%d", loops), func(t *testing.T) {
+			h := start(t, func(c *config.Config) { c.Gateway.RelayLoops = &loops })
+			cfg := h.cfg("", "", tsgclient.Websocket)
+			cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+			c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			msg := make([]byte, 24<<20)
+			rng := rand.New(rand.NewChaCha8([32]byte{7}))
+			for i := range msg {
+				msg[i] = byte(rng.Uint32())
+			}
+			werr := make(chan error, 1)
+			go func() { _, err := c.Write(msg); werr <- err }()
+			time.Sleep(500 * time.Millisecond) // everything on the way fills up
+			got := make([]byte, len(msg))
+			stuck := time.AfterFunc(30*time.Second, func() { c.Close() })
+			defer stuck.Stop()
+			if _, err := io.ReadFull(c, got); err != nil {
+				t.Fatalf("read back: %v", err)
+			}
+			if err := <-werr; err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if !bytes.Equal(got, msg) {
+				i := 0
+				for i < len(msg) && got[i] == msg[i] {
+					i++
+				}
+				t.Fatalf("echo differs from byte %d on", i)
+			}
+			echoRoundTrip(t, c, 10) // still usable after the burst
+		})
+	}
 }

@@ -20,12 +20,22 @@ const (
 )
 
 // relay copies data both ways until either side ends, the tunnel is
-// stopped, or a timeout fires. The client-to-host direction runs on the
-// tunnel's own goroutine and host-to-client on one more; keepalives and
-// timeouts run from a timer, so an open tunnel costs two goroutines.
+// stopped, or a timeout fires. A websocket tunnel goes to one of the
+// server's event loops when it has them (see looprelay.go), and its
+// goroutine waits. Otherwise the client-to-host direction runs on the
+// tunnel's own goroutine and host-to-client on one more. Keepalives and
+// timeouts run from a timer either way.
 func (tn *tunnel) relay() error {
 	up := tn.upstream
 	tn.lastActivity.Store(time.Now().UnixNano())
+	if loops := tn.srv.loops; loops != nil {
+		if ok, err := tn.relayOnLoop(loops); ok {
+			if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			return nil
+		}
+	}
 	hostDone := make(chan error, 1)
 	go func() {
 		err := tn.hostToClient()
@@ -90,54 +100,81 @@ func (tn *tunnel) closeChannel(code tsgu.HRESULT, reason string) {
 }
 
 func (tn *tunnel) clientToHost() error {
-	up := tn.upstream
-	m := tn.srv.metrics
+	write := func(p []byte) error {
+		_, err := tn.upstream.Write(p)
+		return err
+	}
 	for {
 		pkt, err := tn.t.readPacket()
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				tn.reasonf("client closed the connection")
-				return io.EOF
-			}
-			tn.reasonf("client read: %v", err)
-			return err
+			return tn.clientReadErr(err)
 		}
-		h, _ := tsgu.ParseHeader(pkt)
-		switch h.Type {
-		case tsgu.TypeData:
-			start := time.Now()
-			var d tsgu.Data
-			if err := d.Decode(pkt[tsgu.HeaderLen:]); err != nil {
-				tn.log.Warn("malformed data packet", "err", err)
-				tn.closeChannel(tsgu.EBadArguments, "malformed data packet")
-				return err
-			}
-			if _, err := up.Write(d.Payload); err != nil {
-				tn.reasonf("host write: %v", err)
-				return err
-			}
-			n := uint64(len(d.Payload))
-			tn.bytesUp.Add(n)
-			m.bytesUp.Add(float64(n))
-			m.latencyUp.Observe(time.Since(start).Seconds())
-			tn.lastActivity.Store(start.UnixNano())
-		case tsgu.TypeKeepalive:
-		case tsgu.TypeCloseChannel:
-			tn.reasonf("client closed the channel")
-			_ = tn.send(&tsgu.CloseChannelResponse{StatusCode: tsgu.SOK})
-			return io.EOF
-		case tsgu.TypeCloseChannelResponse:
-			return io.EOF
-		default:
-			tn.log.Warn("unexpected packet on open channel", "packet", h.Type.String())
-			tn.closeChannel(tsgu.EAccessDenied, "unexpected "+h.Type.String()+" on open channel")
-			return fmt.Errorf("gateway: unexpected %s on open channel", h.Type)
+		if err := tn.fromClient(pkt, write); err != nil {
+			return err
 		}
 	}
 }
 
-func (tn *tunnel) hostToClient() error {
+// clientReadErr records why reading the client ended.
+func (tn *tunnel) clientReadErr(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		tn.reasonf("client closed the connection")
+		return io.EOF
+	}
+	tn.reasonf("client read: %v", err)
+	return err
+}
+
+// fromClient acts on one packet from the client on an open channel,
+// passing data to write; an error (io.EOF for a clean close) ends the
+// tunnel.
+func (tn *tunnel) fromClient(pkt []byte, write func([]byte) error) error {
 	m := tn.srv.metrics
+	h, _ := tsgu.ParseHeader(pkt)
+	switch h.Type {
+	case tsgu.TypeData:
+		start := time.Now()
+		var d tsgu.Data
+		if err := d.Decode(pkt[tsgu.HeaderLen:]); err != nil {
+			tn.log.Warn("malformed data packet", "err", err)
+			tn.closeChannel(tsgu.EBadArguments, "malformed data packet")
+			return err
+		}
+		if err := write(d.Payload); err != nil {
+			tn.reasonf("host write: %v", err)
+			return err
+		}
+		n := uint64(len(d.Payload))
+		tn.bytesUp.Add(n)
+		m.bytesUp.Add(float64(n))
+		m.latencyUp.Observe(time.Since(start).Seconds())
+		tn.lastActivity.Store(start.UnixNano())
+	case tsgu.TypeKeepalive:
+	case tsgu.TypeCloseChannel:
+		tn.reasonf("client closed the channel")
+		_ = tn.send(&tsgu.CloseChannelResponse{StatusCode: tsgu.SOK})
+		return io.EOF
+	case tsgu.TypeCloseChannelResponse:
+		return io.EOF
+	default:
+		tn.log.Warn("unexpected packet on open channel", "packet", h.Type.String())
+		tn.closeChannel(tsgu.EAccessDenied, "unexpected "+h.Type.String()+" on open channel")
+		return fmt.Errorf("gateway: unexpected %s on open channel", h.Type)
+	}
+	return nil
+}
+
+// sentDown accounts for n bytes relayed to the client, written from start.
+func (tn *tunnel) sentDown(n int, start time.Time) {
+	m := tn.srv.metrics
+	tn.bytesDown.Add(uint64(n))
+	m.bytesDown.Add(float64(n))
+	m.latencyDown.Observe(time.Since(start).Seconds())
+	tn.lastActivity.Store(start.UnixNano())
+	tn.lastSend.Store(start.UnixNano())
+}
+
+func (tn *tunnel) hostToClient() error {
 	frame := make([]byte, headroom+relayBufMin)
 	err := pollread.Pump(tn.upstream, frame[headroom:], func(p []byte) ([]byte, error) {
 		n := len(p)
@@ -145,11 +182,7 @@ func (tn *tunnel) hostToClient() error {
 		if err := tn.t.writeData(frame, n); err != nil {
 			return nil, errClientWrite{err}
 		}
-		tn.bytesDown.Add(uint64(n))
-		m.bytesDown.Add(float64(n))
-		m.latencyDown.Observe(time.Since(start).Seconds())
-		tn.lastActivity.Store(start.UnixNano())
-		tn.lastSend.Store(start.UnixNano())
+		tn.sentDown(n, start)
 		if n == len(frame)-headroom && n < relayBufMax {
 			frame = make([]byte, headroom+min(4*n, relayBufMax))
 		}

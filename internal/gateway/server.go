@@ -62,6 +62,7 @@ type Server struct {
 	ntlm    *auth.NTLMServer
 	metrics *metrics
 	http    *http.Server
+	loops   *relayLoops // nil: every tunnel relays on goroutines
 
 	mu      sync.Mutex // guards the fields below
 	tunnels map[uint32]*tunnel
@@ -126,6 +127,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 			return context.WithValue(ctx, connKey{}, &connState{remote: ap.Addr().Unmap()})
 		},
 	}
+	if n := s.cfg.RelayLoops; n != nil && *n > 0 {
+		loops, err := startRelayLoops(*n)
+		if err != nil {
+			return fmt.Errorf("gateway: relay loops: %w", err)
+		}
+		s.loops = loops
+		ln = loopListener{ln}
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(tls.NewListener(ln, tc)) }()
 	s.log.Info("gateway listening", "addr", ln.Addr().String())
@@ -136,7 +145,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace.D())
 	defer cancel()
-	return s.Shutdown(sctx)
+	err := s.Shutdown(sctx)
+	if s.loops != nil {
+		s.loops.close() // every tunnel has ended
+	}
+	return err
 }
 
 // Shutdown stops accepting, lets open tunnels finish until ctx ends, then

@@ -195,7 +195,9 @@ const (
 )
 
 // wsReader presents the payloads of a client's data frames as one byte
-// stream, answering pings and closes on the way.
+// stream, answering pings and closes on the way. It keeps a partly read
+// frame header or control payload across reads, so it can sit on a
+// reader that runs dry mid-frame (errWouldBlock) and resume once fed.
 type wsReader struct {
 	r      io.Reader
 	t      *wsTransport
@@ -203,6 +205,85 @@ type wsReader struct {
 	mask   [4]byte
 	pos    int
 	closed bool
+
+	hdr  [14]byte // a frame header being read
+	hn   int
+	ctl  []byte // a control frame's payload being read, after its header
+	cn   int
+	ctlH frameHeader
+}
+
+// frameHeader is what the relay needs of a client frame header (RFC 6455 5.2).
+type frameHeader struct {
+	op     ws.OpCode
+	masked bool
+	length int64
+	mask   [4]byte
+}
+
+// headerLen is the length of the frame header starting with b0 b1.
+func headerLen(b1 byte) int {
+	n := 2
+	switch b1 & 0x7f {
+	case 126:
+		n += 2
+	case 127:
+		n += 8
+	}
+	if b1&0x80 != 0 {
+		n += 4
+	}
+	return n
+}
+
+// parseFrameHeader decodes a whole header as sized by headerLen.
+func parseFrameHeader(b []byte) (frameHeader, error) {
+	var h frameHeader
+	if b[0]&0x70 != 0 {
+		return h, errors.New("websocket: reserved bits set without an extension")
+	}
+	h.op = ws.OpCode(b[0] & 0x0f)
+	h.masked = b[1]&0x80 != 0
+	i := 2
+	switch l := b[1] & 0x7f; l {
+	case 126:
+		h.length = int64(b[2])<<8 | int64(b[3])
+		i = 4
+	case 127:
+		var v uint64
+		for k := 0; k < 8; k++ {
+			v = v<<8 | uint64(b[2+k])
+		}
+		if v > 1<<62 {
+			return h, fmt.Errorf("websocket: frame length %d", v)
+		}
+		h.length = int64(v)
+		i = 10
+	default:
+		h.length = int64(l)
+	}
+	if h.masked {
+		copy(h.mask[:], b[i:i+4])
+	}
+	return h, nil
+}
+
+// fill reads into b[*n:] until it is full; on error the progress stays in *n.
+func (w *wsReader) fill(b []byte, n *int) error {
+	for *n < len(b) {
+		k, err := w.r.Read(b[*n:])
+		*n += k
+		if err != nil {
+			if *n == len(b) {
+				return nil
+			}
+			if errors.Is(err, io.EOF) && *n > 0 {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 func (w *wsReader) Read(p []byte) (int, error) {
@@ -210,39 +291,54 @@ func (w *wsReader) Read(p []byte) (int, error) {
 		if w.closed {
 			return 0, io.EOF
 		}
-		h, err := ws.ReadHeader(w.r)
-		if err != nil {
-			return 0, fmt.Errorf("websocket header: %w", err)
-		}
-		if !h.Masked {
-			return 0, errors.New("websocket: client frame not masked")
-		}
-		if h.Length > maxFrameLen {
-			return 0, fmt.Errorf("websocket: frame of %d bytes over %d", h.Length, maxFrameLen)
-		}
-		switch h.OpCode {
-		case ws.OpBinary, ws.OpContinuation, ws.OpText:
-			w.left, w.mask, w.pos = h.Length, h.Mask, 0
-		case ws.OpPing, ws.OpPong, ws.OpClose:
-			if h.Length > maxControlPayload {
-				return 0, errors.New("websocket: control frame too long")
+		if w.ctl == nil {
+			if err := w.fill(w.hdr[:2], &w.hn); err != nil {
+				return 0, wsHeaderErr(err)
 			}
-			payload := make([]byte, h.Length)
-			if _, err := io.ReadFull(w.r, payload); err != nil {
-				return 0, fmt.Errorf("websocket control frame: %w", err)
+			if err := w.fill(w.hdr[:headerLen(w.hdr[1])], &w.hn); err != nil {
+				return 0, wsHeaderErr(err)
 			}
-			ws.Cipher(payload, h.Mask, 0)
-			switch h.OpCode {
-			case ws.OpPing:
-				if err := w.t.writeControl(ws.OpPong, payload); err != nil {
-					return 0, err
+			h, err := parseFrameHeader(w.hdr[:w.hn])
+			w.hn = 0
+			if err != nil {
+				return 0, err
+			}
+			if !h.masked {
+				return 0, errors.New("websocket: client frame not masked")
+			}
+			if h.length > maxFrameLen {
+				return 0, fmt.Errorf("websocket: frame of %d bytes over %d", h.length, maxFrameLen)
+			}
+			switch h.op {
+			case ws.OpBinary, ws.OpContinuation, ws.OpText:
+				w.left, w.mask, w.pos = h.length, h.mask, 0
+				continue
+			case ws.OpPing, ws.OpPong, ws.OpClose:
+				if h.length > maxControlPayload {
+					return 0, errors.New("websocket: control frame too long")
 				}
-			case ws.OpClose:
-				w.closed = true
-				return 0, io.EOF
+				w.ctlH, w.ctl, w.cn = h, make([]byte, h.length), 0
+			default:
+				return 0, fmt.Errorf("websocket: unknown opcode %d", h.op)
 			}
-		default:
-			return 0, fmt.Errorf("websocket: unknown opcode %d", h.OpCode)
+		}
+		if err := w.fill(w.ctl, &w.cn); err != nil {
+			if !errors.Is(err, errWouldBlock) {
+				err = fmt.Errorf("websocket control frame: %w", err)
+			}
+			return 0, err
+		}
+		payload, h := w.ctl, w.ctlH
+		w.ctl = nil
+		ws.Cipher(payload, h.mask, 0)
+		switch h.op {
+		case ws.OpPing:
+			if err := w.t.writeControl(ws.OpPong, payload); err != nil {
+				return 0, err
+			}
+		case ws.OpClose:
+			w.closed = true
+			return 0, io.EOF
 		}
 	}
 	if int64(len(p)) > w.left {
@@ -252,7 +348,19 @@ func (w *wsReader) Read(p []byte) (int, error) {
 	ws.Cipher(p[:n], w.mask, w.pos)
 	w.pos += n
 	w.left -= int64(n)
+	if n > 0 && errors.Is(err, errWouldBlock) {
+		err = nil
+	}
 	return n, err
+}
+
+// wsHeaderErr adds context to a failed header read, except a dry push
+// reader's, which only means later.
+func wsHeaderErr(err error) error {
+	if errors.Is(err, errWouldBlock) {
+		return err
+	}
+	return fmt.Errorf("websocket header: %w", err)
 }
 
 // legacyTransport is the RDG_IN_DATA (client to gateway, chunked) and

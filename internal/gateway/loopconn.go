@@ -1,0 +1,233 @@
+package gateway
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deskway/deskway/internal/evloop"
+)
+
+// errWouldBlock is what a loopConn returns from Read when the bytes the
+// event loop pushed are used up. It is temporary, so crypto/tls keeps its
+// state and the read is retried once more bytes are pushed.
+var errWouldBlock error = wouldBlock{}
+
+type wouldBlock struct{}
+
+func (wouldBlock) Error() string   { return "gateway: no more bytes until the socket is readable" }
+func (wouldBlock) Timeout() bool   { return false }
+func (wouldBlock) Temporary() bool { return true }
+
+// loopConn sits under a client's TLS session. Until detach it passes
+// everything to the accepted TCP connection. After, the socket belongs to
+// an event loop: Read hands out only the bytes the loop pushed, and Write
+// writes without blocking and keeps what the socket would not take, for
+// the loop to send when it can. Close asks the loop to close the socket.
+type loopConn struct {
+	net.Conn
+
+	// Loop goroutine only, after detach.
+	pushing bool
+	pending []byte
+	owned   []byte // backing store when pending had to outlive the loop's buffer
+
+	mu      sync.Mutex // guards the fields below, after detach
+	fd      int        // -1 once closed
+	out     []byte     // written by TLS, not yet taken by the socket
+	onClose func()     // asks the loop to close; set by detach
+	closing bool
+}
+
+// loopListener wraps every accepted connection in a loopConn.
+type loopListener struct{ net.Listener }
+
+// Accept implements net.Listener.
+func (l loopListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &loopConn{Conn: c, fd: -1}, nil
+}
+
+// dupFD returns a duplicate of c's socket, which stays open after c is
+// closed; the duplicate shares the socket's non-blocking mode.
+func dupFD(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("gateway: connection has no file descriptor")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) {
+		fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	return fd, nil
+}
+
+// detach hands the socket fd (a duplicate of the TCP connection's) to the
+// loop; onClose is how Close reaches the loop.
+func (c *loopConn) detach(fd int, onClose func()) {
+	c.mu.Lock()
+	c.fd, c.onClose, c.pushing = fd, onClose, true
+	c.mu.Unlock()
+}
+
+// push makes p the bytes Read hands out next. p is not copied; keep
+// copies what is left when the loop's buffer is about to be reused.
+func (c *loopConn) push(p []byte) { c.pending = p }
+
+// keep copies unread pushed bytes out of the loop's shared buffer.
+func (c *loopConn) keep() {
+	if len(c.pending) == 0 {
+		return
+	}
+	c.owned = append(c.owned[:0], c.pending...)
+	c.pending = c.owned
+}
+
+// Read implements net.Conn.
+func (c *loopConn) Read(p []byte) (int, error) {
+	if !c.pushing {
+		return c.Conn.Read(p)
+	}
+	if len(c.pending) == 0 {
+		return 0, errWouldBlock
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
+
+// Write implements net.Conn. After detach it never blocks: what the
+// socket does not take now is queued, and the loop stops reading the host
+// until the queue has drained.
+func (c *loopConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if !c.pushing {
+		c.mu.Unlock()
+		return c.Conn.Write(p)
+	}
+	defer c.mu.Unlock()
+	if c.fd < 0 {
+		return 0, net.ErrClosed
+	}
+	if len(c.out) > 0 {
+		c.out = append(c.out, p...)
+		return len(p), nil
+	}
+	n, err := evloop.Write(c.fd, p)
+	if err != nil {
+		return n, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	}
+	if n < len(p) {
+		c.out = append(c.out, p[n:]...)
+	}
+	return len(p), nil
+}
+
+// flush sends queued bytes; it reports whether the queue is empty.
+func (c *loopConn) flush() (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.out) == 0 || c.fd < 0 {
+		return true, nil
+	}
+	n, err := evloop.Write(c.fd, c.out)
+	if err != nil {
+		return false, err
+	}
+	c.out = c.out[:copy(c.out, c.out[n:])]
+	if len(c.out) == 0 && cap(c.out) > 64<<10 {
+		c.out = nil // a bulk burst is over; do not keep its buffer
+	}
+	return len(c.out) == 0, nil
+}
+
+// queued reports whether bytes wait for the socket.
+func (c *loopConn) queued() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.out) > 0
+}
+
+// closeFD closes the socket on the loop's goroutine, after one last try to
+// send what is queued.
+func (c *loopConn) closeFD() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fd < 0 {
+		return
+	}
+	if len(c.out) > 0 {
+		_, _ = evloop.Write(c.fd, c.out)
+		c.out = nil
+	}
+	unix.Close(c.fd)
+	c.fd = -1
+}
+
+// Close implements net.Conn.
+func (c *loopConn) Close() error {
+	c.mu.Lock()
+	if !c.pushing {
+		c.mu.Unlock()
+		return c.Conn.Close()
+	}
+	if c.closing {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closing = true
+	f := c.onClose
+	c.mu.Unlock()
+	f()
+	return nil
+}
+
+// Deadlines belong to the loop after detach (the tunnel's watchdog does
+// the timing), so they are accepted and ignored.
+
+// SetDeadline implements net.Conn.
+func (c *loopConn) SetDeadline(t time.Time) error {
+	if c.isPushing() {
+		return nil
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// SetReadDeadline implements net.Conn.
+func (c *loopConn) SetReadDeadline(t time.Time) error {
+	if c.isPushing() {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetWriteDeadline implements net.Conn.
+func (c *loopConn) SetWriteDeadline(t time.Time) error {
+	if c.isPushing() {
+		return nil
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *loopConn) isPushing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pushing
+}

@@ -1,0 +1,326 @@
+package gateway
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deskway/deskway/internal/evloop"
+	"github.com/deskway/deskway/internal/proto/tsgu"
+)
+
+// relayLoop is one event loop that relays open websocket tunnels, with
+// the read buffers its tunnels share: a tunnel only needs a buffer while
+// the loop is working on it.
+type relayLoop struct {
+	*evloop.Loop
+	in    []byte // client reads
+	frame []byte // host reads, with headroom for the framing
+}
+
+// relayLoops is the gateway's set of loops; tunnels are spread round-robin.
+type relayLoops struct {
+	loops []*relayLoop
+	next  atomic.Uint32
+}
+
+// startRelayLoops starts n loops.
+func startRelayLoops(n int) (*relayLoops, error) {
+	rl := &relayLoops{}
+	for range n {
+		l, err := evloop.New()
+		if err != nil {
+			rl.close()
+			return nil, err
+		}
+		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10), frame: make([]byte, headroom+relayBufMax)})
+		go func() { _ = l.Run() }()
+	}
+	return rl, nil
+}
+
+func (rl *relayLoops) pick() *relayLoop {
+	return rl.loops[int(rl.next.Add(1))%len(rl.loops)]
+}
+
+// close stops the loops; call it once no tunnel uses them.
+func (rl *relayLoops) close() {
+	for _, l := range rl.loops {
+		l.Close()
+	}
+}
+
+// loopRelay is one open websocket tunnel served by a relayLoop. Every
+// field is the loop goroutine's, apart from done.
+type loopRelay struct {
+	tn   *tunnel
+	loop *relayLoop
+	wt   *wsTransport
+	lc   *loopConn
+	cfd  int // client socket
+	hfd  int // host socket
+
+	clientIn, hostIn bool   // the socket may hold unread bytes
+	drain            bool   // the framing layers may hold a whole packet
+	upQueue          []byte // for the host, not yet taken by its socket
+	ended, torn      bool
+	err              error
+	done             chan struct{} // closed by teardown
+}
+
+type clientSide struct{ r *loopRelay }
+type hostSide struct{ r *loopRelay }
+
+// relayOnLoop runs the open tunnel on an event loop until it ends. It
+// returns false, with both connections untouched, when the tunnel cannot
+// be moved there (a connection without a socket, or the loop refused it).
+func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
+	wt, ok := tn.t.(*wsTransport)
+	if !ok {
+		return false, nil
+	}
+	tc, ok := wt.conn.(*tls.Conn)
+	if !ok {
+		return false, nil
+	}
+	lc, ok := tc.NetConn().(*loopConn)
+	if !ok {
+		return false, nil
+	}
+	cfd, err := dupFD(lc.Conn)
+	if err != nil {
+		return false, nil
+	}
+	hfd, err := dupFD(tn.upstream)
+	if err != nil {
+		unix.Close(cfd)
+		return false, nil
+	}
+	l := loops.pick()
+	r := &loopRelay{tn: tn, loop: l, wt: wt, lc: lc, cfd: cfd, hfd: hfd, done: make(chan struct{})}
+	res := make(chan error, 1)
+	if err := l.Post(func() { res <- r.register() }); err != nil {
+		res <- err
+	}
+	if err := <-res; err != nil {
+		tn.log.Warn("relaying without the event loop", "err", err)
+		unix.Close(cfd)
+		unix.Close(hfd)
+		return false, nil
+	}
+	// The duplicates carry the sockets from here on.
+	_ = lc.Conn.Close()
+	_ = tn.upstream.Close()
+	tn.watch(time.Now())
+	<-r.done
+	tn.relayDone.Store(true)
+	if w := tn.watchdog.Load(); w != nil {
+		w.Stop()
+	}
+	return true, r.err
+}
+
+// register adds both sockets to the loop and hands the client socket to
+// the loopConn under TLS.
+func (r *loopRelay) register() error {
+	if err := r.loop.Add(r.cfd, clientSide{r}); err != nil {
+		return err
+	}
+	if err := r.loop.Add(r.hfd, hostSide{r}); err != nil {
+		r.loop.Remove(r.cfd)
+		return err
+	}
+	r.lc.detach(r.cfd, r.closeRequested)
+	// TLS and the framing may already hold bytes read during the
+	// handshake, and either socket may have become readable before it was
+	// added: look at everything once.
+	r.clientIn, r.hostIn, r.drain = true, true, true
+	r.loop.Again(r)
+	return nil
+}
+
+// closeRequested is the loopConn's Close, from any goroutine.
+func (r *loopRelay) closeRequested() {
+	if err := r.loop.Post(r.teardown); err != nil {
+		r.teardown() // the loop is gone, so nothing else touches the sockets
+	}
+}
+
+// teardown closes both sockets and releases the tunnel's goroutine.
+func (r *loopRelay) teardown() {
+	if r.torn {
+		return
+	}
+	r.torn = true
+	r.loop.Remove(r.cfd)
+	r.loop.Remove(r.hfd)
+	r.lc.closeFD()
+	unix.Close(r.hfd)
+	close(r.done)
+}
+
+// end finishes the relay for err (io.EOF for a clean end): the tunnel
+// stops, which closes the transport and so, through the loopConn, the
+// sockets.
+func (r *loopRelay) end(err error) {
+	if r.ended {
+		return
+	}
+	r.ended, r.err = true, err
+	r.tn.stop("")
+}
+
+// Ready implements evloop.Handler for Again.
+func (r *loopRelay) Ready(uint32) { r.pump() }
+
+func (c clientSide) Ready(ev uint32) {
+	r := c.r
+	if ev&evloop.Readable != 0 {
+		r.clientIn = true
+	}
+	if ev&evloop.Writable != 0 && !r.torn {
+		if _, err := r.lc.flush(); err != nil {
+			r.end(err)
+			return
+		}
+	}
+	r.pump()
+}
+
+func (h hostSide) Ready(ev uint32) {
+	r := h.r
+	if ev&evloop.Readable != 0 {
+		r.hostIn = true
+	}
+	if ev&evloop.Writable != 0 && len(r.upQueue) > 0 && !r.ended {
+		n, err := evloop.Write(r.hfd, r.upQueue)
+		if err != nil {
+			r.tn.reasonf("host write: %v", err)
+			r.end(err)
+			return
+		}
+		r.upQueue = r.upQueue[:copy(r.upQueue, r.upQueue[n:])]
+		if len(r.upQueue) == 0 {
+			r.drain = true
+		}
+	}
+	r.pump()
+}
+
+// pumpBudget is how many reads one tunnel gets before the loop moves on
+// to the others; a bulk transfer then continues in the next round.
+const pumpBudget = 16
+
+// pump moves what can move without blocking: client bytes through TLS,
+// websocket and MS-TSGU to the host while the host takes them, and host
+// bytes to the client while the client's queue is empty.
+func (r *loopRelay) pump() {
+	tn := r.tn
+	for range pumpBudget {
+		if r.ended || r.torn {
+			return
+		}
+		moved := false
+		if len(r.upQueue) == 0 && r.drain {
+			r.drain = false
+			if err := r.drainClient(); err != nil {
+				r.end(err)
+				return
+			}
+		}
+		if len(r.upQueue) == 0 && r.clientIn {
+			n, err := evloop.Read(r.cfd, r.loop.in)
+			switch {
+			case err != nil:
+				r.end(tn.clientReadErr(err))
+				return
+			case n == 0:
+				r.end(tn.clientReadErr(io.EOF))
+				return
+			case n < 0:
+				r.clientIn = false
+			default:
+				r.clientIn = n == len(r.loop.in)
+				r.lc.push(r.loop.in[:n])
+				if err := r.drainClient(); err != nil {
+					r.end(err)
+					return
+				}
+				if len(r.upQueue) > 0 {
+					r.lc.keep()
+					r.drain = true
+				}
+				moved = true
+			}
+		}
+		if r.hostIn && !r.lc.queued() {
+			frame := r.loop.frame
+			n, err := evloop.Read(r.hfd, frame[headroom:])
+			switch {
+			case err != nil:
+				tn.reasonf("host read: %v", err)
+				r.end(err)
+				return
+			case n == 0:
+				tn.closeChannel(tsgu.SOK, "host closed the connection")
+				r.end(io.EOF)
+				return
+			case n < 0:
+				r.hostIn = false
+			default:
+				r.hostIn = n == len(frame)-headroom
+				start := time.Now()
+				if err := tn.t.writeData(frame, n); err != nil {
+					r.end(err)
+					return
+				}
+				tn.sentDown(n, start)
+				moved = true
+			}
+		}
+		if !moved {
+			return
+		}
+	}
+	r.loop.Again(r)
+}
+
+// drainClient acts on every whole packet the framing layers can produce
+// from what was pushed, until they need more bytes or the host's socket
+// stops taking them.
+func (r *loopRelay) drainClient() error {
+	for len(r.upQueue) == 0 {
+		pkt, err := r.wt.readPacket()
+		if errors.Is(err, errWouldBlock) {
+			return nil
+		}
+		if err != nil {
+			return r.tn.clientReadErr(err)
+		}
+		if err := r.tn.fromClient(pkt, r.writeHost); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeHost sends p to the host, queueing what its socket does not take.
+func (r *loopRelay) writeHost(p []byte) error {
+	if len(r.upQueue) > 0 {
+		r.upQueue = append(r.upQueue, p...)
+		return nil
+	}
+	n, err := evloop.Write(r.hfd, p)
+	if err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if n < len(p) {
+		r.upQueue = append(r.upQueue, p[n:]...)
+	}
+	return nil
+}
