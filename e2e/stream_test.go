@@ -44,6 +44,13 @@ type streamRig struct {
 // tail) and runs deskway stream in front of it.
 func startStream(t *testing.T, tlsMode, window string) *streamRig {
 	t.Helper()
+	_, _, cert, key := testkit.TLS(t)
+	return startStreamCert(t, tlsMode, window, cert, key)
+}
+
+// startStreamCert is startStream with the server's certificate and key.
+func startStreamCert(t *testing.T, tlsMode, window, cert, key string) *streamRig {
+	t.Helper()
 	testkit.Require(t, "nbdinfo", "nbdcopy", "qemu-io", "qemu-img")
 	bin := build(t)
 	dir := t.TempDir()
@@ -58,7 +65,6 @@ func startStream(t *testing.T, tlsMode, window string) *streamRig {
 	f.WriteAt([]byte(strings.Repeat("golden image ", 1000)), 40<<20)
 	f.Truncate(64 << 20)
 	f.Close()
-	_, _, cert, key := testkit.TLS(t)
 	port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
 	cfg := filepath.Join(dir, "deskway.yaml")
 	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base)
@@ -297,6 +303,44 @@ func TestStreamTLSRequired(t *testing.T) {
 	out2 := runOK(t, "nbdinfo", strings.Replace(r.uri, "nbd://", "nbds://", 1)+"/golden?tls-verify-peer=false")
 	if !strings.Contains(out2, "with TLS") {
 		t.Errorf("nbds://:\n%s", out2)
+	}
+}
+
+// TestStreamQemuTLS has qemu's own NBD client (GnuTLS, tls-creds-x509,
+// verifying the server's chain and address) write and read a boot's cache
+// over TLS, and shows that without tls-creds the server refuses it.
+func TestStreamQemuTLS(t *testing.T) {
+	caDir, cert, key := testkit.CA(t)
+	r := startStreamCert(t, "require", "1m", cert, key)
+	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
+	qemuTLS := func(export string, cmds ...string) (bool, string) {
+		args := []string{"--object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + caDir, "--image-opts"}
+		for _, c := range cmds {
+			args = append(args, "-c", c)
+		}
+		args = append(args, "driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export="+export+",file.tls-creds=tls0")
+		out, err := exec.Command("qemu-io", args...).CombinedOutput()
+		s := string(out)
+		return err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "error"), s
+	}
+	// Write, read back, and die without a clean disconnect: the boot stays.
+	if ok, out := qemuTLS("golden/vmT/boot1", "write -P 0x5a 4096 8192", "read -P 0x5a 4096 8192", "sigraise 9"); ok ||
+		!strings.Contains(out, "wrote 8192/8192") || strings.Contains(out, "verification failed") {
+		t.Fatalf("qemu-io over TLS should have written, read back and been killed:\n%s", out)
+	}
+	// The reconnect gets the write back; another client does not see it.
+	if ok, out := qemuTLS("golden/vmT/boot1", "read -P 0x5a 4096 8192"); !ok {
+		t.Fatalf("the boot's write is gone on reconnect over TLS:\n%s", out)
+	}
+	if ok, out := qemuTLS("golden/vmU/boot1", "read -P 0x5a 4096 8192"); ok {
+		t.Fatalf("another client sees the write:\n%s", out)
+	}
+	// That reconnect ended with a clean disconnect, which ends the boot.
+	if ok, out := qemuTLS("golden/vmT/boot1", "read -P 0x5a 4096 8192"); ok {
+		t.Fatalf("the write outlived its boot:\n%s", out)
+	}
+	if ok, out := qemuIO(t, r.uri+"/golden/vmT/boot1", true, "read 0 4096"); ok {
+		t.Fatalf("plain-text qemu-io accepted when TLS is required:\n%s", out)
 	}
 }
 

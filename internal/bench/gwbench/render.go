@@ -73,7 +73,7 @@ func (r *runner) markdown() string {
 		if _, ok := s[kw.name+"_max_tunnels_40ms"]; !ok {
 			continue
 		}
-		headline.Rows = append(headline.Rows, []string{kw.label, r.summaryFor(kw.name, "deskway", "", ""), f(s["direct_"+kw.name+"_max_tunnels_40ms"], 0),
+		headline.Rows = append(headline.Rows, []string{kw.label, r.summaryFor(kw.name, "deskway", "", ""), r.summaryFor(kw.name, "direct", "", ""),
 			r.summaryFor(kw.name, "haproxy", "", ""), r.summaryFor(kw.name, "paper", "", "")})
 	}
 	if len(headline.Rows) > 0 {
