@@ -80,11 +80,16 @@ func dupFD(c net.Conn) (int, error) {
 }
 
 // detach hands the socket fd (a duplicate of the TCP connection's) to the
-// loop; onClose is how Close reaches the loop.
-func (c *loopConn) detach(fd int, onClose func()) {
+// loop; onClose is how Close reaches the loop. It refuses a connection
+// that was closed already.
+func (c *loopConn) detach(fd int, onClose func()) error {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return net.ErrClosed
+	}
 	c.fd, c.onClose, c.pushing = fd, onClose, true
-	c.mu.Unlock()
+	return nil
 }
 
 // push makes p the bytes Read hands out next. p is not copied; keep
@@ -185,6 +190,7 @@ func (c *loopConn) closeFD() {
 func (c *loopConn) Close() error {
 	c.mu.Lock()
 	if !c.pushing {
+		c.closing = true
 		c.mu.Unlock()
 		return c.Conn.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -108,7 +109,9 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
 		res <- err
 	}
 	if err := <-res; err != nil {
-		tn.log.Warn("relaying without the event loop", "err", err)
+		if !errors.Is(err, net.ErrClosed) { // closed: the tunnel was stopped meanwhile
+			tn.log.Warn("relaying without the event loop", "err", err)
+		}
 		unix.Close(cfd)
 		unix.Close(hfd)
 		return false, nil
@@ -135,7 +138,11 @@ func (r *loopRelay) register() error {
 		r.loop.Remove(r.cfd)
 		return err
 	}
-	r.lc.detach(r.cfd, r.closeRequested)
+	if err := r.lc.detach(r.cfd, r.closeRequested); err != nil {
+		r.loop.Remove(r.cfd)
+		r.loop.Remove(r.hfd)
+		return fmt.Errorf("client connection: %w", err)
+	}
 	// TLS and the framing may already hold bytes read during the
 	// handshake, and either socket may have become readable before it was
 	// added: look at everything once.
