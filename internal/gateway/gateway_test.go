@@ -792,3 +792,49 @@ func TestBulkBothWaysWithASlowReader(t *testing.T) {
 		})
 	}
 }
+
+// TestPingFloodIsHeldBack opens a channel by hand and then sends pings
+// without ever reading the pongs: the gateway must stop reading such a
+// client once its answers back up, not queue them without end.
+func TestPingFloodIsHeldBack(t *testing.T) {
+	h := start(t, nil)
+	r := openRaw(t, h)
+	defer r.conn.Close()
+	tc := &tsgu.TunnelCreate{}
+	tc.SetCookieString(h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute))
+	for _, m := range []tsgu.Message{
+		&tsgu.HandshakeRequest{VerMajor: 1, ExtendedAuth: tsgu.ExtAuthPAA}, tc, &tsgu.TunnelAuth{ClientName: "flood"},
+		&tsgu.ChannelCreate{Resources: []string{"127.0.0.1"}, Port: h.echoPort, Protocol: 3},
+	} {
+		r.send(t, pkt(t, m))
+	}
+	_ = r.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		f, err := ws.ReadFrame(r.br)
+		if err != nil {
+			t.Fatalf("waiting for the channel: %v", err)
+		}
+		if m, err := tsgu.Decode(f.Payload); err == nil && m.Type() == tsgu.TypeChannelResponse {
+			break
+		}
+	}
+	ping := ws.MaskFrameInPlace(ws.NewPingFrame(bytes.Repeat([]byte("p"), 125)))
+	var frame bytes.Buffer
+	_ = ws.WriteFrame(&frame, ping)
+	burst := bytes.Repeat(frame.Bytes(), 1000)
+	const limit = 64 << 20
+	sent := 0
+	for sent < limit {
+		_ = r.conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		n, err := r.conn.Write(burst)
+		sent += n
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Logf("held back after %d MiB of pings", sent>>20)
+				return
+			}
+			t.Fatalf("write: %v", err)
+		}
+	}
+	t.Fatalf("the gateway read %d MiB of pings whose answers nobody read", sent>>20)
+}

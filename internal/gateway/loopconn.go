@@ -163,6 +163,18 @@ func (c *loopConn) flush() (bool, error) {
 	return len(c.out) == 0, nil
 }
 
+// clientQueueMax is how much may wait for a client before the loop stops
+// reading from it too: its own pings and closes are answered into this
+// queue, so a client that sends without reading must be held back.
+const clientQueueMax = 256 << 10
+
+// full reports whether the queue has reached clientQueueMax.
+func (c *loopConn) full() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.out) >= clientQueueMax
+}
+
 // queued reports whether bytes wait for the socket.
 func (c *loopConn) queued() bool {
 	c.mu.Lock()

@@ -233,14 +233,18 @@ func (r *loopRelay) pump() {
 			return
 		}
 		moved := false
-		if len(r.upQueue) == 0 && r.drain {
+		if r.drain && r.canDrain() {
 			r.drain = false
 			if err := r.drainClient(); err != nil {
 				r.end(err)
 				return
 			}
+			if !r.canDrain() {
+				r.lc.keep()
+				r.drain = true
+			}
 		}
-		if len(r.upQueue) == 0 && r.clientIn {
+		if r.clientIn && !r.drain && r.canDrain() {
 			n, err := evloop.Read(r.cfd, r.loop.in)
 			switch {
 			case err != nil:
@@ -258,7 +262,7 @@ func (r *loopRelay) pump() {
 					r.end(err)
 					return
 				}
-				if len(r.upQueue) > 0 {
+				if !r.canDrain() {
 					r.lc.keep()
 					r.drain = true
 				}
@@ -297,11 +301,14 @@ func (r *loopRelay) pump() {
 	r.loop.Again(r)
 }
 
+// canDrain reports whether client bytes may be processed now: neither
+// the host's queue nor the client's own (answers to its pings) is backed up.
+func (r *loopRelay) canDrain() bool { return len(r.upQueue) == 0 && !r.lc.full() }
+
 // drainClient acts on every whole packet the framing layers can produce
-// from what was pushed, until they need more bytes or the host's socket
-// stops taking them.
+// from what was pushed, until they need more bytes or canDrain says stop.
 func (r *loopRelay) drainClient() error {
-	for len(r.upQueue) == 0 {
+	for r.canDrain() {
 		pkt, err := r.wt.readPacket()
 		if errors.Is(err, errWouldBlock) {
 			return nil
