@@ -22,6 +22,7 @@ type relayLoop struct {
 	*evloop.Loop
 	in    []byte // client reads
 	frame []byte // host reads, with headroom for the framing
+	held  []byte // TLS records of one host read, sent together
 }
 
 // relayLoops is the gateway's set of loops; tunnels are spread round-robin.
@@ -39,7 +40,8 @@ func startRelayLoops(n int) (*relayLoops, error) {
 			rl.close()
 			return nil, err
 		}
-		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10), frame: make([]byte, headroom+relayBufMax)})
+		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10),
+			frame: make([]byte, headroom+relayBufMax), held: make([]byte, 0, headroom+relayBufMax+1024)})
 		go func() { _ = l.Run() }()
 	}
 	return rl, nil
@@ -286,7 +288,14 @@ func (r *loopRelay) pump() {
 			default:
 				r.hostIn = n == len(frame)-headroom
 				start := time.Now()
-				if err := tn.t.writeData(frame, n); err != nil {
+				r.lc.cork(r.loop.held)
+				err := tn.t.writeData(frame, n)
+				held, uerr := r.lc.uncork()
+				r.loop.held = held
+				if err == nil {
+					err = uerr
+				}
+				if err != nil {
 					r.end(err)
 					return
 				}
