@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,10 +37,11 @@ type loopConn struct {
 	pending []byte
 	owned   []byte // backing store when pending had to outlive the loop's buffer
 
-	mu      sync.Mutex // guards the fields below, after detach
-	fd      int        // -1 once closed
-	out     []byte     // written by TLS, not yet taken by the socket
-	onClose func()     // asks the loop to close; set by detach
+	mu      sync.Mutex   // guards the fields below, after detach
+	fd      int          // -1 once closed
+	out     []byte       // written by TLS, not yet taken by the socket
+	outLen  atomic.Int64 // len(out), for the loop's checks without the lock
+	onClose func()       // asks the loop to close; set by detach
 	closing bool
 	corked  bool   // writes collect in held until uncork sends them at once
 	held    []byte // the loop's buffer while corked
@@ -135,6 +137,7 @@ func (c *loopConn) Write(p []byte) (int, error) {
 	}
 	if len(c.out) > 0 {
 		c.out = append(c.out, p...)
+		c.outLen.Store(int64(len(c.out)))
 		return len(p), nil
 	}
 	if c.corked {
@@ -147,6 +150,7 @@ func (c *loopConn) Write(p []byte) (int, error) {
 	}
 	if n < len(p) {
 		c.out = append(c.out, p[n:]...)
+		c.outLen.Store(int64(len(c.out)))
 	}
 	return len(p), nil
 }
@@ -176,12 +180,16 @@ func (c *loopConn) uncork() ([]byte, error) {
 	}
 	if n < len(held) {
 		c.out = append(c.out, held[n:]...)
+		c.outLen.Store(int64(len(c.out)))
 	}
 	return held, nil
 }
 
 // flush sends queued bytes; it reports whether the queue is empty.
 func (c *loopConn) flush() (bool, error) {
+	if c.outLen.Load() == 0 {
+		return true, nil // every readiness edge reports writable too
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.out) == 0 || c.fd < 0 {
@@ -195,6 +203,7 @@ func (c *loopConn) flush() (bool, error) {
 	if len(c.out) == 0 && cap(c.out) > 64<<10 {
 		c.out = nil // a bulk burst is over; do not keep its buffer
 	}
+	c.outLen.Store(int64(len(c.out)))
 	return len(c.out) == 0, nil
 }
 
@@ -204,18 +213,10 @@ func (c *loopConn) flush() (bool, error) {
 const clientQueueMax = 256 << 10
 
 // full reports whether the queue has reached clientQueueMax.
-func (c *loopConn) full() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.out) >= clientQueueMax
-}
+func (c *loopConn) full() bool { return c.outLen.Load() >= clientQueueMax }
 
 // queued reports whether bytes wait for the socket.
-func (c *loopConn) queued() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.out) > 0
-}
+func (c *loopConn) queued() bool { return c.outLen.Load() > 0 }
 
 // closeFD closes the socket on the loop's goroutine, after one last try to
 // send what is queued.
@@ -228,6 +229,7 @@ func (c *loopConn) closeFD() {
 	if len(c.out) > 0 {
 		_, _ = evloop.Write(c.fd, c.out)
 		c.out = nil
+		c.outLen.Store(0)
 	}
 	unix.Close(c.fd)
 	c.fd = -1
