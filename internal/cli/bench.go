@@ -73,6 +73,7 @@ func echoServerCmd() *cobra.Command {
 type benchFlags struct {
 	scenario, out, steps string
 	warmup, window, tput time.Duration
+	relayLoops           int
 }
 
 func (f *benchFlags) register(c *cobra.Command, scenario string) {
@@ -82,6 +83,7 @@ func (f *benchFlags) register(c *cobra.Command, scenario string) {
 	c.Flags().DurationVar(&f.warmup, "warmup", 2*time.Second, "settle time after each ramp step")
 	c.Flags().DurationVar(&f.window, "window", 4*time.Second, "measurement window of each ramp step")
 	c.Flags().DurationVar(&f.tput, "throughput-duration", 10*time.Second, "length of each throughput measurement")
+	c.Flags().IntVar(&f.relayLoops, "relay-loops", -1, "the gateway's relay_loops (default: its own, one event loop per CPU; 0: goroutines)")
 }
 
 func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string) error {
@@ -89,7 +91,7 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	if err != nil {
 		return err
 	}
-	o := gwbench.Options{Exe: exe, Out: f.out, Warmup: f.warmup, Window: f.window, ThroughputD: f.tput,
+	o := gwbench.Options{Exe: exe, Out: f.out, Warmup: f.warmup, Window: f.window, ThroughputD: f.tput, RelayLoops: f.relayLoops,
 		Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
 	if f.scenario == "all" {
 		o.Scenarios = gwbench.AllScenarios

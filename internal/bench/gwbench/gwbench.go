@@ -31,7 +31,10 @@ type Options struct {
 	Warmup      time.Duration
 	Window      time.Duration
 	ThroughputD time.Duration
-	Log         *slog.Logger
+	// RelayLoops is the gateway's relay_loops; negative leaves its default
+	// (one event loop per CPU), 0 relays on goroutines.
+	RelayLoops int
+	Log        *slog.Logger
 }
 
 // AllScenarios in the order they run.
@@ -123,7 +126,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	e, err := newEnv(o.Exe, dir)
+	e, err := newEnv(o.Exe, dir, o.RelayLoops)
 	if err != nil {
 		return nil, err
 	}

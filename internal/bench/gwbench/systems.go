@@ -39,6 +39,7 @@ type env struct {
 	echoPort          uint16
 	echo              *proc
 	clientTLS         *tls.Config
+	relayLoops        int // the gateway's relay_loops; negative: its default
 }
 
 // proc is a child process started by the bench.
@@ -89,8 +90,8 @@ func startProc(name string, cpus int, extraEnv []string, argv ...string) (*proc,
 	return &proc{cmd: cmd, log: &log, name: name}, nil
 }
 
-func newEnv(exe, dir string) (*env, error) {
-	e := &env{dir: dir, exe: exe, tokenKey: "bench-token-key-0123456789abcdef0123456789"}
+func newEnv(exe, dir string, relayLoops int) (*env, error) {
+	e := &env{dir: dir, exe: exe, tokenKey: "bench-token-key-0123456789abcdef0123456789", relayLoops: relayLoops}
 	e.cert, e.key = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	if err := tlsconf.SelfSigned(e.cert, e.key, nil); err != nil {
 		return nil, err
@@ -184,6 +185,9 @@ func (e *env) startGateway(cpus int) (*proc, string, error) {
 	}
 	cfg := filepath.Join(dir, "deskway.yaml")
 	body := fmt.Sprintf(gatewayYAML, dir, ap, e.cert, e.key, e.tokenKey, gp)
+	if e.relayLoops >= 0 {
+		body += fmt.Sprintf("  relay_loops: %d\n", e.relayLoops)
+	}
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		return nil, "", err
 	}
