@@ -18,6 +18,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -84,6 +85,12 @@ func New() (*Loop, error) {
 		return nil, fmt.Errorf("evloop: epoll descriptor: %w", err)
 	}
 	l.file = os.NewFile(uintptr(epfd), "epoll")
+	// Only a file Go's poller accepted takes deadlines: without it the
+	// loop could not park.
+	if err := l.file.SetReadDeadline(time.Time{}); err != nil {
+		l.closeFDs()
+		return nil, fmt.Errorf("evloop: Go's poller does not take the epoll descriptor: %w", err)
+	}
 	return l, nil
 }
 
