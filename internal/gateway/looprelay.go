@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync/atomic"
 	"time"
@@ -31,8 +32,8 @@ type relayLoops struct {
 	next  atomic.Uint32
 }
 
-// startRelayLoops starts n loops.
-func startRelayLoops(n int) (*relayLoops, error) {
+// startRelayLoops starts n loops; log hears of a loop that fails.
+func startRelayLoops(n int, log *slog.Logger) (*relayLoops, error) {
 	rl := &relayLoops{}
 	for range n {
 		l, err := evloop.New()
@@ -42,7 +43,11 @@ func startRelayLoops(n int) (*relayLoops, error) {
 		}
 		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10),
 			frame: make([]byte, headroom+relayBufMax), held: make([]byte, 0, headroom+relayBufMax+1024)})
-		go func() { _ = l.Run() }()
+		go func() {
+			if err := l.Run(); err != nil {
+				log.Error("relay loop stopped; its tunnels are stuck until they time out", "err", err)
+			}
+		}()
 	}
 	return rl, nil
 }
