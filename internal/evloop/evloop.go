@@ -179,6 +179,18 @@ func (l *Loop) Close() {
 func (l *Loop) Run() error {
 	defer close(l.done)
 	defer l.closeFDs()
+	// However Run ends, later Posts fail (so callers act themselves) and
+	// what was posted runs.
+	defer func() {
+		l.mu.Lock()
+		l.closing = true
+		rest := l.tasks
+		l.tasks = nil
+		l.mu.Unlock()
+		for _, f := range rest {
+			f()
+		}
+	}()
 	raw, err := l.file.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("evloop: %w", err)

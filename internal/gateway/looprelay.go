@@ -45,7 +45,7 @@ func startRelayLoops(n int, log *slog.Logger) (*relayLoops, error) {
 			frame: make([]byte, headroom+relayBufMax), held: make([]byte, 0, headroom+relayBufMax+1024)})
 		go func() {
 			if err := l.Run(); err != nil {
-				log.Error("relay loop stopped; its tunnels are stuck until they time out", "err", err)
+				log.Error("relay loop stopped; its tunnels end when stopped or timed out", "err", err)
 			}
 		}()
 	}
