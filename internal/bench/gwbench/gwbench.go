@@ -455,7 +455,7 @@ func (r *runner) farmSystem(nodes int) system {
 		// The first node is sampled; the others stop with it.
 		first := procs[0]
 		go func() {
-			_ = first.cmd.Wait()
+			<-first.exited
 			for _, q := range procs[1:] {
 				q.stop()
 			}

@@ -42,33 +42,37 @@ type env struct {
 	relayLoops        int // the gateway's relay_loops; negative: its default
 }
 
-// proc is a child process started by the bench.
+// proc is a child process started by the bench. One goroutine waits for
+// it, and everyone else waits on exited: exec.Cmd.Wait may be called only
+// once, and a second, concurrent call can block for ever on the output
+// copy the first one already collected.
 type proc struct {
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
-	name string
+	cmd    *exec.Cmd
+	log    *bytes.Buffer
+	name   string
+	exited chan struct{} // closed once the process has been reaped
 }
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }
 
+// stop asks the process to end (SIGTERM) and kills it after 5 s.
 func (p *proc) stop() {
 	if p == nil || p.cmd.Process == nil {
 		return
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-p.exited:
 	case <-time.After(5 * time.Second):
 		_ = p.cmd.Process.Kill()
-		<-done
+		<-p.exited
 	}
 }
 
+// kill ends the process at once (a node failing) and waits for it.
 func (p *proc) kill() {
 	_ = p.cmd.Process.Kill()
-	_ = p.cmd.Wait()
+	<-p.exited
 }
 
 // startProc runs argv with extra environment; cpus > 0 pins it with taskset.
@@ -87,7 +91,12 @@ func startProc(name string, cpus int, extraEnv []string, argv ...string) (*proc,
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("bench: start %s: %w", name, err)
 	}
-	return &proc{cmd: cmd, log: &log, name: name}, nil
+	p := &proc{cmd: cmd, log: &log, name: name, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
 }
 
 func newEnv(exe, dir string, relayLoops int) (*env, error) {
