@@ -144,6 +144,15 @@ func (c *loopConn) Write(p []byte) (int, error) {
 		c.held = append(c.held, p...)
 		return len(p), nil
 	}
+	if n, err := c.send(p); err != nil {
+		return n, err
+	}
+	return len(p), nil
+}
+
+// send writes p to the socket and queues what it does not take; the
+// caller holds mu and has checked that nothing is queued before p.
+func (c *loopConn) send(p []byte) (int, error) {
 	n, err := evloop.Write(c.fd, p)
 	if err != nil {
 		return n, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
@@ -152,7 +161,7 @@ func (c *loopConn) Write(p []byte) (int, error) {
 		c.out = append(c.out, p[n:]...)
 		c.outLen.Store(int64(len(c.out)))
 	}
-	return len(p), nil
+	return n, nil
 }
 
 // cork makes writes collect in buf (the loop's, so an idle tunnel keeps
@@ -174,15 +183,8 @@ func (c *loopConn) uncork() ([]byte, error) {
 	if len(held) == 0 || c.fd < 0 {
 		return held, nil
 	}
-	n, err := evloop.Write(c.fd, held)
-	if err != nil {
-		return held, &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
-	}
-	if n < len(held) {
-		c.out = append(c.out, held[n:]...)
-		c.outLen.Store(int64(len(c.out)))
-	}
-	return held, nil
+	_, err := c.send(held)
+	return held, err
 }
 
 // flush sends queued bytes; it reports whether the queue is empty.

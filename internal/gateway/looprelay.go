@@ -241,14 +241,9 @@ func (r *loopRelay) pump() {
 		}
 		moved := false
 		if r.drain && r.canDrain() {
-			r.drain = false
 			if err := r.drainClient(); err != nil {
 				r.end(err)
 				return
-			}
-			if !r.canDrain() {
-				r.lc.keep()
-				r.drain = true
 			}
 		}
 		if r.clientIn && !r.drain && r.canDrain() {
@@ -268,10 +263,6 @@ func (r *loopRelay) pump() {
 				if err := r.drainClient(); err != nil {
 					r.end(err)
 					return
-				}
-				if !r.canDrain() {
-					r.lc.keep()
-					r.drain = true
 				}
 				moved = true
 			}
@@ -320,9 +311,16 @@ func (r *loopRelay) pump() {
 func (r *loopRelay) canDrain() bool { return len(r.upQueue) == 0 && !r.lc.full() }
 
 // drainClient acts on every whole packet the framing layers can produce
-// from what was pushed, until they need more bytes or canDrain says stop.
+// from what was pushed, until they need more bytes or canDrain says stop;
+// then what is left of the pushed bytes is kept for later (drain).
 func (r *loopRelay) drainClient() error {
-	for r.canDrain() {
+	r.drain = false
+	for {
+		if !r.canDrain() {
+			r.lc.keep()
+			r.drain = true
+			return nil
+		}
 		pkt, err := r.wt.readPacket()
 		if errors.Is(err, errWouldBlock) {
 			return nil
@@ -334,7 +332,6 @@ func (r *loopRelay) drainClient() error {
 			return err
 		}
 	}
-	return nil
 }
 
 // writeHost sends p to the host, queueing what its socket does not take.
