@@ -10,62 +10,28 @@ import (
 )
 
 func (c *Config) brokerDefaults(b *Broker) {
-	if b.Listen == "" {
-		b.Listen = ":8444"
-	}
-	if b.Database == "" {
-		b.Database = filepath.Join(c.StateDir, "broker.db")
-	}
-	if b.MaxDBConnections == 0 {
-		b.MaxDBConnections = 64
-	}
-	if b.RetryAfter == 0 {
-		b.RetryAfter = Duration(time.Second)
-	}
-	if b.BusyWait == 0 {
-		b.BusyWait = Duration(2 * time.Second)
-	}
-	if b.LaunchTimeout == 0 {
-		b.LaunchTimeout = Duration(30 * time.Second)
-	}
-	if b.HeartbeatInterval == 0 {
-		b.HeartbeatInterval = Duration(5 * time.Second)
-	}
-	if b.HeartbeatTimeout == 0 {
-		b.HeartbeatTimeout = Duration(30 * time.Second)
-	}
-	if b.LogonGrace == 0 {
-		b.LogonGrace = Duration(2 * time.Minute)
-	}
-	if b.TokenTTL == 0 {
-		b.TokenTTL = Duration(5 * time.Minute)
-	}
+	setDefault(&b.Listen, ":8444")
+	setDefault(&b.Database, filepath.Join(c.StateDir, "broker.db"))
+	setDefault(&b.MaxDBConnections, 64)
+	setDefault(&b.RetryAfter, Duration(time.Second))
+	setDefault(&b.BusyWait, Duration(2*time.Second))
+	setDefault(&b.LaunchTimeout, Duration(30*time.Second))
+	setDefault(&b.HeartbeatInterval, Duration(5*time.Second))
+	setDefault(&b.HeartbeatTimeout, Duration(30*time.Second))
+	setDefault(&b.LogonGrace, Duration(2*time.Minute))
+	setDefault(&b.TokenTTL, Duration(5*time.Minute))
 	if b.Gateway == "" && c.Gateway != nil {
 		b.Gateway = c.Gateway.PublicName
 	}
-	if b.Health.DiskIdleMinPct == 0 {
-		b.Health.DiskIdleMinPct = 50
-	}
-	if b.Health.DiskLatencyMaxMS == 0 {
-		b.Health.DiskLatencyMaxMS = 25
-	}
-	if b.Health.MemoryPressureMaxPct == 0 {
-		b.Health.MemoryPressureMaxPct = 20
-	}
+	setDefault(&b.Health.DiskIdleMinPct, 50)
+	setDefault(&b.Health.DiskLatencyMaxMS, 25)
+	setDefault(&b.Health.MemoryPressureMaxPct, 20)
 	for i := range b.DeliveryGroups {
 		g := &b.DeliveryGroups[i]
-		if g.Kind == "" {
-			g.Kind = "pooled"
-		}
-		if g.Spread == "" {
-			g.Spread = "breadth"
-		}
-		if g.SessionLimit == 0 {
-			g.SessionLimit = 50
-		}
-		if g.LogonLimit == 0 {
-			g.LogonLimit = 2
-		}
+		setDefault(&g.Kind, "pooled")
+		setDefault(&g.Spread, "breadth")
+		setDefault(&g.SessionLimit, 50)
+		setDefault(&g.LogonLimit, 2)
 	}
 }
 
@@ -123,24 +89,12 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 
 func (c *Config) agentDefaults(a *Agent) {
 	host, _ := os.Hostname()
-	if a.Name == "" {
-		a.Name = host
-	}
-	if a.Address == "" {
-		a.Address = host
-	}
-	if a.Port == 0 {
-		a.Port = 3389
-	}
-	if a.Sessions == "" {
-		a.Sessions = "xrdp"
-	}
-	if a.SessionPoll == 0 {
-		a.SessionPoll = Duration(time.Second)
-	}
-	if a.DrainFile == "" {
-		a.DrainFile = filepath.Join(c.StateDir, "agent.drain")
-	}
+	setDefault(&a.Name, host)
+	setDefault(&a.Address, host)
+	setDefault(&a.Port, 3389)
+	setDefault(&a.Sessions, "xrdp")
+	setDefault(&a.SessionPoll, Duration(time.Second))
+	setDefault(&a.DrainFile, filepath.Join(c.StateDir, "agent.drain"))
 }
 
 func validateAgent(a *Agent, bad func(string, string, ...any)) {

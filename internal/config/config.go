@@ -432,50 +432,22 @@ func (c *Config) resolveSecrets() error {
 
 // ApplyDefaults fills every unset field with its default.
 func (c *Config) ApplyDefaults() {
-	if c.StateDir == "" {
-		c.StateDir = "/var/lib/deskway"
-	}
-	if c.Log.Level == "" {
-		c.Log.Level = "info"
-	}
-	if c.Log.Format == "" {
-		c.Log.Format = "auto"
-	}
-	if c.Admin.Listen == "" {
-		c.Admin.Listen = "127.0.0.1:9443"
-	}
-	if c.Auth.Domain == "" {
-		c.Auth.Domain = "DESKWAY"
-	}
-	if c.Auth.MaxFailures == 0 {
-		c.Auth.MaxFailures = 5
-	}
-	if c.Auth.FailureWindow == 0 {
-		c.Auth.FailureWindow = Duration(5 * time.Minute)
-	}
+	setDefault(&c.StateDir, "/var/lib/deskway")
+	setDefault(&c.Log.Level, "info")
+	setDefault(&c.Log.Format, "auto")
+	setDefault(&c.Admin.Listen, "127.0.0.1:9443")
+	setDefault(&c.Auth.Domain, "DESKWAY")
+	setDefault(&c.Auth.MaxFailures, 5)
+	setDefault(&c.Auth.FailureWindow, Duration(5*time.Minute))
 	if st := c.Stream; st != nil {
-		if st.Listen == "" {
-			st.Listen = ":10809"
-		}
-		if st.TLS == "" {
-			st.TLS = "on"
-		}
-		if st.Store == "" {
-			st.Store = c.StateDir + "/vdisks"
-		}
-		if st.CacheRAMMB == 0 {
-			st.CacheRAMMB = 64
-		}
-		if st.ReconnectWindow == 0 {
-			st.ReconnectWindow = Duration(2 * time.Minute)
-		}
-		if st.MaxInflight == 0 {
-			st.MaxInflight = 16
-		}
+		setDefault(&st.Listen, ":10809")
+		setDefault(&st.TLS, "on")
+		setDefault(&st.Store, c.StateDir+"/vdisks")
+		setDefault(&st.CacheRAMMB, 64)
+		setDefault(&st.ReconnectWindow, Duration(2*time.Minute))
+		setDefault(&st.MaxInflight, 16)
 		for i := range st.VDisks {
-			if st.VDisks[i].Mode == "" {
-				st.VDisks[i].Mode = "standard"
-			}
+			setDefault(&st.VDisks[i].Mode, "standard")
 		}
 	}
 	if b := c.Broker; b != nil {
@@ -485,44 +457,24 @@ func (c *Config) ApplyDefaults() {
 		c.agentDefaults(a)
 	}
 	if g := c.Gateway; g != nil {
-		if g.Listen == "" {
-			g.Listen = ":8443"
-		}
+		setDefault(&g.Listen, ":8443")
 		if len(g.AuthMethods) == 0 {
 			g.AuthMethods = []string{"ntlm", "paa"}
 		}
-		if g.Keepalive == 0 {
-			g.Keepalive = Duration(30 * time.Second)
-		}
-		if g.IdleTimeout == 0 {
-			g.IdleTimeout = Duration(30 * time.Minute)
-		}
-		if g.SessionTimeout == 0 {
-			g.SessionTimeout = Duration(8 * time.Hour)
-		}
-		if g.HandshakeTimeout == 0 {
-			g.HandshakeTimeout = Duration(30 * time.Second)
-		}
-		if g.DialTimeout == 0 {
-			g.DialTimeout = Duration(10 * time.Second)
-		}
-		if g.ShutdownGrace == 0 {
-			g.ShutdownGrace = Duration(30 * time.Second)
-		}
-		if g.MaxTunnels == 0 {
-			g.MaxTunnels = 20000
-		}
+		setDefault(&g.Keepalive, Duration(30*time.Second))
+		setDefault(&g.IdleTimeout, Duration(30*time.Minute))
+		setDefault(&g.SessionTimeout, Duration(8*time.Hour))
+		setDefault(&g.HandshakeTimeout, Duration(30*time.Second))
+		setDefault(&g.DialTimeout, Duration(10*time.Second))
+		setDefault(&g.ShutdownGrace, Duration(30*time.Second))
+		setDefault(&g.MaxTunnels, 20000)
 		if g.RelayLoops == nil {
 			n := runtime.GOMAXPROCS(0)
 			g.RelayLoops = &n
 		}
 		if g.RADIUS != nil {
-			if g.RADIUS.Timeout == 0 {
-				g.RADIUS.Timeout = Duration(3 * time.Second)
-			}
-			if g.RADIUS.NASIdentifier == "" {
-				g.RADIUS.NASIdentifier = "deskway-gateway"
-			}
+			setDefault(&g.RADIUS.Timeout, Duration(3*time.Second))
+			setDefault(&g.RADIUS.NASIdentifier, "deskway-gateway")
 		}
 	}
 }
@@ -729,4 +681,13 @@ func isHex(s string, n int) bool {
 		}
 	}
 	return true
+}
+
+// setDefault gives a setting its default when the file left it unset
+// (its zero value).
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
 }

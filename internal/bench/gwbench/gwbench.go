@@ -289,20 +289,32 @@ func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float
 	return n, crossed
 }
 
+// directRamp returns the direct path's ramp at p, running it the first
+// time p is asked for; fresh is that run, nil when it was already known.
+func (r *runner) directRamp(ctx context.Context, p load.Pattern) (steps []step, fresh *ramp, err error) {
+	key := patternKey(p)
+	if steps, ok := r.direct[key]; ok {
+		return steps, nil, nil
+	}
+	d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
+	if d.err != nil {
+		return nil, nil, d.err
+	}
+	r.direct[key] = d.steps
+	return d.steps, &d, nil
+}
+
 // pattern runs direct, deskway and haproxy at one pattern and returns their ramps.
 func (r *runner) pattern(ctx context.Context, scenario string, p load.Pattern, params map[string]any, cpus int) (map[string]ramp, error) {
 	out := map[string]ramp{}
-	key := patternKey(p)
-	if _, ok := r.direct[key]; !ok {
-		d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
-		if d.err != nil {
-			return nil, d.err
-		}
-		r.direct[key] = d.steps
-		out["direct"] = d
-		r.addRamp(scenario, d, params)
+	direct, fresh, err := r.directRamp(ctx, p)
+	if err != nil {
+		return nil, err
 	}
-	direct := r.direct[key]
+	if fresh != nil {
+		out["direct"] = *fresh
+		r.addRamp(scenario, *fresh, params)
+	}
 	systems := []system{r.e.deskway()}
 	if r.hap != nil {
 		systems = append(systems, *r.hap)
@@ -389,21 +401,17 @@ func (r *runner) frequency(ctx context.Context) error {
 
 func (r *runner) cpus(ctx context.Context) error {
 	p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond}
-	key := patternKey(p)
-	if _, ok := r.direct[key]; !ok {
-		d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
-		if d.err != nil {
-			return d.err
-		}
-		r.direct[key] = d.steps
+	direct, _, err := r.directRamp(ctx, p)
+	if err != nil {
+		return err
 	}
 	for _, c := range []int{1, 2} {
 		params := map[string]any{"cpus": c, "up_bytes": 90, "down_bytes": 90, "interval_ms": 100}
-		rp := r.runRamp(ctx, r.e.deskway(), p, c, r.direct[key])
+		rp := r.runRamp(ctx, r.e.deskway(), p, c, direct)
 		n, _ := r.addRamp("cpus", rp, params)
 		r.res.Summary[fmt.Sprintf("cpus%d_kw1_max_tunnels_40ms", c)] = math.Round(n)
 		if r.hap != nil {
-			hp := r.runRamp(ctx, *r.hap, p, c, r.direct[key])
+			hp := r.runRamp(ctx, *r.hap, p, c, direct)
 			r.addRamp("cpus", hp, params)
 		}
 	}
@@ -415,17 +423,13 @@ func (r *runner) cpus(ctx context.Context) error {
 // many tunnels were lost and how long until all were open again.
 func (r *runner) farm(ctx context.Context) error {
 	p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond}
-	key := patternKey(p)
-	if _, ok := r.direct[key]; !ok {
-		d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
-		if d.err != nil {
-			return d.err
-		}
-		r.direct[key] = d.steps
+	direct, _, err := r.directRamp(ctx, p)
+	if err != nil {
+		return err
 	}
 	for _, nodes := range []int{1, 2} {
 		sys := r.farmSystem(nodes)
-		rp := r.runRamp(ctx, sys, p, 0, r.direct[key])
+		rp := r.runRamp(ctx, sys, p, 0, direct)
 		n, _ := r.addRamp("farm", rp, map[string]any{"nodes": nodes})
 		r.res.Summary[fmt.Sprintf("farm%d_kw1_max_tunnels_40ms", nodes)] = math.Round(n)
 	}
