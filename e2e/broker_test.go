@@ -55,13 +55,7 @@ agent:
 // it, the agent reports the logon, then the disconnect, and a relaunch
 // returns the same session on the same host, which xfreerdp reconnects to.
 func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
-	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp")
-	testkit.RequireRoot(t)
-	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name()), consent: "y\n"}
-	_ = os.RemoveAll(r.artifacts)
-	rdpPort := testkit.FreePort(t)
-	r.xrdp = testkit.StartXRDP(t, rdpPort)
-	r.display = testkit.Xvfb(t)
+	r, rdpPort := newRDPRig(t)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
 	gwPort, brokerPort, adminPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)

@@ -52,7 +52,9 @@ gateway:
   - {name: rdp, groups: [staff], hosts: [127.0.0.1], ports: [%[6]d]}
 `
 
-func setup(t *testing.T) *rig {
+// newRDPRig starts xrdp and Xvfb for a test that drives xfreerdp, and
+// returns the rig and xrdp's port.
+func newRDPRig(t *testing.T) (*rig, int) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp")
 	testkit.RequireRoot(t)
 	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name()), consent: "y\n"}
@@ -60,6 +62,11 @@ func setup(t *testing.T) *rig {
 	rdpPort := testkit.FreePort(t)
 	r.xrdp = testkit.StartXRDP(t, rdpPort)
 	r.display = testkit.Xvfb(t)
+	return r, rdpPort
+}
+
+func setup(t *testing.T) *rig {
+	r, rdpPort := newRDPRig(t)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
 	gwPort := testkit.FreePort(t)
