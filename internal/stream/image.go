@@ -104,24 +104,43 @@ func (im *image) baseFile(off, n int64) bool {
 }
 
 // flatten writes the image as one file at path: the base copied sparsely
-// in the kernel, then every delta's blocks, oldest first. The file
-// appears complete or not at all.
+// in the kernel, then each block some delta holds, once, from the newest
+// delta holding it. Runs of blocks from one delta move with
+// copy_file_range too, so nothing passes through user space on a
+// filesystem that supports it. The file appears complete or not at all.
 func (im *image) flatten(path string) error {
 	return sparseCopy(path, im.base, im.size, func(out *os.File) error {
-		buf := make([]byte, cacheBlock)
-		for i := len(im.deltas) - 1; i >= 0; i-- {
-			d := im.deltas[i]
-			for blk := int64(0); blk < int64(len(d.bitmap))*8 && blk*cacheBlock < im.size; blk++ {
-				if !d.has(blk) {
-					continue
-				}
-				if _, err := readFull(d.data, buf, blk*cacheBlock); err != nil {
-					return err
-				}
-				if _, err := out.WriteAt(buf[:min(cacheBlock, im.size-blk*cacheBlock)], blk*cacheBlock); err != nil {
-					return err
+		// Own descriptors: copying moves a file's offset, and the
+		// shared ones are read with pread by booting clients meanwhile.
+		srcs := make([]*os.File, len(im.deltas))
+		defer func() {
+			for _, f := range srcs {
+				if f != nil {
+					f.Close()
 				}
 			}
+		}()
+		blocks := (im.size + cacheBlock - 1) / cacheBlock
+		for blk := int64(0); blk < blocks; {
+			l := im.layer(blk)
+			end := blk + 1
+			for end < blocks && im.layer(end) == l {
+				end++
+			}
+			if l >= 0 {
+				if srcs[l] == nil {
+					f, err := os.Open(im.deltas[l].data.Name())
+					if err != nil {
+						return err
+					}
+					srcs[l] = f
+				}
+				off := blk * cacheBlock
+				if err := copyRange(out, srcs[l], off, min(end*cacheBlock, im.size)-off); err != nil {
+					return fmt.Errorf("version %d, blocks %d to %d: %w", im.deltas[l].version, blk, end-1, err)
+				}
+			}
+			blk = end
 		}
 		return nil
 	})

@@ -72,13 +72,7 @@ func sparseCopy(path string, base *os.File, size int64, then func(*os.File) erro
 		if err != nil {
 			return err
 		}
-		if _, err := src.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := tmp.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := tmp.ReadFrom(&io.LimitedReader{R: src, N: hole - data}); err != nil {
+		if err := copyRange(tmp, src, data, min(hole, size)-data); err != nil {
 			return err
 		}
 		off = hole
@@ -95,6 +89,31 @@ func sparseCopy(path string, base *os.File, size int64, then func(*os.File) erro
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// copyRange copies [off, off+n) of src to the same place in dst, in the
+// kernel where it can (os.File.ReadFrom uses copy_file_range). Where src
+// ends early the rest reads as zeroes, as readFull has it.
+func copyRange(dst, src *os.File, off, n int64) error {
+	if _, err := src.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
+	if _, err := dst.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
+	c, err := dst.ReadFrom(&io.LimitedReader{R: src, N: n})
+	if err != nil {
+		return err
+	}
+	if c < n {
+		zero := make([]byte, min(n-c, 1<<16))
+		for left := n - c; left > 0; left -= int64(len(zero)) {
+			if _, err := dst.Write(zero[:min(left, int64(len(zero)))]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // ReadAt reads the client's image.
