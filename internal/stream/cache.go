@@ -26,6 +26,9 @@ type writeCache struct {
 	spillDir string
 	spill    *os.File
 	slots    map[int64]int64 // block number → offset in spill
+	// written holds every block in ram, zeros or slots: reads ask it
+	// first, block by block, and most blocks are the base's.
+	written  blockSet
 	nextSlot int64
 	// slabs hold the RAM blocks outside the Go heap: the garbage
 	// collector neither scans them nor sizes the heap by them, and they
@@ -36,7 +39,7 @@ type writeCache struct {
 }
 
 func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string) *writeCache {
-	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, zeros: map[int64]struct{}{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}}
+	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, zeros: map[int64]struct{}{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}, written: blockSet{}}
 }
 
 // bytes reports how much the cache holds in RAM and in its spill file.
@@ -54,7 +57,7 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 	if c.closed {
 		return 0, os.ErrClosed
 	}
-	if len(c.ram) == 0 && len(c.slots) == 0 && len(c.zeros) == 0 {
+	if len(c.written) == 0 {
 		return readFull(c.base, p, off)
 	}
 	done := 0
@@ -93,27 +96,10 @@ func (c *writeCache) baseOnly(off, n int64) bool {
 	if c.closed {
 		return false
 	}
-	if len(c.ram) == 0 && len(c.slots) == 0 && len(c.zeros) == 0 {
-		return true
-	}
-	for blk := off / cacheBlock; blk*cacheBlock < off+n; blk++ {
-		if c.has(blk) {
-			return false
-		}
-	}
-	return true
+	return n <= 0 || !c.written.any(off/cacheBlock, (off+n-1)/cacheBlock)
 }
 
-func (c *writeCache) has(blk int64) bool {
-	if _, ok := c.ram[blk]; ok {
-		return true
-	}
-	if _, ok := c.zeros[blk]; ok {
-		return true
-	}
-	_, ok := c.slots[blk]
-	return ok
-}
+func (c *writeCache) has(blk int64) bool { return c.written.has(blk) }
 
 // WriteAt stores p at off in the cache; nil p writes zeroes of length n.
 func (c *writeCache) WriteAt(p []byte, off int64) (int, error) {
@@ -148,6 +134,7 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 			delete(c.ram, blk)
 			delete(c.slots, blk)
 			c.zeros[blk] = struct{}{}
+			c.written.add(blk)
 			done += n
 			continue
 		}
@@ -158,6 +145,7 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 			if err := c.store(blk, b); err != nil {
 				return int(done), err
 			}
+			c.written.add(blk)
 			done += n
 			continue
 		}
@@ -181,6 +169,7 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 			if err := c.store(blk, b); err != nil {
 				return int(done), err
 			}
+			c.written.add(blk)
 		}
 		done += n
 	}
@@ -254,6 +243,7 @@ func (c *writeCache) Trim(off, n int64) {
 		delete(c.ram, blk)
 		delete(c.zeros, blk)
 		delete(c.slots, blk)
+		c.written.remove(blk)
 	}
 }
 
@@ -268,7 +258,7 @@ func (c *writeCache) close() {
 		return
 	}
 	c.closed = true
-	c.ram, c.slots, c.zeros = nil, nil, nil
+	c.ram, c.slots, c.zeros, c.written = nil, nil, nil, nil
 	for _, slab := range c.slabs {
 		_ = syscall.Munmap(slab)
 	}
@@ -298,4 +288,58 @@ func readFull(r io.ReaderAt, p []byte, off int64) (int, error) {
 		return n, fmt.Errorf("base read at %d: %w", off, err)
 	}
 	return n, nil
+}
+
+// chunkBlocks is how many blocks one entry of a blockSet covers.
+const chunkBlocks = 512
+
+// blockSet is a sparse bitmap of block numbers: a 64-byte word group per
+// 2 MiB of disk that holds any, so a boot's scattered writes cost little
+// and a read's range is checked with one map lookup per 2 MiB.
+type blockSet map[int64]*[chunkBlocks / 64]uint64
+
+func (s blockSet) add(blk int64) {
+	w := s[blk/chunkBlocks]
+	if w == nil {
+		w = new([chunkBlocks / 64]uint64)
+		s[blk/chunkBlocks] = w
+	}
+	i := blk % chunkBlocks
+	w[i/64] |= 1 << (i % 64)
+}
+
+func (s blockSet) remove(blk int64) {
+	w := s[blk/chunkBlocks]
+	if w == nil {
+		return
+	}
+	i := blk % chunkBlocks
+	w[i/64] &^= 1 << (i % 64)
+	if *w == ([chunkBlocks / 64]uint64{}) {
+		delete(s, blk/chunkBlocks)
+	}
+}
+
+func (s blockSet) has(blk int64) bool {
+	w := s[blk/chunkBlocks]
+	i := blk % chunkBlocks
+	return w != nil && w[i/64]&(1<<(i%64)) != 0
+}
+
+// any reports whether the set holds a block from first to last.
+func (s blockSet) any(first, last int64) bool {
+	for blk := first; blk <= last; {
+		c := blk / chunkBlocks
+		end := min(last, (c+1)*chunkBlocks-1)
+		if w := s[c]; w != nil {
+			for b := blk; b <= end; b++ {
+				i := b % chunkBlocks
+				if w[i/64]&(1<<(i%64)) != 0 {
+					return true
+				}
+			}
+		}
+		blk = end + 1
+	}
+	return false
 }

@@ -127,3 +127,38 @@ func exercise(t *testing.T, c modelCache, rng *rand.Rand, model []byte, size int
 		t.Fatalf("whole read: %v", err)
 	}
 }
+
+// TestBlockSet checks the sparse bitmap against a plain set under random
+// adds and removes, including ranges that cross 2 MiB chunks.
+func TestBlockSet(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	s, model := blockSet{}, map[int64]bool{}
+	for i := 0; i < 20000; i++ {
+		blk := rng.Int63n(4 * chunkBlocks)
+		if rng.Intn(3) == 0 {
+			s.remove(blk)
+			delete(model, blk)
+		} else {
+			s.add(blk)
+			model[blk] = true
+		}
+		if s.has(blk) != model[blk] {
+			t.Fatalf("op %d: has(%d) = %v", i, blk, s.has(blk))
+		}
+		first := rng.Int63n(4 * chunkBlocks)
+		last := first + rng.Int63n(chunkBlocks+100)
+		want := false
+		for b := first; b <= last; b++ {
+			want = want || model[b]
+		}
+		if got := s.any(first, last); got != want {
+			t.Fatalf("op %d: any(%d, %d) = %v, want %v", i, first, last, got, want)
+		}
+	}
+	for blk := range model {
+		s.remove(blk)
+	}
+	if len(s) != 0 {
+		t.Fatalf("%d chunks left after removing every block", len(s))
+	}
+}
