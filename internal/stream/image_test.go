@@ -84,3 +84,45 @@ func fillRand(rng *rand.Rand, b []byte) {
 		b[i] = byte(rng.Uint32()) | 1 // never zero, so a lost block shows
 	}
 }
+
+// BenchmarkFlatten merges two deltas, each holding half of the blocks of
+// a 256 MiB disk in runs of 16, one quarter held by both, into a new base.
+func BenchmarkFlatten(b *testing.B) {
+	dir := b.TempDir()
+	const size = 256 << 20
+	rng := rand.New(rand.NewPCG(5, 6))
+	chunk := make([]byte, 1<<20)
+	base, err := os.Create(filepath.Join(dir, "base"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for off := int64(0); off < size; off += int64(len(chunk)) {
+		fillRand(rng, chunk)
+		base.WriteAt(chunk, off)
+	}
+	im := &image{base: base, baseFD: int(base.Fd()), size: size}
+	blk := make([]byte, cacheBlock)
+	for v := 2; v >= 1; v-- {
+		d := &delta{version: v, bitmap: make([]byte, (size/cacheBlock+8)/8)}
+		d.data, err = os.Create(filepath.Join(dir, "data"+string(rune('0'+v))))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := int64(0); i < size/cacheBlock; i++ {
+			if r := (i / 16) % 4; r != int64(v) && r != int64(v)+1 {
+				continue
+			}
+			d.bitmap[i/8] |= 1 << (i % 8)
+			fillRand(rng, blk)
+			d.data.WriteAt(blk, i*cacheBlock)
+		}
+		im.deltas = append(im.deltas, d)
+	}
+	b.SetBytes(size)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := im.flatten(filepath.Join(dir, "merged")); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
