@@ -46,6 +46,7 @@ type Denied struct {
 	Reason string
 }
 
+// Error gives the reason, which names the policy that decided.
 func (d *Denied) Error() string { return "policy: " + d.Reason }
 
 // Resolver looks host names up; net.DefaultResolver satisfies it.

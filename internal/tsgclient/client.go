@@ -53,6 +53,7 @@ type StatusError struct {
 	Code   tsgu.HRESULT
 }
 
+// Error gives the packet the gateway refused in and its HRESULT.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("tsgclient: gateway refused in %s: %s", e.Packet, e.Code)
 }
@@ -63,6 +64,7 @@ type HTTPError struct {
 	Status int
 }
 
+// Error gives the request method and the HTTP status the gateway answered.
 func (e *HTTPError) Error() string {
 	return fmt.Sprintf("tsgclient: %s answered HTTP %d", e.Method, e.Status)
 }

@@ -34,6 +34,7 @@ type StatusError struct {
 	RetryAfter time.Duration
 }
 
+// Error gives the HTTP status and the broker's own message.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("broker: %d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
 }

@@ -62,6 +62,7 @@ type Error struct {
 	Reason string
 }
 
+// Error gives the offset in the message and what was wrong there.
 func (e *Error) Error() string { return fmt.Sprintf("ntlm: at offset %d: %s", e.Offset, e.Reason) }
 
 // MessageType returns the type of an NTLM message after checking its signature.

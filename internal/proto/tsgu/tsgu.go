@@ -85,6 +85,7 @@ type DecodeError struct {
 	Reason string
 }
 
+// Error gives the packet type, the offset and what was wrong there.
 func (e *DecodeError) Error() string {
 	return fmt.Sprintf("tsgu: decode %s at offset %d: %s", e.Type, e.Offset, e.Reason)
 }
