@@ -20,8 +20,8 @@ type writeCache struct {
 	size int64
 
 	mu       sync.RWMutex
-	ram      map[int64][]byte   // block number → cacheBlock bytes
-	zeros    map[int64]struct{} // blocks written as all zeroes, held as nothing
+	ram      map[int64][]byte // block number → cacheBlock bytes
+	zeros    blockSet         // blocks written as all zeroes, held as a bit
 	ramLimit int64
 	spillDir string
 	spill    *os.File
@@ -39,7 +39,7 @@ type writeCache struct {
 }
 
 func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string) *writeCache {
-	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, zeros: map[int64]struct{}{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}, written: blockSet{}}
+	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, zeros: blockSet{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}, written: blockSet{}}
 }
 
 // bytes reports how much the cache holds in RAM and in its spill file.
@@ -68,7 +68,7 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 		n := min(int64(len(p)-done), cacheBlock-in)
 		if b, ok := c.ram[blk]; ok {
 			copy(p[done:done+int(n)], b[in:])
-		} else if _, ok := c.zeros[blk]; ok {
+		} else if c.zeros.has(blk) {
 			clear(p[done : done+int(n)])
 		} else if slot, ok := c.slots[blk]; ok {
 			if _, err := c.spill.ReadAt(p[done:done+int(n)], slot+in); err != nil {
@@ -131,15 +131,17 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 		if src == nil && n == cacheBlock {
 			// A whole block of zeroes (file systems zero journals and
 			// inode tables this way) costs no memory.
-			delete(c.ram, blk)
-			delete(c.slots, blk)
-			c.zeros[blk] = struct{}{}
+			if c.written.has(blk) {
+				delete(c.ram, blk)
+				delete(c.slots, blk)
+			}
+			c.zeros.add(blk)
 			c.written.add(blk)
 			done += n
 			continue
 		}
-		if _, ok := c.zeros[blk]; ok {
-			delete(c.zeros, blk)
+		if c.zeros.has(blk) {
+			c.zeros.remove(blk)
 			b := make([]byte, cacheBlock)
 			fill(b[in:in+n], src)
 			if err := c.store(blk, b); err != nil {
@@ -241,7 +243,7 @@ func (c *writeCache) Trim(off, n int64) {
 	defer c.mu.Unlock()
 	for blk := (off + cacheBlock - 1) / cacheBlock; (blk+1)*cacheBlock <= off+n; blk++ {
 		delete(c.ram, blk)
-		delete(c.zeros, blk)
+		c.zeros.remove(blk)
 		delete(c.slots, blk)
 		c.written.remove(blk)
 	}

@@ -15,9 +15,44 @@ import (
 // then true), hangs up, or breaks the protocol. Up to max_inflight
 // requests run at once; replies go out as they finish.
 func (c *conn) transmit(exp *export) (disc bool, err error) {
-	sem := make(chan struct{}, c.s.cfg.MaxInflight)
+	// Workers, started as needed up to max_inflight, live as long as the
+	// connection: a goroutine per request would grow a fresh stack for
+	// every one, and in a boot storm that copying showed in profiles.
+	type job struct {
+		req     nbd.Request
+		payload []byte
+	}
+	run := func(j job) {
+		c.serve(exp, j.req, j.payload)
+		if j.payload != nil {
+			c.s.bufs.put(j.payload)
+		}
+	}
+	jobs := make(chan job)
+	workers := 0
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer close(jobs)
+	dispatch := func(j job) {
+		select {
+		case jobs <- j: // an idle worker took it
+			return
+		default:
+		}
+		if workers < c.s.cfg.MaxInflight {
+			workers++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				run(j)
+				for j := range jobs {
+					run(j)
+				}
+			}()
+			return
+		}
+		jobs <- j
+	}
 	var hdr [nbd.RequestLen]byte
 	for {
 		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
@@ -42,15 +77,7 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 		if req.Cmd == nbd.CmdDisc {
 			return true, nil
 		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			c.serve(exp, req, payload)
-			if payload != nil {
-				c.s.bufs.put(payload)
-			}
-		}()
+		dispatch(job{req, payload})
 	}
 }
 
