@@ -102,6 +102,29 @@ func TestBootstormBenchSmoke(t *testing.T) {
 	}
 }
 
+// TestBootstormBenchDiscardSmoke runs the boot storm with clients that
+// drop read data in the kernel: every client finishes and the bytes the
+// servers sent are counted.
+func TestBootstormBenchDiscardSmoke(t *testing.T) {
+	testkit.Require(t, "qemu-nbd")
+	out := t.TempDir()
+	res := runBench(t, out, "bootstorm", "--discard-reads", "--systems", "deskway,qemu-nbd", "--clients", "2",
+		"--readers", "2", "--read-duration", "500ms", "--time-scale", "0", "--runs", "1")
+	n := 0
+	for _, p := range res.Points {
+		if p.Skipped != "" || p.Metrics["clients"] == 0 && p.Metrics["bytes_read"] == 0 {
+			continue
+		}
+		n++
+		if p.Metrics["failed_clients"] != 0 || p.Metrics["bytes_read"] <= 0 {
+			t.Errorf("%s/%s: %v clients failed, %v bytes read", p.Scenario, p.System, p.Metrics["failed_clients"], p.Metrics["bytes_read"])
+		}
+	}
+	if n < 4 {
+		t.Fatalf("%d storm and read points, want 4: %+v", n, res.Points)
+	}
+}
+
 // runBench runs `deskway bench NAME ARGS --out out` and decodes its result.json.
 func runBench(t *testing.T, out, name string, args ...string) report.Result {
 	t.Helper()

@@ -122,6 +122,7 @@ func benchBootstormCmd() *cobra.Command {
 		scale                                               float64
 		readFor                                             time.Duration
 		qd, runs                                            int
+		discard                                             bool
 	)
 	c := &cobra.Command{
 		Use:   "bootstorm",
@@ -132,7 +133,7 @@ func benchBootstormCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd, Runs: runs,
+			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd, Runs: runs, DiscardReads: discard,
 				Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
 			if scenario == "all" {
 				o.Scenarios = bootstorm.Scenarios
@@ -171,6 +172,7 @@ func benchBootstormCmd() *cobra.Command {
 	c.Flags().IntVar(&qd, "queue-depth", 4, "requests each booting client keeps in flight")
 	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: deskway, nbd-server-cow, nbdkit-cow, qemu-nbd (default all)")
 	c.Flags().IntVar(&runs, "runs", 3, "storms per step; each point is the median run")
+	c.Flags().BoolVar(&discard, "discard-reads", false, "clients drop read data in the kernel (MSG_TRUNC) instead of copying it, as separate client machines would spare this box")
 	return c
 }
 

@@ -14,7 +14,9 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
@@ -26,6 +28,11 @@ type Options struct {
 	Structured bool
 	// TLS, when set, upgrades the connection with NBD_OPT_STARTTLS.
 	TLS *tls.Config
+	// Discard drops the data of READ replies in the kernel (recv with
+	// MSG_TRUNC) instead of copying it into the caller's buffer, which is
+	// left as it was. A load generator standing in for machines of its
+	// own uses it so that receiving costs it little. Plain TCP only.
+	Discard bool
 }
 
 // Client is one NBD connection in the transmission phase.
@@ -34,6 +41,9 @@ type Client struct {
 	// Size and Flags are what the server announced for the export.
 	Size  uint64
 	Flags nbd.TransmissionFlags
+
+	raw     syscall.RawConn // set with Options.Discard
+	scratch []byte          // what MSG_TRUNC receives into: never written
 
 	wmu    sync.Mutex
 	mu     sync.Mutex
@@ -92,8 +102,14 @@ func Dial(ctx context.Context, addr, export string, o Options) (*Client, error) 
 		return nil, err
 	}
 	_ = c.conn.SetDeadline(time.Time{})
-	// Small enough that large READ payloads bypass it and are copied once.
-	go c.readLoop(bufio.NewReaderSize(c.conn, 32<<10))
+	// Small enough that large READ payloads bypass it and are copied once;
+	// with Discard, smaller still, since what it holds of a payload is
+	// copied only to be dropped.
+	size := 32 << 10
+	if c.raw != nil {
+		size = 512
+	}
+	go c.readLoop(bufio.NewReaderSize(c.conn, size))
 	return c, nil
 }
 
@@ -118,6 +134,20 @@ func negotiate(conn net.Conn, export string, o Options) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{conn: conn, wait: map[uint64]*call{}, closed: make(chan struct{})}
+	if o.Discard {
+		if o.TLS != nil {
+			return nil, errors.New("nbd: Discard works on plain TCP only")
+		}
+		sc, ok := conn.(syscall.Conn)
+		if !ok {
+			return nil, errors.New("nbd: Discard needs a socket")
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			return nil, err
+		}
+		c.raw, c.scratch = raw, make([]byte, 1)
+	}
 	if o.TLS != nil {
 		if err := option(conn, r, nbd.OptStartTLS, nil, nil); err != nil {
 			return nil, err
@@ -308,7 +338,7 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 				cl.done <- &ServerError{Errno: sr.Error}
 				continue
 			}
-			if _, err := io.ReadFull(r, cl.buf); err != nil {
+			if err := c.readData(r, cl.buf); err != nil {
 				cl.done <- err
 				return err
 			}
@@ -352,8 +382,10 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 				return fmt.Errorf("nbd: chunk of %d bytes at %d outside a %d-byte read", n, at, len(cl.buf))
 			}
 			if h.Type == nbd.ChunkOffsetHole {
-				clear(cl.buf[at : at+n])
-			} else if _, err := io.ReadFull(r, cl.buf[at:at+n]); err != nil {
+				if c.raw == nil {
+					clear(cl.buf[at : at+n])
+				}
+			} else if err := c.readData(r, cl.buf[at:at+n]); err != nil {
 				return err
 			}
 		case nbd.ChunkError, nbd.ChunkErrorOffset:
@@ -378,4 +410,51 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 			cl.done <- cerr
 		}
 	}
+}
+
+// readData reads a READ reply's data into p, or with Options.Discard
+// drops len(p) bytes: what the buffered reader holds, then the rest
+// straight from the socket, which MSG_TRUNC frees without copying.
+func (c *Client) readData(r *bufio.Reader, p []byte) error {
+	if c.raw == nil {
+		_, err := io.ReadFull(r, p)
+		return err
+	}
+	n := len(p)
+	k, err := r.Discard(min(n, r.Buffered()))
+	if err != nil {
+		return err
+	}
+	for n -= k; n > 0; {
+		var got int
+		var rerr error
+		err := c.raw.Read(func(fd uintptr) bool {
+			// The length asks for up to n bytes; the one-byte buffer is
+			// never written to, because of MSG_TRUNC.
+			for {
+				m, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.scratch[0])), uintptr(n), syscall.MSG_TRUNC, 0, 0)
+				switch e {
+				case syscall.EINTR:
+					continue
+				case syscall.EAGAIN:
+					return false
+				case 0:
+					got = int(m)
+				default:
+					rerr = e
+				}
+				return true
+			}
+		})
+		switch {
+		case err != nil:
+			return err
+		case rerr != nil:
+			return rerr
+		case got == 0:
+			return io.ErrUnexpectedEOF
+		}
+		n -= got
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package nbdclient
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -86,5 +87,73 @@ func TestAgainstNBDKit(t *testing.T) {
 				t.Fatalf("hole read: %v", err)
 			}
 		})
+	}
+}
+
+// TestDiscardAgainstNBDKit reads with Options.Discard from nbdkit: every
+// read succeeds without touching the caller's buffer, data chunks, holes
+// and reads larger than the client's buffer alike, and the replies after
+// them still parse, so exactly the data's bytes were dropped.
+func TestDiscardAgainstNBDKit(t *testing.T) {
+	testkit.Require(t, "nbdkit")
+	port := testkit.FreePort(t)
+	cmd := exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", fmt.Sprint(port), "--exit-with-parent", "memory", "4M")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if err := testkit.WaitPort(addr, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, structured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, addr, "", Options{Structured: structured, Discard: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			data := bytes.Repeat([]byte{7}, 1<<20)
+			if err := c.WriteAt(data, 0, false); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for i := 0; i < 64; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					// Sizes from a few bytes to past the client's buffer,
+					// over written data and over the never-written hole.
+					n := 1 + rand.New(rand.NewSource(int64(i))).Intn(256<<10)
+					p := bytes.Repeat([]byte{0xAA}, n)
+					if _, err := c.ReadAt(p, int64(i)*(48<<10)); err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(p, bytes.Repeat([]byte{0xAA}, n)) {
+						errs <- fmt.Errorf("read %d wrote into the caller's buffer", i)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatalf("flush after discarded reads: %v", err)
+			}
+			_, err = c.ReadAt(make([]byte, 512), 4<<20)
+			var se *ServerError
+			if !errors.As(err, &se) || se.Errno != nbd.EINVAL {
+				t.Fatalf("read past end after discarded reads: %v", err)
+			}
+		})
+	}
+	if _, err := Dial(context.Background(), addr, "", Options{Discard: true, TLS: &tls.Config{}}); err == nil {
+		t.Fatal("Discard with TLS was accepted")
 	}
 }
