@@ -20,17 +20,7 @@ import (
 // memory plugin, with simple and structured replies and many requests in
 // flight at once.
 func TestAgainstNBDKit(t *testing.T) {
-	testkit.Require(t, "nbdkit")
-	port := testkit.FreePort(t)
-	cmd := exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", fmt.Sprint(port), "--exit-with-parent", "memory", "4M")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := testkit.WaitPort(addr, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	addr := startNBDKit(t)
 	for _, structured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -95,17 +85,7 @@ func TestAgainstNBDKit(t *testing.T) {
 // and reads larger than the client's buffer alike, and the replies after
 // them still parse, so exactly the data's bytes were dropped.
 func TestDiscardAgainstNBDKit(t *testing.T) {
-	testkit.Require(t, "nbdkit")
-	port := testkit.FreePort(t)
-	cmd := exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", fmt.Sprint(port), "--exit-with-parent", "memory", "4M")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := testkit.WaitPort(addr, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	addr := startNBDKit(t)
 	for _, structured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -156,4 +136,22 @@ func TestDiscardAgainstNBDKit(t *testing.T) {
 	if _, err := Dial(context.Background(), addr, "", Options{Discard: true, TLS: &tls.Config{}}); err == nil {
 		t.Fatal("Discard with TLS was accepted")
 	}
+}
+
+// startNBDKit serves a 4 MiB nbdkit memory disk on loopback for the
+// test's lifetime and returns its address.
+func startNBDKit(t *testing.T) string {
+	t.Helper()
+	testkit.Require(t, "nbdkit")
+	port := testkit.FreePort(t)
+	cmd := exec.Command("nbdkit", "-f", "-i", "127.0.0.1", "-p", fmt.Sprint(port), "--exit-with-parent", "memory", "4M")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if err := testkit.WaitPort(addr, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
