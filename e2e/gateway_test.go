@@ -142,6 +142,8 @@ func (r *rig) desktop(t *testing.T, name string, args ...string) {
 			break
 		}
 		if time.Now().After(deadline) {
+			cancel()
+			<-exited // out is written until xfreerdp's output is closed
 			t.Fatalf("desktop never appeared; last screenshot in %s\n%s", shot, lastLines(out.String(), 30))
 		}
 	}
