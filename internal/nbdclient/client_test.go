@@ -33,34 +33,22 @@ func TestAgainstNBDKit(t *testing.T) {
 			if c.Size != 4<<20 || c.Flags&nbd.FlagHasFlags == 0 {
 				t.Fatalf("size %d flags %#x", c.Size, c.Flags)
 			}
-			var wg sync.WaitGroup
-			errs := make(chan error, 64)
-			for i := 0; i < 64; i++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					p := make([]byte, 16<<10)
-					rand.New(rand.NewSource(int64(i))).Read(p)
-					off := int64(i) * int64(len(p))
-					if err := c.WriteAt(p, off, i%2 == 0); err != nil {
-						errs <- err
-						return
-					}
-					got := make([]byte, len(p))
-					if _, err := c.ReadAt(got, off); err != nil {
-						errs <- err
-						return
-					}
-					if !bytes.Equal(got, p) {
-						errs <- fmt.Errorf("block %d read back differently", i)
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
+			inParallel(t, 64, func(i int) error {
+				p := make([]byte, 16<<10)
+				rand.New(rand.NewSource(int64(i))).Read(p)
+				off := int64(i) * int64(len(p))
+				if err := c.WriteAt(p, off, i%2 == 0); err != nil {
+					return err
+				}
+				got := make([]byte, len(p))
+				if _, err := c.ReadAt(got, off); err != nil {
+					return err
+				}
+				if !bytes.Equal(got, p) {
+					return fmt.Errorf("block %d read back differently", i)
+				}
+				return nil
+			})
 			if err := c.Flush(); err != nil {
 				t.Fatal(err)
 			}
@@ -99,30 +87,19 @@ func TestDiscardAgainstNBDKit(t *testing.T) {
 			if err := c.WriteAt(data, 0, false); err != nil {
 				t.Fatal(err)
 			}
-			var wg sync.WaitGroup
-			errs := make(chan error, 64)
-			for i := 0; i < 64; i++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					// Sizes from a few bytes to past the client's buffer,
-					// over written data and over the never-written hole.
-					n := 1 + rand.New(rand.NewSource(int64(i))).Intn(256<<10)
-					p := bytes.Repeat([]byte{0xAA}, n)
-					if _, err := c.ReadAt(p, int64(i)*(48<<10)); err != nil {
-						errs <- err
-						return
-					}
-					if !bytes.Equal(p, bytes.Repeat([]byte{0xAA}, n)) {
-						errs <- fmt.Errorf("read %d wrote into the caller's buffer", i)
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
+			inParallel(t, 64, func(i int) error {
+				// Sizes from a few bytes to past the client's buffer, over
+				// written data and over the never-written hole.
+				n := 1 + rand.New(rand.NewSource(int64(i))).Intn(256<<10)
+				p := bytes.Repeat([]byte{0xAA}, n)
+				if _, err := c.ReadAt(p, int64(i)*(48<<10)); err != nil {
+					return err
+				}
+				if !bytes.Equal(p, bytes.Repeat([]byte{0xAA}, n)) {
+					return fmt.Errorf("read %d wrote into the caller's buffer", i)
+				}
+				return nil
+			})
 			if err := c.Flush(); err != nil {
 				t.Fatalf("flush after discarded reads: %v", err)
 			}
@@ -154,4 +131,26 @@ func startNBDKit(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return addr
+}
+
+// inParallel runs f(0) to f(n-1) at once, as many requests in flight on
+// one connection, and reports every error.
+func inParallel(t *testing.T, n int, f func(i int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(i); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
 }
