@@ -15,9 +15,11 @@ package evloop
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -280,6 +282,31 @@ func (l *Loop) runTasks(tasks []func()) (_ []func(), closed bool) {
 		f()
 	}
 	return nil, true
+}
+
+// Dup returns a duplicate of c's socket for a loop, which stays open
+// after c is closed (Go's poller lets go of the original on Close); the
+// duplicate shares the socket's non-blocking mode.
+func Dup(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("evloop: connection has no file descriptor")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) {
+		fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("evloop: dup: %w", derr)
+	}
+	return fd, nil
 }
 
 // Read reads once from a non-blocking descriptor: n > 0 bytes, 0 at end

@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -57,30 +55,6 @@ func (l loopListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return &loopConn{Conn: c, fd: -1}, nil
-}
-
-// dupFD returns a duplicate of c's socket, which stays open after c is
-// closed; the duplicate shares the socket's non-blocking mode.
-func dupFD(c net.Conn) (int, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return -1, errors.New("gateway: connection has no file descriptor")
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	var derr error
-	if err := raw.Control(func(s uintptr) {
-		fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
-	}); err != nil {
-		return -1, err
-	}
-	if derr != nil {
-		return -1, derr
-	}
-	return fd, nil
 }
 
 // detach hands the socket fd (a duplicate of the TCP connection's) to the

@@ -100,11 +100,11 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	cfd, err := dupFD(lc.Conn)
+	cfd, err := evloop.Dup(lc.Conn)
 	if err != nil {
 		return false, nil
 	}
-	hfd, err := dupFD(tn.upstream)
+	hfd, err := evloop.Dup(tn.upstream)
 	if err != nil {
 		unix.Close(cfd)
 		return false, nil

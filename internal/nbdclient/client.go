@@ -14,9 +14,7 @@ import (
 	"io"
 	"net"
 	"sync"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
@@ -28,11 +26,12 @@ type Options struct {
 	Structured bool
 	// TLS, when set, upgrades the connection with NBD_OPT_STARTTLS.
 	TLS *tls.Config
-	// Discard drops the data of READ replies in the kernel (recv with
-	// MSG_TRUNC) instead of copying it into the caller's buffer, which is
-	// left as it was. A load generator standing in for machines of its
-	// own uses it so that receiving costs it little. Plain TCP only.
-	Discard bool
+}
+
+// Export is what the server announced for the export a handshake opened.
+type Export struct {
+	Size  uint64
+	Flags nbd.TransmissionFlags
 }
 
 // Client is one NBD connection in the transmission phase.
@@ -41,9 +40,6 @@ type Client struct {
 	// Size and Flags are what the server announced for the export.
 	Size  uint64
 	Flags nbd.TransmissionFlags
-
-	raw     syscall.RawConn // set with Options.Discard
-	scratch []byte          // what MSG_TRUNC receives into: never written
 
 	wmu    sync.Mutex
 	mu     sync.Mutex
@@ -96,67 +92,52 @@ func Dial(ctx context.Context, addr, export string, o Options) (*Client, error) 
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	c, err := negotiate(conn, export, o)
+	tconn, ex, err := Handshake(conn, export, o)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	_ = c.conn.SetDeadline(time.Time{})
-	// Small enough that large READ payloads bypass it and are copied once;
-	// with Discard, smaller still, since what it holds of a payload is
-	// copied only to be dropped.
-	size := 32 << 10
-	if c.raw != nil {
-		size = 512
-	}
-	go c.readLoop(bufio.NewReaderSize(c.conn, size))
+	_ = tconn.SetDeadline(time.Time{})
+	c := &Client{conn: tconn, Size: ex.Size, Flags: ex.Flags, wait: map[uint64]*call{}, closed: make(chan struct{})}
+	// Small enough that large READ payloads bypass it and are copied once.
+	go c.readLoop(bufio.NewReaderSize(c.conn, 32<<10))
 	return c, nil
 }
 
-func negotiate(conn net.Conn, export string, o Options) (*Client, error) {
+// Handshake negotiates export on conn and leaves the connection in the
+// transmission phase, for callers that run that phase themselves (the
+// boot-storm bench drives thousands from event loops). With Options.TLS
+// the connection to go on with is the returned TLS one.
+func Handshake(conn net.Conn, export string, o Options) (net.Conn, Export, error) {
+	var ex Export
 	r := bufio.NewReader(conn)
 	g := make([]byte, nbd.GreetingLen)
 	if _, err := io.ReadFull(r, g); err != nil {
-		return nil, fmt.Errorf("nbd: greeting: %w", err)
+		return nil, ex, fmt.Errorf("nbd: greeting: %w", err)
 	}
 	hf, err := nbd.ParseGreeting(g)
 	if err != nil {
-		return nil, err
+		return nil, ex, err
 	}
 	if hf&nbd.FlagFixedNewstyle == 0 {
-		return nil, errors.New("nbd: server does not speak fixed newstyle")
+		return nil, ex, errors.New("nbd: server does not speak fixed newstyle")
 	}
 	cf := nbd.FlagCFixedNewstyle
 	if hf&nbd.FlagNoZeroes != 0 {
 		cf |= nbd.FlagCNoZeroes
 	}
 	if _, err := conn.Write([]byte{0, 0, 0, byte(cf)}); err != nil {
-		return nil, err
-	}
-	c := &Client{conn: conn, wait: map[uint64]*call{}, closed: make(chan struct{})}
-	if o.Discard {
-		if o.TLS != nil {
-			return nil, errors.New("nbd: Discard works on plain TCP only")
-		}
-		sc, ok := conn.(syscall.Conn)
-		if !ok {
-			return nil, errors.New("nbd: Discard needs a socket")
-		}
-		raw, err := sc.SyscallConn()
-		if err != nil {
-			return nil, err
-		}
-		c.raw, c.scratch = raw, make([]byte, 1)
+		return nil, ex, err
 	}
 	if o.TLS != nil {
 		if err := option(conn, r, nbd.OptStartTLS, nil, nil); err != nil {
-			return nil, err
+			return nil, ex, err
 		}
 		tc := tls.Client(conn, o.TLS)
 		if err := tc.Handshake(); err != nil {
-			return nil, fmt.Errorf("nbd: TLS: %w", err)
+			return nil, ex, fmt.Errorf("nbd: TLS: %w", err)
 		}
-		c.conn, conn = tc, tc
+		conn = tc
 		r = bufio.NewReader(tc)
 	}
 	if o.Structured {
@@ -164,24 +145,24 @@ func negotiate(conn net.Conn, export string, o Options) (*Client, error) {
 		var oe *OptionError
 		// A server without structured replies answers in simple ones.
 		if err != nil && !(errors.As(err, &oe) && oe.Type == nbd.RepErrUnsup) {
-			return nil, err
+			return nil, ex, err
 		}
 	}
 	req := nbd.InfoRequest{Name: export}
 	err = option(conn, r, nbd.OptGo, req.Append(nil), func(t nbd.ReplyType, data []byte) {
 		if t == nbd.RepInfo {
 			if in, err := nbd.ParseInfo(data); err == nil && in.Type == nbd.InfoExport {
-				c.Size, c.Flags = in.Size, in.Flags
+				ex.Size, ex.Flags = in.Size, in.Flags
 			}
 		}
 	})
 	if err != nil {
-		return nil, err
+		return nil, ex, err
 	}
 	if r.Buffered() != 0 {
-		return nil, errors.New("nbd: server sent data after NBD_OPT_GO")
+		return nil, ex, errors.New("nbd: server sent data after NBD_OPT_GO")
 	}
-	return c, nil
+	return conn, ex, nil
 }
 
 // option sends o and reads replies until the ACK, handing others to each.
@@ -338,7 +319,7 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 				cl.done <- &ServerError{Errno: sr.Error}
 				continue
 			}
-			if err := c.readData(r, cl.buf); err != nil {
+			if _, err := io.ReadFull(r, cl.buf); err != nil {
 				cl.done <- err
 				return err
 			}
@@ -382,10 +363,8 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 				return fmt.Errorf("nbd: chunk of %d bytes at %d outside a %d-byte read", n, at, len(cl.buf))
 			}
 			if h.Type == nbd.ChunkOffsetHole {
-				if c.raw == nil {
-					clear(cl.buf[at : at+n])
-				}
-			} else if err := c.readData(r, cl.buf[at:at+n]); err != nil {
+				clear(cl.buf[at : at+n])
+			} else if _, err := io.ReadFull(r, cl.buf[at:at+n]); err != nil {
 				return err
 			}
 		case nbd.ChunkError, nbd.ChunkErrorOffset:
@@ -410,51 +389,4 @@ func (c *Client) readReplies(r *bufio.Reader) error {
 			cl.done <- cerr
 		}
 	}
-}
-
-// readData reads a READ reply's data into p, or with Options.Discard
-// drops len(p) bytes: what the buffered reader holds, then the rest
-// straight from the socket, which MSG_TRUNC frees without copying.
-func (c *Client) readData(r *bufio.Reader, p []byte) error {
-	if c.raw == nil {
-		_, err := io.ReadFull(r, p)
-		return err
-	}
-	n := len(p)
-	k, err := r.Discard(min(n, r.Buffered()))
-	if err != nil {
-		return err
-	}
-	for n -= k; n > 0; {
-		var got int
-		var rerr error
-		err := c.raw.Read(func(fd uintptr) bool {
-			// The length asks for up to n bytes; the one-byte buffer is
-			// never written to, because of MSG_TRUNC.
-			for {
-				m, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.scratch[0])), uintptr(n), syscall.MSG_TRUNC, 0, 0)
-				switch e {
-				case syscall.EINTR:
-					continue
-				case syscall.EAGAIN:
-					return false
-				case 0:
-					got = int(m)
-				default:
-					rerr = e
-				}
-				return true
-			}
-		})
-		switch {
-		case err != nil:
-			return err
-		case rerr != nil:
-			return rerr
-		case got == 0:
-			return io.ErrUnexpectedEOF
-		}
-		n -= got
-	}
-	return nil
 }

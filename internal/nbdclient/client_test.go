@@ -3,7 +3,6 @@ package nbdclient
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -65,53 +64,6 @@ func TestAgainstNBDKit(t *testing.T) {
 				t.Fatalf("hole read: %v", err)
 			}
 		})
-	}
-}
-
-// TestDiscardAgainstNBDKit reads with Options.Discard from nbdkit: every
-// read succeeds without touching the caller's buffer, data chunks, holes
-// and reads larger than the client's buffer alike, and the replies after
-// them still parse, so exactly the data's bytes were dropped.
-func TestDiscardAgainstNBDKit(t *testing.T) {
-	addr := startNBDKit(t)
-	for _, structured := range []bool{false, true} {
-		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			c, err := Dial(ctx, addr, "", Options{Structured: structured, Discard: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			data := bytes.Repeat([]byte{7}, 1<<20)
-			if err := c.WriteAt(data, 0, false); err != nil {
-				t.Fatal(err)
-			}
-			inParallel(t, 64, func(i int) error {
-				// Sizes from a few bytes to past the client's buffer, over
-				// written data and over the never-written hole.
-				n := 1 + rand.New(rand.NewSource(int64(i))).Intn(256<<10)
-				p := bytes.Repeat([]byte{0xAA}, n)
-				if _, err := c.ReadAt(p, int64(i)*(48<<10)); err != nil {
-					return err
-				}
-				if !bytes.Equal(p, bytes.Repeat([]byte{0xAA}, n)) {
-					return fmt.Errorf("read %d wrote into the caller's buffer", i)
-				}
-				return nil
-			})
-			if err := c.Flush(); err != nil {
-				t.Fatalf("flush after discarded reads: %v", err)
-			}
-			_, err = c.ReadAt(make([]byte, 512), 4<<20)
-			var se *ServerError
-			if !errors.As(err, &se) || se.Errno != nbd.EINVAL {
-				t.Fatalf("read past end after discarded reads: %v", err)
-			}
-		})
-	}
-	if _, err := Dial(context.Background(), addr, "", Options{Discard: true, TLS: &tls.Config{}}); err == nil {
-		t.Fatal("Discard with TLS was accepted")
 	}
 }
 

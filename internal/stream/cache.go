@@ -19,34 +19,31 @@ type writeCache struct {
 	base io.ReaderAt
 	size int64
 
-	mu       sync.RWMutex
-	ram      map[int64][]byte // block number → cacheBlock bytes
-	zeros    blockSet         // blocks written as all zeroes, held as a bit
-	ramLimit int64
-	spillDir string
-	spill    *os.File
-	slots    map[int64]int64 // block number → offset in spill
-	// written holds every block in ram, zeros or slots: reads ask it
-	// first, block by block, and most blocks are the base's.
-	written  blockSet
-	nextSlot int64
+	mu sync.RWMutex
+	// idx says where every written block is; reads and writes ask it
+	// block by block, and most blocks are the base's.
+	idx       blockIndex
+	ramLimit  int64
+	ramBlocks int64 // RAM blocks handed out of the slabs
+	spillDir  string
+	spill     *os.File
+	nextSlot  int64 // spill blocks handed out
 	// slabs hold the RAM blocks outside the Go heap: the garbage
 	// collector neither scans them nor sizes the heap by them, and they
 	// go back to the system the moment the boot ends.
-	slabs    [][]byte
-	slabUsed int
-	closed   bool
+	slabs  [][]byte
+	closed bool
 }
 
 func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string) *writeCache {
-	return &writeCache{base: base, size: size, ram: map[int64][]byte{}, zeros: blockSet{}, ramLimit: ramLimit, spillDir: spillDir, slots: map[int64]int64{}, written: blockSet{}}
+	return &writeCache{base: base, size: size, idx: blockIndex{}, ramLimit: ramLimit, spillDir: spillDir}
 }
 
 // bytes reports how much the cache holds in RAM and in its spill file.
 func (c *writeCache) bytes() (ram, spilled int64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return int64(len(c.ram)) * cacheBlock, int64(len(c.slots)) * cacheBlock
+	return c.ramBlocks * cacheBlock, c.nextSlot * cacheBlock
 }
 
 // ReadAt reads the client's view: its own blocks where it wrote, the
@@ -57,7 +54,7 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 	if c.closed {
 		return 0, os.ErrClosed
 	}
-	if len(c.written) == 0 {
+	if len(c.idx) == 0 {
 		return readFull(c.base, p, off)
 	}
 	done := 0
@@ -66,24 +63,25 @@ func (c *writeCache) ReadAt(p []byte, off int64) (int, error) {
 		blk := pos / cacheBlock
 		in := pos - blk*cacheBlock
 		n := min(int64(len(p)-done), cacheBlock-in)
-		if b, ok := c.ram[blk]; ok {
-			copy(p[done:done+int(n)], b[in:])
-		} else if c.zeros.has(blk) {
-			clear(p[done : done+int(n)])
-		} else if slot, ok := c.slots[blk]; ok {
-			if _, err := c.spill.ReadAt(p[done:done+int(n)], slot+in); err != nil {
-				return done, fmt.Errorf("write cache spill read: %w", err)
-			}
-		} else {
+		switch at := c.idx.get(blk); {
+		case at == inBase:
 			// Extend over every following block the client never wrote.
 			end := (blk + 1) * cacheBlock
-			for end < off+int64(len(p)) && !c.has(end/cacheBlock) {
+			for end < off+int64(len(p)) && c.idx.get(end/cacheBlock) == inBase {
 				end += cacheBlock
 			}
 			n = min(end, off+int64(len(p))) - pos
 			if _, err := readFull(c.base, p[done:done+int(n)], pos); err != nil {
 				return done, err
 			}
+		case at == isZero:
+			clear(p[done : done+int(n)])
+		case at&spilled != 0:
+			if _, err := c.spill.ReadAt(p[done:done+int(n)], c.spillOffset(at)+in); err != nil {
+				return done, fmt.Errorf("write cache spill read: %w", err)
+			}
+		default:
+			copy(p[done:done+int(n)], c.ramBlock(at)[in:])
 		}
 		done += int(n)
 	}
@@ -96,10 +94,8 @@ func (c *writeCache) baseOnly(off, n int64) bool {
 	if c.closed {
 		return false
 	}
-	return n <= 0 || !c.written.any(off/cacheBlock, (off+n-1)/cacheBlock)
+	return n <= 0 || !c.idx.any(off/cacheBlock, (off+n-1)/cacheBlock)
 }
-
-func (c *writeCache) has(blk int64) bool { return c.written.has(blk) }
 
 // WriteAt stores p at off in the cache; nil p writes zeroes of length n.
 func (c *writeCache) WriteAt(p []byte, off int64) (int, error) {
@@ -128,80 +124,73 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 		if p != nil {
 			src = p[done : done+n]
 		}
-		if src == nil && n == cacheBlock {
+		at := c.idx.get(blk)
+		switch {
+		case src == nil && n == cacheBlock:
 			// A whole block of zeroes (file systems zero journals and
-			// inode tables this way) costs no memory.
-			if c.written.has(blk) {
-				delete(c.ram, blk)
-				delete(c.slots, blk)
-			}
-			c.zeros.add(blk)
-			c.written.add(blk)
-			done += n
-			continue
-		}
-		if c.zeros.has(blk) {
-			c.zeros.remove(blk)
-			b := make([]byte, cacheBlock)
-			fill(b[in:in+n], src)
-			if err := c.store(blk, b); err != nil {
+			// inode tables this way) costs no memory. A block it
+			// replaces is not handed out again before the boot ends.
+			c.idx.set(blk, isZero)
+		case at == inBase || at == isZero:
+			if err := c.create(blk, in, src, n, at == isZero); err != nil {
 				return int(done), err
 			}
-			c.written.add(blk)
-			done += n
-			continue
-		}
-		if b, ok := c.ram[blk]; ok {
-			fill(b[in:in+n], src)
-		} else if slot, ok := c.slots[blk]; ok {
+		case at&spilled != 0:
 			if src == nil {
 				src = make([]byte, n)
 			}
-			if _, err := c.spill.WriteAt(src, slot+in); err != nil {
+			if _, err := c.spill.WriteAt(src, c.spillOffset(at)+in); err != nil {
 				return int(done), fmt.Errorf("write cache spill write: %w", err)
 			}
-		} else {
-			b := make([]byte, cacheBlock)
-			if n < cacheBlock {
-				if _, err := readFull(c.base, b, blk*cacheBlock); err != nil {
-					return int(done), err
-				}
-			}
-			fill(b[in:in+n], src)
-			if err := c.store(blk, b); err != nil {
-				return int(done), err
-			}
-			c.written.add(blk)
+		default:
+			fill(c.ramBlock(at)[in:in+n], src)
 		}
 		done += n
 	}
 	return int(done), nil
 }
 
-// store keeps a new block in RAM while there is room, else in the spill file.
-func (c *writeCache) store(blk int64, b []byte) error {
-	if int64(len(c.ram)+1)*cacheBlock <= c.ramLimit {
-		nb, err := c.newBlock()
-		if err != nil {
+// create makes blk a block of the cache holding src (zeroes when nil) at
+// in, and around it the base's bytes, or zeroes when zero. It lives in
+// RAM while there is room, else in the spill file. A RAM block is built
+// in its place in a slab: a block-sized buffer for each would be garbage
+// the moment it was copied, and a storm of clients each writing a
+// megabyte at once made the collector run through their writes.
+func (c *writeCache) create(blk, in int64, src []byte, n int64, zero bool) error {
+	ram := (c.ramBlocks+1)*cacheBlock <= c.ramLimit
+	var b []byte
+	var at uint32
+	if ram {
+		var err error
+		if b, at, err = c.newBlock(); err != nil {
 			return err
 		}
-		copy(nb, b)
-		c.ram[blk] = nb
-		return nil
+	} else {
+		b = make([]byte, cacheBlock)
 	}
-	if c.spill == nil {
-		if err := c.openSpill(); err != nil {
+	// Both start as zeroes: slab blocks are fresh anonymous memory, never
+	// handed out twice.
+	if !zero && n < cacheBlock {
+		if _, err := readFull(c.base, b, blk*cacheBlock); err != nil {
 			return err
 		}
 	}
-	// Slots are never reused: a block dropped for zeroes leaves a hole
-	// behind, which the spill file's sparseness makes cheap enough.
-	slot := c.nextSlot
-	c.nextSlot += cacheBlock
-	if _, err := c.spill.WriteAt(b, slot); err != nil {
-		return fmt.Errorf("write cache spill write: %w", err)
+	fill(b[in:in+n], src)
+	if !ram {
+		if c.spill == nil {
+			if err := c.openSpill(); err != nil {
+				return err
+			}
+		}
+		// Slots are never reused: a block dropped for zeroes leaves a
+		// hole behind, which the spill file's sparseness makes cheap.
+		at = spilled | uint32(c.nextSlot)
+		if _, err := c.spill.WriteAt(b, c.spillOffset(at)); err != nil {
+			return fmt.Errorf("write cache spill write: %w", err)
+		}
+		c.nextSlot++
 	}
-	c.slots[blk] = slot
+	c.idx.set(blk, at)
 	return nil
 }
 
@@ -220,21 +209,37 @@ func (c *writeCache) openSpill() error {
 }
 
 // slabSize is how much RAM a cache maps at a time.
-const slabSize = 1 << 20
+const (
+	slabSize      = 1 << 20
+	slabBlocks    = slabSize / cacheBlock
+	firstRAMBlock = 2 // index values below are inBase and isZero
+)
 
-// newBlock carves a block out of the cache's slabs.
-func (c *writeCache) newBlock() ([]byte, error) {
-	if len(c.slabs) == 0 || c.slabUsed == slabSize {
+// newBlock carves a block out of the cache's slabs and returns it with
+// its index value.
+func (c *writeCache) newBlock() ([]byte, uint32, error) {
+	k := c.ramBlocks
+	if k%slabBlocks == 0 {
 		slab, err := syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 		if err != nil {
-			return nil, fmt.Errorf("write cache: %w", err)
+			return nil, 0, fmt.Errorf("write cache: %w", err)
 		}
-		c.slabs, c.slabUsed = append(c.slabs, slab), 0
+		c.slabs = append(c.slabs, slab)
 	}
-	b := c.slabs[len(c.slabs)-1][c.slabUsed : c.slabUsed+cacheBlock : c.slabUsed+cacheBlock]
-	c.slabUsed += cacheBlock
-	return b, nil
+	c.ramBlocks++
+	at := uint32(k + firstRAMBlock)
+	return c.ramBlock(at), at, nil
 }
+
+// ramBlock is the RAM block an index value names.
+func (c *writeCache) ramBlock(at uint32) []byte {
+	k := int64(at - firstRAMBlock)
+	o := (k % slabBlocks) * cacheBlock
+	return c.slabs[k/slabBlocks][o : o+cacheBlock : o+cacheBlock]
+}
+
+// spillOffset is where in the spill file the block an index value names is.
+func (c *writeCache) spillOffset(at uint32) int64 { return int64(at&^spilled) * cacheBlock }
 
 // Trim forgets the whole blocks inside [off, off+n): they read as the
 // base again and their memory is freed.
@@ -242,10 +247,7 @@ func (c *writeCache) Trim(off, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for blk := (off + cacheBlock - 1) / cacheBlock; (blk+1)*cacheBlock <= off+n; blk++ {
-		delete(c.ram, blk)
-		c.zeros.remove(blk)
-		delete(c.slots, blk)
-		c.written.remove(blk)
+		c.idx.set(blk, inBase)
 	}
 }
 
@@ -260,7 +262,7 @@ func (c *writeCache) close() {
 		return
 	}
 	c.closed = true
-	c.ram, c.slots, c.zeros, c.written = nil, nil, nil, nil
+	c.idx = nil
 	for _, slab := range c.slabs {
 		_ = syscall.Munmap(slab)
 	}
@@ -292,51 +294,54 @@ func readFull(r io.ReaderAt, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// chunkBlocks is how many blocks one entry of a blockSet covers.
+// chunkBlocks is how many blocks one entry of a blockIndex covers.
 const chunkBlocks = 512
 
-// blockSet is a sparse bitmap of block numbers: a 64-byte word group per
-// 2 MiB of disk that holds any, so a boot's scattered writes cost little
-// and a read's range is checked with one map lookup per 2 MiB.
-type blockSet map[int64]*[chunkBlocks / 64]uint64
+// Values of a blockIndex entry: inBase and isZero, or a block of the
+// spill file (spilled with its slot), or a RAM block (firstRAMBlock on).
+const (
+	inBase  uint32 = 0 // never written: the base's bytes
+	isZero  uint32 = 1 // written as zeroes, held as this mark alone
+	spilled uint32 = 1 << 31
+)
 
-func (s blockSet) add(blk int64) {
-	w := s[blk/chunkBlocks]
-	if w == nil {
-		w = new([chunkBlocks / 64]uint64)
-		s[blk/chunkBlocks] = w
+// blockIndex says where every written block of a cache is: an array per
+// 2 MiB of disk that holds any (2 KiB, and a boot writes in a dozen or
+// so), so a block costs one map lookup and a megabyte written 256 array
+// stores, where a map per kind of block took several lookups a block.
+type blockIndex map[int64]*[chunkBlocks]uint32
+
+func (x blockIndex) get(blk int64) uint32 {
+	if a := x[blk/chunkBlocks]; a != nil {
+		return a[blk%chunkBlocks]
 	}
-	i := blk % chunkBlocks
-	w[i/64] |= 1 << (i % 64)
+	return inBase
 }
 
-func (s blockSet) remove(blk int64) {
-	w := s[blk/chunkBlocks]
-	if w == nil {
-		return
+// set records at for blk; a chunk left all inBase is dropped.
+func (x blockIndex) set(blk int64, at uint32) {
+	a := x[blk/chunkBlocks]
+	if a == nil {
+		if at == inBase {
+			return
+		}
+		a = new([chunkBlocks]uint32)
+		x[blk/chunkBlocks] = a
 	}
-	i := blk % chunkBlocks
-	w[i/64] &^= 1 << (i % 64)
-	if *w == ([chunkBlocks / 64]uint64{}) {
-		delete(s, blk/chunkBlocks)
+	a[blk%chunkBlocks] = at
+	if at == inBase && *a == ([chunkBlocks]uint32{}) {
+		delete(x, blk/chunkBlocks)
 	}
 }
 
-func (s blockSet) has(blk int64) bool {
-	w := s[blk/chunkBlocks]
-	i := blk % chunkBlocks
-	return w != nil && w[i/64]&(1<<(i%64)) != 0
-}
-
-// any reports whether the set holds a block from first to last.
-func (s blockSet) any(first, last int64) bool {
+// any reports whether a block from first to last was written.
+func (x blockIndex) any(first, last int64) bool {
 	for blk := first; blk <= last; {
 		c := blk / chunkBlocks
 		end := min(last, (c+1)*chunkBlocks-1)
-		if w := s[c]; w != nil {
-			for b := blk; b <= end; b++ {
-				i := b % chunkBlocks
-				if w[i/64]&(1<<(i%64)) != 0 {
+		if a := x[c]; a != nil {
+			for _, at := range a[blk%chunkBlocks : end%chunkBlocks+1] {
+				if at != inBase {
 					return true
 				}
 			}

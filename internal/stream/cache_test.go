@@ -128,37 +128,47 @@ func exercise(t *testing.T, c modelCache, rng *rand.Rand, model []byte, size int
 	}
 }
 
-// TestBlockSet checks the sparse bitmap against a plain set under random
-// adds and removes, including ranges that cross 2 MiB chunks.
-func TestBlockSet(t *testing.T) {
+// TestBlockIndex checks the block index against a plain map under
+// random sets, clears and range queries, including ranges that cross
+// 2 MiB chunks, and that clearing every block drops every chunk.
+func TestBlockIndex(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
-	s, model := blockSet{}, map[int64]bool{}
+	x, model := blockIndex{}, map[int64]uint32{}
 	for i := 0; i < 20000; i++ {
 		blk := rng.Int63n(4 * chunkBlocks)
-		if rng.Intn(3) == 0 {
-			s.remove(blk)
+		var at uint32
+		switch rng.Intn(4) {
+		case 0: // inBase
+		case 1:
+			at = isZero
+		case 2:
+			at = spilled | uint32(rng.Intn(1000))
+		default:
+			at = firstRAMBlock + uint32(rng.Intn(1000))
+		}
+		x.set(blk, at)
+		if at == inBase {
 			delete(model, blk)
 		} else {
-			s.add(blk)
-			model[blk] = true
+			model[blk] = at
 		}
-		if s.has(blk) != model[blk] {
-			t.Fatalf("op %d: has(%d) = %v", i, blk, s.has(blk))
+		if got := x.get(blk); got != model[blk] {
+			t.Fatalf("op %d: get(%d) = %#x, want %#x", i, blk, got, model[blk])
 		}
 		first := rng.Int63n(4 * chunkBlocks)
 		last := first + rng.Int63n(chunkBlocks+100)
 		want := false
 		for b := first; b <= last; b++ {
-			want = want || model[b]
+			want = want || model[b] != inBase
 		}
-		if got := s.any(first, last); got != want {
+		if got := x.any(first, last); got != want {
 			t.Fatalf("op %d: any(%d, %d) = %v, want %v", i, first, last, got, want)
 		}
 	}
 	for blk := range model {
-		s.remove(blk)
+		x.set(blk, inBase)
 	}
-	if len(s) != 0 {
-		t.Fatalf("%d chunks left after removing every block", len(s))
+	if len(x) != 0 {
+		t.Fatalf("%d chunks left after clearing every block", len(x))
 	}
 }

@@ -2,20 +2,17 @@ package bootstorm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
-	"github.com/deskway/deskway/internal/nbdclient"
 )
 
 // Scenarios are the parts of the bench, as the paper names them.
@@ -266,21 +263,23 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 			}
 		}
 	}()
-	start := time.Now()
-	results := make([]clientResult, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if scenario == "storm" {
-				results[i] = r.boot(ctx, srv.addr, srv.export(i, true))
-			} else {
-				results[i] = r.readLoop(ctx, srv.addr, srv.export(i, false))
-			}
-		}()
+	f, err := newFleet(r.o.DiscardReads, r.tr.maxLen)
+	if err != nil {
+		return report.Point{}, err
 	}
-	wg.Wait()
+	defer f.close()
+	jobs := make([]job, n)
+	for i := range jobs {
+		if scenario == "storm" {
+			jobs[i] = job{addr: srv.addr, export: srv.export(i, true), ops: r.tr.ops, depth: r.o.QueueDepth,
+				scale: r.o.TimeScale, latencies: true}
+		} else {
+			jobs[i] = job{addr: srv.addr, export: srv.export(i, false), ops: r.tr.reads(), depth: 8,
+				cycle: true, runFor: r.o.ReadFor}
+		}
+	}
+	start := time.Now()
+	results := f.run(ctx, jobs)
 	wall := time.Since(start)
 	end, _ := procstat.ReadTree(srv.pid)
 	close(stopSampling)
@@ -336,135 +335,6 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 		"p99_ms", m["request_p99_ms"], "max_ms", m["request_max_ms"],
 		"cpu_pct", m["cpu_pct"], "rss_mib", peakRSS.Load()>>20, "read_mb_s", m["read_mb_s"])
 	return report.Point{Scenario: scenario, System: sys.name, Params: map[string]any{"clients": n}, Metrics: m}, nil
-}
-
-// dial connects, retrying while the server's accept queue overflows in a
-// storm, as a booting client's firmware would.
-func dial(ctx context.Context, addr, export string, discard bool) (*nbdclient.Client, error) {
-	var err error
-	for attempt := 0; attempt < 50; attempt++ {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var c *nbdclient.Client
-		c, err = nbdclient.Dial(cctx, addr, export, nbdclient.Options{Structured: true, Discard: discard})
-		cancel()
-		if err == nil {
-			return c, nil
-		}
-		var oe *nbdclient.OptionError
-		if errors.As(err, &oe) || ctx.Err() != nil {
-			return nil, err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil, err
-}
-
-// boot replays the trace at its recorded pace (scaled), keeping up to
-// QueueDepth requests in flight, and returns when the last is answered.
-func (r *runner) boot(ctx context.Context, addr, export string) clientResult {
-	start := time.Now()
-	c, err := dial(ctx, addr, export, r.o.DiscardReads)
-	if err != nil {
-		return clientResult{err: err}
-	}
-	bufs := r.buffers(r.o.QueueDepth)
-	var slow atomic.Int64
-	var reads atomic.Int64
-	var firstErr error
-	var errOnce sync.Once
-	var wg sync.WaitGroup
-	lat := make([]float64, len(r.tr.ops))
-	for i, o := range r.tr.ops {
-		if wait := time.Until(start.Add(time.Duration(float64(o.at) * r.o.TimeScale))); wait > 0 {
-			time.Sleep(wait)
-		}
-		buf := <-bufs
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { bufs <- buf }()
-			t0 := time.Now()
-			var err error
-			switch o.cmd {
-			case 'R':
-				_, err = c.ReadAt(buf[:o.n], o.off)
-				reads.Add(int64(o.n))
-			case 'W':
-				err = c.WriteAt(buf[:o.n], o.off, false)
-			case 'Z':
-				err = c.WriteZeroes(o.off, o.n)
-			case 'F':
-				err = c.Flush()
-			}
-			d := time.Since(t0)
-			lat[i] = float64(d.Microseconds()) / 1000
-			if d > slowRequest {
-				slow.Add(1)
-			}
-			if err != nil {
-				errOnce.Do(func() { firstErr = err })
-			}
-		}()
-	}
-	wg.Wait()
-	took := time.Since(start)
-	_ = c.Close()
-	return clientResult{took: took, slow: int(slow.Load()), reads: reads.Load(), lat: lat, err: firstErr}
-}
-
-// buffers returns n request buffers in a channel: taking one is also
-// what bounds a client's requests in flight.
-func (r *runner) buffers(n int) chan []byte {
-	bufs := make(chan []byte, n)
-	for i := 0; i < n; i++ {
-		bufs <- make([]byte, r.tr.maxLen)
-	}
-	return bufs
-}
-
-// readLoop replays the trace's reads with no think time, over and over,
-// for ReadFor: the aggregate read throughput a server sustains.
-func (r *runner) readLoop(ctx context.Context, addr, export string) clientResult {
-	c, err := dial(ctx, addr, export, r.o.DiscardReads)
-	if err != nil {
-		return clientResult{err: err}
-	}
-	defer c.Close()
-	bufs := r.buffers(8)
-	var reads, slow atomic.Int64
-	var firstErr error
-	var errOnce sync.Once
-	var failed atomic.Bool
-	var wg sync.WaitGroup
-	start := time.Now()
-	for time.Since(start) < r.o.ReadFor && !failed.Load() {
-		for _, o := range r.tr.ops {
-			if o.cmd != 'R' {
-				continue
-			}
-			buf := <-bufs
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { bufs <- buf }()
-				t0 := time.Now()
-				if _, err := c.ReadAt(buf[:o.n], o.off); err != nil {
-					errOnce.Do(func() { firstErr = err })
-					failed.Store(true)
-					return
-				}
-				if time.Since(t0) > slowRequest {
-					slow.Add(1)
-				}
-				reads.Add(int64(o.n))
-			}()
-			if time.Since(start) >= r.o.ReadFor {
-				break
-			}
-		}
-	}
-	wg.Wait()
-	return clientResult{took: time.Since(start), slow: int(slow.Load()), reads: reads.Load(), err: firstErr}
 }
 
 func round(v float64, digits int) float64 {

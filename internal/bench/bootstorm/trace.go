@@ -84,3 +84,14 @@ func parseTrace(b []byte) (*trace, error) {
 	t.span -= first
 	return t, nil
 }
+
+// reads returns the trace's reads alone, for the read test.
+func (t *trace) reads() []op {
+	var rs []op
+	for _, o := range t.ops {
+		if o.cmd == 'R' {
+			rs = append(rs, o)
+		}
+	}
+	return rs
+}
