@@ -142,7 +142,7 @@ type job struct {
 	depth        int           // requests in flight at most
 	scale        float64       // multiplies each op's time; 0: no pacing
 	cycle        bool          // start over at the end (the read test)
-	runFor       time.Duration // with cycle: stop sending after this long
+	runFor       time.Duration // with cycle: stop sending this long after connecting
 	latencies    bool          // keep every request's latency
 }
 
@@ -164,7 +164,7 @@ func (f *fleet) run(ctx context.Context, jobs []job) []clientResult {
 				return
 			}
 			l := f.loops[i%len(f.loops)]
-			c := &replayer{l: l, job: j, fd: fd, flags: ex.Flags, start: start, deadline: start.Add(j.runFor),
+			c := &replayer{l: l, job: j, fd: fd, flags: ex.Flags, start: start,
 				slots: make([]slot, j.depth), free: make([]int, 0, j.depth)}
 			for s := j.depth - 1; s >= 0; s-- {
 				c.free = append(c.free, s)
@@ -289,7 +289,11 @@ func (c *replayer) begin() {
 		return
 	}
 	c.l.clients = append(c.l.clients, c)
-	c.pump(time.Now())
+	now := time.Now()
+	// A reader's time runs from its connection (nbd-server forks a
+	// process to accept one); a boot's from its first attempt.
+	c.deadline = now.Add(c.job.runFor)
+	c.pump(now)
 }
 
 // Ready handles the socket's events.
