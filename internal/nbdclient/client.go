@@ -37,9 +37,7 @@ type Export struct {
 // Client is one NBD connection in the transmission phase.
 type Client struct {
 	conn net.Conn
-	// Size and Flags are what the server announced for the export.
-	Size  uint64
-	Flags nbd.TransmissionFlags
+	Export
 
 	wmu    sync.Mutex
 	mu     sync.Mutex
@@ -98,7 +96,7 @@ func Dial(ctx context.Context, addr, export string, o Options) (*Client, error) 
 		return nil, err
 	}
 	_ = tconn.SetDeadline(time.Time{})
-	c := &Client{conn: tconn, Size: ex.Size, Flags: ex.Flags, wait: map[uint64]*call{}, closed: make(chan struct{})}
+	c := &Client{conn: tconn, Export: ex, wait: map[uint64]*call{}, closed: make(chan struct{})}
 	// Small enough that large READ payloads bypass it and are copied once.
 	go c.readLoop(bufio.NewReaderSize(c.conn, 32<<10))
 	return c, nil

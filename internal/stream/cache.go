@@ -208,11 +208,12 @@ func (c *writeCache) openSpill() error {
 	return nil
 }
 
-// slabSize is how much RAM a cache maps at a time.
+// A cache maps RAM a slab at a time; a RAM block's index value counts
+// from firstRAMBlock, below which are inBase and isZero.
 const (
 	slabSize      = 1 << 20
 	slabBlocks    = slabSize / cacheBlock
-	firstRAMBlock = 2 // index values below are inBase and isZero
+	firstRAMBlock = 2
 )
 
 // newBlock carves a block out of the cache's slabs and returns it with
@@ -242,7 +243,8 @@ func (c *writeCache) ramBlock(at uint32) []byte {
 func (c *writeCache) spillOffset(at uint32) int64 { return int64(at&^spilled) * cacheBlock }
 
 // Trim forgets the whole blocks inside [off, off+n): they read as the
-// base again and their memory is freed.
+// base again. Their RAM or spill space is not handed out again before
+// the boot ends.
 func (c *writeCache) Trim(off, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -197,7 +197,7 @@ func (f *fleet) run(ctx context.Context, jobs []job) []clientResult {
 	case <-ctx.Done():
 		mu.Lock()
 		for c := range live {
-			_ = c.l.Post(func() { c.fail(ctx.Err()) })
+			_ = c.l.Post(func() { c.finish(ctx.Err()) })
 		}
 		mu.Unlock()
 		<-all
@@ -265,7 +265,6 @@ type replayer struct {
 	deadline time.Time
 
 	next     int // the next op to send
-	sent     int // ops sent, for the read test's cycles
 	slots    []slot
 	free     []int // free slots, a stack
 	out      []byte
@@ -282,10 +281,7 @@ type replayer struct {
 // begin registers the client's socket and sends what is due.
 func (c *replayer) begin() {
 	if err := c.l.Add(c.fd, c); err != nil {
-		unix.Close(c.fd)
-		c.finished = true
-		c.res.err = err
-		c.onDone()
+		c.finish(err)
 		return
 	}
 	c.l.clients = append(c.l.clients, c)
@@ -368,14 +364,13 @@ func (c *replayer) send(i int, o op, now time.Time) {
 	c.slots[s] = slot{id: s, op: i, cmd: o.cmd, off: o.off, n: int(o.n), sent: now}
 	r.Cookie = uint64(s)
 	c.out = append(r.Append(c.out), payload...)
-	c.sent++
 }
 
 // flush writes what the socket takes; false means the client failed.
 func (c *replayer) flush() bool {
 	n, err := evloop.Write(c.fd, c.out)
 	if err != nil {
-		c.fail(fmt.Errorf("nbd: write: %w", err))
+		c.finish(fmt.Errorf("nbd: write: %w", err))
 		return false
 	}
 	// Requests are small: what the socket did not take waits for its
@@ -406,12 +401,12 @@ func (c *replayer) receive() bool {
 		}
 		switch {
 		case err != nil:
-			c.fail(fmt.Errorf("nbd: receive: %w", err))
+			c.finish(fmt.Errorf("nbd: receive: %w", err))
 			return false
 		case n < 0:
 			return true
 		case n == 0:
-			c.fail(io.ErrUnexpectedEOF)
+			c.finish(io.ErrUnexpectedEOF)
 			return false
 		}
 		if drop {
@@ -421,7 +416,7 @@ func (c *replayer) receive() bool {
 				c.done(c.reading, nil)
 			}
 		} else if err := c.consume(buf[:n]); err != nil {
-			c.fail(err)
+			c.finish(err)
 			return false
 		}
 		// A short read emptied the socket: its next data raises a new edge.
@@ -503,7 +498,8 @@ func (c *replayer) done(s *slot, err error) {
 	}
 }
 
-// finish ends the boot with NBD_CMD_DISC and closes the socket.
+// finish ends the client: with NBD_CMD_DISC when all went well, else
+// noting err; either way its socket is closed.
 func (c *replayer) finish(err error) {
 	if c.finished {
 		return
@@ -519,8 +515,6 @@ func (c *replayer) finish(err error) {
 	unix.Close(c.fd)
 	c.onDone()
 }
-
-func (c *replayer) fail(err error) { c.finish(err) }
 
 // recvTrunc drops up to n bytes from a non-blocking socket without
 // copying them (MSG_TRUNC on TCP): the count dropped, 0 at end of stream,
