@@ -31,7 +31,11 @@ type writeCache struct {
 	// slabs hold the RAM blocks outside the Go heap: the garbage
 	// collector neither scans them nor sizes the heap by them, and they
 	// go back to the system the moment the boot ends.
-	slabs  [][]byte
+	slabs [][]byte
+	// free holds RAM blocks the index no longer names (replaced, zeroed,
+	// trimmed, or staged for a write that never arrived), handed out again
+	// before new slab space.
+	free   []uint32
 	closed bool
 }
 
@@ -114,6 +118,10 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 	if c.closed {
 		return 0, os.ErrClosed
 	}
+	return c.writeLocked(p, off, total)
+}
+
+func (c *writeCache) writeLocked(p []byte, off, total int64) (int, error) {
 	var done int64
 	for done < total {
 		pos := off + done
@@ -129,7 +137,8 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 		case src == nil && n == cacheBlock:
 			// A whole block of zeroes (file systems zero journals and
 			// inode tables this way) costs no memory. A block it
-			// replaces is not handed out again before the boot ends.
+			// replaces goes back to the free list.
+			c.drop(at)
 			c.idx.set(blk, isZero)
 		case at == inBase || at == isZero:
 			if err := c.create(blk, in, src, n, at == isZero); err != nil {
@@ -157,7 +166,7 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 // the moment it was copied, and a storm of clients each writing a
 // megabyte at once made the collector run through their writes.
 func (c *writeCache) create(blk, in int64, src []byte, n int64, zero bool) error {
-	ram := (c.ramBlocks+1)*cacheBlock <= c.ramLimit
+	ram := c.ramRoom() > 0
 	var b []byte
 	var at uint32
 	if ram {
@@ -168,9 +177,12 @@ func (c *writeCache) create(blk, in int64, src []byte, n int64, zero bool) error
 	} else {
 		b = make([]byte, cacheBlock)
 	}
-	// Both start as zeroes: slab blocks are fresh anonymous memory, never
-	// handed out twice.
-	if !zero && n < cacheBlock {
+	switch {
+	case n == cacheBlock:
+		// src covers it all.
+	case zero:
+		clear(b) // a block from the free list holds old bytes
+	default:
 		if _, err := readFull(c.base, b, blk*cacheBlock); err != nil {
 			return err
 		}
@@ -216,9 +228,14 @@ const (
 	firstRAMBlock = 2
 )
 
-// newBlock carves a block out of the cache's slabs and returns it with
-// its index value.
+// newBlock hands out a RAM block, from the free list or the slabs, with
+// its index value; its bytes are undefined.
 func (c *writeCache) newBlock() ([]byte, uint32, error) {
+	if k := len(c.free); k > 0 {
+		at := c.free[k-1]
+		c.free = c.free[:k-1]
+		return c.ramBlock(at), at, nil
+	}
 	k := c.ramBlocks
 	if k%slabBlocks == 0 {
 		slab, err := syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
@@ -232,6 +249,18 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 	return c.ramBlock(at), at, nil
 }
 
+// ramRoom is how many more RAM blocks the cache may hand out.
+func (c *writeCache) ramRoom() int64 {
+	return int64(len(c.free)) + c.ramLimit/cacheBlock - c.ramBlocks
+}
+
+// drop puts the RAM block at names, if it names one, on the free list.
+func (c *writeCache) drop(at uint32) {
+	if at >= firstRAMBlock && at&spilled == 0 {
+		c.free = append(c.free, at)
+	}
+}
+
 // ramBlock is the RAM block an index value names.
 func (c *writeCache) ramBlock(at uint32) []byte {
 	k := int64(at - firstRAMBlock)
@@ -243,12 +272,13 @@ func (c *writeCache) ramBlock(at uint32) []byte {
 func (c *writeCache) spillOffset(at uint32) int64 { return int64(at&^spilled) * cacheBlock }
 
 // Trim forgets the whole blocks inside [off, off+n): they read as the
-// base again. Their RAM or spill space is not handed out again before
-// the boot ends.
+// base again. Their RAM goes back to the free list; spill space is not
+// handed out again before the boot ends.
 func (c *writeCache) Trim(off, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for blk := (off + cacheBlock - 1) / cacheBlock; (blk+1)*cacheBlock <= off+n; blk++ {
+		c.drop(c.idx.get(blk))
 		c.idx.set(blk, inBase)
 	}
 }
@@ -264,7 +294,7 @@ func (c *writeCache) close() {
 		return
 	}
 	c.closed = true
-	c.idx = nil
+	c.idx, c.free = nil, nil
 	for _, slab := range c.slabs {
 		_ = syscall.Munmap(slab)
 	}
@@ -294,6 +324,131 @@ func readFull(r io.ReaderAt, p []byte, off int64) (int, error) {
 		return n, fmt.Errorf("base read at %d: %w", off, err)
 	}
 	return n, nil
+}
+
+// minStage is the smallest write received straight into cache blocks;
+// a smaller one is copied in from a buffer, which costs less than
+// setting that up.
+const minStage = 64 << 10
+
+// stagedWrite is a write's payload received straight into RAM blocks of
+// the cache that the index does not name yet: commit puts them in place
+// once all of it has arrived, abort hands them back, so a write whose
+// payload does not arrive in full is never applied. Until then only the
+// connection that staged it touches its blocks; a cache is closed only
+// after every connection of its boot has ended.
+//
+// A storm of clients each writing a megabyte at once otherwise held a
+// megabyte of heap per client as a buffer, and copied every byte twice.
+type stagedWrite struct {
+	c          *writeCache
+	off        int64
+	head, tail []byte // the parts in blocks the write covers in part
+	first      int64  // the first whole block
+	blocks     []uint32
+	parts      [][]byte // where the payload goes, in order
+}
+
+// stage sets up a write of n bytes at off to be received into the cache;
+// nil when it is too small, the cache is closed or has no RAM for it.
+func (c *writeCache) stage(off, n int64) *stagedWrite {
+	first := (off + cacheBlock - 1) / cacheBlock
+	end := (off + n) / cacheBlock // past the whole blocks
+	if n < minStage || end <= first {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.ramRoom() < end-first {
+		return nil
+	}
+	st := &stagedWrite{c: c, off: off, first: first}
+	if h := first*cacheBlock - off; h > 0 {
+		st.head = make([]byte, h)
+		st.parts = append(st.parts, st.head)
+	}
+	// Freed blocks are taken in the order they were freed, which is the
+	// order of the blocks they held: a rewritten range gets runs again.
+	take := min(int(end-first), len(c.free))
+	st.blocks = append(st.blocks, c.free[len(c.free)-take:]...)
+	c.free = c.free[:len(c.free)-take]
+	for range int(end-first) - take {
+		_, at, err := c.newBlock()
+		if err != nil {
+			c.free = append(c.free, st.blocks...)
+			return nil
+		}
+		st.blocks = append(st.blocks, at)
+	}
+	// Blocks next to each other in a slab are read as one part, so a
+	// large payload goes from the socket to the cache in one copy.
+	var slab []byte
+	var from, to int64
+	for _, at := range st.blocks {
+		k := int64(at - firstRAMBlock)
+		sl, o := c.slabs[k/slabBlocks], (k%slabBlocks)*cacheBlock
+		if slab != nil && &sl[0] == &slab[0] && o == to {
+			to += cacheBlock
+			continue
+		}
+		if slab != nil {
+			st.parts = append(st.parts, slab[from:to])
+		}
+		slab, from, to = sl, o, o+cacheBlock
+	}
+	st.parts = append(st.parts, slab[from:to])
+	if t := off + n - end*cacheBlock; t > 0 {
+		st.tail = make([]byte, t)
+		st.parts = append(st.parts, st.tail)
+	}
+	return st
+}
+
+// receive reads the payload from r into its places.
+func (st *stagedWrite) receive(r io.Reader) error {
+	for _, p := range st.parts {
+		if _, err := io.ReadFull(r, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commit applies the received write.
+func (st *stagedWrite) commit() error {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return os.ErrClosed
+	}
+	for i, at := range st.blocks {
+		blk := st.first + int64(i)
+		c.drop(c.idx.get(blk))
+		c.idx.set(blk, at)
+	}
+	if st.head != nil {
+		if _, err := c.writeLocked(st.head, st.off, int64(len(st.head))); err != nil {
+			return err
+		}
+	}
+	if st.tail != nil {
+		end := st.first + int64(len(st.blocks))
+		if _, err := c.writeLocked(st.tail, end*cacheBlock, int64(len(st.tail))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// abort gives the staged blocks back, for a payload that did not arrive.
+func (st *stagedWrite) abort() {
+	c := st.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.free = append(c.free, st.blocks...)
+	}
 }
 
 // chunkBlocks is how many blocks one entry of a blockIndex covers.

@@ -128,6 +128,87 @@ func exercise(t *testing.T, c modelCache, rng *rand.Rand, model []byte, size int
 	}
 }
 
+// TestStagedWriteModel receives large writes straight into the cache
+// (stage, receive, commit) among ordinary writes and zeroes, aborts some
+// half received, and checks the whole view against a model after each:
+// an aborted write leaves nothing, its blocks are handed out again,
+// trims give RAM back, and while RAM is spent writes take the ordinary
+// path.
+func TestStagedWriteModel(t *testing.T) {
+	const size = 2 << 20
+	rng := rand.New(rand.NewSource(4))
+	base := make([]byte, size)
+	rng.Read(base)
+	model := bytes.Clone(base)
+	c := newWriteCache(bytes.NewReader(base), size, 1<<20, t.TempDir())
+	defer c.close()
+	check := func(i int) {
+		t.Helper()
+		got := make([]byte, size)
+		if _, err := c.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+			t.Fatalf("op %d: the view differs from the model (%v)", i, err)
+		}
+	}
+	staged, fellBack := 0, 0
+	for i := 0; i < 300; i++ {
+		n := minStage + rng.Int63n(200<<10)
+		off := rng.Int63n(size - n)
+		p := make([]byte, n)
+		rng.Read(p)
+		switch rng.Intn(5) {
+		case 0:
+			c.WriteAt(p[:n/16], off)
+			copy(model[off:], p[:n/16])
+		case 1:
+			c.WriteZeroes(off, n/8)
+			clear(model[off : off+n/8])
+		case 2:
+			// Trimmed whole blocks read as the base and free their RAM.
+			c.Trim(off, n)
+			first, end := (off+cacheBlock-1)/cacheBlock*cacheBlock, (off+n)/cacheBlock*cacheBlock
+			copy(model[first:end], base[first:end])
+		default:
+			st := c.stage(off, n)
+			if st == nil {
+				fellBack++
+				c.WriteAt(p, off)
+				copy(model[off:], p)
+				break
+			}
+			staged++
+			if rng.Intn(3) == 0 {
+				// The payload stops half way: nothing of it shows.
+				before := c.ramBlocks
+				if err := st.receive(bytes.NewReader(p[:n/2])); err == nil {
+					t.Fatal("a short payload was received whole")
+				}
+				st.abort()
+				check(i)
+				if again := c.stage(off, n); again == nil || c.ramBlocks != before {
+					t.Fatalf("op %d: an aborted write's blocks were not handed out again", i)
+				} else {
+					again.abort()
+				}
+				continue
+			}
+			if err := st.receive(bytes.NewReader(p)); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.commit(); err != nil {
+				t.Fatal(err)
+			}
+			copy(model[off:], p)
+		}
+		check(i)
+		if c.ramBlocks*cacheBlock > 1<<20 {
+			t.Fatalf("op %d: %d RAM blocks over the 1 MiB limit", i, c.ramBlocks)
+		}
+	}
+	if staged < 50 || fellBack == 0 {
+		t.Fatalf("%d writes staged, %d fell back: the test did not cover both", staged, fellBack)
+	}
+}
+
 // TestBlockIndex checks the block index against a plain map under
 // random sets, clears and range queries, including ranges that cross
 // 2 MiB chunks, and that clearing every block drops every chunk.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand"
 	"net"
@@ -271,31 +272,89 @@ func TestTransmissionErrors(t *testing.T) {
 }
 
 // TestDisconnectMidWrite: a client that hangs up inside a write's payload
-// stores nothing of it, and other clients carry on.
+// stores nothing of it, and other clients carry on. The large write is
+// received straight into cache blocks (stagedWrite), the small one
+// through a buffer.
 func TestDisconnectMidWrite(t *testing.T) {
-	_, addr, base := newTestServer(t)
+	s, addr, base := newTestServer(t)
 	other := dial(t, addr)
 	other.goExport("golden/vm2/b1")
-	cl := dial(t, addr)
-	cl.goExport("golden/vm1/b1")
-	cl.write(reqBytes(nbd.Request{Cmd: nbd.CmdWrite, Cookie: 1, Offset: 0, Length: 8192}))
-	cl.write(bytes.Repeat([]byte{0xee}, 4096))
-	cl.c.Close()
-	// The same boot, reconnected, reads the base there.
-	again := dial(t, addr)
-	again.goExport("golden/vm1/b1")
-	again.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: 2, Length: 8192}, nil)
-	if e := again.simpleReply(2); e != 0 {
-		t.Fatal(e)
-	}
-	if got := again.read(8192); !bytes.Equal(got, base[:8192]) {
-		t.Fatal("part of an unfinished write was stored")
+	for i, w := range []struct{ off, n, sent uint32 }{{0, 8192, 4096}, {1000, 256 << 10, 200 << 10}} {
+		boot := fmt.Sprintf("golden/vm1/b%d", i)
+		cl := dial(t, addr)
+		cl.goExport(boot)
+		cl.write(reqBytes(nbd.Request{Cmd: nbd.CmdWrite, Cookie: 1, Offset: uint64(w.off), Length: w.n}))
+		cl.write(bytes.Repeat([]byte{0xee}, int(w.sent)))
+		cl.c.Close()
+		waitBootIdle(t, s, boot)
+		// The same boot, reconnected, reads the base there.
+		again := dial(t, addr)
+		again.goExport(boot)
+		again.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: 2, Length: 512 << 10}, nil)
+		if e := again.simpleReply(2); e != 0 {
+			t.Fatal(e)
+		}
+		if got := again.read(512 << 10); !bytes.Equal(got, base[:512<<10]) {
+			t.Fatalf("write %d: part of an unfinished write was stored", i)
+		}
 	}
 	other.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: 3, Length: 16}, nil)
 	if e := other.simpleReply(3); e != 0 {
 		t.Fatal(e)
 	}
 	other.read(16)
+}
+
+// waitBootIdle waits until the server has seen every connection of the
+// boot named by export end, so what they did is done.
+func waitBootIdle(t *testing.T, s *Server, export string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		s.mu.Lock()
+		b := s.boots[export]
+		idle := b != nil && b.conns == 0
+		s.mu.Unlock()
+		if idle {
+			return
+		}
+	}
+	t.Fatalf("boot %s still has connections", export)
+}
+
+// TestLargeWrites writes payloads large enough to be received straight
+// into the write cache, unaligned and overlapping, and reads them back;
+// another boot still reads the base.
+func TestLargeWrites(t *testing.T) {
+	_, addr, base := newTestServer(t)
+	cl := dial(t, addr)
+	cl.goExport("golden/vm1/b1")
+	model := bytes.Clone(base)
+	rng := rand.New(rand.NewSource(5))
+	for i, w := range []struct{ off, n int }{{1000, 300 << 10}, {0, 64 << 10}, {200 << 10, 512 << 10}, {4096, 128 << 10}} {
+		p := make([]byte, w.n)
+		rng.Read(p)
+		cl.request(nbd.Request{Cmd: nbd.CmdWrite, Cookie: uint64(i), Offset: uint64(w.off), Length: uint32(w.n)}, p)
+		if e := cl.simpleReply(uint64(i)); e != 0 {
+			t.Fatalf("write %d: %v", i, e)
+		}
+		copy(model[w.off:], p)
+	}
+	cl.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: 9, Length: testSize}, nil)
+	if e := cl.simpleReply(9); e != 0 {
+		t.Fatal(e)
+	}
+	if !bytes.Equal(cl.read(testSize), model) {
+		t.Fatal("large writes did not read back")
+	}
+	other := dial(t, addr)
+	other.goExport("golden/vm2/b1")
+	other.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: 1, Length: testSize}, nil)
+	if e := other.simpleReply(1); e != 0 {
+		t.Fatal(e)
+	}
+	if !bytes.Equal(other.read(testSize), base) {
+		t.Fatal("another boot sees the writes")
+	}
 }
 
 // TestStructuredReplies covers chunks, block status and error chunks.

@@ -21,9 +21,10 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 	type job struct {
 		req     nbd.Request
 		payload []byte
+		staged  *stagedWrite // a WRITE received straight into the cache
 	}
 	run := func(j job) {
-		c.serve(exp, j.req, j.payload)
+		c.serve(exp, j.req, j.payload, j.staged)
 		if j.payload != nil {
 			c.s.bufs.put(j.payload)
 		}
@@ -68,6 +69,14 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 				// The payload cannot be skipped safely at this size.
 				return false, fmt.Errorf("NBD_CMD_WRITE of %d bytes over the %d-byte maximum", req.Length, maxPayload)
 			}
+			if st := stageWrite(exp, req); st != nil {
+				if err := st.receive(c.r); err != nil {
+					st.abort()
+					return false, err
+				}
+				dispatch(job{req: req, staged: st})
+				continue
+			}
 			payload = c.s.bufs.get(int(req.Length))
 			if _, err := io.ReadFull(c.r, payload); err != nil {
 				// A client that hangs up mid-write: nothing of it is stored.
@@ -77,12 +86,24 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 		if req.Cmd == nbd.CmdDisc {
 			return true, nil
 		}
-		dispatch(job{req, payload})
+		dispatch(job{req: req, payload: payload})
 	}
 }
 
-// serve runs one request and sends its reply.
-func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
+// stageWrite sets req up to be received straight into its boot's RAM
+// write cache, when it goes there and is large enough; nil otherwise.
+func stageWrite(exp *export, req nbd.Request) *stagedWrite {
+	wc, ok := exp.view.(*writeCache)
+	end := req.Offset + uint64(req.Length)
+	if !ok || exp.readOnly || end < req.Offset || end > uint64(exp.vd.size) {
+		return nil
+	}
+	return wc.stage(int64(req.Offset), int64(req.Length))
+}
+
+// serve runs one request and sends its reply; a WRITE's data is payload,
+// or staged in the cache already.
+func (c *conn) serve(exp *export, req nbd.Request, payload []byte, staged *stagedWrite) {
 	m := c.s.metrics
 	m.request(req.Cmd).Inc()
 	if c.s.trace != nil && exp.boot != nil {
@@ -127,8 +148,12 @@ func (c *conn) serve(exp *export, req nbd.Request, payload []byte) {
 			var err error
 			switch req.Cmd {
 			case nbd.CmdWrite:
-				_, err = exp.view.WriteAt(payload, int64(req.Offset))
-				m.writeBytes.Add(float64(len(payload)))
+				if staged != nil {
+					err = staged.commit()
+				} else {
+					_, err = exp.view.WriteAt(payload, int64(req.Offset))
+				}
+				m.writeBytes.Add(float64(req.Length))
 			case nbd.CmdWriteZeroes:
 				err = exp.view.WriteZeroes(int64(req.Offset), int64(req.Length))
 			case nbd.CmdTrim:
