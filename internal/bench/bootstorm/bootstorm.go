@@ -247,6 +247,10 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 				case <-t.C:
 				}
 			}
+			var cacheBefore int64
+			if srv.cacheBytes != nil {
+				cacheBefore = srv.cacheBytes()
+			}
 			s, err := procstat.ReadTree(srv.pid)
 			if err != nil {
 				continue
@@ -256,7 +260,16 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 			}
 			beyond := s.RSS
 			if srv.cacheBytes != nil {
-				beyond -= srv.cacheBytes()
+				// RSS is read between two looks at the cache. When every
+				// client writes a megabyte at once the cache grows by
+				// hundreds of megabytes between them, and RSS less either
+				// look is not the memory beyond it: such samples are left
+				// out of that figure.
+				cacheAfter := srv.cacheBytes()
+				if d := cacheAfter - cacheBefore; d > max(cacheBefore/100, 1<<20) || -d > max(cacheBefore/100, 1<<20) {
+					continue
+				}
+				beyond -= cacheAfter
 			}
 			if beyond > peakBeyondCache.Load() {
 				peakBeyondCache.Store(beyond)
