@@ -59,7 +59,7 @@ func TestGatewayBenchSmoke(t *testing.T) {
 }
 
 // TestBootstormBenchSmoke runs a tiny `deskway bench bootstorm` against
-// deskway and every peer (nbd-server, nbdkit, qemu-nbd) and checks the
+// deskway, every peer (nbd-server, nbdkit, qemu-nbd) and the floor, and checks the
 // result's shape. Correctness only, never timing.
 func TestBootstormBenchSmoke(t *testing.T) {
 	testkit.Require(t, "nbd-server", "nbdkit", "qemu-nbd")
@@ -88,7 +88,7 @@ func TestBootstormBenchSmoke(t *testing.T) {
 			t.Errorf("%s/%s read nothing", p.Scenario, p.System)
 		}
 	}
-	for _, sys := range []string{"deskway", "nbd-server-cow", "nbdkit-cow", "qemu-nbd"} {
+	for _, sys := range []string{"deskway", "nbd-server-cow", "nbdkit-cow", "qemu-nbd", "floor"} {
 		for _, sc := range []string{"storm", "read"} {
 			if !seen[sc+"/"+sys] {
 				t.Errorf("no %s point for %s", sc, sys)

@@ -17,6 +17,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/brokerbench"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
+	"github.com/deskway/deskway/internal/bench/nbdfloor"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -24,7 +25,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd())
+	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd())
 	return c
 }
 
@@ -67,6 +68,35 @@ func echoServerCmd() *cobra.Command {
 	c.Flags().StringVar(&tlsListen, "tls-listen", "", "TLS address (the direct baseline, same TLS as the gateway)")
 	c.Flags().StringVar(&cert, "cert", "", "certificate for --tls-listen")
 	c.Flags().StringVar(&key, "key", "", "key for --tls-listen")
+	return c
+}
+
+func nbdFloorCmd() *cobra.Command {
+	var listen, file string
+	c := &cobra.Command{
+		Use:   "nbd-floor",
+		Short: "The least an NBD server can do (reads by sendfile from one file, writes dropped unstored): the boot storm's measure of the machine",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			if file == "" {
+				return errors.New("nbd-floor: give --file, the image every export reads")
+			}
+			f, err := os.Open(file)
+			if err != nil {
+				return fmt.Errorf("nbd-floor: %w", err)
+			}
+			defer f.Close()
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("nbd-floor: %w", err)
+			}
+			log.Info("nbd floor ready: writes are acknowledged and not stored", "listen", ln.Addr().String(), "file", file)
+			return (&nbdfloor.Server{Base: f, Log: log}).Serve(cmd.Context(), ln)
+		},
+	}
+	c.Flags().StringVar(&listen, "listen", "127.0.0.1:10809", "TCP address")
+	c.Flags().StringVar(&file, "file", "", "image file every export reads")
 	return c
 }
 
@@ -170,7 +200,7 @@ func benchBootstormCmd() *cobra.Command {
 	c.Flags().Float64Var(&scale, "time-scale", 1, "multiplies the trace's think time; 0 replays as fast as answers come")
 	c.Flags().DurationVar(&readFor, "read-duration", 5*time.Second, "length of each aggregate-read step")
 	c.Flags().IntVar(&qd, "queue-depth", 4, "requests each booting client keeps in flight")
-	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: deskway, nbd-server-cow, nbdkit-cow, qemu-nbd (default all)")
+	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: deskway, nbd-server-cow, nbdkit-cow, qemu-nbd, floor (the machine's limit: an NBD responder that stores nothing) (default all)")
 	c.Flags().IntVar(&runs, "runs", 3, "storms per step; each point is the median run")
 	c.Flags().BoolVar(&discard, "discard-reads", false, "clients drop read data in the kernel (MSG_TRUNC) instead of copying it, as separate client machines would spare this box")
 	return c

@@ -367,3 +367,64 @@ func (l *Loop) pollNow(events []unix.EpollEvent) (int, error) {
 	}
 	return int(n), nil
 }
+
+// WriteMore is Write with MSG_MORE: the kernel holds a short p back to go
+// out in one segment with what is sent next (a reply header before its
+// sendfile data).
+func WriteMore(fd int, p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), bufPtr(p[done:]), uintptr(len(p)-done), unix.MSG_MORE, 0, 0)
+		switch e {
+		case 0:
+			done += int(n)
+			continue
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return done, nil
+		}
+		return done, e
+	}
+	return done, nil
+}
+
+// Sendfile sends up to n bytes of file in from offset off to the
+// non-blocking socket fd without copying them through user memory: the
+// count sent, which is 0 when the socket's buffer is full.
+func Sendfile(fd, in int, off int64, n int) (int, error) {
+	for {
+		o := off
+		m, _, e := unix.RawSyscall6(unix.SYS_SENDFILE, uintptr(fd), uintptr(in), uintptr(unsafe.Pointer(&o)), uintptr(n), 0, 0)
+		switch e {
+		case 0:
+			return int(m), nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, nil
+		}
+		return 0, e
+	}
+}
+
+// Discard drops up to n bytes from a non-blocking TCP socket without
+// copying them (recv with MSG_TRUNC): the count dropped, 0 at end of
+// stream, or -1 when nothing is there now.
+func Discard(fd, n int) (int, error) {
+	// TCP does not write to the buffer under MSG_TRUNC, but the call
+	// still wants a valid one.
+	var one [1]byte
+	for {
+		m, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&one[0])), uintptr(n), unix.MSG_TRUNC, 0, 0)
+		switch e {
+		case 0:
+			return int(m), nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return -1, nil
+		}
+		return 0, e
+	}
+}

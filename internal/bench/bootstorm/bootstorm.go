@@ -54,7 +54,7 @@ type Options struct {
 	Runs  int
 	Trace []byte // nil: the committed boot trace
 	// Systems limits the run to these names (deskway, nbd-server-cow,
-	// nbdkit-cow, qemu-nbd); empty means all.
+	// nbdkit-cow, qemu-nbd, floor); empty means all.
 	Systems []string
 	Log     *slog.Logger
 }
@@ -121,6 +121,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			continue
 		}
 		systems = append(systems, s)
+	}
+	if want(floorName) {
+		systems = append(systems, floor(o.Exe))
 	}
 	o.Log.Info("trace", "requests", len(tr.ops), "read_mib", tr.readBytes>>20, "write_kib", tr.writeBytes>>10, "span", tr.span)
 	for _, sc := range o.Scenarios {

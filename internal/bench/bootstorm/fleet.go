@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sync"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -45,7 +44,6 @@ type fleetLoop struct {
 	*evloop.Loop
 	f       *fleet
 	scratch []byte // copying clients read into it
-	trunc   []byte // what MSG_TRUNC "receives" into: never written
 	tick    *ticker
 	clients []*replayer // started and not yet finished
 }
@@ -61,7 +59,7 @@ func newFleet(discard bool, maxLen uint32) (*fleet, error) {
 			f.close()
 			return nil, err
 		}
-		fl := &fleetLoop{Loop: l, f: f, scratch: make([]byte, 256<<10), trunc: make([]byte, 1)}
+		fl := &fleetLoop{Loop: l, f: f, scratch: make([]byte, 256<<10)}
 		f.loops = append(f.loops, fl)
 		go func() { _ = l.Run() }()
 		res := make(chan error, 1)
@@ -390,7 +388,7 @@ func (c *replayer) receive() bool {
 		drop := c.l.f.discard && c.left > 0
 		if drop {
 			want = c.left
-			n, err = recvTrunc(c.fd, c.l.trunc, want)
+			n, err = evloop.Discard(c.fd, want)
 		} else {
 			buf = c.l.scratch
 			if c.l.f.discard {
@@ -514,23 +512,4 @@ func (c *replayer) finish(err error) {
 	c.l.Remove(c.fd)
 	unix.Close(c.fd)
 	c.onDone()
-}
-
-// recvTrunc drops up to n bytes from a non-blocking socket without
-// copying them (MSG_TRUNC on TCP): the count dropped, 0 at end of stream,
-// or -1 when nothing is there now. Like evloop.Read it is a raw system
-// call, since it never blocks.
-func recvTrunc(fd int, one []byte, n int) (int, error) {
-	for {
-		m, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&one[0])), uintptr(n), unix.MSG_TRUNC, 0, 0)
-		switch e {
-		case 0:
-			return int(m), nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return -1, nil
-		}
-		return 0, e
-	}
 }

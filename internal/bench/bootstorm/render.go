@@ -49,7 +49,7 @@ func (r *runner) summarize(systems []system) {
 		s["read_gbps"] = v
 		bestPeer := 0.0
 		for name, g := range peak {
-			if name != "deskway" {
+			if name != "deskway" && name != floorName {
 				bestPeer = max(bestPeer, g)
 			}
 		}

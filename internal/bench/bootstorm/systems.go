@@ -228,3 +228,26 @@ func qemuNBD() (system, error) {
 			return s, nil
 		}}, nil
 }
+
+// floorName is the reference that keeps nothing; it is not a peer.
+const floorName = "floor"
+
+// floor is deskway's own NBD responder that stores nothing and answers
+// every request at once (internal/bench/nbdfloor): the least any server
+// can cost here, so what is slow against it is the machine's limit.
+func floor(exe string) system {
+	return system{name: floorName, note: "reference, not a server: reads sendfile'd from the base, writes dropped unstored",
+		start: func(dir, base string) (*server, error) {
+			port, err := loopback.FreePort()
+			if err != nil {
+				return nil, err
+			}
+			s, err := startCmd(fmt.Sprintf("127.0.0.1:%d", port), exe, "bench", "nbd-floor",
+				"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--file", base)
+			if err != nil {
+				return nil, err
+			}
+			s.export = func(int, bool) string { return "golden" }
+			return s, nil
+		}}
+}
