@@ -334,10 +334,19 @@ func Read(fd int, p []byte) (int, error) {
 
 // Write writes what a non-blocking descriptor takes now: all of p, a
 // shorter count, or zero when its buffer is full.
-func Write(fd int, p []byte) (int, error) {
+func Write(fd int, p []byte) (int, error) { return write(fd, p, false) }
+
+// write is Write, or with more a send with MSG_MORE (sockets only).
+func write(fd int, p []byte, more bool) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), bufPtr(p[done:]), uintptr(len(p)-done))
+		var n uintptr
+		var e unix.Errno
+		if more {
+			n, _, e = unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), bufPtr(p[done:]), uintptr(len(p)-done), unix.MSG_MORE, 0, 0)
+		} else {
+			n, _, e = unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), bufPtr(p[done:]), uintptr(len(p)-done))
+		}
 		switch e {
 		case 0:
 			done += int(n)
@@ -371,23 +380,7 @@ func (l *Loop) pollNow(events []unix.EpollEvent) (int, error) {
 // WriteMore is Write with MSG_MORE: the kernel holds a short p back to go
 // out in one segment with what is sent next (a reply header before its
 // sendfile data).
-func WriteMore(fd int, p []byte) (int, error) {
-	done := 0
-	for done < len(p) {
-		n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), bufPtr(p[done:]), uintptr(len(p)-done), unix.MSG_MORE, 0, 0)
-		switch e {
-		case 0:
-			done += int(n)
-			continue
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return done, nil
-		}
-		return done, e
-	}
-	return done, nil
-}
+func WriteMore(fd int, p []byte) (int, error) { return write(fd, p, true) }
 
 // Sendfile sends up to n bytes of file in from offset off to the
 // non-blocking socket fd without copying them through user memory: the
