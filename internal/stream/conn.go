@@ -104,7 +104,12 @@ func (s *Server) serveConn(nc net.Conn) {
 	_ = nc.SetDeadline(time.Time{})
 	s.metrics.conns.Inc()
 	defer s.metrics.conns.Dec()
-	disc, err := c.transmit(exp)
+	var disc bool
+	if c.onLoop(exp) {
+		disc, err = c.transmitOnLoop(exp)
+	} else {
+		disc, err = c.transmit(exp)
+	}
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		log.Warn("connection ended", "vdisk", exp.vd.name, "err", err)
 	}

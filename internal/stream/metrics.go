@@ -8,7 +8,7 @@ import (
 
 // metrics are built per server on the registry passed in.
 type metrics struct {
-	byCmd                 map[nbd.Cmd]prometheus.Counter // requests, resolved once
+	byCmd                 [nbd.CmdResize + 1]prometheus.Counter // requests, resolved once
 	conns, boots          prometheus.Gauge
 	refused               prometheus.Counter
 	requests, errors      *prometheus.CounterVec
@@ -37,7 +37,6 @@ func newMetrics(reg prometheus.Registerer, cacheBytes func() float64) *metrics {
 		writeBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_written_bytes_total",
 			Help: "Bytes taken into write caches by NBD_CMD_WRITE."}),
 	}
-	m.byCmd = map[nbd.Cmd]prometheus.Counter{}
 	for cmd := nbd.CmdRead; cmd <= nbd.CmdResize; cmd++ {
 		m.byCmd[cmd] = m.requests.WithLabelValues(cmdLabel(cmd))
 	}
@@ -49,8 +48,8 @@ func newMetrics(reg prometheus.Registerer, cacheBytes func() float64) *metrics {
 
 // request is the counter for cmd, without a label lookup per request.
 func (m *metrics) request(cmd nbd.Cmd) prometheus.Counter {
-	if c, ok := m.byCmd[cmd]; ok {
-		return c
+	if int(cmd) < len(m.byCmd) {
+		return m.byCmd[cmd]
 	}
 	return m.requests.WithLabelValues("other")
 }

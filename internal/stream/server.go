@@ -57,6 +57,7 @@ type Server struct {
 
 	trace *tracer
 	bufs  bufPool
+	loops *loops // while Serve runs
 
 	mu    sync.Mutex
 	boots map[string]*boot
@@ -171,8 +172,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		<-ctx.Done()
 		ln.Close()
 	}()
+	ls, err := startLoops()
+	if err != nil {
+		ln.Close()
+		s.closeFiles()
+		return err
+	}
+	s.loops = ls
 	s.log.Info("stream listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS, "vdisks", len(s.vdisks))
-	var err error
 	for {
 		var c net.Conn
 		c, err = ln.Accept()
@@ -198,10 +205,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.mu.Lock()
 	for c := range s.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			// A connection served on a loop holds its own descriptor of
+			// the socket, which only a shutdown reaches.
+			_ = tc.CloseRead()
+			_ = tc.CloseWrite()
+		}
 		c.Close()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.loops.close()
 	s.mu.Lock()
 	for _, b := range s.boots {
 		if s.cfg.SharedCache {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
@@ -414,15 +416,18 @@ func TestStructuredReplies(t *testing.T) {
 	}
 }
 
-// FuzzConn feeds arbitrary client bytes to a connection handler: it must
-// never panic, hang, or touch the base image.
+// FuzzConn feeds arbitrary client bytes to a connection handler, both
+// the one over any net.Conn and the event loop that serves plain TCP: it
+// must never panic, hang, or touch the base image.
 func FuzzConn(f *testing.F) {
 	goGolden := nbd.AppendOption(nil, nbd.OptGo, (&nbd.InfoRequest{Name: "golden/vm/b"}).Append(nil))
 	f.Add(append([]byte{0, 0, 0, 3}, nbd.AppendOption(nil, nbd.OptList, nil)...))
 	f.Add(append(append([]byte{0, 0, 0, 3}, goGolden...), reqBytes(nbd.Request{Cmd: nbd.CmdWrite, Offset: 4, Length: 4})...))
 	f.Add(append(append(append([]byte{0, 0, 0, 1}, nbd.AppendOption(nil, nbd.OptStructuredReply, nil)...), goGolden...),
 		reqBytes(nbd.Request{Cmd: nbd.CmdRead, Length: 4096})...))
-	s, _, _ := newTestServer(f)
+	f.Add(append(append([]byte{0, 0, 0, 3}, goGolden...), append(reqBytes(nbd.Request{Cmd: nbd.CmdWrite, Offset: 4, Length: 70000}),
+		bytes.Repeat([]byte{1}, 70000)...)...))
+	s, addr, _ := newTestServer(f)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		a, b := net.Pipe()
 		go io.Copy(io.Discard, a)
@@ -435,7 +440,119 @@ func FuzzConn(f *testing.F) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("handler did not return after the client closed")
 		}
+
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		got := make(chan error, 1)
+		go func() { _, err := io.Copy(io.Discard, c); got <- err }()
+		c.Write(in)
+		c.(*net.TCPConn).CloseWrite()
+		if err := <-got; err != nil {
+			t.Fatalf("server did not close the TCP connection after the client's end: %v", err)
+		}
 	})
 }
 
 func reqBytes(r nbd.Request) []byte { return r.Append(nil) }
+
+// TestPipelinedRequests sends a few hundred reads and writes, large and
+// small, without waiting for replies, as a kernel client with a deep
+// queue does, and checks every reply against a model of the disk. NBD
+// lets a server answer in any order; replies are matched by cookie.
+func TestPipelinedRequests(t *testing.T) {
+	_, addr, base := newTestServer(t)
+	cl := dial(t, addr)
+	cl.goExport("golden/vm1/b1")
+	model := bytes.Clone(base)
+	rng := rand.New(rand.NewSource(11))
+	type pending struct {
+		read bool
+		want []byte
+	}
+	sent := map[uint64]pending{}
+	var stream []byte
+	for i := range 300 {
+		n := 1 + rng.Intn(4096)
+		if rng.Intn(4) == 0 {
+			n = 64<<10 + rng.Intn(200<<10)
+		}
+		off := rng.Intn(testSize - n)
+		cookie := uint64(i)
+		if rng.Intn(2) == 0 {
+			p := make([]byte, n)
+			rng.Read(p)
+			stream = append(stream, reqBytes(nbd.Request{Cmd: nbd.CmdWrite, Cookie: cookie, Offset: uint64(off), Length: uint32(n)})...)
+			stream = append(stream, p...)
+			copy(model[off:], p)
+			sent[cookie] = pending{}
+			continue
+		}
+		stream = append(stream, reqBytes(nbd.Request{Cmd: nbd.CmdRead, Cookie: cookie, Offset: uint64(off), Length: uint32(n)})...)
+		sent[cookie] = pending{read: true, want: bytes.Clone(model[off : off+n])}
+	}
+	// Replies are read while requests are still going out: neither side
+	// may wait for the other's socket to drain.
+	go cl.c.Write(stream)
+	for range len(sent) {
+		r, err := nbd.ParseSimpleReply(cl.read(nbd.SimpleReplyLen))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, ok := sent[r.Cookie]
+		if !ok || r.Error != 0 {
+			t.Fatalf("reply %+v: unknown cookie or error", r)
+		}
+		delete(sent, r.Cookie)
+		if p.read && !bytes.Equal(cl.read(len(p.want)), p.want) {
+			t.Fatalf("read %d does not match the writes sent before it", r.Cookie)
+		}
+	}
+}
+
+// TestShutdownWithFullSocket stops the server while a client that reads
+// nothing has filled its socket with replies: Serve must still return.
+func TestShutdownWithFullSocket(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "base.img")
+	if err := os.WriteFile(path, make([]byte, testSize), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", VDisks: []config.VDisk{{Name: "golden", Base: path}}}}
+	cfg.ApplyDefaults()
+	s, err := New(cfg.Stream, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	cl := dial(t, ln.Addr().String())
+	cl.goExport("golden")
+	for i := range 64 {
+		cl.request(nbd.Request{Cmd: nbd.CmdRead, Cookie: uint64(i), Length: testSize}, nil)
+	}
+	// Wait until the server is stuck on the full socket.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if testutil.ToFloat64(s.metrics.byCmd[nbd.CmdRead]) > 0 {
+			break
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return with a client's socket full")
+	}
+}

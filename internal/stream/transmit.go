@@ -104,120 +104,156 @@ func stageWrite(exp *export, req nbd.Request) *stagedWrite {
 // serve runs one request and sends its reply; a WRITE's data is payload,
 // or staged in the cache already.
 func (c *conn) serve(exp *export, req nbd.Request, payload []byte, staged *stagedWrite) {
-	m := c.s.metrics
-	m.request(req.Cmd).Inc()
+	c.count(exp, req)
+	if req.Cmd != nbd.CmdRead {
+		c.send(c.execute(nil, exp, req, payload, staged))
+		return
+	}
+	if r := c.checkRead(exp, req); r != nil {
+		c.send(r)
+		return
+	}
+	if c.sendBase(exp, req) {
+		c.s.metrics.readBytes.Add(float64(req.Length))
+		return
+	}
+	buf := c.s.bufs.get(int(req.Length))
+	defer c.s.bufs.put(buf)
+	if r := c.readView(exp, req, buf); r != nil {
+		c.send(r)
+		return
+	}
+	c.sendData(req, buf)
+}
+
+// count records a request in the metrics and the trace.
+func (c *conn) count(exp *export, req nbd.Request) {
+	c.s.metrics.request(req.Cmd).Inc()
 	if c.s.trace != nil && exp.boot != nil {
 		c.s.trace.record(exp.boot, req)
 	}
+}
+
+// checkRead returns the error reply for a READ that cannot be served,
+// nil for one that can.
+func (c *conn) checkRead(exp *export, req nbd.Request) []byte {
+	size := uint64(exp.vd.size)
+	end := req.Offset + uint64(req.Length)
+	switch {
+	case req.Length > maxPayload:
+		return c.fail(req, nbd.EINVAL, "read of %d bytes over the %d-byte maximum", req.Length, maxPayload)
+	case end < req.Offset || end > size:
+		return c.fail(req, nbd.EINVAL, "read past the end of the %d-byte disk", size)
+	}
+	return nil
+}
+
+// readView reads what req asks for from the client's view into buf, of
+// req.Length bytes; on failure it returns the error reply.
+func (c *conn) readView(exp *export, req nbd.Request, buf []byte) []byte {
+	var err error
+	if exp.view != nil {
+		_, err = exp.view.ReadAt(buf, int64(req.Offset))
+	} else {
+		_, err = exp.img.ReadAt(buf, int64(req.Offset))
+	}
+	if err != nil {
+		c.s.log.Error("read failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
+		return c.fail(req, nbd.EIO, "read failed")
+	}
+	c.s.metrics.readBytes.Add(float64(len(buf)))
+	return nil
+}
+
+// baseRange reports whether a READ's range holds nothing but bytes of
+// the base file, which can then go out with sendfile.
+func baseRange(exp *export, req nbd.Request) bool {
+	off, n := int64(req.Offset), int64(req.Length)
+	return n > 0 && (exp.view == nil || exp.view.baseOnly(off, n)) && exp.img.baseFile(off, n)
+}
+
+// execute runs a request other than READ and appends its reply to dst; a
+// WRITE's data is payload, or staged in the cache already.
+func (c *conn) execute(dst []byte, exp *export, req nbd.Request, payload []byte, staged *stagedWrite) []byte {
+	m := c.s.metrics
 	size := uint64(exp.vd.size)
 	end := req.Offset + uint64(req.Length)
 	inBounds := end >= req.Offset && end <= size
 	switch req.Cmd {
-	case nbd.CmdRead:
-		switch {
-		case req.Length > maxPayload:
-			c.fail(req, nbd.EINVAL, "read of %d bytes over the %d-byte maximum", req.Length, maxPayload)
-		case !inBounds:
-			c.fail(req, nbd.EINVAL, "read past the end of the %d-byte disk", size)
-		case c.sendBase(exp, req):
-			m.readBytes.Add(float64(req.Length))
-		default:
-			buf := c.s.bufs.get(int(req.Length))
-			defer c.s.bufs.put(buf)
-			var err error
-			if exp.view != nil {
-				_, err = exp.view.ReadAt(buf, int64(req.Offset))
-			} else {
-				_, err = exp.img.ReadAt(buf, int64(req.Offset))
-			}
-			if err != nil {
-				c.s.log.Error("read failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
-				c.fail(req, nbd.EIO, "read failed")
-				return
-			}
-			m.readBytes.Add(float64(len(buf)))
-			c.sendData(req, buf)
-		}
 	case nbd.CmdWrite, nbd.CmdWriteZeroes, nbd.CmdTrim:
 		switch {
 		case exp.readOnly:
-			c.fail(req, nbd.EPERM, "export is read-only; open VDISK/CLIENT/BOOT for a writable view")
+			return append(dst, c.fail(req, nbd.EPERM, "export is read-only; open VDISK/CLIENT/BOOT for a writable view")...)
 		case !inBounds:
-			c.fail(req, nbd.ENOSPC, "write past the end of the %d-byte disk", size)
-		default:
-			var err error
-			switch req.Cmd {
-			case nbd.CmdWrite:
-				if staged != nil {
-					err = staged.commit()
-				} else {
-					_, err = exp.view.WriteAt(payload, int64(req.Offset))
-				}
-				m.writeBytes.Add(float64(req.Length))
-			case nbd.CmdWriteZeroes:
-				err = exp.view.WriteZeroes(int64(req.Offset), int64(req.Length))
-			case nbd.CmdTrim:
-				exp.view.Trim(int64(req.Offset), int64(req.Length))
-			}
-			if err == nil && req.Flags&nbd.CmdFlagFUA != 0 {
-				err = exp.view.Sync()
-			}
-			if err != nil {
-				c.s.log.Error("write failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
-				e := nbd.EIO
-				if errors.Is(err, syscall.ENOSPC) {
-					e = nbd.ENOSPC
-				}
-				c.fail(req, e, "write failed")
-				return
-			}
-			c.ok(req)
+			return append(dst, c.fail(req, nbd.ENOSPC, "write past the end of the %d-byte disk", size)...)
 		}
+		var err error
+		switch req.Cmd {
+		case nbd.CmdWrite:
+			if staged != nil {
+				err = staged.commit()
+			} else {
+				_, err = exp.view.WriteAt(payload, int64(req.Offset))
+			}
+			m.writeBytes.Add(float64(req.Length))
+		case nbd.CmdWriteZeroes:
+			err = exp.view.WriteZeroes(int64(req.Offset), int64(req.Length))
+		case nbd.CmdTrim:
+			exp.view.Trim(int64(req.Offset), int64(req.Length))
+		}
+		if err == nil && req.Flags&nbd.CmdFlagFUA != 0 {
+			err = exp.view.Sync()
+		}
+		if err != nil {
+			c.s.log.Error("write failed", "vdisk", exp.vd.name, "offset", req.Offset, "err", err)
+			e := nbd.EIO
+			if errors.Is(err, syscall.ENOSPC) {
+				e = nbd.ENOSPC
+			}
+			return append(dst, c.fail(req, e, "write failed")...)
+		}
+		return c.ok(dst, req)
 	case nbd.CmdFlush:
 		if exp.view != nil {
 			if err := exp.view.Sync(); err != nil {
 				c.s.log.Error("flush failed", "vdisk", exp.vd.name, "err", err)
-				c.fail(req, nbd.EIO, "flush failed")
-				return
+				return append(dst, c.fail(req, nbd.EIO, "flush failed")...)
 			}
 		}
-		c.ok(req)
+		return c.ok(dst, req)
 	case nbd.CmdCache:
 		if !inBounds {
-			c.fail(req, nbd.EINVAL, "cache request past the end of the disk")
-			return
+			return append(dst, c.fail(req, nbd.EINVAL, "cache request past the end of the disk")...)
 		}
-		c.ok(req)
+		return c.ok(dst, req)
 	case nbd.CmdBlockStatus:
 		switch {
 		case !c.metaBase:
-			c.fail(req, nbd.EINVAL, "no meta context selected (NBD_OPT_SET_META_CONTEXT base:allocation)")
+			return append(dst, c.fail(req, nbd.EINVAL, "no meta context selected (NBD_OPT_SET_META_CONTEXT base:allocation)")...)
 		case req.Length == 0 || !inBounds:
-			c.fail(req, nbd.EINVAL, "block status range outside the disk")
-		default:
-			ext := exp.extents(int64(req.Offset), int64(req.Length), req.Flags&nbd.CmdFlagReqOne != 0)
-			c.send(nbd.AppendBlockStatusChunk(nil, nbd.ChunkFlagDone, req.Cookie, baseContextID, ext))
+			return append(dst, c.fail(req, nbd.EINVAL, "block status range outside the disk")...)
 		}
-	default:
-		c.fail(req, nbd.EINVAL, "%s is not supported", req.Cmd)
+		ext := exp.extents(int64(req.Offset), int64(req.Length), req.Flags&nbd.CmdFlagReqOne != 0)
+		return nbd.AppendBlockStatusChunk(dst, nbd.ChunkFlagDone, req.Cookie, baseContextID, ext)
 	}
+	return append(dst, c.fail(req, nbd.EINVAL, "%s is not supported", req.Cmd)...)
 }
 
-func (c *conn) ok(req nbd.Request) {
+// ok appends the reply to a request that succeeded without data.
+func (c *conn) ok(dst []byte, req nbd.Request) []byte {
 	if c.structured {
-		c.send(nbd.AppendChunkHeader(nil, nbd.ChunkHeader{Flags: nbd.ChunkFlagDone, Type: nbd.ChunkNone, Cookie: req.Cookie}))
-		return
+		return nbd.AppendChunkHeader(dst, nbd.ChunkHeader{Flags: nbd.ChunkFlagDone, Type: nbd.ChunkNone, Cookie: req.Cookie})
 	}
-	c.send(nbd.AppendSimpleReply(nil, 0, req.Cookie))
+	return nbd.AppendSimpleReply(dst, 0, req.Cookie)
 }
 
-func (c *conn) fail(req nbd.Request, e nbd.Errno, format string, a ...any) {
+// fail is the error reply to req; the message goes to structured clients.
+func (c *conn) fail(req nbd.Request, e nbd.Errno, format string, a ...any) []byte {
 	c.s.metrics.errors.WithLabelValues(e.String()).Inc()
 	if c.structured {
-		c.send(nbd.AppendErrorChunk(nil, req.Cookie, e, fmt.Sprintf(format, a...)))
-		return
+		return nbd.AppendErrorChunk(nil, req.Cookie, e, fmt.Sprintf(format, a...))
 	}
-	c.send(nbd.AppendSimpleReply(nil, e, req.Cookie))
+	return nbd.AppendSimpleReply(nil, e, req.Cookie)
 }
 
 // maxExtents bounds one block status reply; the client asks again for
@@ -264,35 +300,32 @@ func (e *export) extents(off, n int64, one bool) []nbd.Extent {
 // reports whether it did.
 func (c *conn) sendBase(exp *export, req nbd.Request) bool {
 	tc, ok := c.rw.(*net.TCPConn)
-	if !ok || req.Length == 0 {
+	if !ok || !baseRange(exp, req) {
 		return false
 	}
-	off, n := int64(req.Offset), int64(req.Length)
-	if (exp.view != nil && !exp.view.baseOnly(off, n)) || !exp.img.baseFile(off, n) {
-		return false
-	}
-	hdr := c.dataHeader(req, int(req.Length))
+	hdr := c.dataHeader(nil, req, int(req.Length))
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.werr != nil {
 		return true
 	}
-	if err := sendFileReply(tc, hdr, exp.img.baseFD, off, int(n)); err != nil {
+	if err := sendFileReply(tc, hdr, exp.img.baseFD, int64(req.Offset), int(req.Length)); err != nil {
 		c.werr = err
 		c.nc.Close()
 	}
 	return true
 }
 
-func (c *conn) dataHeader(req nbd.Request, n int) []byte {
+// dataHeader appends the header of a READ's reply carrying n bytes.
+func (c *conn) dataHeader(dst []byte, req nbd.Request, n int) []byte {
 	if c.structured {
-		return nbd.AppendOffsetDataChunk(nil, nbd.ChunkFlagDone, req.Cookie, req.Offset, n)
+		return nbd.AppendOffsetDataChunk(dst, nbd.ChunkFlagDone, req.Cookie, req.Offset, n)
 	}
-	return nbd.AppendSimpleReply(nil, 0, req.Cookie)
+	return nbd.AppendSimpleReply(dst, 0, req.Cookie)
 }
 
 func (c *conn) sendData(req nbd.Request, data []byte) {
-	c.send(c.dataHeader(req, len(data)), data)
+	c.send(c.dataHeader(nil, req, len(data)), data)
 }
 
 // send writes one whole reply; after a failed write the connection is
