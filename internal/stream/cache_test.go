@@ -23,8 +23,8 @@ func TestWriteCacheModel(t *testing.T) {
 	c := newWriteCache(bytes.NewReader(base), size, 16*cacheBlock, dir)
 	exercise(t, c, rng, model, size)
 	ram, spilled := c.bytes()
-	if ram != 16*cacheBlock || spilled == 0 {
-		t.Errorf("ram %d spilled %d: the spill file was not used", ram, spilled)
+	if c.ramBlocks != 16 || ram < 16*cacheBlock || spilled == 0 {
+		t.Errorf("%d RAM blocks (%d bytes resident), %d bytes spilled: the spill file was not used", c.ramBlocks, ram, spilled)
 	}
 	// Trim gives whole blocks back to the base and keeps partial ones.
 	c.Trim(100, 8*cacheBlock)
@@ -251,5 +251,44 @@ func TestBlockIndex(t *testing.T) {
 	}
 	if len(x) != 0 {
 		t.Fatalf("%d chunks left after clearing every block", len(x))
+	}
+}
+
+// TestSlabs checks the RAM a cache reports: what is resident, at least
+// the blocks it handed out and at most the slabs it mapped, nothing once
+// closed; and that a slab reserved when the boot starts is resident at
+// once and is the one the first writes go to.
+func TestSlabs(t *testing.T) {
+	base := bytes.NewReader(make([]byte, 64<<20))
+	c := newWriteCache(base, 64<<20, 32<<20, t.TempDir())
+	if ram, _ := c.bytes(); ram != 0 {
+		t.Fatalf("empty cache holds %d bytes of RAM", ram)
+	}
+	c.reserve()
+	if ram, _ := c.bytes(); ram != slabSize || len(c.slabs) != 1 {
+		t.Fatalf("reserved cache holds %d bytes of RAM in %d slabs, want one resident slab", ram, len(c.slabs))
+	}
+	p := bytes.Repeat([]byte{7}, cacheBlock)
+	for i, blocks := range []int64{1, slabBlocks, slabBlocks + 3} {
+		for c.ramBlocks < blocks {
+			if _, err := c.WriteAt(p, c.ramBlocks*cacheBlock); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ram, _ := c.bytes()
+		if want := (blocks + slabBlocks - 1) / slabBlocks; int64(len(c.slabs)) != want {
+			t.Errorf("step %d: %d blocks in %d slabs, want %d", i, blocks, len(c.slabs), want)
+		}
+		if ram < blocks*cacheBlock || ram > int64(len(c.slabs))*slabSize {
+			t.Errorf("step %d: %d blocks in %d slabs reported as %d bytes of RAM", i, blocks, len(c.slabs), ram)
+		}
+	}
+	c.close()
+	if ram, _ := c.bytes(); ram != 0 {
+		t.Fatalf("closed cache holds %d bytes of RAM", ram)
+	}
+	c.reserve() // after close: maps nothing
+	if len(c.slabs) != 0 {
+		t.Fatal("reserve after close kept a slab")
 	}
 }

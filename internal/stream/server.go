@@ -308,7 +308,9 @@ func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error)
 		b = &boot{key: key, vd: vd, img: img, client: client, id: id, started: time.Now(),
 			dir: filepath.Join(s.cfg.Store, "cache", vd.name, client, dirID)}
 		if !s.cfg.SharedCache {
-			b.cache = newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
+			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
+			go wc.reserve()
+			b.cache = wc
 		}
 	}
 	if b.cache == nil {
