@@ -235,9 +235,46 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 	// deskway reports) is what the clients cost. RSS is read from /proc
 	// every tick; the cache figure is a scrape of the server's /metrics,
 	// which costs the server CPU the peers do not spend, so it is taken
-	// only every cacheEvery ticks.
+	// only every cacheEvery ticks, and on the next tick again when the
+	// cache moved under a sample.
 	const cacheEvery = 10
 	var peakRSS, peakBeyondCache atomic.Int64
+	// sample reads RSS and, when withCache, the memory beyond the write
+	// caches; it reports false when that figure was asked for and could
+	// not be had.
+	sample := func(withCache bool) bool {
+		var cacheBefore int64
+		if withCache {
+			cacheBefore = srv.cacheBytes()
+		}
+		s, err := procstat.ReadTree(srv.pid)
+		if err != nil {
+			return false
+		}
+		if s.RSS > peakRSS.Load() {
+			peakRSS.Store(s.RSS)
+		}
+		beyond := s.RSS
+		switch {
+		case withCache:
+			// RSS is read between two looks at the cache. When every
+			// client writes a megabyte at once the cache grows by
+			// hundreds of megabytes between them, and RSS less either
+			// look is not the memory beyond it: such samples are left
+			// out of that figure.
+			cacheAfter := srv.cacheBytes()
+			if d := cacheAfter - cacheBefore; d > max(cacheBefore/100, 1<<20) || -d > max(cacheBefore/100, 1<<20) {
+				return false
+			}
+			beyond -= cacheAfter
+		case srv.cacheBytes != nil:
+			return true
+		}
+		if beyond > peakBeyondCache.Load() {
+			peakBeyondCache.Store(beyond)
+		}
+		return true
+	}
 	sampleDone := make(chan struct{})
 	stopSampling := make(chan struct{})
 	go func() {
@@ -245,7 +282,9 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		// The first sample is taken at once, so a step shorter than the
-		// tick still has one.
+		// tick still has one; a cache-aware sample the cache moved under
+		// is tried again on the next tick.
+		due := true
 		for tick := 0; ; tick++ {
 			if tick > 0 {
 				select {
@@ -254,36 +293,10 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 				case <-t.C:
 				}
 			}
-			withCache := srv.cacheBytes != nil && tick%cacheEvery == 0
-			var cacheBefore int64
+			withCache := srv.cacheBytes != nil && (due || tick%cacheEvery == 0)
+			ok := sample(withCache)
 			if withCache {
-				cacheBefore = srv.cacheBytes()
-			}
-			s, err := procstat.ReadTree(srv.pid)
-			if err != nil {
-				continue
-			}
-			if s.RSS > peakRSS.Load() {
-				peakRSS.Store(s.RSS)
-			}
-			beyond := s.RSS
-			switch {
-			case withCache:
-				// RSS is read between two looks at the cache. When every
-				// client writes a megabyte at once the cache grows by
-				// hundreds of megabytes between them, and RSS less either
-				// look is not the memory beyond it: such samples are left
-				// out of that figure.
-				cacheAfter := srv.cacheBytes()
-				if d := cacheAfter - cacheBefore; d > max(cacheBefore/100, 1<<20) || -d > max(cacheBefore/100, 1<<20) {
-					continue
-				}
-				beyond -= cacheAfter
-			case srv.cacheBytes != nil:
-				continue
-			}
-			if beyond > peakBeyondCache.Load() {
-				peakBeyondCache.Store(beyond)
+				due = !ok
 			}
 		}
 	}()
@@ -308,6 +321,15 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 	end, _ := procstat.ReadTree(srv.pid)
 	close(stopSampling)
 	<-sampleDone
+	// A step shorter than a tick, or one whose every cache-aware sample
+	// raced a burst of writes, still gets one figure beyond the caches:
+	// the fleet is done, so the caches hold still (they may be smaller
+	// than at the peak, which only makes the figure larger).
+	for try := 0; srv.cacheBytes != nil && peakBeyondCache.Load() == 0 && try < 20; try++ {
+		if !sample(true) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	// A short step may end before the first sample.
 	if end.RSS > peakRSS.Load() {
 		peakRSS.Store(end.RSS)
