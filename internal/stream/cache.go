@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -258,15 +259,17 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 }
 
 // reserve maps the cache's first slab and faults its pages in, off the
-// request path, when the boot starts. A fresh page costs a fault and a
-// page of zeroes on first write, about 0.4 s a GiB on the bench machine;
-// when every client of a storm writes a megabyte at the same moment,
-// those faults were most of what receiving the writes cost, and they fell
-// on the loops serving everyone's reads. A boot's first slab is now
-// ready before its first write (the slab counts as the cache's RAM from
-// then on, as it would after that write).
+// request path (see reserver). A fresh page costs a fault and a page of
+// zeroes on first write, about 0.4 s a GiB on the bench machine; when
+// every client of a storm writes a megabyte at the same moment, those
+// faults were most of what receiving the writes cost, and they fell on
+// the loops serving everyone's reads. A reserved slab counts as the
+// cache's RAM from then on, as it would after a write.
 func (c *writeCache) reserve() {
-	if c.ramLimit < slabSize {
+	c.mu.RLock()
+	skip := c.closed || len(c.slabs) > 0 || c.ramLimit < slabSize
+	c.mu.RUnlock()
+	if skip {
 		return
 	}
 	slab, err := syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
@@ -283,6 +286,60 @@ func (c *writeCache) reserve() {
 		return
 	}
 	c.slabs = append(c.slabs, slab)
+}
+
+// A reserver reserves the first slab of each new boot's write cache, one
+// cache at a time, on one thread of low priority. With a goroutine per
+// boot, a storm of 1,000 boots had as many threads faulting in a gigabyte
+// at once, and the loops' share of the processors fell to almost nothing
+// for most of a second. One thread at reserveNice takes what the loops
+// leave; a cache whose first write comes before its turn maps its slab
+// itself, as it would without a reserver.
+type reserver struct {
+	queue chan *writeCache
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// reserveNice is the reserving thread's nice value: low enough to give way
+// to the loops, high enough to reserve a storm's caches in a few seconds
+// while they are busy.
+const reserveNice = 10
+
+// startReserver starts the reserving thread; close stops it.
+func startReserver() *reserver {
+	r := &reserver{queue: make(chan *writeCache, 4096), stop: make(chan struct{}), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+func (r *reserver) run() {
+	defer close(r.done)
+	// The goroutine keeps its thread and ends locked to it, so the thread
+	// exits with it and its priority never reaches other goroutines.
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), reserveNice)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case c := <-r.queue:
+			c.reserve()
+		}
+	}
+}
+
+// add queues c; when the queue is full c's first write maps its slab.
+func (r *reserver) add(c *writeCache) {
+	select {
+	case r.queue <- c:
+	default:
+	}
+}
+
+func (r *reserver) close() {
+	close(r.stop)
+	<-r.done
 }
 
 // resident is how many bytes of slab are in memory.

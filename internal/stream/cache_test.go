@@ -6,7 +6,11 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestWriteCacheModel runs random writes, zero writes and reads against
@@ -290,5 +294,53 @@ func TestSlabs(t *testing.T) {
 	c.reserve() // after close: maps nothing
 	if len(c.slabs) != 0 {
 		t.Fatal("reserve after close kept a slab")
+	}
+}
+
+// TestReserver checks that queued caches get their first slab from the
+// reserving thread, that the thread runs at reserveNice, that adding to a
+// full queue does not block, and that close returns with work queued.
+func TestReserver(t *testing.T) {
+	base := bytes.NewReader(make([]byte, 16<<20))
+	r := startReserver()
+	caches := make([]*writeCache, 8)
+	for i := range caches {
+		caches[i] = newWriteCache(base, 16<<20, 8<<20, t.TempDir())
+		r.add(caches[i])
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range caches {
+		for {
+			if ram, _ := c.bytes(); ram == slabSize {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("a queued cache was not reserved in 10 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// The thread is niced, the process is not.
+	if p, err := unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil || 20-p != 0 {
+		t.Errorf("process nice %d (%v), want 0", 20-p, err)
+	}
+	niced := false
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(task.Name())
+		if p, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil && 20-p == reserveNice {
+			niced = true
+		}
+	}
+	if !niced {
+		t.Error("no thread runs at reserveNice")
+	}
+	r.close()
+	// Stopped: the queue fills and add never blocks.
+	for range cap(r.queue) + 10 {
+		r.add(caches[0])
+	}
+	for _, c := range caches {
+		c.close()
 	}
 }

@@ -55,9 +55,10 @@ type Server struct {
 	vdisks  []*vdisk
 	byName  map[string]*vdisk
 
-	trace *tracer
-	bufs  bufPool
-	loops *loops // while Serve runs
+	trace    *tracer
+	bufs     bufPool
+	loops    *loops    // while Serve runs
+	reserver *reserver // while Serve runs
 
 	mu    sync.Mutex
 	boots map[string]*boot
@@ -179,6 +180,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	s.loops = ls
+	s.reserver = startReserver()
 	s.log.Info("stream listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS, "vdisks", len(s.vdisks))
 	for {
 		var c net.Conn
@@ -216,6 +218,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	s.loops.close()
+	s.reserver.close()
 	s.mu.Lock()
 	for _, b := range s.boots {
 		if s.cfg.SharedCache {
@@ -309,7 +312,9 @@ func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error)
 			dir: filepath.Join(s.cfg.Store, "cache", vd.name, client, dirID)}
 		if !s.cfg.SharedCache {
 			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
-			go wc.reserve()
+			if s.reserver != nil {
+				s.reserver.add(wc)
+			}
 			b.cache = wc
 		}
 	}
