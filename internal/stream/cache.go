@@ -247,7 +247,7 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 	}
 	k := c.ramBlocks
 	if k/slabBlocks >= int64(len(c.slabs)) {
-		slab, err := syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+		slab, err := mapSlab()
 		if err != nil {
 			return nil, 0, fmt.Errorf("write cache: %w", err)
 		}
@@ -256,6 +256,11 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 	c.ramBlocks++
 	at := uint32(k + firstRAMBlock)
 	return c.ramBlock(at), at, nil
+}
+
+// mapSlab maps a slab of anonymous memory, outside the Go heap.
+func mapSlab() ([]byte, error) {
+	return syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 }
 
 // reserve maps the cache's first slab and faults its pages in, off the
@@ -272,7 +277,7 @@ func (c *writeCache) reserve() {
 	if skip {
 		return
 	}
-	slab, err := syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	slab, err := mapSlab()
 	if err != nil {
 		return // the first write maps it
 	}
