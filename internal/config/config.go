@@ -89,12 +89,26 @@ type Gateway struct {
 	Keepalive      Duration `yaml:"keepalive"`
 	IdleTimeout    Duration `yaml:"idle_timeout"`
 	SessionTimeout Duration `yaml:"session_timeout"`
-	// HandshakeTimeout bounds everything from TCP accept to an open channel.
+	// HandshakeTimeout is one wall-clock budget for everything from TCP
+	// accept to an open channel (TLS, HTTP, NTLM, websocket upgrade or
+	// pairing of the legacy halves, and the MS-TSGU handshake): a
+	// connection that has not opened a channel by then is closed.
 	HandshakeTimeout Duration `yaml:"handshake_timeout"`
-	DialTimeout      Duration `yaml:"dial_timeout"`
+	// WriteTimeout bounds every write to a client or a host: a peer that
+	// takes no bytes for this long ends its tunnel.
+	WriteTimeout Duration `yaml:"write_timeout"`
+	DialTimeout  Duration `yaml:"dial_timeout"`
 	// ShutdownGrace is how long open tunnels may run after SIGTERM.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
-	MaxTunnels    int      `yaml:"max_tunnels"`
+	// MaxTunnels caps authorized tunnels; connections still
+	// authenticating have caps of their own below, so they can never
+	// lock authorized users out.
+	MaxTunnels int `yaml:"max_tunnels"`
+	// MaxUnauthenticated caps connections that have not yet opened a
+	// channel, in all and from one source address (an IPv6 /64 counts as
+	// one address); past either cap new connections are closed at once.
+	MaxUnauthenticated        int `yaml:"max_unauthenticated"`
+	MaxUnauthenticatedPerAddr int `yaml:"max_unauthenticated_per_address"`
 	// RelayLoops is how many event loops relay open websocket tunnels
 	// (default: one per CPU the process may use); 0 relays every tunnel on
 	// two goroutines of its own instead.
@@ -465,6 +479,9 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&g.IdleTimeout, Duration(30*time.Minute))
 		setDefault(&g.SessionTimeout, Duration(8*time.Hour))
 		setDefault(&g.HandshakeTimeout, Duration(30*time.Second))
+		setDefault(&g.WriteTimeout, Duration(30*time.Second))
+		setDefault(&g.MaxUnauthenticated, 1024)
+		setDefault(&g.MaxUnauthenticatedPerAddr, 64)
 		setDefault(&g.DialTimeout, Duration(10*time.Second))
 		setDefault(&g.ShutdownGrace, Duration(30*time.Second))
 		setDefault(&g.MaxTunnels, 20000)
@@ -562,6 +579,15 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	}
 	if g.Keepalive.D() < time.Second {
 		bad("gateway.keepalive", "must be at least 1s")
+	}
+	if g.HandshakeTimeout.D() < time.Second {
+		bad("gateway.handshake_timeout", "must be at least 1s")
+	}
+	if g.WriteTimeout.D() < time.Second {
+		bad("gateway.write_timeout", "must be at least 1s")
+	}
+	if g.MaxUnauthenticated < 1 || g.MaxUnauthenticatedPerAddr < 1 || g.MaxUnauthenticatedPerAddr > g.MaxUnauthenticated {
+		bad("gateway.max_unauthenticated_per_address", "caps must be at least 1, the per-address one at most max_unauthenticated (%d)", g.MaxUnauthenticated)
 	}
 	if len(g.ConsentMessage) > 8000 || len(g.ServiceMessage) > 8000 {
 		bad("gateway", "consent and service messages are limited to 8000 characters")

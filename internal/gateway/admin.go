@@ -21,8 +21,9 @@ type TunnelInfo struct {
 	BytesUp    uint64    `json:"bytes_up"`
 	BytesDown  uint64    `json:"bytes_down"`
 	Started    time.Time `json:"started"`
-	IdleSecs   float64   `json:"idle_seconds"`
-	Open       bool      `json:"channel_open"`
+	// IdleSecs is the time since the client's last input.
+	IdleSecs float64 `json:"idle_seconds"`
+	Open     bool    `json:"channel_open"`
 }
 
 // Tunnels lists every tunnel, handshaking or open.
@@ -34,8 +35,9 @@ func (s *Server) Tunnels() []TunnelInfo {
 		ti := TunnelInfo{ID: tn.id, Client: tn.hs.remote.String(), Transport: tn.transport, Method: tn.hs.method,
 			BytesUp: tn.bytesUp.Load(), BytesDown: tn.bytesDown.Load(), Started: tn.started}
 		// Handshake fields are written by the tunnel goroutine before the
-		// channel opens; they are read only once lastActivity is set.
-		if la := tn.lastActivity.Load(); la != 0 {
+		// channel opens; they are read only once it is open.
+		if tn.isOpen() {
+			la := tn.lastInput.Load()
 			ti.Open = true
 			ti.User, ti.ClientName = tn.ident.User, tn.clientName
 			ti.Target, ti.TargetName = tn.target.Addr.String(), tn.target.Name
@@ -53,7 +55,7 @@ func (s *Server) Disconnect(id uint32, reason string) bool {
 	tn, ok := s.tunnels[id]
 	s.mu.Unlock()
 	if ok {
-		tn.stop(reason)
+		tn.stopFor(reason, statusAborted)
 	}
 	return ok
 }

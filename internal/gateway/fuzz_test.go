@@ -37,7 +37,7 @@ func (b *bytesTransport) writeData(frame []byte, n int) error {
 	return b.writePacket(frame[start : headroom+n])
 }
 func (b *bytesTransport) setReadDeadline(time.Time) error { return nil }
-func (b *bytesTransport) close()                          {}
+func (b *bytesTransport) close(...[]byte)                 {}
 
 const fuzzKey = "0123456789abcdef0123456789abcdef"
 

@@ -417,7 +417,7 @@ func TestSessionTimeout(t *testing.T) {
 // announce a maximum-size packet and send a few bytes of it: the gateway
 // may buffer at most one packet per connection, not what a frame claims.
 func TestMemoryBoundedUnderHugeAnnouncedPackets(t *testing.T) {
-	h := start(t, nil)
+	h := start(t, func(c *config.Config) { c.Gateway.MaxUnauthenticatedPerAddr = 200 })
 	const n = 100
 	runtime.GC()
 	var before runtime.MemStats

@@ -35,14 +35,17 @@ type loopConn struct {
 	pending []byte
 	owned   []byte // backing store when pending had to outlive the loop's buffer
 
-	mu      sync.Mutex   // guards the fields below, after detach
-	fd      int          // -1 once closed
-	out     []byte       // written by TLS, not yet taken by the socket
-	outLen  atomic.Int64 // len(out), for the loop's checks without the lock
-	onClose func()       // asks the loop to close; set by detach
-	closing bool
-	corked  bool   // writes collect in held until uncork sends them at once
-	held    []byte // the loop's buffer while corked
+	mu     sync.Mutex   // guards the fields below, after detach
+	fd     int          // -1 once closed
+	out    []byte       // written by TLS, not yet taken by the socket
+	outLen atomic.Int64 // len(out), for the loop's checks without the lock
+	// stallSince is the unix nanos since which out has waited with no byte
+	// taken by the socket, 0 while it is empty; the watchdog reads it.
+	stallSince atomic.Int64
+	onClose    func() // asks the loop to close; set by detach
+	closing    bool
+	corked     bool   // writes collect in held until uncork sends them at once
+	held       []byte // the loop's buffer while corked
 }
 
 // loopListener wraps every accepted connection in a loopConn.
@@ -134,6 +137,7 @@ func (c *loopConn) send(p []byte) (int, error) {
 	if n < len(p) {
 		c.out = append(c.out, p[n:]...)
 		c.outLen.Store(int64(len(c.out)))
+		c.stallSince.Store(time.Now().UnixNano())
 	}
 	return n, nil
 }
@@ -180,6 +184,12 @@ func (c *loopConn) flush() (bool, error) {
 		c.out = nil // a bulk burst is over; do not keep its buffer
 	}
 	c.outLen.Store(int64(len(c.out)))
+	switch {
+	case len(c.out) == 0:
+		c.stallSince.Store(0)
+	case n > 0:
+		c.stallSince.Store(time.Now().UnixNano())
+	}
 	return len(c.out) == 0, nil
 }
 

@@ -79,6 +79,26 @@ type loopRelay struct {
 	ended, torn      bool
 	err              error
 	done             chan struct{} // closed by teardown
+	// hostStall is the unix nanos since which upQueue has waited with no
+	// byte taken by the host, 0 while it is empty; the watchdog reads it.
+	hostStall atomic.Int64
+}
+
+// stalled reports a side whose queue has taken no byte for longer than
+// the write timeout, and for how long.
+func (r *loopRelay) stalled(now time.Time) (string, time.Duration) {
+	limit := r.tn.srv.cfg.WriteTimeout.D()
+	for _, s := range []struct {
+		side  string
+		since int64
+	}{{"client", r.lc.stallSince.Load()}, {"host", r.hostStall.Load()}} {
+		if s.since != 0 {
+			if d := now.Sub(time.Unix(0, s.since)); d > limit {
+				return s.side, d
+			}
+		}
+	}
+	return "", 0
 }
 
 type clientSide struct{ r *loopRelay }
@@ -126,6 +146,7 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
 	// The duplicates carry the sockets from here on.
 	_ = lc.Conn.Close()
 	_ = tn.upstream.Close()
+	tn.onLoop.Store(r)
 	tn.watch(time.Now())
 	<-r.done
 	tn.relayDone.Store(true)
@@ -219,8 +240,12 @@ func (h hostSide) Ready(ev uint32) {
 			return
 		}
 		r.upQueue = r.upQueue[:copy(r.upQueue, r.upQueue[n:])]
-		if len(r.upQueue) == 0 {
+		switch {
+		case len(r.upQueue) == 0:
 			r.drain = true
+			r.hostStall.Store(0)
+		case n > 0:
+			r.hostStall.Store(time.Now().UnixNano())
 		}
 	}
 	r.pump()
@@ -346,6 +371,7 @@ func (r *loopRelay) writeHost(p []byte) error {
 	}
 	if n < len(p) {
 		r.upQueue = append(r.upQueue, p[n:]...)
+		r.hostStall.Store(time.Now().UnixNano())
 	}
 	return nil
 }

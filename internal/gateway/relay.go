@@ -27,7 +27,7 @@ const (
 // timeouts run from a timer either way.
 func (tn *tunnel) relay() error {
 	up := tn.upstream
-	tn.lastActivity.Store(time.Now().UnixNano())
+	tn.lastInput.Store(time.Now().UnixNano())
 	if loops := tn.srv.loops; loops != nil {
 		if ok, err := tn.relayOnLoop(loops); ok {
 			if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -69,6 +69,17 @@ func (tn *tunnel) watch(now time.Time) {
 	tn.watchdog.Store(time.AfterFunc(next, func() { tn.check(keep) }))
 }
 
+// Status codes of a tunnel the gateway ends. MS-TSGU names one timeout
+// status (E_PROXY_SESSIONTIMEOUT), which the session timeout sends; the
+// idle timeout sends HRESULT_FROM_WIN32(ERROR_TIMEOUT) so a client can
+// tell the two apart; an administrator's or shutdown's disconnect sends
+// E_PROXY_CONNECTIONABORTED.
+const (
+	statusIdleTimeout    tsgu.HRESULT = 0x800705B4
+	statusSessionTimeout              = tsgu.EProxySessionTimeout
+	statusAborted                     = tsgu.EProxyConnectionAborted
+)
+
 func (tn *tunnel) check(keep time.Duration) {
 	if tn.relayDone.Load() {
 		return
@@ -76,31 +87,49 @@ func (tn *tunnel) check(keep time.Duration) {
 	now := time.Now()
 	g := tn.grant
 	switch {
-	case g.IdleTimeout > 0 && now.Sub(time.Unix(0, tn.lastActivity.Load())) > g.IdleTimeout:
-		tn.closeChannel(tsgu.EProxySessionTimeout, fmt.Sprintf("idle for more than %s", g.IdleTimeout))
-		tn.stop("")
+	case g.IdleTimeout > 0 && now.Sub(time.Unix(0, tn.lastInput.Load())) > g.IdleTimeout:
+		tn.stopFor(fmt.Sprintf("no input from the client for more than %s (idle timeout)", g.IdleTimeout), statusIdleTimeout)
 		return
 	case g.SessionTimeout > 0 && now.After(tn.started.Add(g.SessionTimeout)):
-		tn.closeChannel(tsgu.EProxySessionTimeout, fmt.Sprintf("session longer than %s", g.SessionTimeout))
-		tn.stop("")
+		tn.stopFor(fmt.Sprintf("session longer than %s (session timeout)", g.SessionTimeout), statusSessionTimeout)
 		return
-	case now.Sub(time.Unix(0, tn.lastSend.Load())) >= keep:
+	}
+	if r := tn.onLoop.Load(); r != nil {
+		if side, d := r.stalled(now); side != "" {
+			tn.stop(fmt.Sprintf("%s took no data for %s (write timeout)", side, d.Round(time.Millisecond)))
+			return
+		}
+	}
+	if now.Sub(time.Unix(0, tn.lastSend.Load())) >= keep {
 		if err := tn.send(&tsgu.Keepalive{}); err != nil {
-			tn.stop("")
+			tn.stop(tn.writeFailure("client", err))
 			return
 		}
 	}
 	tn.watch(now)
 }
 
-// closeChannel tells the client the gateway is closing the channel and why.
+// writeFailure says why a write to side ("client" or "host") failed,
+// naming the write timeout when that is what ended it.
+func (tn *tunnel) writeFailure(side string, err error) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Sprintf("%s took no data for %s (write timeout)", side, tn.srv.cfg.WriteTimeout.D())
+	}
+	return fmt.Sprintf("%s write: %v", side, err)
+}
+
+// closeChannel tells the client, from the tunnel's own goroutines, that
+// the gateway is closing the channel and why.
 func (tn *tunnel) closeChannel(code tsgu.HRESULT, reason string) {
 	tn.reasonf("%s", reason)
 	_ = tn.send(&tsgu.CloseChannel{StatusCode: code})
 }
 
 func (tn *tunnel) clientToHost() error {
+	wto := tn.srv.cfg.WriteTimeout.D()
 	write := func(p []byte) error {
+		_ = tn.upstream.SetWriteDeadline(time.Now().Add(wto))
 		_, err := tn.upstream.Write(p)
 		return err
 	}
@@ -141,14 +170,14 @@ func (tn *tunnel) fromClient(pkt []byte, write func([]byte) error) error {
 			return err
 		}
 		if err := write(d.Payload); err != nil {
-			tn.reasonf("host write: %v", err)
+			tn.reasonf("%s", tn.writeFailure("host", err))
 			return err
 		}
 		n := uint64(len(d.Payload))
 		tn.bytesUp.Add(n)
 		m.bytesUp.Add(float64(n))
 		m.latencyUp.Observe(time.Since(start).Seconds())
-		tn.lastActivity.Store(start.UnixNano())
+		tn.lastInput.Store(start.UnixNano())
 	case tsgu.TypeKeepalive:
 	case tsgu.TypeCloseChannel:
 		tn.reasonf("client closed the channel")
@@ -170,7 +199,6 @@ func (tn *tunnel) sentDown(n int, start time.Time) {
 	tn.bytesDown.Add(uint64(n))
 	m.bytesDown.Add(float64(n))
 	m.latencyDown.Observe(time.Since(start).Seconds())
-	tn.lastActivity.Store(start.UnixNano())
 	tn.lastSend.Store(start.UnixNano())
 }
 
@@ -191,6 +219,7 @@ func (tn *tunnel) hostToClient() error {
 	var cw errClientWrite
 	switch {
 	case errors.As(err, &cw):
+		tn.reasonf("%s", tn.writeFailure("client", cw.err))
 		return cw.err
 	case errors.Is(err, io.EOF):
 		tn.closeChannel(tsgu.SOK, "host closed the connection")

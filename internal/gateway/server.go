@@ -23,6 +23,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,7 @@ import (
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/policy"
 	"github.com/deskway/deskway/internal/proto/ntlm"
+	"github.com/deskway/deskway/internal/proto/tsgu"
 )
 
 // Deps are what the gateway is built from; nothing is global.
@@ -64,8 +66,15 @@ type Server struct {
 	http    *http.Server
 	loops   *relayLoops // nil: every tunnel relays on goroutines
 
+	pa    *preauth
+	conns sync.Map // *tls.Conn -> *connState, while net/http serves it
+
+	refusedLog  atomic.Int64 // unix nanos of the last log of refused connections
+	refusedSeen atomic.Int64 // connections refused since then
+
 	mu      sync.Mutex // guards the fields below
 	tunnels map[uint32]*tunnel
+	open    int // authorized tunnels: what max_tunnels caps
 	perUser map[string]int
 	pending map[string]*pendingOut // legacy OUT halves waiting for their IN, by RDG-Connection-Id
 	nextID  uint32
@@ -92,6 +101,7 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 		log:     d.Logger,
 		ntlm:    &auth.NTLMServer{Users: d.Users, Domain: d.Domain, Host: host},
 		metrics: newMetrics(d.Registry),
+		pa:      newPreauth(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddr, cfg.HandshakeTimeout.D()),
 		tunnels: map[uint32]*tunnel{},
 		perUser: map[string]int{},
 		pending: map[string]*pendingOut{},
@@ -102,12 +112,52 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 
 type connKey struct{}
 
-// connState is per TCP connection: HTTP NTLM authenticates the connection,
-// so the exchange and its result live here, not in a request.
-type connState struct {
-	remote netip.Addr
-	ntlm   *auth.NTLMExchange
-	user   *auth.User
+// admit starts a connection's pre-authentication phase, or closes it at
+// once when the caps of unauthenticated connections are full.
+func (s *Server) admit(c net.Conn) *connState {
+	raw := c
+	if tc, ok := c.(*tls.Conn); ok {
+		raw = tc.NetConn()
+	}
+	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	cs := &connState{remote: ap.Addr().Unmap(), pa: s.pa, raw: raw, deadline: time.Now().Add(s.pa.budget)}
+	key, why := s.pa.admit(cs.remote)
+	if why != "" {
+		cs.key, cs.released, cs.expired = key, true, true
+		_ = raw.Close()
+		s.metrics.auth.WithLabelValues("connection", "over_capacity").Inc()
+		s.logRefused(cs.remote, why)
+		return cs
+	}
+	cs.key = key
+	s.conns.Store(c, cs)
+	cs.start()
+	return cs
+}
+
+// logRefused logs refused connections at most once a second, with how
+// many there were, so a flood cannot flood the log as well.
+func (s *Server) logRefused(remote netip.Addr, why string) {
+	n := s.refusedSeen.Add(1)
+	now := time.Now().UnixNano()
+	last := s.refusedLog.Load()
+	if now-last < int64(time.Second) || !s.refusedLog.CompareAndSwap(last, now) {
+		return
+	}
+	s.refusedSeen.Add(-n)
+	s.log.Warn("connection refused before TLS", "remote", remote, "reason", why, "refused_since_last_log", n)
+}
+
+// connClosed is net/http's word that a connection ended or left it.
+func (s *Server) connClosed(c net.Conn, st http.ConnState) {
+	if st != http.StateClosed && st != http.StateHijacked {
+		return
+	}
+	if v, ok := s.conns.LoadAndDelete(c); ok && st == http.StateClosed {
+		v.(*connState).finish()
+	}
+	// A hijacked connection's slot is the tunnel's (or the waiting legacy
+	// half's) to give back.
 }
 
 // Serve accepts connections on ln (TLS is applied here) until ctx ends,
@@ -123,9 +173,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-			return context.WithValue(ctx, connKey{}, &connState{remote: ap.Addr().Unmap()})
+			return context.WithValue(ctx, connKey{}, s.admit(c))
 		},
+		ConnState: s.connClosed,
 	}
 	if n := s.cfg.RelayLoops; n != nil && *n > 0 {
 		loops, err := startRelayLoops(*n, s.log)
@@ -152,15 +202,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 	return err
 }
 
-// Shutdown stops accepting, lets open tunnels finish until ctx ends, then
-// closes the rest.
+// Shutdown stops accepting and closes every connection that has not
+// opened a channel, lets open tunnels finish until ctx ends, then closes
+// the rest. Closing never waits on a peer, so it returns soon after ctx
+// ends whatever the peers do.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
-	n := len(s.tunnels)
+	n := s.open
 	s.mu.Unlock()
 	s.log.Info("gateway shutting down", "open_tunnels", n)
+	s.stopTunnels(false, "gateway shutting down")
 	_ = s.http.Shutdown(ctx)
+	_ = s.http.Close() // connections still in HTTP when ctx ended
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	select {
@@ -168,16 +222,38 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	s.mu.Lock()
-	for _, t := range s.tunnels {
-		t.stop("gateway shutting down")
+	s.stopTunnels(true, "gateway shutting down")
+	select {
+	case <-done:
+		return nil
+	case <-time.After(2 * closeWriteTimeout):
+		return errors.New("gateway: tunnels still running after shutdown closed them")
 	}
-	for _, p := range s.pending {
-		p.abandon()
+}
+
+// stopTunnels stops the tunnels without an open channel, or all of them,
+// and abandons waiting legacy halves. Stopping happens outside s.mu: a
+// tunnel's end takes the lock too.
+func (s *Server) stopTunnels(all bool, reason string) {
+	s.mu.Lock()
+	var stop []*tunnel
+	for _, t := range s.tunnels {
+		if all || !t.isOpen() {
+			stop = append(stop, t)
+		}
+	}
+	var pend []*pendingOut
+	for id, p := range s.pending {
+		pend = append(pend, p)
+		delete(s.pending, id)
 	}
 	s.mu.Unlock()
-	<-done
-	return nil
+	for _, t := range stop {
+		t.stopFor(reason, tsgu.EProxyConnectionAborted)
+	}
+	for _, p := range pend {
+		p.abandon()
+	}
 }
 
 // ServeHTTP routes the two RDG methods; everything else is 404.
@@ -208,7 +284,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	connID := r.Header.Get("RDG-Connection-Id")
-	hs := handshakeInfo{user: cs.user, method: method, remote: cs.remote, connID: connID}
+	hs := handshakeInfo{user: cs.user, method: method, remote: cs.remote, connID: connID, conns: []*connState{cs}}
 	switch {
 	case r.Method == "RDG_OUT_DATA" && strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
 		s.serveWebsocket(w, r, hs)
@@ -352,6 +428,20 @@ type handshakeInfo struct {
 	method string
 	remote netip.Addr
 	connID string
+	// conns are the tunnel's connections (two for the legacy pair), whose
+	// pre-authentication phase ends when the channel opens.
+	conns []*connState
+}
+
+// deadline is when the first of the connections' budgets runs out.
+func (h handshakeInfo) deadline() time.Time {
+	var d time.Time
+	for _, c := range h.conns {
+		if d.IsZero() || c.deadline.Before(d) {
+			d = c.deadline
+		}
+	}
+	return d
 }
 
 const websocketGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -378,9 +468,11 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs hands
 	sum := sha1.Sum([]byte(key + websocketGUID))
 	resp := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
 		base64.StdEncoding.EncodeToString(sum[:]) + "\r\n\r\n"
-	_ = conn.SetDeadline(time.Time{})
+	_ = conn.SetReadDeadline(hs.deadline())
+	_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
 	if _, err := conn.Write([]byte(resp)); err != nil {
 		conn.Close()
+		hs.conns[0].finish()
 		return
 	}
 	// Drop net/http's 4 KiB read buffer: tls.Conn buffers a record already.
@@ -390,7 +482,7 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs hands
 		pre, _ := brw.Reader.Peek(n)
 		in = io.MultiReader(bytes.NewReader(bytes.Clone(pre)), conn)
 	}
-	s.runTunnel(newWSTransport(conn, in), hs, "websocket")
+	s.runTunnel(newWSTransport(conn, hs.conns[0].raw, in, s.cfg.WriteTimeout.D()), hs, "websocket")
 }
 
 func headerHasToken(h http.Header, name, token string) bool {
@@ -404,17 +496,19 @@ func headerHasToken(h http.Header, name, token string) bool {
 	return false
 }
 
-// pendingOut is a legacy OUT half waiting for its IN half.
+// pendingOut is a legacy OUT half waiting for its IN half, which must
+// come before the OUT half's pre-authentication budget runs out.
 type pendingOut struct {
 	conn  net.Conn
 	hs    handshakeInfo
 	timer *time.Timer
 }
 
-func (p *pendingOut) abandon() { p.conn.Close() }
-
-// pairTimeout is how long an OUT half waits for its IN half.
-const pairTimeout = 30 * time.Second
+func (p *pendingOut) abandon() {
+	p.timer.Stop()
+	_ = p.hs.conns[0].raw.Close()
+	p.hs.conns[0].finish()
+}
 
 // serveLegacyOut answers RDG_OUT_DATA with 200 and a 10-byte seed, HTTP/1.0
 // style without a length, then waits for the IN half with the same id.
@@ -428,35 +522,38 @@ func (s *Server) serveLegacyOut(w http.ResponseWriter, r *http.Request, hs hands
 		s.log.Error("legacy out hijack", "err", err)
 		return
 	}
-	_ = conn.SetDeadline(time.Time{})
+	_ = conn.SetReadDeadline(time.Time{})
+	_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
 	p := &pendingOut{conn: conn, hs: hs}
 	s.mu.Lock()
-	if _, dup := s.pending[hs.connID]; dup {
+	if _, dup := s.pending[hs.connID]; dup || s.closing {
 		s.mu.Unlock()
 		s.log.Warn("second RDG_OUT_DATA for a connection id", "remote", hs.remote)
 		_, _ = conn.Write([]byte("HTTP/1.1 409 Conflict\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
-		conn.Close()
+		_ = hs.conns[0].raw.Close()
+		hs.conns[0].finish()
 		return
 	}
 	s.pending[hs.connID] = p
-	p.timer = time.AfterFunc(pairTimeout, func() {
+	// The budget closes the connection; this takes the half off the list.
+	p.timer = time.AfterFunc(time.Until(hs.deadline()), func() {
 		s.mu.Lock()
-		if s.pending[hs.connID] == p {
+		mine := s.pending[hs.connID] == p
+		if mine {
 			delete(s.pending, hs.connID)
-			s.mu.Unlock()
-			s.log.Warn("RDG_OUT_DATA never joined by RDG_IN_DATA", "remote", hs.remote)
-			conn.Close()
-			return
 		}
 		s.mu.Unlock()
+		if mine {
+			s.log.Warn("RDG_OUT_DATA never joined by RDG_IN_DATA", "remote", hs.remote)
+			p.abandon()
+		}
 	})
 	s.mu.Unlock()
 	seed := make([]byte, 10)
 	_, _ = rand.Read(seed)
 	resp := "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nCache-Control: no-cache\r\n\r\n"
-	if _, err := conn.Write(append([]byte(resp), seed...)); err != nil {
-		conn.Close()
-	}
+	_, _ = conn.Write(append([]byte(resp), seed...)) // a failure shows when the tunnel writes
+
 	// The IN half's goroutine runs the tunnel; this one is done.
 }
 
@@ -492,11 +589,13 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		p.conn.Close()
+		p.abandon()
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
-	lt := &legacyTransport{in: conn, out: p.conn}
+	hs.conns = append(hs.conns, p.hs.conns[0])
+	lt := &legacyTransport{in: conn, inRaw: hs.conns[0].raw, out: p.conn, outRaw: p.hs.conns[0].raw,
+		g: newWriteGate(p.conn, s.cfg.WriteTimeout.D())}
 	if chunked {
 		lt.pr = packetReader{r: httputil.NewChunkedReader(brw.Reader)}
 	} else {

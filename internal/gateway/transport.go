@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gobwas/ws"
@@ -25,7 +25,65 @@ type transport interface {
 	// the TSGU data header sits at frame[headroom-tsgu.DataHeaderLen:headroom].
 	writeData(frame []byte, n int) error
 	setReadDeadline(t time.Time) error
-	close()
+	// close ends the transport from any goroutine without ever waiting on
+	// a blocked write: final packets are sent first only if no write holds
+	// the connection within closeWait, and with a deadline of their own.
+	close(final ...[]byte)
+}
+
+// closeWait is how long close waits for a write in progress before it
+// gives up on sending its final packets; closeWriteTimeout bounds those.
+const (
+	closeWait         = 200 * time.Millisecond
+	closeWriteTimeout = time.Second
+)
+
+// writeGate serializes the writes of one connection. Unlike a mutex it
+// can be tried with a deadline, so a closer is never stuck behind a
+// writer; and every write made through it has a deadline, so a peer that
+// stops reading frees it after the write timeout at the latest.
+type writeGate struct {
+	ch      chan struct{}
+	conn    net.Conn // where deadlines are set
+	timeout time.Duration
+	closed  atomic.Bool
+}
+
+func newWriteGate(conn net.Conn, timeout time.Duration) writeGate {
+	return writeGate{ch: make(chan struct{}, 1), conn: conn, timeout: timeout}
+}
+
+// lock waits for the gate and arms the write deadline; it fails once the
+// transport is closed.
+func (g *writeGate) lock() error {
+	g.ch <- struct{}{}
+	if g.closed.Load() {
+		<-g.ch
+		return net.ErrClosed
+	}
+	_ = g.conn.SetWriteDeadline(time.Now().Add(g.timeout))
+	return nil
+}
+
+func (g *writeGate) unlock() { <-g.ch }
+
+// shut marks the gate closed and, if it is free within closeWait, runs
+// last (a final write) under a short deadline. It reports whether it was
+// the first to close.
+func (g *writeGate) shut(last func()) bool {
+	if g.closed.Swap(true) {
+		return false
+	}
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case g.ch <- struct{}{}:
+		_ = g.conn.SetWriteDeadline(time.Now().Add(closeWriteTimeout))
+		last()
+		<-g.ch
+	case <-t.C:
+	}
+	return true
 }
 
 // headroom is what writeData needs in front of a payload: the largest
@@ -93,17 +151,17 @@ func (p *packetReader) next() ([]byte, error) {
 
 // wsTransport is a websocket connection after the 101 response.
 type wsTransport struct {
-	conn net.Conn
+	conn net.Conn // the TLS connection
+	raw  net.Conn // beneath TLS: closing it never waits on a TLS write
 	in   wsReader
 	pr   packetReader
 
-	wmu    sync.Mutex // guards writes to conn and closed
-	closed bool
-	ctl    []byte // scratch for control frames, under wmu
+	g   writeGate // serializes writes to conn
+	ctl []byte    // scratch for control frames, behind g
 }
 
-func newWSTransport(conn net.Conn, r io.Reader) *wsTransport {
-	t := &wsTransport{conn: conn}
+func newWSTransport(conn, raw net.Conn, r io.Reader, writeTimeout time.Duration) *wsTransport {
+	t := &wsTransport{conn: conn, raw: raw, g: newWriteGate(conn, writeTimeout)}
 	t.in = wsReader{r: r, t: t}
 	t.pr = packetReader{r: &t.in}
 	return t
@@ -115,13 +173,16 @@ func (t *wsTransport) setReadDeadline(d time.Time) error { return t.conn.SetRead
 
 // writePacket sends p as one binary frame.
 func (t *wsTransport) writePacket(p []byte) error {
-	var hdr [10]byte
-	n := putFrameHeader(hdr[:], ws.OpBinary, len(p))
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
-	if t.closed {
-		return net.ErrClosed
+	if err := t.g.lock(); err != nil {
+		return err
 	}
+	defer t.g.unlock()
+	return t.writeFrameLocked(ws.OpBinary, p)
+}
+
+func (t *wsTransport) writeFrameLocked(op ws.OpCode, p []byte) error {
+	var hdr [10]byte
+	n := putFrameHeader(hdr[:], op, len(p))
 	bufs := net.Buffers{hdr[:n], p}
 	_, err := bufs.WriteTo(t.conn)
 	return err
@@ -133,21 +194,19 @@ func (t *wsTransport) writeData(frame []byte, n int) error {
 	hl := putFrameHeader(hdr[:], ws.OpBinary, n+tsgu.DataHeaderLen)
 	start := headroom - tsgu.DataHeaderLen - hl
 	copy(frame[start:], hdr[:hl])
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
-	if t.closed {
-		return net.ErrClosed
+	if err := t.g.lock(); err != nil {
+		return err
 	}
+	defer t.g.unlock()
 	_, err := t.conn.Write(frame[start : headroom+n])
 	return err
 }
 
 func (t *wsTransport) writeControl(op ws.OpCode, payload []byte) error {
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
-	if t.closed {
-		return net.ErrClosed
+	if err := t.g.lock(); err != nil {
+		return err
 	}
+	defer t.g.unlock()
 	var hdr [10]byte
 	n := putFrameHeader(hdr[:], op, len(payload))
 	t.ctl = append(append(t.ctl[:0], hdr[:n]...), payload...)
@@ -155,17 +214,14 @@ func (t *wsTransport) writeControl(op ws.OpCode, payload []byte) error {
 	return err
 }
 
-func (t *wsTransport) close() {
-	t.wmu.Lock()
-	if !t.closed {
-		t.closed = true
-		_ = t.conn.SetWriteDeadline(time.Now().Add(time.Second))
-		var hdr [10]byte
-		n := putFrameHeader(hdr[:], ws.OpClose, 2)
-		_, _ = t.conn.Write(append(hdr[:n], 0x03, 0xe8)) // 1000 normal closure
-	}
-	t.wmu.Unlock()
-	_ = t.conn.Close()
+func (t *wsTransport) close(final ...[]byte) {
+	t.g.shut(func() {
+		for _, p := range final {
+			_ = t.writeFrameLocked(ws.OpBinary, p)
+		}
+		_ = t.writeFrameLocked(ws.OpClose, []byte{0x03, 0xe8}) // 1000 normal closure
+	})
+	_ = t.raw.Close()
 }
 
 // putFrameHeader writes an unmasked server frame header (RFC 6455 5.2).
@@ -364,14 +420,13 @@ func wsHeaderErr(err error) error {
 }
 
 // legacyTransport is the RDG_IN_DATA (client to gateway, chunked) and
-// RDG_OUT_DATA (gateway to client, raw) pair.
+// RDG_OUT_DATA (gateway to client, raw) pair; in and out are the TLS
+// connections, inRaw and outRaw what is beneath them.
 type legacyTransport struct {
-	in  net.Conn
-	out net.Conn
-	pr  packetReader
-
-	wmu    sync.Mutex // guards writes to out and closed
-	closed bool
+	in, inRaw   net.Conn
+	out, outRaw net.Conn
+	pr          packetReader
+	g           writeGate // serializes writes to out
 }
 
 func (t *legacyTransport) readPacket() ([]byte, error) { return t.pr.next() }
@@ -379,11 +434,10 @@ func (t *legacyTransport) readPacket() ([]byte, error) { return t.pr.next() }
 func (t *legacyTransport) setReadDeadline(d time.Time) error { return t.in.SetReadDeadline(d) }
 
 func (t *legacyTransport) writePacket(p []byte) error {
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
-	if t.closed {
-		return net.ErrClosed
+	if err := t.g.lock(); err != nil {
+		return err
 	}
+	defer t.g.unlock()
 	_, err := t.out.Write(p)
 	return err
 }
@@ -394,10 +448,12 @@ func (t *legacyTransport) writeData(frame []byte, n int) error {
 	return t.writePacket(frame[start : headroom+n])
 }
 
-func (t *legacyTransport) close() {
-	t.wmu.Lock()
-	t.closed = true
-	t.wmu.Unlock()
-	_ = t.in.Close()
-	_ = t.out.Close()
+func (t *legacyTransport) close(final ...[]byte) {
+	t.g.shut(func() {
+		for _, p := range final {
+			_, _ = t.out.Write(p)
+		}
+	})
+	_ = t.inRaw.Close()
+	_ = t.outRaw.Close()
 }

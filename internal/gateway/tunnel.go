@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,17 +48,25 @@ type tunnel struct {
 	target     *policy.Target
 	clientName string
 	clientCaps uint32
-	counted    bool // counted in perUser
+	counted    bool // counted in perUser and open
 	upstream   net.Conn
 
 	bytesUp, bytesDown atomic.Uint64
-	lastActivity       atomic.Int64 // unix nanos of the last data either way
-	lastSend           atomic.Int64
+	// lastInput is the unix nanos of the last data from the client: only
+	// the user's input keeps a tunnel from its idle timeout, as on RD
+	// Gateway, not what the host sends (an animated desktop).
+	lastInput atomic.Int64
+	lastSend  atomic.Int64
+	open      atomic.Bool               // the channel is open
+	onLoop    atomic.Pointer[loopRelay] // set while an event loop relays it
 
-	stopOnce  sync.Once
-	reason    atomic.Pointer[string]
-	relayDone atomic.Bool
-	watchdog  atomic.Pointer[time.Timer]
+	hostMu     sync.Mutex // guards host and hostClosed
+	host       net.Conn   // the host connection, for stop to close
+	hostClosed bool
+	stopOnce   sync.Once
+	reason     atomic.Pointer[string]
+	relayDone  atomic.Bool
+	watchdog   atomic.Pointer[time.Timer]
 }
 
 // runTunnel registers the tunnel, runs it to the end and cleans up.
@@ -74,15 +83,21 @@ func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	tn.log = s.log.With("tunnel", tn.id, "remote", hs.remote.String(), "transport", kind)
+	if hs.user != nil {
+		tn.log = tn.log.With("user", hs.user.Name)
+	}
 	defer s.wg.Done()
 
 	err := tn.run()
 	tn.stop("")
-	t.close()
+	for _, c := range hs.conns {
+		c.finish()
+	}
 
 	s.mu.Lock()
 	delete(s.tunnels, tn.id)
 	if tn.counted {
+		s.open--
 		if s.perUser[tn.ident.User]--; s.perUser[tn.ident.User] <= 0 {
 			delete(s.perUser, tn.ident.User)
 		}
@@ -111,14 +126,63 @@ func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
 	tn.log.Info("tunnel closed", attrs...)
 }
 
-// stop ends the tunnel from outside its goroutine (admin, shutdown, timeouts).
+// stop ends the tunnel, from any goroutine, closing both sides; it never
+// waits on a peer.
 func (tn *tunnel) stop(reason string) {
 	tn.stopOnce.Do(func() {
 		if reason != "" {
-			tn.reason.Store(&reason)
+			tn.reasonf("%s", reason)
 		}
 		tn.t.close()
+		tn.closeHost()
 	})
+}
+
+// stopFor stops the tunnel (admin, shutdown, timeouts) and tells a client
+// with an open channel why: the reason as a service message where the
+// client takes them, then a CLOSE_CHANNEL with code.
+func (tn *tunnel) stopFor(reason string, code tsgu.HRESULT) {
+	tn.stopOnce.Do(func() {
+		tn.reasonf("%s", reason)
+		var final [][]byte
+		if tn.isOpen() {
+			if tn.clientCaps&tsgu.CapMessagingServiceMsg != 0 {
+				if b, err := (&tsgu.ServiceMessage{Message: "Disconnected: " + reason}).Append(nil); err == nil {
+					final = append(final, b)
+				}
+			}
+			if b, err := (&tsgu.CloseChannel{StatusCode: code}).Append(nil); err == nil {
+				final = append(final, b)
+			}
+		}
+		tn.t.close(final...)
+		tn.closeHost()
+	})
+}
+
+// isOpen reports whether the channel is open.
+func (tn *tunnel) isOpen() bool { return tn.open.Load() }
+
+// setHost records the host connection so stop can close it; it refuses
+// (closing conn) once the tunnel is stopping.
+func (tn *tunnel) setHost(conn net.Conn) bool {
+	tn.hostMu.Lock()
+	defer tn.hostMu.Unlock()
+	if tn.hostClosed {
+		conn.Close()
+		return false
+	}
+	tn.host = conn
+	return true
+}
+
+func (tn *tunnel) closeHost() {
+	tn.hostMu.Lock()
+	defer tn.hostMu.Unlock()
+	tn.hostClosed = true
+	if tn.host != nil {
+		_ = tn.host.Close()
+	}
 }
 
 // responseFor maps a request type to the response type that carries an error for it.
@@ -162,13 +226,16 @@ func (tn *tunnel) send(m tsgu.Message) error {
 
 // run drives the handshake and then the relay.
 func (tn *tunnel) run() error {
-	cfg := &tn.srv.cfg
-	_ = tn.t.setReadDeadline(time.Now().Add(cfg.HandshakeTimeout.D()))
+	_ = tn.t.setReadDeadline(tn.hs.deadline())
 	st := stateHandshake
 	for st != stateOpen {
 		pkt, err := tn.t.readPacket()
 		if err != nil {
-			tn.reasonf("client went away during handshake: %v", err)
+			if tn.budgetSpent() {
+				tn.reasonf("no channel open within the handshake budget of %s", tn.srv.cfg.HandshakeTimeout.D())
+			} else {
+				tn.reasonf("client went away during handshake: %v", err)
+			}
 			return err
 		}
 		h, _ := tsgu.ParseHeader(pkt)
@@ -187,7 +254,19 @@ func (tn *tunnel) run() error {
 		st = next
 	}
 	_ = tn.t.setReadDeadline(time.Time{})
+	tn.open.Store(true)
 	return tn.relay()
+}
+
+// budgetSpent reports whether a connection's pre-authentication budget
+// ran out.
+func (tn *tunnel) budgetSpent() bool {
+	for _, c := range tn.hs.conns {
+		if c.timedOut() {
+			return true
+		}
+	}
+	return false
 }
 
 func (tn *tunnel) reasonf(format string, a ...any) {
@@ -202,7 +281,7 @@ func (tn *tunnel) refuse(r *refusal, what string) error {
 	if r.code == tsgu.EBadArguments || r.code == tsgu.EAccessDenied {
 		level = slog.LevelWarn // a misbehaving client
 	}
-	tn.log.Log(context.Background(), level, "tunnel "+what, "packet", r.pkt.String(), "status", r.code.String(), "reason", r.reason, "user", tn.ident.User)
+	tn.log.Log(context.Background(), level, "tunnel "+what, "packet", r.pkt.String(), "status", r.code.String(), "reason", r.reason)
 	if m := responseFor(r.pkt, r.code); m != nil {
 		_ = tn.send(m)
 	}
@@ -288,7 +367,9 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 		}
 	}
 	tn.ident = id
-	tn.log = tn.log.With("user", id.User)
+	if tn.hs.user == nil {
+		tn.log = tn.log.With("user", id.User) // known from the token only now
+	}
 	if s.deps.Authorizer != nil {
 		// RADIUS may add groups, so it is asked before the CAPs when configured.
 		g, err := s.deps.Authorizer.Authorize(context.Background(), id)
@@ -308,7 +389,7 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 	tn.grant = grant
 	s.mu.Lock()
 	switch {
-	case len(s.tunnels) > s.cfg.MaxTunnels:
+	case s.open >= s.cfg.MaxTunnels:
 		s.mu.Unlock()
 		return 0, &refusal{m.Type(), tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("gateway holds its maximum of %d tunnels", s.cfg.MaxTunnels)}
 	case grant.MaxTunnelsPerUser > 0 && s.perUser[id.User] >= grant.MaxTunnelsPerUser:
@@ -316,6 +397,7 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 		return 0, &refusal{m.Type(), tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("%s already has %d tunnels (policy %s allows %d)", id.User, s.perUser[id.User], grant.Policy, grant.MaxTunnelsPerUser)}
 	}
 	s.perUser[id.User]++
+	s.open++
 	tn.counted = true
 	s.mu.Unlock()
 
@@ -372,7 +454,8 @@ func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
 	var lastErr *refusal
 	for _, name := range names {
 		if c := tn.claims; c != nil && (!strings.EqualFold(strings.TrimSuffix(name, "."), c.Host) || int(m.Port) != c.Port) {
-			lastErr = &refusal{m.Type(), tsgu.EProxyRAPAccessDenied, fmt.Sprintf("token allows %s:%d, client asked for %s:%d", c.Host, c.Port, name, m.Port)}
+			lastErr = &refusal{m.Type(), tsgu.EProxyRAPAccessDenied, fmt.Sprintf("token allows %s, client asked for %s",
+				net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), net.JoinHostPort(name, strconv.Itoa(int(m.Port))))}
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout.D())
@@ -393,9 +476,16 @@ func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
 			lastErr = &refusal{m.Type(), tsgu.EProxyTSConnectFailed, fmt.Sprintf("dial %s (%s): %v", name, tg.Addr, err)}
 			continue
 		}
+		if !tn.setHost(conn) {
+			return 0, net.ErrClosed
+		}
+		for _, c := range tn.hs.conns {
+			if !c.authorize() {
+				return 0, &refusal{m.Type(), tsgu.EProxySessionTimeout, fmt.Sprintf("no channel open within the handshake budget of %s", s.cfg.HandshakeTimeout.D())}
+			}
+		}
 		tn.target = tg
 		if err := tn.send(&tsgu.ChannelResponse{HasChannelID: true, ChannelID: 1}); err != nil {
-			conn.Close()
 			return 0, err
 		}
 		tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"time"
+
 	"bytes"
 	"errors"
 	"io"
@@ -42,6 +44,8 @@ type writeCapture struct {
 
 func (w *writeCapture) Write(p []byte) (int, error) { return w.out.Write(p) }
 
+func (w *writeCapture) SetWriteDeadline(time.Time) error { return nil }
+
 // clientFrame builds a masked client frame.
 func clientFrame(op ws.OpCode, fin bool, payload []byte) []byte {
 	f := ws.NewFrame(op, fin, bytes.Clone(payload))
@@ -73,7 +77,7 @@ func readAll(w *wsReader) ([]byte, error) {
 
 func newTestWSReader(r io.Reader) (*wsReader, *writeCapture) {
 	c := &writeCapture{}
-	t := &wsTransport{conn: c}
+	t := &wsTransport{conn: c, raw: c, g: newWriteGate(c, time.Second)}
 	t.in = wsReader{r: r, t: t}
 	return &t.in, c
 }

@@ -37,8 +37,21 @@ func Load(certFile, keyFile, stateDir string, hosts []string) (*tls.Config, erro
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
-// SelfSigned writes a new ECDSA P-256 certificate valid for hosts.
+// SelfSigned writes a new ECDSA P-256 certificate valid for hosts, the
+// machine's host name and loopback. Its subject names the first of hosts,
+// or else the machine, so a client's certificate warning says which
+// server it is about.
 func SelfSigned(certFile, keyFile string, hosts []string) error {
+	if hn, err := os.Hostname(); err == nil && hn != "" {
+		hosts = append(append([]string(nil), hosts...), hn)
+	}
+	cn := "deskway"
+	for _, h := range hosts {
+		if h != "" && net.ParseIP(h) == nil {
+			cn = h
+			break
+		}
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return fmt.Errorf("tls: generate key: %w", err)
@@ -46,7 +59,7 @@ func SelfSigned(certFile, keyFile string, hosts []string) error {
 	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: "deskway", Organization: []string{"deskway self-signed"}},
+		Subject:      pkix.Name{CommonName: cn, Organization: []string{"deskway self-signed"}},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().AddDate(2, 0, 0),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

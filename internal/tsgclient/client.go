@@ -84,6 +84,9 @@ type Conn struct {
 	ConsentMessage string
 	ServiceMessage string
 	TunnelID       uint32
+	// CloseStatus is the status of the gateway's CLOSE_CHANNEL, once Read
+	// has returned io.EOF because of one.
+	CloseStatus tsgu.HRESULT
 }
 
 type packetSource interface{ next() ([]byte, error) }
@@ -242,6 +245,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 			c.pending = d.Payload
 		case tsgu.TypeKeepalive:
 		case tsgu.TypeCloseChannel:
+			var cc tsgu.CloseChannel
+			if err := cc.Decode(p[tsgu.HeaderLen:]); err == nil {
+				c.CloseStatus = cc.StatusCode
+			}
 			_ = c.sendMsg(&tsgu.CloseChannelResponse{})
 			return 0, io.EOF
 		case tsgu.TypeCloseChannelResponse:

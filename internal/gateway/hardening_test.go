@@ -1,0 +1,481 @@
+package gateway_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/proto/tsgu"
+	"github.com/deskway/deskway/internal/tsgclient"
+)
+
+// These tests reproduce attacks on a gateway serving real TLS on
+// loopback: clients that never read, hosts that never read, floods of
+// unauthenticated connections, and connections kept alive past the time
+// the gateway gives anyone to authenticate.
+
+// admin serves the admin API of h for the test.
+func admin(t *testing.T, h *harness) string {
+	api := httptest.NewServer(h.srv.AdminHandler())
+	t.Cleanup(api.Close)
+	return api.URL
+}
+
+// tunnels lists h's tunnels through the admin API.
+func tunnels(t *testing.T, url string) []gateway.TunnelInfo {
+	t.Helper()
+	c := &http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(url + "/api/v1/gateway/tunnels")
+	if err != nil {
+		t.Fatalf("admin list: %v", err)
+	}
+	defer resp.Body.Close()
+	var list struct{ Tunnels []gateway.TunnelInfo }
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	return list.Tunnels
+}
+
+// disconnect asks the admin API to close tunnel id and says how long the
+// answer took; it fails the test if there was none within 3s.
+func disconnect(t *testing.T, url string, id uint32) time.Duration {
+	t.Helper()
+	c := &http.Client{Timeout: 3 * time.Second}
+	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("%s/api/v1/gateway/tunnels/%d", url, id), nil)
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("admin disconnect of tunnel %d did not answer: %v", id, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("admin disconnect of tunnel %d: %s", id, resp.Status)
+	}
+	return time.Since(start)
+}
+
+// waitGone waits until no tunnel is listed, or fails after d.
+func waitGone(t *testing.T, url string, d time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		n := len(tunnels(t, url))
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d tunnels still listed after %s", what, n, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitStopped fails unless the gateway's Serve returns within d of now.
+func waitStopped(t *testing.T, h *harness, d time.Duration) {
+	t.Helper()
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+		h.done <- nil // for the harness's cleanup
+	case <-time.After(d):
+		t.Fatalf("shutdown did not finish within %s", d)
+	}
+}
+
+// pingFlood upgrades an unauthenticated PAA websocket (no token, ever)
+// and sends ping frames until the gateway stops taking them, never
+// reading a pong. It returns once the flood is under way.
+func pingFlood(t *testing.T, h *harness) net.Conn {
+	t.Helper()
+	r := openRaw(t, h)
+	var frame bytes.Buffer
+	_ = ws.WriteFrame(&frame, ws.MaskFrameInPlace(ws.NewPingFrame(bytes.Repeat([]byte("p"), 125))))
+	burst := bytes.Repeat(frame.Bytes(), 512)
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		for sent := 0; sent < 32<<20; {
+			_ = r.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			n, err := r.conn.Write(burst)
+			sent += n
+			if sent > 4<<20 || err != nil {
+				return // the gateway's pongs back up once a few MB are in
+			}
+		}
+	}()
+	<-started
+	t.Cleanup(func() { r.conn.Close() })
+	return r.conn
+}
+
+func TestUnauthenticatedFloodCannotHoldTheGateway(t *testing.T) {
+	mod := func(c *config.Config) {
+		c.Gateway.MaxTunnels = 4
+		c.Gateway.WriteTimeout = config.Duration(2 * time.Second)
+	}
+	t.Run("limits admin and budget", func(t *testing.T) {
+		h := start(t, mod)
+		url := admin(t, h)
+		for range 4 {
+			pingFlood(t, h)
+		}
+		// Handshaking sockets do not take authorized users' places.
+		cfg := h.cfg("", "", tsgclient.Websocket)
+		cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatalf("an authorized user was locked out by four unauthenticated sockets: %v", err)
+		}
+		echoRoundTrip(t, c, 100)
+		// The admin can end a flooding socket at once.
+		for _, tn := range tunnels(t, url) {
+			if !tn.Open {
+				if d := disconnect(t, url, tn.ID); d > time.Second {
+					t.Fatalf("disconnect took %s", d)
+				}
+				break
+			}
+		}
+		c.Close()
+		// Nothing outlives the handshake budget (2s from accept).
+		waitGone(t, url, 4*time.Second, "flooding sockets")
+	})
+	t.Run("shutdown", func(t *testing.T) {
+		h := start(t, mod)
+		for range 4 {
+			pingFlood(t, h)
+		}
+		h.cancel()
+		waitStopped(t, h, 4*time.Second) // grace 1s, then closing never waits on a peer
+	})
+}
+
+// sink is a host that accepts connections and never reads from them.
+func sink(t *testing.T) uint16 {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*net.TCPConn).SetReadBuffer(4096)
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// source is a host that writes to every connection until it is closed,
+// pausing pause between writes.
+func source(t *testing.T, pause time.Duration) uint16 {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := bytes.Repeat([]byte("d"), 16<<10)
+				for {
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+					time.Sleep(pause)
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// relayModes are the ways a tunnel is relayed: a websocket on the event
+// loops or on goroutines, and the legacy pair (always on goroutines).
+var relayModes = []struct {
+	name, transport string
+	loops           int
+}{
+	{"websocket-loops", tsgclient.Websocket, 2},
+	{"websocket-goroutines", tsgclient.Websocket, 0},
+	{"legacy", tsgclient.Legacy, 2},
+}
+
+func TestHostThatStopsReadingCannotPinATunnel(t *testing.T) {
+	for _, m := range relayModes {
+		t.Run(m.name, func(t *testing.T) {
+			for _, end := range []string{"admin", "write timeout", "shutdown"} {
+				t.Run(end, func(t *testing.T) {
+					h := start(t, func(c *config.Config) {
+						c.Gateway.RelayLoops = &m.loops
+						c.Gateway.WriteTimeout = config.Duration(2 * time.Second)
+					})
+					url := admin(t, h)
+					port := sink(t)
+					cfg := h.cfg("", "", m.transport)
+					cfg.Token = h.token(t, "bob", "127.0.0.1", port, time.Minute)
+					c, err := dial(t, cfg, "127.0.0.1", port)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+					go func() { _, _ = c.Write(make([]byte, 20<<20)) }()
+					time.Sleep(500 * time.Millisecond) // the host's buffers fill
+					if end != "write timeout" {
+						c.Close() // and the client goes away
+					}
+					switch end {
+					case "admin":
+						list := tunnels(t, url)
+						if len(list) != 1 {
+							t.Fatalf("tunnels: %+v", list)
+						}
+						if d := disconnect(t, url, list[0].ID); d > time.Second {
+							t.Fatalf("disconnect took %s", d)
+						}
+						waitGone(t, url, 2*time.Second, "after an admin disconnect")
+					case "write timeout":
+						waitGone(t, url, 6*time.Second, "with a host that takes nothing")
+						if !strings.Contains(h.logs.String(), "host took no data") {
+							t.Fatal("the tunnel's end was not logged with its reason")
+						}
+					case "shutdown":
+						h.cancel()
+						waitStopped(t, h, 4*time.Second)
+					}
+				})
+			}
+		})
+	}
+}
+
+func TestClientThatStopsReadingIsTimedOut(t *testing.T) {
+	for _, m := range relayModes {
+		t.Run(m.name, func(t *testing.T) {
+			h := start(t, func(c *config.Config) {
+				c.Gateway.RelayLoops = &m.loops
+				c.Gateway.WriteTimeout = config.Duration(2 * time.Second)
+			})
+			url := admin(t, h)
+			port := source(t, 0)
+			cfg := h.cfg("", "", m.transport)
+			cfg.Token = h.token(t, "bob", "127.0.0.1", port, time.Minute)
+			c, err := dial(t, cfg, "127.0.0.1", port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close() // never read
+			waitGone(t, url, 8*time.Second, "with a client that reads nothing")
+			if !strings.Contains(h.logs.String(), "client took no data") {
+				t.Fatal("the tunnel's end was not logged with its reason")
+			}
+		})
+	}
+}
+
+// outHalf opens an unauthenticated (PAA, no token yet) legacy OUT half
+// from the local address src, and reports whether the gateway took it.
+func outHalf(t *testing.T, h *harness, src string, id int) (net.Conn, bool) {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 3 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", h.addr, h.clientTLS)
+	if err != nil {
+		return nil, false // closed before TLS finished: refused
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(conn, "RDG_OUT_DATA /remoteDesktopGateway/ HTTP/1.1\r\nHost: gw\r\nRDG-Auth-Scheme: PAA\r\nRDG-Connection-Id: {%s-%d}\r\n\r\n", src, id)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return conn, false
+	}
+	return conn, resp.StatusCode == http.StatusOK
+}
+
+func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Gateway.MaxUnauthenticated = 24
+		c.Gateway.MaxUnauthenticatedPerAddr = 16
+		c.Gateway.HandshakeTimeout = config.Duration(3 * time.Second)
+	})
+	took := func(src string, n int) int {
+		k := 0
+		for i := range n {
+			if _, ok := outHalf(t, h, src, i); ok {
+				k++
+			}
+		}
+		return k
+	}
+	if k := took("127.0.0.2", 100); k != 16 {
+		t.Fatalf("one address got %d waiting OUT halves, want its cap of 16", k)
+	}
+	// Another address is not held back by the first one's cap...
+	cfg := h.cfg("", "", tsgclient.Websocket)
+	cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+	c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatalf("a client from another address was refused: %v", err)
+	}
+	echoRoundTrip(t, c, 100)
+	c.Close()
+	// ...but all of them share the global cap.
+	if k := took("127.0.0.3", 100); k != 8 {
+		t.Fatalf("a second address got %d waiting OUT halves, want the 8 left of the global cap of 24", k)
+	}
+	// The budget ends every waiting half, and their places are free again.
+	time.Sleep(3500 * time.Millisecond)
+	if k := took("127.0.0.2", 4); k != 4 {
+		t.Fatalf("after the budget, %d of 4 new halves were taken", k)
+	}
+}
+
+// TestBudgetSpansKeptAliveRequests starts NTLM over and over on one
+// kept-alive connection, each request well within the header timeout:
+// the connection must still end when its handshake budget does.
+func TestBudgetSpansKeptAliveRequests(t *testing.T) {
+	h := start(t, nil) // handshake_timeout: 2s
+	conn, err := tls.Dial("tcp", h.addr, h.clientTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	negotiate := base64.StdEncoding.EncodeToString([]byte("NTLMSSP\x00\x01\x00\x00\x00\x07\x82\x08\xa2" + strings.Repeat("\x00", 16)))
+	start := time.Now()
+	for time.Since(start) < 8*time.Second {
+		_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+		_, err := fmt.Fprintf(conn, "RDG_OUT_DATA /remoteDesktopGateway/ HTTP/1.1\r\nHost: gw\r\nRDG-Connection-Id: {k}\r\nAuthorization: NTLM %s\r\n\r\n", negotiate)
+		if err == nil {
+			var resp *http.Response
+			if resp, err = http.ReadResponse(br, nil); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+		if err != nil {
+			if d := time.Since(start); d > 3500*time.Millisecond {
+				t.Fatalf("closed only after %s", d)
+			}
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Fatal("a connection that never authenticated stayed open for 8s")
+}
+
+func TestEndsReachTheClientWithTheirReason(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Gateway.CAP[0].IdleTimeout = config.Duration(2 * time.Second)
+	})
+	url := admin(t, h)
+	open := func(port uint16) *tsgclient.Conn {
+		cfg := h.cfg("", "", tsgclient.Websocket)
+		cfg.Token = h.token(t, "bob", "127.0.0.1", port, time.Minute)
+		c, err := dial(t, cfg, "127.0.0.1", port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	readToEnd := func(c *tsgclient.Conn) {
+		done := make(chan struct{})
+		go func() { _, _ = io.Copy(io.Discard, c); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the tunnel did not end")
+		}
+	}
+	t.Run("admin", func(t *testing.T) {
+		c := open(h.echoPort)
+		echoRoundTrip(t, c, 10)
+		list := tunnels(t, url)
+		disconnect(t, url, list[0].ID)
+		readToEnd(c)
+		if c.CloseStatus != tsgu.EProxyConnectionAborted || !strings.Contains(c.ServiceMessage, "administrator") {
+			t.Fatalf("close status %s, message %q", c.CloseStatus, c.ServiceMessage)
+		}
+	})
+	t.Run("idle, with the host sending all along", func(t *testing.T) {
+		// Only the client's input counts: a desktop that keeps drawing
+		// does not keep an unattended session alive.
+		c := open(source(t, 200*time.Millisecond))
+		start := time.Now()
+		readToEnd(c)
+		if d := time.Since(start); d > 6*time.Second {
+			t.Fatalf("idle timeout of 2s fired after %s", d)
+		}
+		if c.CloseStatus == 0 || c.CloseStatus == tsgu.EProxySessionTimeout || c.CloseStatus == tsgu.EProxyConnectionAborted {
+			t.Fatalf("idle close status %s, want one of its own", c.CloseStatus)
+		}
+		if !strings.Contains(c.ServiceMessage, "idle") {
+			t.Fatalf("message %q", c.ServiceMessage)
+		}
+	})
+}
+
+// TestLogLinesNameTheUserOnce and print IPv6 endpoints with brackets.
+func TestLogLinesNameTheUserOnceAndIPv6InBrackets(t *testing.T) {
+	h := start(t, nil)
+	// alice (NTLM) asks for a host no policy allows: refused after her
+	// identity is known.
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.2", 3389); err == nil {
+		t.Fatal("a host outside the policy was allowed")
+	}
+	// bob's token is for ::1; he asks for another host.
+	cfg := h.cfg("", "", tsgclient.Websocket)
+	cfg.Token = h.token(t, "bob", "::1", 3389, time.Minute)
+	if _, err := dial(t, cfg, "127.0.0.1", 3389); err == nil {
+		t.Fatal("a token was used for another host")
+	}
+	time.Sleep(200 * time.Millisecond)
+	logs := h.logs.String()
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Count(line, " user=") > 1 {
+			t.Errorf("user named twice: %s", line)
+		}
+	}
+	if !strings.Contains(logs, "token allows [::1]:3389") {
+		t.Errorf("IPv6 endpoint not in brackets:\n%s", logs)
+	}
+}

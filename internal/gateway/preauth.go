@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/deskway/deskway/internal/auth"
+)
+
+// preauth admits connections that have not yet opened a channel. Anyone
+// can open one, so they have caps of their own (in all, and per source
+// address) that authorized tunnels never share, and each lives at most
+// one wall-clock budget from accept, whatever it does meanwhile: slow
+// TLS, NTLM rounds on a kept-alive connection, a websocket that never
+// finishes its handshake, or a legacy half that is never paired.
+type preauth struct {
+	max, perAddr int
+	budget       time.Duration
+
+	mu     sync.Mutex
+	total  int
+	byAddr map[netip.Prefix]int
+}
+
+func newPreauth(max, perAddr int, budget time.Duration) *preauth {
+	return &preauth{max: max, perAddr: perAddr, budget: budget, byAddr: map[netip.Prefix]int{}}
+}
+
+// sourceKey is what the per-address cap counts: an IPv4 address, or the
+// /64 of an IPv6 one, since a single host commonly holds a whole /64.
+func sourceKey(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return p
+	}
+	return netip.PrefixFrom(a, a.BitLen())
+}
+
+// admit takes a slot for a connection from a, or says which cap is full.
+func (p *preauth) admit(a netip.Addr) (netip.Prefix, string) {
+	k := sourceKey(a)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.total >= p.max:
+		return k, "the gateway holds its maximum of unauthenticated connections"
+	case p.byAddr[k] >= p.perAddr:
+		return k, "the address holds its maximum of unauthenticated connections"
+	}
+	p.total++
+	p.byAddr[k]++
+	return k, ""
+}
+
+func (p *preauth) release(k netip.Prefix) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total--
+	if p.byAddr[k]--; p.byAddr[k] <= 0 {
+		delete(p.byAddr, k)
+	}
+}
+
+// connState is per TCP connection: HTTP NTLM authenticates the
+// connection, so the exchange and its result live here, not in a request;
+// and so does the connection's pre-authentication slot and budget.
+type connState struct {
+	remote netip.Addr
+	// Owned by the goroutine serving the connection's requests.
+	ntlm *auth.NTLMExchange
+	user *auth.User
+
+	pa       *preauth
+	key      netip.Prefix
+	raw      net.Conn // beneath TLS, closed when the budget runs out
+	deadline time.Time
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	released bool // the slot is given back: authorized, expired or closed
+	expired  bool
+}
+
+// start arms the budget; the connection is closed when it runs out.
+func (c *connState) start() {
+	c.mu.Lock()
+	c.timer = time.AfterFunc(time.Until(c.deadline), c.expire)
+	c.mu.Unlock()
+}
+
+func (c *connState) expire() {
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return
+	}
+	c.released, c.expired = true, true
+	c.mu.Unlock()
+	c.pa.release(c.key)
+	_ = c.raw.Close()
+}
+
+// authorize ends the pre-authentication phase: the connection carries an
+// open channel now. It reports false if the budget ran out first.
+func (c *connState) authorize() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expired {
+		return false
+	}
+	if !c.released {
+		c.released = true
+		c.timer.Stop()
+		c.pa.release(c.key)
+	}
+	return true
+}
+
+// finish gives the slot back when the connection ends before its budget.
+func (c *connState) finish() {
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return
+	}
+	c.released = true
+	c.timer.Stop()
+	c.mu.Unlock()
+	c.pa.release(c.key)
+}
+
+// timedOut reports whether the budget ran out before a channel opened.
+func (c *connState) timedOut() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.expired
+}
