@@ -334,7 +334,7 @@ func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
 	h := start(t, func(c *config.Config) {
 		c.Gateway.MaxUnauthenticated = 24
 		c.Gateway.MaxUnauthenticatedPerAddr = 16
-		c.Gateway.HandshakeTimeout = config.Duration(3 * time.Second)
+		c.Gateway.HandshakeTimeout = config.Duration(6 * time.Second) // outlasts both rounds below, even under -race
 	})
 	took := func(src string, n int) int {
 		k := 0
@@ -362,7 +362,7 @@ func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
 		t.Fatalf("a second address got %d waiting OUT halves, want the 8 left of the global cap of 24", k)
 	}
 	// The budget ends every waiting half, and their places are free again.
-	time.Sleep(3500 * time.Millisecond)
+	time.Sleep(6500 * time.Millisecond)
 	if k := took("127.0.0.2", 4); k != 4 {
 		t.Fatalf("after the budget, %d of 4 new halves were taken", k)
 	}

@@ -42,10 +42,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-func (m *metrics) activeFunc(f func() float64) {
+func (m *metrics) activeFunc(tunnels, unauthenticated func() float64) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "deskway_gateway_tunnels_active", Help: "Tunnels open now, handshaking or relaying.",
-	}, f))
+	}, tunnels), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "deskway_gateway_unauthenticated_connections", Help: "Connections accepted that have not opened a channel yet.",
+	}, unauthenticated))
 }
 
 func (s *Server) activeCount() float64 {

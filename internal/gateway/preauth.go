@@ -55,6 +55,13 @@ func (p *preauth) admit(a netip.Addr) (netip.Prefix, string) {
 	return k, ""
 }
 
+// count is how many connections hold a slot now, for the metrics.
+func (p *preauth) count() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return float64(p.total)
+}
+
 func (p *preauth) release(k netip.Prefix) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

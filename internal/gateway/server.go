@@ -106,7 +106,7 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 		perUser: map[string]int{},
 		pending: map[string]*pendingOut{},
 	}
-	s.metrics.activeFunc(s.activeCount)
+	s.metrics.activeFunc(s.activeCount, s.pa.count)
 	return s, nil
 }
 
