@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +39,20 @@ type streamRig struct {
 	admin          string
 	sum            string
 	log            *testkit.Process
+	bin, cfg       string
+	addr           string
+}
+
+// restart stops the server with sig (SIGKILL: it dies at once) and
+// starts it again with the same configuration and store.
+func (r *streamRig) restart(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	_ = syscall.Kill(-r.log.Cmd.Process.Pid, sig)
+	_, _ = r.log.Cmd.Process.Wait()
+	r.log = testkit.Start(t, nil, r.bin, "stream", "-c", r.cfg)
+	if err := testkit.WaitPort(r.addr, 10*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, r.log.Log.String())
+	}
 }
 
 // startStream writes a base image (random head, a marked region, a sparse
@@ -72,7 +87,7 @@ func startStreamCert(t *testing.T, tlsMode, window, cert, key string) *streamRig
 		t.Fatal(err)
 	}
 	r := &streamRig{base: base, dir: dir, uri: fmt.Sprintf("nbd://127.0.0.1:%d", port), sum: fileSum(t, base),
-		admin: fmt.Sprintf("https://127.0.0.1:%d", adminPort)}
+		admin: fmt.Sprintf("https://127.0.0.1:%d", adminPort), bin: bin, cfg: cfg, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	r.log = testkit.Start(t, nil, bin, "stream", "-c", cfg)
 	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, r.log.Log.String())
@@ -203,7 +218,16 @@ func TestStreamRealClients(t *testing.T) {
 		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); !ok {
 			t.Fatalf("client B lost its write across a reconnect:\n%s", out)
 		}
-		// That read ended B's boot with NBD_CMD_DISC.
+		// A connection that only read (a probe such as nbdinfo, or a
+		// reader beside the client) does not end the boot when it leaves.
+		runOK(t, "nbdinfo", a)
+		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); !ok {
+			t.Fatalf("a probe's clean disconnect ended client B's boot:\n%s", out)
+		}
+		// The client itself, writing and leaving cleanly, ends it.
+		if ok, out := qemuIO(t, a, false, "write -P 0x5a 1048576 512"); !ok {
+			t.Fatalf("client B's last write:\n%s", out)
+		}
 		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); ok {
 			t.Fatalf("client B's write outlived its boot:\n%s", out)
 		}
@@ -335,7 +359,10 @@ func TestStreamQemuTLS(t *testing.T) {
 	if ok, out := qemuTLS("golden/vmU/boot1", "read -P 0x5a 4096 8192"); ok {
 		t.Fatalf("another client sees the write:\n%s", out)
 	}
-	// That reconnect ended with a clean disconnect, which ends the boot.
+	// A reconnect that writes and disconnects cleanly ends the boot.
+	if ok, out := qemuTLS("golden/vmT/boot1", "write -P 0x5a 4096 512"); !ok {
+		t.Fatalf("last write over TLS:\n%s", out)
+	}
 	if ok, out := qemuTLS("golden/vmT/boot1", "read -P 0x5a 4096 8192"); ok {
 		t.Fatalf("the write outlived its boot:\n%s", out)
 	}
@@ -393,4 +420,50 @@ func (r *streamRig) api(t *testing.T, method, path string, want int, out any) {
 			t.Fatalf("%s %s: %v: %s", method, path, err, body)
 		}
 	}
+}
+
+// TestStreamRestartRefusesALostBoot: without shared caches a boot's
+// writes live in the server, so a server that stops (killed, or even
+// stopped cleanly) loses them. A client that comes back to that boot must
+// be refused with the reason, never handed the base disk as if nothing
+// had been written; a new boot of the same client starts clean.
+func TestStreamRestartRefusesALostBoot(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			r := startStream(t, "off", "1m")
+			a := r.uri + "/golden/vmR/boot1"
+			killedAfterWrite(t, a, "write -P 0x3c 1048576 65536")
+			r.restart(t, sig)
+			ok, out := qemuIO(t, a, true, "read -P 0x3c 1048576 65536")
+			if ok || !strings.Contains(out, "write cache was lost") {
+				t.Fatalf("a lost boot was served, or refused without its reason:\n%s", out)
+			}
+			if !strings.Contains(r.log.Log.String(), "lost their write caches") {
+				t.Fatalf("the restart did not log the lost boot:\n%s", r.log.Log.String())
+			}
+			runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, r.uri+"/golden/vmR/boot2")
+		})
+	}
+	// A client that stays connected across the restart, as qemu does with
+	// reconnect-delay, gets I/O errors once it reconnects: its disk fails
+	// loudly instead of reading the base where its write was.
+	t.Run("qemu reconnecting", func(t *testing.T) {
+		r := startStream(t, "off", "1m")
+		port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
+		cmd := exec.Command("qemu-io", "--image-opts",
+			"-c", "write -P 0x3c 0 65536", "-c", "sleep 3000", "-c", "read -P 0x3c 0 65536",
+			"driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export=golden/vmQ/boot1,file.reconnect-delay=4")
+		var out testkit.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // written, sleeping
+		r.restart(t, syscall.SIGKILL)
+		_ = cmd.Wait()
+		s := out.String()
+		if !strings.Contains(s, "wrote 65536/65536") || strings.Contains(s, "verification failed") || !strings.Contains(s, "read failed") {
+			t.Fatalf("after the restart the client should get a read error, not another disk:\n%s", s)
+		}
+	})
 }

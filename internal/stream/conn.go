@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/deskway/deskway/internal/proto/nbd"
@@ -55,6 +56,7 @@ type export struct {
 	private  *privateImage // private mode: the client's own image
 	maint    *storeCache   // a maintenance version's delta, written directly
 	readOnly bool
+	wrote    atomic.Bool // a write, zeroing or trim reached the view
 }
 
 func (e *export) flags() nbd.TransmissionFlags {
@@ -74,7 +76,7 @@ func (e *export) flags() nbd.TransmissionFlags {
 func (e *export) end(s *Server, disc bool) {
 	switch {
 	case e.boot != nil:
-		s.detach(e.boot, disc)
+		s.detach(e.boot, disc, e.wrote.Load())
 	case e.private != nil:
 		e.private.close()
 		s.log.Info("private image closed", "vdisk", e.vd.name)
@@ -375,6 +377,10 @@ func (c *conn) open(t target) (*export, error) {
 	}
 	b, err := c.s.attach(vd, img, t.client, t.boot)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.s.record(b); err != nil {
+		c.s.detach(b, false, false)
 		return nil, err
 	}
 	return &export{vd: vd, img: b.img, view: b.cache, boot: b}, nil

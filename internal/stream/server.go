@@ -60,6 +60,11 @@ type Server struct {
 	loops    *loops    // while Serve runs
 	reserver *reserver // while Serve runs
 
+	// bootLog records live boots whose caches die with the process (RAM
+	// and unlinked spill files); nil with shared caches, whose files on
+	// the store are their own record.
+	bootLog *bootLog
+
 	mu    sync.Mutex
 	boots map[string]*boot
 	conns map[net.Conn]struct{}
@@ -113,6 +118,9 @@ type boot struct {
 	ended        bool
 	started      time.Time
 	discardTimer *time.Timer
+
+	recordOnce sync.Once // the boot log's start record, by its first connection
+	recordErr  error
 }
 
 // New opens every vDisk's base image read-only.
@@ -154,12 +162,29 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 		s.vdisks = append(s.vdisks, vd)
 		s.byName[v.Name] = vd
 	}
+	if !cfg.SharedCache {
+		l, err := openBootLog(filepath.Join(cfg.Store, "boots.log"), nil, time.Now())
+		if err != nil {
+			s.closeFiles()
+			return nil, err
+		}
+		if n := len(l.lost); n > 0 {
+			s.log.Warn("boots that were live when the server stopped lost their write caches; their clients are refused until they boot again with a new boot id",
+				"lost_boots", n, "boot_log", l.path)
+		}
+		s.bootLog = l
+	}
 	return s, nil
 }
 
 func (s *Server) closeFiles() {
 	for _, v := range s.vdisks {
 		v.f.Close()
+	}
+	if s.bootLog != nil {
+		if err := s.bootLog.close(); err != nil {
+			s.log.Error("boot log", "err", err)
+		}
 	}
 	if s.trace != nil {
 		s.trace.close()
@@ -231,7 +256,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			continue
 		}
-		s.discardLocked(b, "server stopped")
+		// Still recorded as live: a client that comes back to this boot
+		// after a restart is refused, not handed an empty disk.
+		s.dropLocked(b, "server stopped")
 	}
 	s.mu.Unlock()
 	s.closeFiles()
@@ -303,6 +330,11 @@ func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error)
 	defer s.mu.Unlock()
 	b := s.boots[key]
 	fresh := b == nil || b.ended
+	if fresh && s.bootLog != nil {
+		if at, lost := s.bootLog.lostAt(key); lost {
+			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost when the server stopped (stream.shared_cache is off, so write caches do not survive the server); reboot the client, which starts a new boot", key, at.Format(time.RFC3339))
+		}
+	}
 	if fresh {
 		dirID := id
 		if dirID == "" {
@@ -341,12 +373,25 @@ func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error)
 	return b, nil
 }
 
-// detach is called when a connection of b ends; disc says it sent NBD_CMD_DISC.
-func (s *Server) detach(b *boot, disc bool) {
+// record makes b's start durable before any of its connections is
+// served; the first connection writes it, the others wait for it.
+func (s *Server) record(b *boot) error {
+	if s.bootLog == nil {
+		return nil
+	}
+	b.recordOnce.Do(func() { b.recordErr = s.bootLog.start(b.key, b.img.version) })
+	return b.recordErr
+}
+
+// detach is called when a connection of b ends; disc says it sent
+// NBD_CMD_DISC and wrote that it wrote to the disk. A boot ends only when
+// its last connection leaves cleanly after writing: a probe (nbdinfo, a
+// reader) or a second connection leaving does not end the client's boot.
+func (s *Server) detach(b *boot, disc, wrote bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b.conns--
-	if disc {
+	if disc && wrote && b.conns == 0 {
 		b.ended = true
 	}
 	if b.conns > 0 {
@@ -371,7 +416,16 @@ func (s *Server) detach(b *boot, disc bool) {
 	})
 }
 
+// discardLocked ends b: its cache is dropped and the boot log forgets it.
 func (s *Server) discardLocked(b *boot, why string) {
+	if s.bootLog != nil {
+		s.bootLog.end(b.key)
+	}
+	s.dropLocked(b, why)
+}
+
+// dropLocked drops b's cache; the boot log still holds it as live.
+func (s *Server) dropLocked(b *boot, why string) {
 	if s.boots[b.key] == b {
 		delete(s.boots, b.key)
 		s.metrics.boots.Dec()

@@ -188,6 +188,7 @@ func (c *conn) execute(dst []byte, exp *export, req nbd.Request, payload []byte,
 			return append(dst, c.fail(req, nbd.ENOSPC, "write past the end of the %d-byte disk", size)...)
 		}
 		var err error
+		exp.wrote.Store(true)
 		switch req.Cmd {
 		case nbd.CmdWrite:
 			if staged != nil {
