@@ -467,3 +467,42 @@ func TestStreamRestartRefusesALostBoot(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamPrivateFirstUseRace: two machines named alike connect to a
+// private image that does not exist yet, at once. One is the writer, the
+// other is refused, and the writer's flushed write is in the image.
+func TestStreamPrivateFirstUseRace(t *testing.T) {
+	r := startStream(t, "off", "1m")
+	for round := range 3 {
+		name := fmt.Sprintf("personal/racer%d", round)
+		type result struct {
+			pattern string
+			out     string
+		}
+		results := make(chan result, 2)
+		for _, p := range []string{"0x61", "0x62"} {
+			go func() {
+				// Write, flush, and stay connected a while, as a booted machine does.
+				out, _ := exec.Command("qemu-io", "-f", "raw", "-c", "write -P "+p+" 0 65536", "-c", "flush",
+					"-c", "sleep 1500", r.uri+"/"+name).CombinedOutput()
+				results <- result{p, string(out)}
+			}()
+		}
+		var wrote []string
+		for range 2 {
+			res := <-results
+			switch {
+			case strings.Contains(res.out, "wrote 65536/65536"):
+				wrote = append(wrote, res.pattern)
+			case !strings.Contains(res.out, "one writer"):
+				t.Fatalf("round %d: a refused writer was not told why:\n%s", round, res.out)
+			}
+		}
+		if len(wrote) != 1 {
+			t.Fatalf("round %d: %d writers were accepted at once: %v", round, len(wrote), wrote)
+		}
+		if ok, out := qemuIO(t, r.uri+"/"+name, true, "read -P "+wrote[0]+" 0 65536"); !ok {
+			t.Fatalf("round %d: the accepted writer's flushed write is gone:\n%s", round, out)
+		}
+	}
+}

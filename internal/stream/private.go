@@ -13,33 +13,45 @@ import (
 var errWriterBusy = errors.New("the private image is open for writing by another connection (private mode allows one writer)")
 
 // privateImage is one client's own writable copy of a vDisk (private
-// mode). It persists across boots; an exclusive flock on the file admits
-// one writer at a time, across every server sharing the store.
+// mode). It persists across boots; an exclusive flock on its lock file
+// admits one writer at a time, across every server sharing the store.
 type privateImage struct {
-	f *os.File
+	f    *os.File
+	lock *os.File // PATH.lock, flocked while this writer lives
 }
 
-// openPrivate opens the image at path, creating it on first use as a copy
-// of from (the vDisk's newest production version), and takes its writer
-// lock.
+// openPrivate takes the writer lock of the image at path, then opens the
+// image, creating it on first use as a copy of from (the vDisk's newest
+// production version). The lock comes first and lives in a file of its
+// own: two first connections racing would otherwise both make a copy,
+// the second renamed over the first while its writer still held it.
 func openPrivate(path string, from *image) (*privateImage, error) {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		if err := from.flatten(path); err != nil {
-			return nil, fmt.Errorf("private image: %w", err)
-		}
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("private image: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
+	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("private image lock: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, errWriterBusy
 		}
 		return nil, fmt.Errorf("private image lock: %w", err)
 	}
-	return &privateImage{f: f}, nil
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if err := from.flatten(path); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("private image: %w", err)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("private image: %w", err)
+	}
+	return &privateImage{f: f, lock: lock}, nil
 }
 
 // sparseCopy copies the data segments of base to a new file at path (in
@@ -152,4 +164,7 @@ func (p *privateImage) bytes() (ram, spilled int64) { return 0, 0 }
 func (p *privateImage) baseOnly(off, n int64) bool { return false }
 
 // close releases the writer lock; the image stays for the next boot.
-func (p *privateImage) close() { p.f.Close() }
+func (p *privateImage) close() {
+	p.f.Close()
+	p.lock.Close()
+}
