@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deskway/deskway/internal/nbdclient"
+	"github.com/deskway/deskway/internal/proto/nbd"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -504,5 +507,85 @@ func TestStreamPrivateFirstUseRace(t *testing.T) {
 		if ok, out := qemuIO(t, r.uri+"/"+name, true, "read -P "+wrote[0]+" 0 65536"); !ok {
 			t.Fatalf("round %d: the accepted writer's flushed write is gone:\n%s", round, out)
 		}
+	}
+}
+
+// rssOf reads the resident set of process pid.
+func rssOf(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestStreamGreedyReadersAreBounded: clients that ask for the largest
+// reads the server allows and never read a reply must not make it hold
+// what they asked for: over TLS (served by goroutines) and on plain TCP
+// (served on event loops, from a write cache so no sendfile applies).
+func TestStreamGreedyReadersAreBounded(t *testing.T) {
+	_, clientTLS, cert, key := testkit.TLS(t)
+	for _, tc := range []struct {
+		name  string
+		tls   bool
+		conns int
+	}{{"tls", true, 4}, {"plain", false, 24}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startStreamCert(t, "on", "1m", cert, key)
+			pid := r.log.Cmd.Process.Pid
+			export := "golden/greedy/boot1"
+			// Data in the boot's write cache: reads over it are copied.
+			if ok, out := qemuIO(t, r.uri+"/"+export, false, "write -P 0x42 0 65536", "write -P 0x42 33554432 65536", "sigraise 9"); ok {
+				t.Fatalf("qemu-io should have been killed after writing:\n%s", out)
+			}
+			before := rssOf(t, pid)
+			for i := range tc.conns {
+				raw, err := net.DialTimeout("tcp", r.addr, 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = raw.(*net.TCPConn).SetReadBuffer(4096)
+				t.Cleanup(func() { raw.Close() })
+				o := nbdclient.Options{}
+				if tc.tls {
+					o.TLS = clientTLS
+				}
+				conn, _, err := nbdclient.Handshake(raw, export, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var reqs []byte
+				for k := range 16 {
+					req := nbd.Request{Cmd: nbd.CmdRead, Cookie: uint64(i*100 + k), Offset: uint64(k%2) << 25, Length: 32 << 20}
+					reqs = req.Append(reqs)
+				}
+				if _, err := conn.Write(reqs); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var peak int64
+			for range 30 {
+				time.Sleep(100 * time.Millisecond)
+				peak = max(peak, rssOf(t, pid))
+			}
+			grown := peak - before
+			t.Logf("RSS %d MiB before, %d MiB at peak with %d connections of 16 unread 32 MiB reads", before>>20, peak>>20, tc.conns)
+			if grown > 400<<20 { // four connections of at most 64 MiB each, and TLS buffers
+				t.Fatalf("the server grew by %d MiB for clients that read nothing", grown>>20)
+			}
+			// The server still serves a well-behaved client meanwhile.
+			if ok, out := qemuIO(t, r.uri+"/golden/other/boot1", true, "read -P 0 63m 4096"); !ok {
+				t.Fatalf("a normal client is not served:\n%s", out)
+			}
+		})
 	}
 }

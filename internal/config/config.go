@@ -180,6 +180,14 @@ type Stream struct {
 	SharedCache bool `yaml:"shared_cache"`
 	// MaxInflight bounds the requests served at once on one connection.
 	MaxInflight int `yaml:"max_inflight"`
+	// MaxBufferMB bounds the bytes of requests in progress (READ replies
+	// and WRITE payloads in buffers) over all connections; a connection
+	// also holds at most 64 MiB. Past either, a connection's requests
+	// wait until replies have gone out.
+	MaxBufferMB int `yaml:"max_buffer_mb"`
+	// WriteTimeout ends a connection whose client takes no byte of a
+	// reply for this long.
+	WriteTimeout Duration `yaml:"write_timeout"`
 	// Trace, when set, is a file to which every request of every client
 	// boot is appended as CSV (client,boot,ms,op,offset,length): the raw
 	// material of the boot-storm bench's trace.
@@ -460,6 +468,8 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&st.CacheRAMMB, 64)
 		setDefault(&st.ReconnectWindow, Duration(2*time.Minute))
 		setDefault(&st.MaxInflight, 16)
+		setDefault(&st.MaxBufferMB, 1024)
+		setDefault(&st.WriteTimeout, Duration(60*time.Second))
 		for i := range st.VDisks {
 			setDefault(&st.VDisks[i].Mode, "standard")
 		}
@@ -658,6 +668,12 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 	}
 	if st.CacheRAMMB < 0 {
 		bad("stream.cache_ram_mb", "must not be negative")
+	}
+	if st.MaxBufferMB < 64 {
+		bad("stream.max_buffer_mb", "must be at least 64 (two requests of the 32 MiB maximum)")
+	}
+	if st.WriteTimeout.D() < time.Second {
+		bad("stream.write_timeout", "must be at least 1s")
 	}
 	if st.MaxInflight < 1 || st.MaxInflight > 1024 {
 		bad("stream.max_inflight", "must be between 1 and 1024")

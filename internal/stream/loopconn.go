@@ -131,7 +131,8 @@ type loopConn struct {
 	out      []byte // replies not yet sent
 	data     []byte // a READ's data, from the pool, sent after out
 	dataSent int
-	file     int // or a READ's data in this file, sent after out
+	dataRest nbd.Request // what of a large READ is still to be read into data
+	file     int         // or a READ's data in this file, sent after out
 	fileOff  int64
 	fileLeft int
 
@@ -210,6 +211,9 @@ func (k *loopConn) send() bool {
 		}
 		if k.dataSent += n; k.dataSent < len(k.data) {
 			return false
+		}
+		if k.dataRest.Length > 0 {
+			return k.nextChunk()
 		}
 		k.putData()
 	case k.fileLeft > 0:
@@ -307,8 +311,13 @@ func (k *loopConn) handle() {
 		k.file, k.fileOff, k.fileLeft = exp.img.baseFD, int64(req.Offset), int(req.Length)
 		return
 	}
-	buf := c.s.bufs.get(int(req.Length))
-	if r := c.readView(exp, req, buf); r != nil {
+	// A large read from the view goes out a chunk at a time through one
+	// buffer, so a client that asks for 32 MiB and reads nothing makes
+	// its connection hold one chunk, not the whole reply.
+	first := req
+	first.Length = min(req.Length, loopChunk)
+	buf := c.s.bufs.get(int(first.Length))
+	if r := c.readView(exp, first, buf); r != nil {
 		c.s.bufs.put(buf)
 		k.out = append(k.out, r...)
 		return
@@ -319,6 +328,28 @@ func (k *loopConn) handle() {
 		return
 	}
 	k.data = buf
+	k.dataRest = req
+	k.dataRest.Offset += uint64(first.Length)
+	k.dataRest.Length -= first.Length
+}
+
+// loopChunk is the most of a READ's data a connection on a loop holds.
+const loopChunk = 1 << 20
+
+// nextChunk reads the next part of a chunked READ into data; false when
+// it could not, which ends the connection (its reply is half sent).
+func (k *loopConn) nextChunk() bool {
+	piece := k.dataRest
+	piece.Length = min(piece.Length, uint32(cap(k.data)))
+	k.data = k.data[:piece.Length]
+	if r := k.c.readView(k.exp, piece, k.data); r != nil {
+		k.end(fmt.Errorf("read of %d bytes at %d failed in the middle of a reply", piece.Length, piece.Offset))
+		return false
+	}
+	k.dataSent = 0
+	k.dataRest.Offset += uint64(piece.Length)
+	k.dataRest.Length -= piece.Length
+	return true
 }
 
 // receive moves a WRITE's payload into place, from the input buffer
@@ -367,6 +398,7 @@ func (k *loopConn) putData() {
 	if k.data != nil {
 		k.c.s.bufs.put(k.data)
 		k.data, k.dataSent = nil, 0
+		k.dataRest = nbd.Request{}
 	}
 }
 

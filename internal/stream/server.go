@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/deskway/deskway/internal/config"
 )
@@ -57,8 +58,9 @@ type Server struct {
 
 	trace    *tracer
 	bufs     bufPool
-	loops    *loops    // while Serve runs
-	reserver *reserver // while Serve runs
+	buffers  *semaphore.Weighted // bytes of requests in progress, all connections
+	loops    *loops              // while Serve runs
+	reserver *reserver           // while Serve runs
 
 	// bootLog records live boots whose caches die with the process (RAM
 	// and unlinked spill files); nil with shared caches, whose files on
@@ -131,7 +133,7 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 	if cfg.TLS != "off" && d.TLS == nil {
 		return nil, errors.New("stream: stream.tls is " + cfg.TLS + " but no certificate was given")
 	}
-	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{},
+	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{}, buffers: semaphore.NewWeighted(int64(cfg.MaxBufferMB) << 20),
 		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}}
 	s.metrics = newMetrics(d.Registry, s.cacheRAM)
 	if cfg.Trace != "" {

@@ -1,12 +1,16 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
 	"syscall"
+	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
@@ -22,12 +26,32 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 		req     nbd.Request
 		payload []byte
 		staged  *stagedWrite // a WRITE received straight into the cache
+		cost    int64        // bytes reserved from the buffer budgets
 	}
+	// What requests in progress may hold is bounded per connection and
+	// over all of them: the reader waits for budget before it takes the
+	// next request, so a client that asks for much and reads nothing
+	// holds at most connBudget until its write timeout ends it.
+	budget := semaphore.NewWeighted(connBudget)
 	run := func(j job) {
 		c.serve(exp, j.req, j.payload, j.staged)
 		if j.payload != nil {
 			c.s.bufs.put(j.payload)
 		}
+		if j.cost > 0 {
+			c.s.buffers.Release(j.cost)
+			budget.Release(j.cost)
+		}
+	}
+	reserve := func(n int64) error {
+		if err := budget.Acquire(context.Background(), n); err != nil {
+			return err
+		}
+		if err := c.s.buffers.Acquire(context.Background(), n); err != nil {
+			budget.Release(n)
+			return err
+		}
+		return nil
 	}
 	jobs := make(chan job)
 	workers := 0
@@ -64,6 +88,7 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 			return false, err
 		}
 		var payload []byte
+		var cost int64
 		if req.Cmd == nbd.CmdWrite {
 			if req.Length > maxPayload {
 				// The payload cannot be skipped safely at this size.
@@ -77,18 +102,35 @@ func (c *conn) transmit(exp *export) (disc bool, err error) {
 				dispatch(job{req: req, staged: st})
 				continue
 			}
+			cost = int64(req.Length)
+			if err := reserve(cost); err != nil {
+				return false, err
+			}
 			payload = c.s.bufs.get(int(req.Length))
 			if _, err := io.ReadFull(c.r, payload); err != nil {
 				// A client that hangs up mid-write: nothing of it is stored.
+				c.s.bufs.put(payload)
+				c.s.buffers.Release(cost)
+				budget.Release(cost)
 				return false, err
 			}
 		}
 		if req.Cmd == nbd.CmdDisc {
 			return true, nil
 		}
-		dispatch(job{req: req, payload: payload})
+		if req.Cmd == nbd.CmdRead && req.Length <= maxPayload {
+			cost = int64(req.Length)
+			if err := reserve(cost); err != nil {
+				return false, err
+			}
+		}
+		dispatch(job{req: req, payload: payload, cost: cost})
 	}
 }
+
+// connBudget is what the requests in progress on one connection may hold
+// in buffers: two of the largest.
+const connBudget = 2 * maxPayload
 
 // stageWrite sets req up to be received straight into its boot's RAM
 // write cache, when it goes there and is large enough; nil otherwise.
@@ -310,6 +352,7 @@ func (c *conn) sendBase(exp *export, req nbd.Request) bool {
 	if c.werr != nil {
 		return true
 	}
+	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout.D()))
 	if err := sendFileReply(tc, hdr, exp.img.baseFD, int64(req.Offset), int(req.Length)); err != nil {
 		c.werr = err
 		c.nc.Close()
@@ -338,6 +381,7 @@ func (c *conn) send(parts ...[]byte) {
 		return
 	}
 	bufs := net.Buffers(parts)
+	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout.D()))
 	if _, err := bufs.WriteTo(c.rw); err != nil {
 		c.werr = err
 		c.nc.Close()
