@@ -22,6 +22,7 @@ admin: {listen: "127.0.0.1:%[2]d", tokens: [tok]}
 stream:
   listen: "127.0.0.1:%[3]d"
   tls: "off"
+  clients: open
   trace: %[5]s
   vdisks:
   - {name: golden, base: %[4]s, description: ext4 golden image}

@@ -21,6 +21,7 @@ admin: {listen: "127.0.0.1:%[2]d", tokens: [tok]}
 stream:
   listen: "127.0.0.1:%[3]d"
   tls: "off"
+  clients: open
   store: %[4]s
   shared_cache: true
   reconnect_window: 1m
@@ -133,9 +134,8 @@ func TestStreamFailover(t *testing.T) {
 			t.Fatalf("acknowledged write %d lost in the failover: %q…", i, got[:16])
 		}
 	}
-	c2.Drop()
-	// A real client sees the same: nbdcopy the boot's disk (it ends the
-	// boot with NBD_CMD_DISC when done).
+	// A real client sees the same: nbdcopy the boot's disk (a reader,
+	// whose clean disconnect does not end the client's boot).
 	copyTo := filepath.Join(dir, "copy.img")
 	runOK(t, "nbdcopy", fmt.Sprintf("nbd://%s/%s", addrs[1], export), copyTo)
 	img, err := os.ReadFile(copyTo)
@@ -146,6 +146,13 @@ func TestStreamFailover(t *testing.T) {
 		if !bytes.Equal(img[i*block:(i+1)*block], pattern(i)) {
 			t.Fatalf("nbdcopy: acknowledged write %d missing", i)
 		}
+	}
+	// The client writes once more and leaves cleanly: its boot ends.
+	if err := c2.WriteAt(pattern(0), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Close(); err != nil {
+		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {

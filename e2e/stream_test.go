@@ -30,6 +30,7 @@ tls: {cert: %[3]s, key: %[4]s}
 stream:
   listen: "127.0.0.1:%[5]d"
   tls: %[6]s
+  clients: %[9]s
   cache_ram_mb: 1
   reconnect_window: %[7]s
   vdisks:
@@ -69,6 +70,12 @@ func startStream(t *testing.T, tlsMode, window string) *streamRig {
 // startStreamCert is startStream with the server's certificate and key.
 func startStreamCert(t *testing.T, tlsMode, window, cert, key string) *streamRig {
 	t.Helper()
+	return startStreamClients(t, tlsMode, window, cert, key, "open")
+}
+
+// startStreamClients is startStreamCert with stream.clients set.
+func startStreamClients(t *testing.T, tlsMode, window, cert, key, clients string) *streamRig {
+	t.Helper()
 	testkit.Require(t, "nbdinfo", "nbdcopy", "qemu-io", "qemu-img")
 	bin := build(t)
 	dir := t.TempDir()
@@ -85,7 +92,7 @@ func startStreamCert(t *testing.T, tlsMode, window, cert, key string) *streamRig
 	f.Close()
 	port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
 	cfg := filepath.Join(dir, "deskway.yaml")
-	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base)
+	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base, clients)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -587,5 +594,76 @@ func TestStreamGreedyReadersAreBounded(t *testing.T) {
 				t.Fatalf("a normal client is not served:\n%s", out)
 			}
 		})
+	}
+}
+
+// TestStreamClientCertificates: with stream.clients: certificate a client
+// is who its certificate from deskway's CA says, with qemu's tls-creds
+// and libnbd's tls-certificates; it opens its own boots and private
+// image only, and maintenance needs the role.
+func TestStreamClientCertificates(t *testing.T) {
+	// No tls.cert: the server shows a certificate deskway's CA issued.
+	r := startStreamClients(t, "on", "1m", "", "", "certificate")
+	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
+	issue := func(client string, roles ...string) string {
+		out := filepath.Join(t.TempDir(), client)
+		args := []string{"stream", "cert", "issue", "-c", r.cfg, "--client", client, "--out", out}
+		for _, role := range roles {
+			args = append(args, "--role", role)
+		}
+		runOK(t, r.bin, args...)
+		if fi, err := os.Stat(filepath.Join(out, "client-key.pem")); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("client key: %v %v", fi, err)
+		}
+		return out
+	}
+	pc1, pc2, admin := issue("pc1"), issue("pc2"), issue("admin1", "maintenance")
+	qemu := func(dir, export string, cmds ...string) (bool, string) {
+		args := []string{"--object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + dir, "--image-opts"}
+		for _, c := range cmds {
+			args = append(args, "-c", c)
+		}
+		args = append(args, "driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export="+export+",file.tls-creds=tls0")
+		out, err := exec.Command("qemu-io", args...).CombinedOutput()
+		s := string(out)
+		return err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "error"), s
+	}
+	// pc1 writes into its boot and dies without a clean disconnect.
+	if ok, out := qemu(pc1, "golden/pc1/b1", "write -P 0x5a 4096 4096", "sigraise 9"); ok || !strings.Contains(out, "wrote 4096/4096") {
+		t.Fatalf("pc1 could not write its boot:\n%s", out)
+	}
+	if ok, out := qemu(pc1, "golden/pc1/b1", "read -P 0x5a 4096 4096", "sigraise 9"); ok || strings.Contains(out, "verification failed") || !strings.Contains(out, "read 4096/4096") {
+		t.Fatalf("pc1 lost its boot's write:\n%s", out)
+	}
+	// pc2's certificate opens neither pc1's boot nor pc1's private image.
+	for _, export := range []string{"golden/pc1/b1", "personal/pc1"} {
+		if ok, out := qemu(pc2, export, "read 4096 4096"); ok || !strings.Contains(out, "may not open the boots or private image of pc1") {
+			t.Fatalf("pc2 opened %s, or was refused without the reason:\n%s", export, out)
+		}
+	}
+	// Its own private image, yes; and the base, read-only.
+	if ok, out := qemu(pc2, "personal/pc2", "write -P 0x33 0 512"); !ok {
+		t.Fatalf("pc2's own private image:\n%s", out)
+	}
+	runOK(t, "nbdinfo", "nbds://127.0.0.1:"+port+"/golden?tls-certificates="+pc2)
+	// Maintenance needs the role.
+	r.api(t, "POST", "/api/v1/stream/vdisks/golden/versions", http.StatusCreated, nil)
+	if ok, out := qemu(pc1, "golden@maintenance/pc1", "write -P 0x77 8192 512"); ok || !strings.Contains(out, "maintenance role") {
+		t.Fatalf("pc1 wrote the maintenance version:\n%s", out)
+	}
+	if ok, out := qemu(admin, "golden@maintenance/admin1", "write -P 0x77 8192 512"); !ok {
+		t.Fatalf("the maintenance certificate could not write:\n%s", out)
+	}
+	// libnbd with the same files.
+	runOK(t, "nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-certificates="+pc1)
+	if out, err := exec.Command("nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-certificates="+pc2).CombinedOutput(); err == nil {
+		t.Fatalf("nbdinfo with pc2's certificate opened pc1's boot:\n%s", out)
+	}
+	// Without a certificate: plain text is refused, and so is TLS.
+	if ok, out := qemuIO(t, r.uri+"/golden/pc1/b1", true, "read 4096 4096"); ok {
+		t.Fatalf("a client without TLS was served:\n%s", out)
+	}
+	if out, err := exec.Command("nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-verify-peer=false").CombinedOutput(); err == nil {
+		t.Fatalf("a TLS client without a certificate was served:\n%s", out)
 	}
 }

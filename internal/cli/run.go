@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +19,7 @@ import (
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
 	"github.com/deskway/deskway/internal/obs"
+	"github.com/deskway/deskway/internal/pki"
 	"github.com/deskway/deskway/internal/policy"
 	"github.com/deskway/deskway/internal/stream"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -81,7 +84,26 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 		api = append(api, gw.AdminHandler())
 	}
 	if cfg.Stream != nil {
-		st, err := stream.New(cfg.Stream, stream.Deps{Logger: log.With("role", "stream"), Registry: reg, TLS: tc})
+		sd := stream.Deps{Logger: log.With("role", "stream"), Registry: reg, TLS: tc}
+		if cfg.Stream.Clients == "certificate" {
+			caDir := filepath.Join(cfg.StateDir, "ca")
+			ca, err := pki.LoadOrCreate(caDir)
+			if err != nil {
+				return err
+			}
+			sd.ClientCAs = ca.Pool()
+			if cfg.TLS.Cert == "" {
+				// Clients trust deskway's CA (the ca-cert.pem that
+				// stream cert issue writes), so the server shows a
+				// certificate the CA issued.
+				sc, err := ca.ServerCert(caDir, hosts)
+				if err != nil {
+					return err
+				}
+				sd.TLS = &tls.Config{Certificates: []tls.Certificate{sc}, MinVersion: tls.VersionTLS12}
+			}
+		}
+		st, err := stream.New(cfg.Stream, sd)
 		if err != nil {
 			return err
 		}

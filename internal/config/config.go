@@ -167,6 +167,12 @@ type Stream struct {
 	// TLS is off, on (offered through NBD_OPT_STARTTLS) or require
 	// (plain-text clients are refused).
 	TLS string `yaml:"tls"`
+	// Clients is how clients are admitted: certificate (the default: a
+	// client certificate from deskway's CA, whose name is the only client
+	// whose boots and private image it may open; TLS is then required)
+	// or open (any client that reaches the port may open any export, for
+	// a network where every machine is trusted).
+	Clients string `yaml:"clients"`
 	// Store holds write-cache overflow and private images.
 	Store string `yaml:"store"`
 	// CacheRAMMB is how much of each client boot's write cache stays in
@@ -464,6 +470,7 @@ func (c *Config) ApplyDefaults() {
 	if st := c.Stream; st != nil {
 		setDefault(&st.Listen, ":10809")
 		setDefault(&st.TLS, "on")
+		setDefault(&st.Clients, "certificate")
 		setDefault(&st.Store, c.StateDir+"/vdisks")
 		setDefault(&st.CacheRAMMB, 64)
 		setDefault(&st.ReconnectWindow, Duration(2*time.Minute))
@@ -665,6 +672,15 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 	case "off", "on", "require":
 	default:
 		bad("stream.tls", "%q is not one of off, on, require", st.TLS)
+	}
+	switch st.Clients {
+	case "open":
+	case "certificate":
+		if st.TLS == "off" {
+			bad("stream.clients", "certificate needs TLS: set stream.tls to on or require, or stream.clients to open on a trusted network")
+		}
+	default:
+		bad("stream.clients", "%q is not certificate or open", st.Clients)
 	}
 	if st.CacheRAMMB < 0 {
 		bad("stream.cache_ram_mb", "must not be negative")

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/deskway/deskway/internal/pki"
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
 
@@ -40,6 +41,7 @@ type conn struct {
 
 	noZeroes   bool
 	tls        bool
+	peer       *pki.Identity // the client certificate's, after TLS
 	structured bool
 	metaBase   bool // base:allocation selected
 
@@ -185,7 +187,7 @@ func (c *conn) negotiate() (*export, error) {
 // option answers one option; a non-nil export ends negotiation.
 func (c *conn) option(o nbd.Option, data []byte) (*export, error) {
 	s := c.s
-	if s.cfg.TLS == "require" && !c.tls && o != nbd.OptStartTLS && o != nbd.OptAbort {
+	if (s.cfg.TLS == "require" || s.cfg.Clients == "certificate") && !c.tls && o != nbd.OptStartTLS && o != nbd.OptAbort {
 		if o == nbd.OptExportName {
 			return nil, errors.New("plain-text NBD_OPT_EXPORT_NAME refused: TLS is required")
 		}
@@ -217,6 +219,9 @@ func (c *conn) option(o nbd.Option, data []byte) (*export, error) {
 		return nil, c.metaContext(o, data)
 	case nbd.OptExportName:
 		t, err := s.parseExport(string(data))
+		if err == nil {
+			err = c.admit(t)
+		}
 		if err != nil {
 			// The only answer the protocol allows here is to hang up.
 			return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: %w", err)
@@ -253,6 +258,10 @@ func (c *conn) startTLS(data []byte) error {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	c.rw, c.tls = tc, true
+	if pc := tc.ConnectionState().PeerCertificates; len(pc) > 0 {
+		id := pki.IdentityOf(pc[0])
+		c.peer = &id
+	}
 	c.r = bufio.NewReaderSize(tc, connReadBuf)
 	// Option state from before TLS does not carry over (the spec's rule
 	// against downgrade by a man in the middle).
@@ -300,6 +309,10 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 	if err != nil {
 		return nil, c.replyErr(o, nbd.RepErrUnknown, "%v", err)
 	}
+	if err := c.admit(t); err != nil {
+		c.s.log.Warn("export refused to the client certificate", "client_address", c.remote, "export", req.Name, "reason", err)
+		return nil, c.replyErr(o, nbd.RepErrPolicy, "%s: %v", req.Name, err)
+	}
 	vd := t.vd
 	var exp *export
 	if o == nbd.OptGo {
@@ -336,6 +349,25 @@ func (c *conn) infoGo(o nbd.Option, data []byte) (*export, error) {
 		return exp, err
 	}
 	return exp, nil
+}
+
+// admit says whether the client's certificate lets it open t: a client
+// opens its own boots and private image, and the base read-only; only a
+// certificate with the maintenance role opens a maintenance version.
+func (c *conn) admit(t target) error {
+	if c.s.cfg.Clients != "certificate" {
+		return nil
+	}
+	if c.peer == nil {
+		return errors.New("a client certificate is required (stream.clients: certificate)")
+	}
+	if t.stage == StageMaintenance && !c.peer.Has(pki.RoleMaintenance) {
+		return fmt.Errorf("the certificate of %s has no %s role, which the maintenance version needs", c.peer.Client, pki.RoleMaintenance)
+	}
+	if t.client != "" && t.client != c.peer.Client {
+		return fmt.Errorf("the certificate names client %s, which may not open the boots or private image of %s", c.peer.Client, t.client)
+	}
+	return nil
 }
 
 func (c *conn) open(t target) (*export, error) {

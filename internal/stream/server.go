@@ -14,6 +14,7 @@ package stream
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,9 @@ type Deps struct {
 	// TLS is the certificate served after NBD_OPT_STARTTLS; needed unless
 	// stream.tls is off.
 	TLS *tls.Config
+	// ClientCAs verify client certificates; needed when stream.clients is
+	// certificate.
+	ClientCAs *x509.CertPool
 }
 
 // Server serves the configured vDisks over NBD.
@@ -132,6 +136,17 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 	}
 	if cfg.TLS != "off" && d.TLS == nil {
 		return nil, errors.New("stream: stream.tls is " + cfg.TLS + " but no certificate was given")
+	}
+	if cfg.Clients == "certificate" {
+		if d.ClientCAs == nil {
+			return nil, errors.New("stream: stream.clients is certificate but no client CA was given")
+		}
+		tc := d.TLS.Clone()
+		tc.ClientAuth, tc.ClientCAs = tls.RequireAndVerifyClientCert, d.ClientCAs
+		d.TLS = tc
+	} else {
+		d.Logger.Warn("stream.clients is open: any machine that reaches the NBD port can read and overwrite every client's boots and private images and write maintenance versions; use it only on a network where every machine is trusted",
+			"listen", cfg.Listen)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{}, buffers: semaphore.NewWeighted(int64(cfg.MaxBufferMB) << 20),
 		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}}

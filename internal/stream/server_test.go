@@ -32,7 +32,7 @@ func newTestServer(t testing.TB) (*Server, string, []byte) {
 	if err := os.WriteFile(path, base, 0o400); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", CacheRAMMB: 1,
+	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", CacheRAMMB: 1,
 		ReconnectWindow: config.Duration(time.Minute), VDisks: []config.VDisk{{Name: "golden", Base: path}}}}
 	cfg.ApplyDefaults()
 	s, err := New(cfg.Stream, Deps{})
@@ -524,7 +524,7 @@ func TestShutdownWithFullSocket(t *testing.T) {
 	if err := os.WriteFile(path, make([]byte, testSize), 0o400); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", VDisks: []config.VDisk{{Name: "golden", Base: path}}}}
+	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", VDisks: []config.VDisk{{Name: "golden", Base: path}}}}
 	cfg.ApplyDefaults()
 	s, err := New(cfg.Stream, Deps{})
 	if err != nil {

@@ -22,7 +22,7 @@ func TestVersions(t *testing.T) {
 	base := bytes.Repeat([]byte{'b'}, 1<<20)
 	basePath := filepath.Join(dir, "base.img")
 	os.WriteFile(basePath, base, 0o400)
-	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", ReconnectWindow: config.Duration(time.Minute),
+	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", ReconnectWindow: config.Duration(time.Minute),
 		VDisks: []config.VDisk{{Name: "golden", Base: basePath}}}}
 	cfg.ApplyDefaults()
 	start := func() (*Server, string, func()) {
@@ -164,7 +164,7 @@ func TestPrivateFromProduction(t *testing.T) {
 	dir := t.TempDir()
 	basePath := filepath.Join(dir, "base.img")
 	os.WriteFile(basePath, bytes.Repeat([]byte{'b'}, 1<<20), 0o400)
-	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", ReconnectWindow: config.Duration(time.Minute),
+	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", ReconnectWindow: config.Duration(time.Minute),
 		VDisks: []config.VDisk{{Name: "desk", Base: basePath, Mode: "private"}}}}
 	cfg.ApplyDefaults()
 	s, err := New(cfg.Stream, Deps{})

@@ -72,6 +72,7 @@ admin: {listen: "127.0.0.1:%[2]d", tokens: [bench-admin]}
 stream:
   listen: "127.0.0.1:%[3]d"
   tls: "off"
+  clients: open
   store: %[1]s/store
   max_inflight: 32
   vdisks:
