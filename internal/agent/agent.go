@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/deskway/deskway/internal/broker/brokerapi"
@@ -27,6 +28,10 @@ type Deps struct {
 	Sessions func() ([]brokerapi.Session, error)
 	// Proc is the /proc to read counters from.
 	Proc string
+	// CredentialFile keeps the credential the broker gave this host, so
+	// a restarted agent re-registers with it: a join token only ever
+	// registers new hosts. Empty keeps it in memory only.
+	CredentialFile string
 }
 
 // Agent is one host's agent.
@@ -57,14 +62,35 @@ func permanent(err error) bool {
 	return errors.As(err, &se) && (se.Status == http.StatusBadRequest || se.Status == http.StatusUnauthorized || se.Status == http.StatusForbidden)
 }
 
-// register joins the broker, retrying while it is unreachable.
+// register joins the broker, retrying while it is unreachable: with the
+// host's own credential when it has one, else with the join token.
 func (a *Agent) register(ctx context.Context) error {
+	if a.cred == "" && a.d.CredentialFile != "" {
+		if b, err := os.ReadFile(a.d.CredentialFile); err == nil {
+			a.cred = strings.TrimSpace(string(b))
+		}
+	}
 	wait := time.Second
 	for {
-		res, err := a.d.Client.Register(ctx, a.cfg.JoinToken.Value(), brokerapi.RegisterRequest{Name: a.cfg.Name,
-			Address: a.cfg.Address, Port: a.cfg.Port, Zone: a.cfg.Zone, Weight: a.cfg.Weight, SessionLimit: a.cfg.SessionLimit})
+		req := brokerapi.RegisterRequest{Name: a.cfg.Name, Address: a.cfg.Address, Port: a.cfg.Port, Zone: a.cfg.Zone,
+			Weight: a.cfg.Weight, SessionLimit: a.cfg.SessionLimit}
+		var res *brokerapi.RegisterResponse
+		var err error
+		if a.cred != "" {
+			res, err = a.d.Client.Register(ctx, a.cred, req)
+			var se *brokerclient.StatusError
+			if permanent(err) || errors.As(err, &se) && se.Status == http.StatusNotFound {
+				// Expired, or the host was removed: only a join token helps.
+				a.d.Logger.Warn("the broker refused this host's credential; registering with the join token", "error", err)
+				a.cred = ""
+				res, err = a.d.Client.Register(ctx, a.cfg.JoinToken.Value(), req)
+			}
+		} else {
+			res, err = a.d.Client.Register(ctx, a.cfg.JoinToken.Value(), req)
+		}
 		if err == nil {
 			a.cred = res.Credential
+			a.keep()
 			a.beat = time.Duration(res.HeartbeatInterval * float64(time.Second))
 			if a.beat <= 0 {
 				a.beat = 5 * time.Second
@@ -85,6 +111,25 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 }
 
+// keep writes the credential to CredentialFile (mode 0600).
+func (a *Agent) keep() {
+	if a.d.CredentialFile == "" {
+		return
+	}
+	tmp := a.d.CredentialFile + ".new"
+	err := os.WriteFile(tmp, []byte(a.cred+"\n"), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, a.d.CredentialFile)
+	}
+	if err != nil {
+		a.d.Logger.Warn("could not keep the host's credential; a restart will need a new join token", "file", a.d.CredentialFile, "error", err)
+	}
+}
+
+// renewEvery is how often a running agent re-registers with its
+// credential, which returns a fresh one long before the old expires.
+const renewEvery = 24 * time.Hour
+
 // Run reports until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.register(ctx); err != nil {
@@ -101,6 +146,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer heartbeat.Stop()
 	poll := time.NewTicker(a.cfg.SessionPoll.D())
 	defer poll.Stop()
+	renew := time.NewTicker(renewEvery)
+	defer renew.Stop()
 	send := func() error { return a.heartbeat(ctx, &prev, known) }
 	if err := send(); err != nil {
 		return err
@@ -127,6 +174,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			known = cur
 		case <-heartbeat.C:
 			if err := send(); err != nil {
+				return err
+			}
+		case <-renew.C:
+			if err := a.register(ctx); err != nil {
 				return err
 			}
 		}

@@ -51,7 +51,7 @@ func TestAgentAgainstBroker(t *testing.T) {
 	}
 	srv := httptest.NewTLSServer(b.Handler())
 	defer srv.Close()
-	join, _ := tokens.MintJoin("desk", "lab", time.Hour)
+	join, _ := tokens.MintJoin("desk", "lab", time.Hour, 0)
 	var mu sync.Mutex
 	sessions := []brokerapi.Session{}
 	set := func(ss ...brokerapi.Session) { mu.Lock(); sessions = ss; mu.Unlock() }

@@ -1,6 +1,8 @@
 package auth
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -19,22 +21,33 @@ const (
 type AgentClaims struct {
 	Group string `json:"grp"`
 	Zone  string `json:"zone,omitempty"`
+	// Uses is how many hosts a join token may register; 0 is no limit.
+	// The broker counts uses by the token's ID in its database, so the
+	// limit holds across brokers sharing it.
+	Uses int `json:"uses,omitempty"`
 	jwt.RegisteredClaims
 }
 
-// MintJoin returns a join token for group (and zone, if set), valid for ttl.
-func (t *Tokens) MintJoin(group, zone string, ttl time.Duration) (string, error) {
-	return t.mintAgent(JoinAudience, "", group, zone, ttl)
+// MintJoin returns a join token for group (and zone, if set), valid for
+// ttl, that registers at most uses new hosts (0: any number).
+func (t *Tokens) MintJoin(group, zone string, ttl time.Duration, uses int) (string, error) {
+	return t.mintAgent(JoinAudience, "", group, zone, ttl, uses)
 }
 
-// MintAgent returns the credential host reports with.
-func (t *Tokens) MintAgent(host, group string, ttl time.Duration) (string, error) {
-	return t.mintAgent(AgentAudience, host, group, "", ttl)
+// MintAgent returns the credential host (of group, in zone) reports and
+// re-registers with.
+func (t *Tokens) MintAgent(host, group, zone string, ttl time.Duration) (string, error) {
+	return t.mintAgent(AgentAudience, host, group, zone, ttl, 0)
 }
 
-func (t *Tokens) mintAgent(aud, sub, group, zone string, ttl time.Duration) (string, error) {
+func (t *Tokens) mintAgent(aud, sub, group, zone string, ttl time.Duration, uses int) (string, error) {
 	now := t.now()
-	c := AgentClaims{Group: group, Zone: zone, RegisteredClaims: jwt.RegisteredClaims{
+	id := make([]byte, 12)
+	if _, err := rand.Read(id); err != nil {
+		return "", fmt.Errorf("auth: token id: %w", err)
+	}
+	c := AgentClaims{Group: group, Zone: zone, Uses: uses, RegisteredClaims: jwt.RegisteredClaims{
+		ID:        hex.EncodeToString(id),
 		Subject:   sub,
 		Audience:  jwt.ClaimStrings{aud},
 		IssuedAt:  jwt.NewNumericDate(now),
@@ -74,6 +87,9 @@ func (t *Tokens) verifyAgent(aud, token string) (*AgentClaims, error) {
 	}
 	if c.Group == "" {
 		return nil, fmt.Errorf("%w: no delivery group", ErrBadToken)
+	}
+	if aud == JoinAudience && c.ID == "" {
+		return nil, fmt.Errorf("%w: join token has no id; mint a new one", ErrBadToken)
 	}
 	return &c, nil
 }

@@ -37,9 +37,9 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	cred := r.agent("h1", "desk", "")
 	r.agent("h2", "desk", "")
 	otherKey, _ := auth.NewTokens([]byte("another-key-another-key-another-key!"), nil)
-	wrongJoin, _ := otherKey.MintJoin("desk", "", time.Hour)
-	expired, _ := r.tokens.MintJoin("desk", "", -time.Minute)
-	unknownGroup, _ := r.tokens.MintJoin("nosuch", "", time.Hour)
+	wrongJoin, _ := otherKey.MintJoin("desk", "", time.Hour, 0)
+	expired, _ := r.tokens.MintJoin("desk", "", -time.Minute, 0)
+	unknownGroup, _ := r.tokens.MintJoin("nosuch", "", time.Hour, 0)
 	gatewayToken, _ := r.tokens.Mint("alice", nil, "h1.lan", 3389, time.Hour, "x")
 	basicAlice := "Basic " + basic("alice", "Alice-Pass-1")
 	cases := []struct {
@@ -108,7 +108,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 }
 
 func mustJoin(r *rig) string {
-	tok, err := r.tokens.MintJoin("desk", "", time.Hour)
+	tok, err := r.tokens.MintJoin("desk", "", time.Hour, 0)
 	if err != nil {
 		r.t.Fatal(err)
 	}

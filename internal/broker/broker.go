@@ -558,20 +558,35 @@ func (s *Server) agent(w http.ResponseWriter, r *http.Request, host string) (*au
 	return c, true
 }
 
+// register adds a host with a join token, which only ever creates new
+// hosts in its own delivery group, or lets a host's own agent update its
+// registration with the credential it was given. The bearer is checked
+// before the body is read.
 func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	tok := bearer(r)
 	if tok == "" {
-		s.fail(w, r, http.StatusUnauthorized, "register with Authorization: Bearer <join token> (deskway token join --group NAME)")
+		s.fail(w, r, http.StatusUnauthorized, "register with Authorization: Bearer <join token> (deskway token join --group NAME), or the host's own credential")
 		return
 	}
-	jc, err := s.tokens.VerifyJoin(tok)
-	if err != nil {
-		s.fail(w, r, http.StatusUnauthorized, "join token refused (%v): mint a new one with deskway token join", err)
-		return
+	jc, jerr := s.tokens.VerifyJoin(tok)
+	var own *auth.AgentClaims // the host's credential, when that is the bearer
+	if jerr != nil {
+		c, aerr := s.tokens.VerifyAgent(tok)
+		if aerr != nil {
+			s.fail(w, r, http.StatusUnauthorized, "join token refused (%v): mint a new one with deskway token join", jerr)
+			return
+		}
+		own = c
 	}
-	g, found := s.groups[jc.Group]
+	var group string
+	if own != nil {
+		group = own.Group
+	} else {
+		group = jc.Group
+	}
+	g, found := s.groups[group]
 	if !found {
-		s.fail(w, r, http.StatusForbidden, "join token is for delivery group %q, which this broker does not define", jc.Group)
+		s.fail(w, r, http.StatusForbidden, "the token is for delivery group %q, which this broker does not define", group)
 		return
 	}
 	var req brokerapi.RegisterRequest
@@ -595,6 +610,9 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	case req.SessionLimit < 0:
 		s.fail(w, r, http.StatusBadRequest, "session_limit %d is negative", req.SessionLimit)
 		return
+	case own != nil && own.Subject != req.Name:
+		s.fail(w, r, http.StatusForbidden, "this credential is host %q's; it cannot register %q", own.Subject, req.Name)
+		return
 	}
 	limit := g.SessionLimit
 	if req.SessionLimit > 0 && req.SessionLimit < limit {
@@ -604,24 +622,49 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	if weight == 0 {
 		weight = 1
 	}
-	zone := jc.Zone
-	if zone == "" {
-		zone = req.Zone
+	zone := req.Zone
+	switch {
+	case own != nil && own.Zone != "":
+		zone = own.Zone
+	case own == nil && jc.Zone != "":
+		zone = jc.Zone
 	}
 	h := store.Host{Name: req.Name, Group: g.Name, Zone: zone, Address: req.Address,
 		Port: req.Port, Weight: weight, SessionLimit: limit, LogonLimit: g.LogonLimit, RegisteredAt: s.now()}
-	if err := s.store.RegisterHost(r.Context(), h); err != nil {
+	var err error
+	if own != nil {
+		err = s.store.UpdateHost(r.Context(), h)
+	} else {
+		err = s.store.JoinHost(r.Context(), h, jc.ID, jc.Uses, jc.ExpiresAt.Time)
+	}
+	switch {
+	case errors.Is(err, store.ErrHostExists):
+		s.log.Warn("join token refused for a registered host", "host", req.Name, "delivery_group", g.Name, "remote", r.RemoteAddr)
+		s.fail(w, r, http.StatusConflict, "host %q is already registered: its own agent re-registers with its credential, "+
+			"or an administrator removes it (DELETE /api/v1/broker/hosts/%s) before a join token may register the name again", req.Name, req.Name)
+		return
+	case errors.Is(err, store.ErrJoinTokenUsed):
+		s.fail(w, r, http.StatusUnauthorized, "this join token has registered the %d hosts it may: mint a new one with deskway token join", jc.Uses)
+		return
+	case errors.Is(err, store.ErrNotFound):
+		s.fail(w, r, http.StatusNotFound, "host %q is no longer registered in delivery group %q: register it with a join token", req.Name, g.Name)
+		return
+	case err != nil:
 		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
 	s.cache.register(h)
-	cred, err := s.tokens.MintAgent(req.Name, g.Name, agentCredentialTTL)
+	cred, err := s.tokens.MintAgent(req.Name, g.Name, zone, agentCredentialTTL)
 	if err != nil {
 		s.fail(w, r, http.StatusInternalServerError, "%v", err)
 		return
 	}
+	how := "join token"
+	if own != nil {
+		how = "host credential"
+	}
 	s.log.Info("host registered", "host", req.Name, "delivery_group", g.Name, "zone", zone, "address", req.Address,
-		"port", req.Port, "session_limit", limit, "weight", weight)
+		"port", req.Port, "session_limit", limit, "weight", weight, "with", how)
 	writeJSON(w, http.StatusOK, brokerapi.RegisterResponse{Host: req.Name, DeliveryGroup: g.Name, Credential: cred,
 		HeartbeatInterval: s.cfg.HeartbeatInterval.D().Seconds()})
 }
@@ -757,6 +800,21 @@ func (s *Server) AdminHandler() *http.ServeMux {
 				"state": x.State, "created": x.CreatedAt, "updated": x.UpdatedAt})
 		}
 		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("DELETE /api/v1/broker/hosts/{name}", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		err := s.store.RemoveHost(r.Context(), name)
+		if errors.Is(err, store.ErrNotFound) {
+			s.fail(w, r, http.StatusNotFound, "no host named %q", name)
+			return
+		}
+		if err != nil {
+			s.fail(w, r, http.StatusConflict, "%v", err)
+			return
+		}
+		s.cache.remove(name)
+		s.log.Info("host removed by administrator", "host", name)
+		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/drain", func(w http.ResponseWriter, r *http.Request) {
 		var req brokerapi.DrainRequest

@@ -103,7 +103,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 // agent registers a host and returns its credential.
 func (r *rig) agent(name, group, zone string) string {
 	r.t.Helper()
-	join, err := r.tokens.MintJoin(group, zone, time.Hour)
+	join, err := r.tokens.MintJoin(group, zone, time.Hour, 0)
 	if err != nil {
 		r.t.Fatal(err)
 	}

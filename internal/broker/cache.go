@@ -206,6 +206,13 @@ func (c *localCache) register(h store.Host) {
 	c.hosts[h.Name] = h
 }
 
+// remove forgets a host an administrator removed.
+func (c *localCache) remove(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.hosts, name)
+}
+
 // heartbeat applies a host's report of load and health to the copy.
 func (c *localCache) heartbeat(r store.Report) bool {
 	c.mu.Lock()

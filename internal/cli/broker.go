@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,7 +62,7 @@ func agentCmd() *cobra.Command {
 				return errors.New("the config has no agent section: add agent.broker and agent.join_token")
 			}
 			log := obs.NewLogger(cmd.ErrOrStderr(), cfg.Log.Level, cfg.Log.Format).With("role", "agent")
-			a, err := newAgent(cfg.Agent, log)
+			a, err := newAgent(cfg.Agent, cfg.StateDir, log)
 			if err != nil {
 				return err
 			}
@@ -73,7 +74,7 @@ func agentCmd() *cobra.Command {
 }
 
 // newAgent builds the agent from its config section.
-func newAgent(cfg *config.Agent, log *slog.Logger) (*agent.Agent, error) {
+func newAgent(cfg *config.Agent, stateDir string, log *slog.Logger) (*agent.Agent, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if cfg.BrokerCA != "" {
 		pem, err := os.ReadFile(cfg.BrokerCA)
@@ -91,7 +92,8 @@ func newAgent(cfg *config.Agent, log *slog.Logger) (*agent.Agent, error) {
 	if cfg.Sessions == "xrdp" {
 		sessions = func() ([]brokerapi.Session, error) { return agent.XRDPSessions("/proc") }
 	}
-	return agent.New(cfg, agent.Deps{Logger: log, Client: &brokerclient.Client{Base: cfg.Broker, HTTP: hc}, Sessions: sessions})
+	return agent.New(cfg, agent.Deps{Logger: log, Client: &brokerclient.Client{Base: cfg.Broker, HTTP: hc}, Sessions: sessions,
+		CredentialFile: filepath.Join(stateDir, "agent-credential")})
 }
 
 // newBroker opens the broker's store and builds the role.
@@ -128,6 +130,7 @@ func joinCmd() *cobra.Command {
 	var (
 		cfgPath, group, zone string
 		ttl                  time.Duration
+		uses                 int
 	)
 	c := &cobra.Command{
 		Use:   "join",
@@ -141,7 +144,10 @@ func joinCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := tk.MintJoin(group, zone, ttl)
+			if uses < 0 {
+				return errors.New("token join: --uses must be 0 (any number of hosts) or more")
+			}
+			s, err := tk.MintJoin(group, zone, ttl, uses)
 			if err != nil {
 				return err
 			}
@@ -152,7 +158,8 @@ func joinCmd() *cobra.Command {
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file holding auth.token_key")
 	c.Flags().StringVar(&group, "group", "", "delivery group the host joins")
 	c.Flags().StringVar(&zone, "zone", "", "zone the host is in (else the agent's own setting)")
-	c.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "how long the token can register hosts")
+	c.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the token can register new hosts")
+	c.Flags().IntVar(&uses, "uses", 0, "how many new hosts it may register (0: any number within --ttl)")
 	return c
 }
 

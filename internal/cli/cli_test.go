@@ -205,3 +205,24 @@ func TestUp(t *testing.T) {
 		t.Error("the demo password appears in the logs")
 	}
 }
+
+// TestJoinTokenDefaults: a join token lives an hour unless told
+// otherwise, and --uses is carried in it.
+func TestJoinTokenDefaults(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	key := strings.Repeat("k", 32)
+	os.WriteFile(cfg, []byte("auth:\n  token_key: "+key+"\n"), 0o600)
+	var out bytes.Buffer
+	if code := Main(context.Background(), []string{"token", "join", "-c", cfg, "--group", "desk", "--uses", "1"}, &out, io.Discard); code != 0 {
+		t.Fatal("token join failed")
+	}
+	tk, _ := auth.NewTokens([]byte(key), nil)
+	c, err := tk.VerifyJoin(strings.TrimSpace(out.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl := time.Until(c.ExpiresAt.Time); ttl > time.Hour || ttl < 59*time.Minute || c.Uses != 1 || c.ID == "" {
+		t.Fatalf("join token: ttl %s, uses %d, id %q", ttl, c.Uses, c.ID)
+	}
+}

@@ -130,7 +130,7 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 		api = append(api, b.AdminHandler())
 	}
 	if cfg.Agent != nil {
-		a, err := newAgent(cfg.Agent, log.With("role", "agent"))
+		a, err := newAgent(cfg.Agent, cfg.StateDir, log.With("role", "agent"))
 		if err != nil {
 			return err
 		}

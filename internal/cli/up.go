@@ -94,8 +94,9 @@ func upCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				// The local agent's join token; it is only good for this machine's config.
-				join, err := tk.MintJoin("desktops", "", 10*365*24*time.Hour)
+				// The local agent's join token registers this one host, once,
+				// within the hour; the agent then keeps its own credential.
+				join, err := tk.MintJoin("desktops", "", time.Hour, 1)
 				if err != nil {
 					return err
 				}

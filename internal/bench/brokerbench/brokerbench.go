@@ -291,7 +291,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		MaxIdleConnsPerHost: 2*c + o.Hosts, MaxIdleConns: 2*c + o.Hosts}}
 	defer hc.CloseIdleConnections()
 	client := &brokerclient.Client{Base: "https://" + ln.Addr().String(), HTTP: hc, MaxRetries: 1000}
-	join, err := tokens.MintJoin(group, "", time.Hour)
+	join, err := tokens.MintJoin(group, "", time.Hour, 0)
 	if err != nil {
 		return report.Point{}, err
 	}

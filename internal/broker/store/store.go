@@ -285,6 +285,97 @@ func (s *Store) SyncGroups(ctx context.Context, groups []Group) error {
 	return nil
 }
 
+// Errors of host registration.
+var (
+	ErrHostExists    = errors.New("store: a host of that name is registered")
+	ErrJoinTokenUsed = errors.New("store: the join token has registered all the hosts it may")
+)
+
+// JoinHost adds a new host with a join token whose id is jti, counting a
+// use of it when it allows at most maxUses (0: no limit). An existing
+// name is ErrHostExists: a join token never takes over a registered host.
+func (s *Store) JoinHost(ctx context.Context, h Host, jti string, maxUses int, expires time.Time) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: join host %s: %w", h.Name, err)
+	}
+	defer tx.Rollback()
+	now := h.RegisteredAt.UnixMilli()
+	res, err := tx.ExecContext(ctx, `INSERT INTO hosts (name, group_name, zone, address, port, weight, session_limit, logon_limit, registered_at, last_seen)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) ON CONFLICT (name) DO NOTHING`,
+		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, now)
+	if err != nil {
+		return fmt.Errorf("store: join host %s: %w", h.Name, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return ErrHostExists
+	}
+	if maxUses > 0 {
+		var uses int
+		err := tx.QueryRowContext(ctx, `INSERT INTO join_token_uses (jti, uses, expires_at) VALUES ($1, 1, $3)
+			ON CONFLICT (jti) DO UPDATE SET uses = join_token_uses.uses + 1 WHERE join_token_uses.uses < $2
+			RETURNING uses`, jti, maxUses, expires.UnixMilli()).Scan(&uses)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrJoinTokenUsed
+		}
+		if err != nil {
+			return fmt.Errorf("store: join token use: %w", err)
+		}
+		// Spent tokens are forgotten once they could no longer verify.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM join_token_uses WHERE expires_at < $1`, now); err != nil {
+			return fmt.Errorf("store: join token use: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: join host %s: %w", h.Name, err)
+	}
+	return nil
+}
+
+// UpdateHost changes the address, zone, weight and limits of host h.Name
+// in group h.Group, as its own agent re-registers; ErrNotFound when no
+// such host is in that group. Sessions and counters stay.
+func (s *Store) UpdateHost(ctx context.Context, h Host) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET zone = $3, address = $4, port = $5, weight = $6, session_limit = $7,
+			logon_limit = $8, registered_at = $9, last_seen = $9 WHERE name = $1 AND group_name = $2`,
+		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, h.RegisteredAt.UnixMilli())
+	if err != nil {
+		return fmt.Errorf("store: update host %s: %w", h.Name, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// RemoveHost deletes a host that has no live sessions, so that a join
+// token may register the name again; ErrNotFound if there is none.
+func (s *Store) RemoveHost(ctx context.Context, name string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: remove host %s: %w", name, err)
+	}
+	defer tx.Rollback()
+	var live int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE host_name = $1 AND state <> 'ended'`, name).Scan(&live); err != nil {
+		return fmt.Errorf("store: remove host %s: %w", name, err)
+	}
+	if live > 0 {
+		return fmt.Errorf("store: host %s has %d live sessions: drain it and wait for them to end", name, live)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE host_name = $1`, name); err != nil {
+		return fmt.Errorf("store: remove host %s: %w", name, err)
+	}
+	res, err := tx.ExecContext(ctx, `DELETE FROM hosts WHERE name = $1`, name)
+	if err != nil {
+		return fmt.Errorf("store: remove host %s: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return ErrNotFound
+	}
+	return tx.Commit()
+}
+
 // RegisterHost adds a host or updates its address, zone, weight and limits;
 // its sessions and counters survive a re-registration.
 func (s *Store) RegisterHost(ctx context.Context, h Host) error {
