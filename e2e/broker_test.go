@@ -87,6 +87,7 @@ func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 		for deadline := time.Now().Add(15 * time.Second); ; {
 			req, _ := http.NewRequest("POST", broker+"/api/v1/launch", strings.NewReader(`{"delivery_group":"desk"}`))
 			req.SetBasicAuth(r.xrdp.User, r.xrdp.Password)
+			req.Header.Set("Content-Type", "application/json")
 			resp, err := hc.Do(req)
 			if err != nil {
 				t.Fatal(err)

@@ -32,6 +32,7 @@ import (
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/store"
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/httpguard"
 	"github.com/deskway/deskway/internal/obs"
 )
 
@@ -267,7 +268,7 @@ func (s *Server) Handler() http.Handler {
 
 // Serve runs the broker's HTTPS listener until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	srv := &http.Server{Handler: httpguard.Wrap(s.Handler(), maxBody), ReadTimeout: s.cfg.ReadTimeout.D(),
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -539,8 +540,8 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// agent authenticates an agent credential and checks it is for host.
-func (s *Server) agent(w http.ResponseWriter, r *http.Request, host string) (*auth.AgentClaims, bool) {
+// agent authenticates an agent credential, before any of the body is read.
+func (s *Server) agent(w http.ResponseWriter, r *http.Request) (*auth.AgentClaims, bool) {
 	tok := bearer(r)
 	if tok == "" {
 		s.fail(w, r, http.StatusUnauthorized, "agent requests need Authorization: Bearer <credential from register>")
@@ -548,14 +549,19 @@ func (s *Server) agent(w http.ResponseWriter, r *http.Request, host string) (*au
 	}
 	c, err := s.tokens.VerifyAgent(tok)
 	if err != nil {
-		s.fail(w, r, http.StatusUnauthorized, "agent credential refused (%v): register again with a join token", err)
-		return nil, false
-	}
-	if c.Subject != host {
-		s.fail(w, r, http.StatusForbidden, "this credential is for host %q, not %q", c.Subject, host)
+		s.fail(w, r, http.StatusUnauthorized, "agent credential refused (%v): register again", err)
 		return nil, false
 	}
 	return c, true
+}
+
+// sameHost checks that a report names the host its credential is for.
+func (s *Server) sameHost(w http.ResponseWriter, r *http.Request, c *auth.AgentClaims, host string) bool {
+	if c.Subject != host {
+		s.fail(w, r, http.StatusForbidden, "this credential is for host %q, not %q", c.Subject, host)
+		return false
+	}
+	return true
 }
 
 // register adds a host with a join token, which only ever creates new
@@ -677,12 +683,16 @@ func fraction(name string, v float64) error {
 }
 
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.agent(w, r)
+	if !ok {
+		return
+	}
 	var hb brokerapi.Heartbeat
 	if err := decode(w, r, &hb); err != nil {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
-	if _, ok := s.agent(w, r, hb.Host); !ok {
+	if !s.sameHost(w, r, c, hb.Host) {
 		return
 	}
 	err := errors.Join(fraction("cpu", hb.CPU), fraction("memory", hb.Memory), fraction("disk_idle", hb.DiskIdle),
@@ -705,6 +715,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	rep := store.Report{Host: hb.Host, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
 		MemPressure: hb.MemoryPressure, Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions,
 		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
+	if g, ok := s.groups[c.Group]; ok {
+		rep.TrustSessions = g.TrustHostSessions
+	}
 	err = nil
 	if !s.offline.Load() {
 		err = s.store.Heartbeat(r.Context(), rep)
@@ -724,12 +737,16 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.agent(w, r)
+	if !ok {
+		return
+	}
 	var ev brokerapi.Events
 	if err := decode(w, r, &ev); err != nil {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
-	if _, ok := s.agent(w, r, ev.Host); !ok {
+	if !s.sameHost(w, r, c, ev.Host) {
 		return
 	}
 	for _, e := range ev.Events {
@@ -797,7 +814,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		out := make([]map[string]any, 0, len(ss))
 		for _, x := range ss {
 			out = append(out, map[string]any{"id": x.ID, "user": x.User, "delivery_group": x.Group, "host": x.Host,
-				"state": x.State, "created": x.CreatedAt, "updated": x.UpdatedAt})
+				"state": x.State, "created": x.CreatedAt, "updated": x.UpdatedAt, "verified": !x.Unverified})
 		}
 		writeJSON(w, http.StatusOK, out)
 	})

@@ -49,7 +49,9 @@ func (c *localCache) load(hosts []store.Host, sessions []store.Session, withSess
 	}
 	c.live = make(map[string]store.Session, len(sessions))
 	for _, s := range sessions {
-		c.live[liveKey(s.User, s.Group)] = s
+		if !s.Unverified { // a host's unverified claim never draws a launch
+			c.live[liveKey(s.User, s.Group)] = s
+		}
 	}
 }
 

@@ -1,8 +1,14 @@
 package broker_test
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
+	"encoding/base64"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,8 +18,12 @@ import (
 
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/testkit"
+	"github.com/deskway/deskway/internal/tlsconf"
 )
 
 // withLab adds a second delivery group, lab, that desk users are not in.
@@ -114,5 +124,163 @@ func TestJoinTokenUsesHoldAcrossBrokers(t *testing.T) {
 	wg.Wait()
 	if ok != 3 || used != 9 {
 		t.Fatalf("%d registrations succeeded and %d were told the token is used up; want 3 and 9", ok, used)
+	}
+}
+
+// serving runs r's broker behind its real HTTPS server (timeouts and
+// guards included) and, beside it, the admin listener with the broker's
+// admin API; it returns both addresses.
+func (r *rig) serving(t *testing.T) (brokerAddr, adminAddr string) {
+	t.Helper()
+	_, _, cert, key := testkit.TLS(t)
+	tc, err := tlsconf.Load(cert, key, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	t.Cleanup(func() { cancel(); <-done; <-done })
+	for _, serve := range []func(net.Listener) error{
+		func(ln net.Listener) error { return r.b.Serve(ctx, ln, tc) },
+		func(ln net.Listener) error {
+			a := &obs.Admin{Log: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), Tokens: []string{"admin-tok"},
+				API: []*http.ServeMux{r.b.AdminHandler()}}
+			return a.Serve(ctx, ln, tc)
+		},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if brokerAddr == "" {
+			brokerAddr = ln.Addr().String()
+		} else {
+			adminAddr = ln.Addr().String()
+		}
+		go func() { _ = serve(ln); done <- struct{}{} }()
+	}
+	return brokerAddr, adminAddr
+}
+
+// raw sends head (a request line and headers) and then body, one byte
+// every gap, on a new TLS connection, and returns the status line the
+// server answers with, or why there was none.
+func raw(t *testing.T, addr, head, body string, gap, wait time.Duration) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		_ = conn.SetReadDeadline(time.Now().Add(wait))
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			got <- "no answer: " + err.Error()
+			return
+		}
+		got <- strings.TrimSpace(line)
+	}()
+	for i := 0; i < len(body); i++ {
+		select {
+		case s := <-got:
+			return s
+		case <-time.After(gap):
+		}
+		if _, err := io.WriteString(conn, body[i:i+1]); err != nil {
+			break
+		}
+	}
+	return <-got
+}
+
+// TestBrokerHTTPGuards: bodies are read only after the credential is
+// checked, a request may take read_timeout at most, and a browser on
+// another site cannot make a state change with the user's credentials.
+func TestBrokerHTTPGuards(t *testing.T) {
+	r := newRig(t, "", func(c *config.Config) { c.Broker.ReadTimeout = config.Duration(2 * time.Second) })
+	r.agent("h1", "desk", "")
+	addr, adminAddr := r.serving(t)
+	basic := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("alice:Alice-Pass-1")) + "\r\n"
+
+	t.Run("no credential, no body read", func(t *testing.T) {
+		for _, path := range []string{"/api/v1/agent/heartbeat", "/api/v1/agent/events", "/api/v1/agent/register", "/api/v1/launch"} {
+			head := "POST " + path + " HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\nAuthorization: Bearer forged\r\n\r\n"
+			if got := raw(t, addr, head, "", 0, time.Second); !strings.Contains(got, " 401 ") {
+				t.Fatalf("%s with a forged credential and a body still to come: %q, want 401 at once", path, got)
+			}
+		}
+	})
+	t.Run("slow body", func(t *testing.T) {
+		body := `{"delivery_group":"desk","user":""}` + strings.Repeat(" ", 40)
+		head := fmt.Sprintf("POST /api/v1/launch HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n", len(body), basic)
+		start := time.Now()
+		got := raw(t, addr, head, body, 150*time.Millisecond, 10*time.Second)
+		if d := time.Since(start); d > 4*time.Second || strings.Contains(got, " 200 ") {
+			t.Fatalf("a body trickled for %s was still read (%q); read_timeout is 2s", d, got)
+		}
+	})
+	t.Run("cross-site launches", func(t *testing.T) {
+		launch := `{"delivery_group":"desk"}`
+		for _, c := range []struct{ name, headers, want string }{
+			{"text/plain body", "Content-Type: text/plain\r\n", " 415 "},
+			{"form body", "Content-Type: application/x-www-form-urlencoded\r\n", " 415 "},
+			{"foreign Origin", "Content-Type: application/json\r\nOrigin: https://evil.example.test\r\n", " 403 "},
+			{"cross-site fetch", "Content-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n", " 403 "},
+			{"same origin", "Content-Type: application/json\r\nOrigin: https://b\r\n", " 200 "},
+		} {
+			head := fmt.Sprintf("POST /api/v1/launch HTTP/1.1\r\nHost: b\r\n%sContent-Length: %d\r\n%s\r\n%s", c.headers, len(launch), basic, launch)
+			if got := raw(t, addr, head, "", 0, 5*time.Second); !strings.Contains(got, c.want) {
+				t.Fatalf("%s: %q, want%s", c.name, got, c.want)
+			}
+		}
+		live, _ := r.store.Sessions(context.Background(), "alice", false, 10)
+		if len(live) != 1 {
+			t.Fatalf("alice has %d sessions after one allowed launch", len(live))
+		}
+	})
+	t.Run("admin API", func(t *testing.T) {
+		drain := `{"drain":true}`
+		head := fmt.Sprintf("POST /api/v1/broker/hosts/h1/drain HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer admin-tok\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(drain), drain)
+		if got := raw(t, adminAddr, head, "", 0, 5*time.Second); !strings.Contains(got, " 415 ") {
+			t.Fatalf("admin drain with a text/plain body: %q", got)
+		}
+		head = "POST /api/v1/broker/hosts/h1/drain HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 5000000\r\n\r\n"
+		if got := raw(t, adminAddr, head, "", 0, time.Second); !strings.Contains(got, " 401 ") {
+			t.Fatalf("admin call without a token and a body to come: %q", got)
+		}
+	})
+}
+
+// TestHostCannotPinUsers: a host that reports a session for a user the
+// broker never placed there does not draw that user's launches (here a
+// draining host at 90 % CPU), unless the group trusts its hosts; the
+// claimed session still takes the host's slot.
+func TestHostCannotPinUsers(t *testing.T) {
+	for _, trust := range []bool{false, true} {
+		t.Run(fmt.Sprintf("trust_host_sessions=%v", trust), func(t *testing.T) {
+			r := newRig(t, "", func(c *config.Config) { c.Broker.DeliveryGroups[0].TrustHostSessions = trust })
+			rogue := r.agent("rogue-1", "desk", "")
+			r.agent("good-1", "desk", "")
+			r.beat("rogue-1", rogue, brokerapi.Heartbeat{DiskIdle: 0.9, CPU: 0.9, Drain: true,
+				Sessions: []brokerapi.Session{{User: "alice", State: "disconnected"}}})
+			hosts, _ := r.store.Hosts(context.Background(), "desk")
+			for _, h := range hosts {
+				if h.Name == "rogue-1" && h.Sessions != 1 {
+					t.Fatalf("the reported session takes no slot: %+v", h)
+				}
+			}
+			res, err := r.launch(brokerclient.Basic("alice", "Alice-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if trust != (res.Host == "rogue-1") || trust != res.Reconnect {
+				t.Fatalf("alice's launch went to %s (reconnect %v) with trust_host_sessions=%v", res.Host, res.Reconnect, trust)
+			}
+		})
 	}
 }

@@ -156,6 +156,7 @@ func TestUp(t *testing.T) {
 		req, _ := http.NewRequest("POST", fmt.Sprintf("https://localhost:%d/api/v1/launch", brokerPort), strings.NewReader(`{"delivery_group":"desktops"}`))
 		req.SetBasicAuth("demo", m[1])
 		req.Header.Set("Accept", "application/x-rdp")
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -131,7 +131,7 @@ Connect through it to an RDP host on this machine:
 				if l.Broker != nil {
 					_, bport, _ := net.SplitHostPort(l.Broker.String())
 					fmt.Fprintf(out, `  broker     https://localhost:%[1]s/api/v1/launch  (a desktop from delivery group desktops, as an .rdp file:)
-             curl -sk -u demo:'%[2]s' -H 'Accept: application/x-rdp' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp && xfreerdp desk.rdp /cert:ignore
+             curl -sk -u demo:'%[2]s' -H 'Accept: application/x-rdp' -H 'Content-Type: application/json' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp && xfreerdp desk.rdp /cert:ignore
   hosts      https://%[3]s/api/v1/broker/hosts
 `, bport, pw, admin)
 				}

@@ -14,6 +14,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 	setDefault(&b.Database, filepath.Join(c.StateDir, "broker.db"))
 	setDefault(&b.MaxDBConnections, 64)
 	setDefault(&b.RetryAfter, Duration(time.Second))
+	setDefault(&b.ReadTimeout, Duration(30*time.Second))
 	setDefault(&b.BusyWait, Duration(2*time.Second))
 	setDefault(&b.LaunchTimeout, Duration(30*time.Second))
 	setDefault(&b.HeartbeatInterval, Duration(5*time.Second))

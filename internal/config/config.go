@@ -226,6 +226,9 @@ type Broker struct {
 	// Retry-After. 0 means no cap.
 	MaxConcurrentLaunches int      `yaml:"max_concurrent_launches"`
 	RetryAfter            Duration `yaml:"retry_after"`
+	// ReadTimeout bounds reading a whole request, headers and body: a
+	// client that trickles bytes holds a connection no longer.
+	ReadTimeout Duration `yaml:"read_timeout"`
 	// BusyWait is how long a launch waits inside the broker, trying again,
 	// when every host is only busy (at its logon limit, or taken by
 	// concurrent launches) before it answers 503 with Retry-After.
@@ -290,6 +293,10 @@ type Health struct {
 type DeliveryGrp struct {
 	Name        string `yaml:"name"`
 	Description string `yaml:"description"`
+	// TrustHostSessions lets sessions a host reports that the broker did
+	// not place (users who logged on to the host directly) draw those
+	// users' next launches; otherwise they only take the host's slots.
+	TrustHostSessions bool `yaml:"trust_host_sessions"`
 	// Kind is pooled (any host) or personal (a user keeps the host of
 	// their first launch).
 	Kind string `yaml:"kind"`

@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/deskway/deskway/internal/httpguard"
 	"golang.org/x/term"
 )
 
@@ -109,7 +111,8 @@ func (a *Admin) Handler() http.Handler {
 
 // Serve runs the admin listener until ctx ends.
 func (a *Admin) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second,
+	// pprof's profile and trace run as long as asked (30s by default).
+	srv := &http.Server{Handler: httpguard.Wrap(a.Handler(), 1<<20), ReadTimeout: httpguard.Read,
 		ErrorLog: slog.NewLogLogger(a.Log.Handler(), slog.LevelDebug)}
 	a.Log.Info("admin listening", "addr", ln.Addr().String())
 	return ServeHTTPS(ctx, "admin", srv, ln, tc, 5*time.Second)
@@ -118,6 +121,7 @@ func (a *Admin) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) erro
 // ServeHTTPS serves srv over TLS on ln until ctx ends, then shuts it down,
 // letting requests in flight finish for up to grace.
 func ServeHTTPS(ctx context.Context, name string, srv *http.Server, ln net.Listener, tc *tls.Config, grace time.Duration) error {
+	httpguard.Apply(srv)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(ln, tc)) }()
 	select {

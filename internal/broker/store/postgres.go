@@ -46,7 +46,7 @@ func (postgres) name() string { return "postgres" }
 // $7 personal, $8 depth.
 const placeSQL = `WITH live AS (
     SELECT s.id, s.host_name FROM sessions s
-    WHERE s.user_name = $1 AND s.group_name = $2 AND s.state <> 'ended'
+    WHERE s.user_name = $1 AND s.group_name = $2 AND s.state <> 'ended' AND s.verified
     LIMIT 1
 ), mine AS (
     SELECT h.name FROM hosts h WHERE $7 AND h.group_name = $2 AND h.assigned_user = $1

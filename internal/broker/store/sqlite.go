@@ -48,7 +48,7 @@ func (sqlite) name() string { return "sqlite" }
 
 const sqliteLiveSQL = `SELECT s.id, h.name, h.address, h.port, h.last_seen >= $3
     FROM sessions s JOIN hosts h ON h.name = s.host_name
-    WHERE s.user_name = $1 AND s.group_name = $2 AND s.state <> 'ended' LIMIT 1`
+    WHERE s.user_name = $1 AND s.group_name = $2 AND s.state <> 'ended' AND s.verified LIMIT 1`
 
 // $1 user, $2 group, $3 zone, $4 stale cutoff, $5 personal, $6 depth.
 const sqlitePickSQL = `SELECT h.name, h.address, h.port FROM hosts h

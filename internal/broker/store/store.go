@@ -75,6 +75,9 @@ type Session struct {
 	State     string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Unverified marks a session its host reported that the broker did
+	// not place; launches never reconnect to it.
+	Unverified bool
 }
 
 // Launch asks for a host for User in Group.
@@ -128,6 +131,9 @@ type Report struct {
 	// LogonGrace is how long a launch may stay unseen on its host before
 	// the report ends it as a failed logon.
 	LogonGrace time.Duration
+	// TrustSessions lets sessions the broker did not place draw their
+	// users' launches (the delivery group's trust_host_sessions).
+	TrustSessions bool
 }
 
 // Event is a session change an agent reports as it happens, for one or
@@ -526,17 +532,21 @@ func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 		if seen[user] {
 			continue
 		}
-		// A session the broker did not place (a direct logon); recorded
-		// unless the user holds a live session on another host of the group.
-		var other int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended'`, user, group).Scan(&other); err != nil {
-			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+		// A session the broker did not place (a direct logon, or a host
+		// claiming a user). It takes a slot of the host either way; only a
+		// group that trusts its hosts' reports lets it draw the user's
+		// next launch, and then not over a session the user has elsewhere.
+		if r.TrustSessions {
+			var other int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended' AND verified`, user, group).Scan(&other); err != nil {
+				return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+			}
+			if other > 0 {
+				continue
+			}
 		}
-		if other > 0 {
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at, logon_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $6, $6)`, NewID(), user, group, r.Host, st, now); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at, logon_at, verified)
+			VALUES ($1, $2, $3, $4, $5, $6, $6, $6, $7)`, NewID(), user, group, r.Host, st, now, r.TrustSessions); err != nil {
 			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
 		}
 	}
@@ -573,7 +583,7 @@ type querier interface {
 }
 
 func (s *Store) liveSessions(ctx context.Context, q querier, host string) ([]Session, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at
+	rows, err := q.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
 		FROM sessions WHERE host_name = $1 AND state <> 'ended'`, host)
 	if err != nil {
 		return nil, fmt.Errorf("store: sessions of %s: %w", host, err)
@@ -587,10 +597,11 @@ func scanSessions(rows *sql.Rows) ([]Session, error) {
 	for rows.Next() {
 		var ss Session
 		var created, updated int64
-		if err := rows.Scan(&ss.ID, &ss.User, &ss.Group, &ss.Host, &ss.State, &created, &updated); err != nil {
+		var verified bool
+		if err := rows.Scan(&ss.ID, &ss.User, &ss.Group, &ss.Host, &ss.State, &created, &updated, &verified); err != nil {
 			return nil, fmt.Errorf("store: scan session: %w", err)
 		}
-		ss.CreatedAt, ss.UpdatedAt = time.UnixMilli(created), time.UnixMilli(updated)
+		ss.CreatedAt, ss.UpdatedAt, ss.Unverified = time.UnixMilli(created), time.UnixMilli(updated), !verified
 		out = append(out, ss)
 	}
 	if err := rows.Err(); err != nil {
@@ -602,7 +613,7 @@ func scanSessions(rows *sql.Rows) ([]Session, error) {
 // Sessions lists sessions, newest first: live only unless all is set, of
 // one user when user is not empty, at most limit.
 func (s *Store) Sessions(ctx context.Context, user string, all bool, limit int) ([]Session, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at
+	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
 		FROM sessions WHERE ($1 = '' OR user_name = $1) AND ($2 OR state <> 'ended')
 		ORDER BY created_at DESC, id LIMIT $3`, user, all, limit)
 	if err != nil {
