@@ -3,6 +3,8 @@ package auth
 import (
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -102,7 +104,7 @@ func TestTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := tk.Mint("alice", []string{"staff"}, "Host1", 3389, time.Minute, "id1")
+	s, err := tk.Mint("alice", []string{"staff"}, "Host1", 3389, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,28 +130,47 @@ func TestTokens(t *testing.T) {
 
 func TestThrottle(t *testing.T) {
 	now := time.Unix(0, 0)
-	th := NewThrottle(3, time.Minute, func() time.Time { return now })
+	th := NewThrottle(3, 10, time.Minute, func() time.Time { return now })
+	office, home, attacker := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6"), netip.MustParseAddr("192.0.2.9")
+	th.Succeed("alice", office) // alice works from the office
 	for i := 0; i < 3; i++ {
-		if !th.Allowed("u") {
-			t.Fatalf("refused after %d failures", i)
+		if lk := th.Check("alice", attacker); lk != nil {
+			t.Fatalf("refused after %d failures: %v", i, lk)
 		}
-		th.Fail("u")
+		th.Fail("ALICE", attacker)
 	}
-	if th.Allowed("u") {
-		t.Fatal("allowed after 3 failures")
+	if th.Check("alice", attacker) == nil || th.Check("alice", home) == nil {
+		t.Fatal("alice not locked for addresses she never logged in from")
 	}
-	if !th.Allowed("v") {
-		t.Fatal("other key refused")
+	if lk := th.Check("alice", office); lk != nil {
+		t.Fatalf("failures elsewhere locked alice out of her office: %v", lk)
+	}
+	if lk := th.Check("bob", attacker); lk != nil {
+		t.Fatalf("another user refused at the attacker's address after 3 failures: %v", lk)
+	}
+	// A spray: one failure each for many users locks the address.
+	for i := range 10 {
+		th.Fail(fmt.Sprint("user", i), home)
+	}
+	if th.Check("carol", home) == nil || th.Check("", home) == nil {
+		t.Fatal("a spray of 10 users did not lock the address")
+	}
+	// A user named like an address is a user, not that address.
+	for range 3 {
+		th.Fail("10.0.0.5", attacker)
+	}
+	if lk := th.Check("dave", office); lk != nil {
+		t.Fatalf("failures of a user named 10.0.0.5 locked that address: %v", lk)
 	}
 	now = now.Add(2 * time.Minute)
-	if !th.Allowed("u") {
-		t.Fatal("still refused after window")
+	if th.Check("alice", attacker) != nil || th.Check("carol", home) != nil {
+		t.Fatal("still refused after the window")
 	}
 	th.maxKeys = 10
 	for i := 0; i < 100; i++ {
-		th.Fail(string(rune('a' + i)))
+		th.Fail(fmt.Sprint("u", i), netip.AddrFrom4([4]byte{10, 1, byte(i), 1}))
 	}
-	if len(th.keys) > 10 {
-		t.Fatalf("throttle grew to %d keys", len(th.keys))
+	if len(th.addr) > 10 || len(th.pair) > 10 || len(th.unfamiliar) > 10 {
+		t.Fatalf("throttle grew to %d, %d, %d keys", len(th.addr), len(th.pair), len(th.unfamiliar))
 	}
 }

@@ -1,6 +1,8 @@
 package auth
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -42,9 +44,15 @@ func NewTokens(key []byte, now func() time.Time) (*Tokens, error) {
 	return &Tokens{key: append([]byte(nil), key...), now: now}, nil
 }
 
-// Mint returns a token for user to reach host:port, valid for ttl.
-func (t *Tokens) Mint(user string, groups []string, host string, port int, ttl time.Duration, id string) (string, error) {
+// Mint returns a token for user to reach host:port, valid for ttl, with
+// a random id (jti) by which gateways count its uses.
+func (t *Tokens) Mint(user string, groups []string, host string, port int, ttl time.Duration) (string, error) {
 	now := t.now()
+	idb := make([]byte, 16)
+	if _, err := rand.Read(idb); err != nil {
+		return "", fmt.Errorf("auth: token id: %w", err)
+	}
+	id := hex.EncodeToString(idb)
 	c := Claims{
 		Groups: groups,
 		Host:   strings.ToLower(host),

@@ -40,7 +40,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	wrongJoin, _ := otherKey.MintJoin("desk", "", time.Hour, 0)
 	expired, _ := r.tokens.MintJoin("desk", "", -time.Minute, 0)
 	unknownGroup, _ := r.tokens.MintJoin("nosuch", "", time.Hour, 0)
-	gatewayToken, _ := r.tokens.Mint("alice", nil, "h1.lan", 3389, time.Hour, "x")
+	gatewayToken, _ := r.tokens.Mint("alice", nil, "h1.lan", 3389, time.Hour)
 	basicAlice := "Basic " + basic("alice", "Alice-Pass-1")
 	cases := []struct {
 		name, path, auth, body string

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -101,7 +102,7 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 		d.Now = time.Now
 	}
 	if d.Throttle == nil {
-		d.Throttle = auth.NewThrottle(5, 5*time.Minute, d.Now)
+		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
 		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry), personal: map[string]bool{},
@@ -351,22 +352,22 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (caller, b
 		s.fail(w, r, http.StatusUnauthorized, "authenticate with HTTP Basic (user and password) or a front-end bearer token")
 		return caller{}, false
 	}
-	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	key := strings.ToLower(auth.BareName(name))
-	if !s.throttle.Allowed(key) || !s.throttle.Allowed(host) {
-		w.Header().Set("Retry-After", strconv.Itoa(int(s.cfg.RetryAfter.D().Seconds()+1)))
-		s.fail(w, r, http.StatusTooManyRequests, "too many failed logins for %s or from %s; wait and retry", key, host)
+	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
+	from := ap.Addr()
+	// Refused before the password is checked, and not counted.
+	if lk := s.throttle.Check(name, from); lk != nil {
+		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+		s.fail(w, r, http.StatusTooManyRequests, "login refused: %s", lk.Reason)
 		return caller{}, false
 	}
 	u, found := s.users.Lookup(name)
 	if !found || !u.CheckPassword(pw) {
-		s.throttle.Fail(key)
-		s.throttle.Fail(host)
+		s.throttle.Fail(name, from)
 		w.Header().Set("WWW-Authenticate", `Basic realm="deskway broker", charset="UTF-8"`)
 		s.fail(w, r, http.StatusUnauthorized, "wrong user name or password")
 		return caller{}, false
 	}
-	s.throttle.Succeed(key)
+	s.throttle.Succeed(u.Name, from)
 	return caller{user: u.Name, groups: u.Groups, zone: u.Zone}, true
 }
 
@@ -511,7 +512,7 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusServiceUnavailable, "placement failed: %v", err)
 		return
 	}
-	tok, err := s.tokens.Mint(who.user, who.groups, p.Address, p.Port, s.cfg.TokenTTL.D(), p.SessionID)
+	tok, err := s.tokens.Mint(who.user, who.groups, p.Address, p.Port, s.cfg.TokenTTL.D())
 	if err != nil {
 		s.m.launches.WithLabelValues("error").Inc()
 		s.fail(w, r, http.StatusInternalServerError, "%v", err)

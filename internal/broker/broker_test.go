@@ -150,7 +150,7 @@ func TestLaunchReturnsRDPFileWithGatewayToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if claims.User() != "alice" || claims.Host != "h1.lan" || claims.Port != 3389 || claims.ID != res.SessionID {
+	if claims.User() != "alice" || claims.Host != "h1.lan" || claims.Port != 3389 || claims.ID == "" {
 		t.Fatalf("token claims = %+v", claims)
 	}
 	for _, line := range []string{"full address:s:h1.lan:3389\r\n", "gatewayhostname:s:gw.example.test:443\r\n",

@@ -284,3 +284,27 @@ func TestHostCannotPinUsers(t *testing.T) {
 		})
 	}
 }
+
+// TestBrokerThrottleKeysDoNotMix: failures under a user name that looks
+// like an address are that user's, never the address's.
+func TestBrokerThrottleKeysDoNotMix(t *testing.T) {
+	r := newRig(t, "", nil)
+	r.agent("h1", "desk", "")
+	for range 6 {
+		_, err := r.launch(brokerclient.Basic("127.0.0.1", "guess"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+		if s := status(err); s != http.StatusUnauthorized && s != http.StatusTooManyRequests {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.launch(brokerclient.Basic("alice", "Alice-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "desk"}); err != nil {
+		t.Fatalf("alice from 127.0.0.1 after failures of a user named 127.0.0.1: %v", err)
+	}
+	// A locked user gets 429 with Retry-After and the reason.
+	for range 5 {
+		_, _ = r.launch(brokerclient.Basic("bob", "guess"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+	}
+	_, err := r.launch(brokerclient.Basic("bob", "Bob-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+	if status(err) != http.StatusTooManyRequests || !strings.Contains(err.Error(), "failed logins as bob") {
+		t.Fatalf("bob after 5 failures: %v", err)
+	}
+}

@@ -113,7 +113,7 @@ func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *p
 		return nil, nil, err
 	}
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: log.With("role", "broker"), Registry: reg, Users: users,
-		Tokens: tokens, Store: st, Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
+		Tokens: tokens, Store: st, Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		StateDir: cfg.StateDir})
 	if err != nil {
 		st.Close()

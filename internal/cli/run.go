@@ -198,7 +198,7 @@ func newGateway(cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) 
 		Users:      users,
 		Tokens:     tokens,
 		Policy:     pol,
-		Throttle:   auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
+		Throttle:   auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Domain:     cfg.Auth.Domain,
 	})
 }

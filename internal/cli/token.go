@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -32,9 +31,7 @@ func tokenCmd() *cobra.Command {
 			if user == "" || host == "" {
 				return errors.New("token: --user and --host are required")
 			}
-			id := make([]byte, 8)
-			_, _ = rand.Read(id)
-			s, err := tk.Mint(user, groups, host, port, ttl, hex.EncodeToString(id))
+			s, err := tk.Mint(user, groups, host, port, ttl)
 			if err != nil {
 				return err
 			}

@@ -62,10 +62,15 @@ type Auth struct {
 	TokenKey Secret `yaml:"token_key"`
 	// Domain is the NetBIOS domain name offered in NTLM challenges.
 	Domain string `yaml:"domain"`
-	// MaxFailures failed logins within FailureWindow lock a user or a
-	// source address out until the window passes.
-	MaxFailures   int      `yaml:"max_failures"`
-	FailureWindow Duration `yaml:"failure_window"`
+	// MaxFailures failed logins of one user from one address within
+	// FailureWindow lock that pair until the window passes; as many from
+	// addresses that never logged in as the user lock the user for such
+	// addresses only.
+	MaxFailures int `yaml:"max_failures"`
+	// MaxFailuresPerAddress failed logins from one address, whatever the
+	// users, lock that address (a password spray).
+	MaxFailuresPerAddress int      `yaml:"max_failures_per_address"`
+	FailureWindow         Duration `yaml:"failure_window"`
 }
 
 // User is a local account. NTLM needs the NT hash of the password, so either
@@ -104,6 +109,11 @@ type Gateway struct {
 	// authenticating have caps of their own below, so they can never
 	// lock authorized users out.
 	MaxTunnels int `yaml:"max_tunnels"`
+	// TokenMaxUses is how many tunnels one PAA token may open in its
+	// lifetime: the first, then reconnects from the same address, never
+	// two at once. 0 makes tokens bearers usable without limit, for
+	// benchmarks only.
+	TokenMaxUses *int `yaml:"token_max_uses"`
 	// MaxUnauthenticated caps connections that have not yet opened a
 	// channel, in all and from one source address (an IPv6 /64 counts as
 	// one address); past either cap new connections are closed at once.
@@ -473,6 +483,7 @@ func (c *Config) ApplyDefaults() {
 	setDefault(&c.Admin.Listen, "127.0.0.1:9443")
 	setDefault(&c.Auth.Domain, "DESKWAY")
 	setDefault(&c.Auth.MaxFailures, 5)
+	setDefault(&c.Auth.MaxFailuresPerAddress, 20)
 	setDefault(&c.Auth.FailureWindow, Duration(5*time.Minute))
 	if st := c.Stream; st != nil {
 		setDefault(&st.Listen, ":10809")
@@ -506,6 +517,10 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&g.WriteTimeout, Duration(30*time.Second))
 		setDefault(&g.MaxUnauthenticated, 1024)
 		setDefault(&g.MaxUnauthenticatedPerAddr, 64)
+		if g.TokenMaxUses == nil {
+			one := 1
+			g.TokenMaxUses = &one
+		}
 		setDefault(&g.DialTimeout, Duration(10*time.Second))
 		setDefault(&g.ShutdownGrace, Duration(30*time.Second))
 		setDefault(&g.MaxTunnels, 20000)
@@ -606,6 +621,9 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	}
 	if g.HandshakeTimeout.D() < time.Second {
 		bad("gateway.handshake_timeout", "must be at least 1s")
+	}
+	if g.TokenMaxUses != nil && *g.TokenMaxUses < 0 {
+		bad("gateway.token_max_uses", "must be 0 (no limit) or more")
 	}
 	if g.WriteTimeout.D() < time.Second {
 		bad("gateway.write_timeout", "must be at least 1s")

@@ -45,6 +45,7 @@ func fuzzServer(t testing.TB) *Server {
 	cfg, err := config.Parse([]byte(`
 auth: {token_key: "` + fuzzKey + `"}
 gateway:
+  token_max_uses: 0 # every input reuses the seed's token
   connection_policies: [{name: all, users: ["*"]}]
   resource_policies: [{name: loop, users: ["*"], hosts: [127.0.0.1]}]
 `))
@@ -56,7 +57,7 @@ gateway:
 	pol, _ := policy.New(cfg.Gateway, nil)
 	s, err := New(cfg.Gateway, Deps{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Users: users, Tokens: tokens, Policy: pol,
-		Throttle: auth.NewThrottle(5, time.Minute, nil),
+		Throttle: auth.NewThrottle(5, 20, time.Minute, nil),
 		// The "host" hangs up at once, so an opened channel ends quickly.
 		Dial: func(context.Context, string, string) (net.Conn, error) {
 			a, b := net.Pipe()
@@ -72,7 +73,7 @@ gateway:
 
 func seedStream(t testing.TB) []byte {
 	tokens, _ := auth.NewTokens([]byte(fuzzKey), nil)
-	tok, _ := tokens.Mint("u", nil, "127.0.0.1", 3389, time.Hour, "x")
+	tok, _ := tokens.Mint("u", nil, "127.0.0.1", 3389, time.Hour)
 	tc := &tsgu.TunnelCreate{Capabilities: tsgu.CapMessagingServiceMsg}
 	tc.SetCookieString(tok)
 	var b []byte

@@ -108,7 +108,7 @@ func start(t *testing.T, mod func(*config.Config)) *harness {
 		Users:    users,
 		Tokens:   tokens,
 		Policy:   pol,
-		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.FailureWindow.D(), nil),
+		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Domain:   cfg.Auth.Domain,
 		Authorizer: func() gateway.Authorizer {
 			if cfg.Gateway.RADIUS == nil {
@@ -157,7 +157,7 @@ func (h *harness) cfg(user, pass, transport string) tsgclient.Config {
 
 func (h *harness) token(t *testing.T, user, host string, port uint16, ttl time.Duration) string {
 	t.Helper()
-	s, err := h.tokens.Mint(user, nil, host, int(port), ttl, "t")
+	s, err := h.tokens.Mint(user, nil, host, int(port), ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestRefusals(t *testing.T) {
 	}
 	forged := h.cfg("", "", tsgclient.Websocket)
 	other, _ := auth.NewTokens([]byte(strings.Repeat("x", 32)), nil)
-	forged.Token, _ = other.Mint("bob", nil, "127.0.0.1", int(h.echoPort), time.Minute, "f")
+	forged.Token, _ = other.Mint("bob", nil, "127.0.0.1", int(h.echoPort), time.Minute)
 	if _, err := dial(t, forged, "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
 		t.Fatalf("forged token: %v", err)
 	}
@@ -300,17 +300,18 @@ func TestLoginThrottle(t *testing.T) {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
 	}
-	// The right password is now refused too: the user and the address are locked out.
-	if _, err := dial(t, h.cfg("bob", "Bob-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != 401 {
+	// The right password is now refused too, with 429: bob is locked at
+	// this address, which he never logged in from.
+	if _, err := dial(t, h.cfg("bob", "Bob-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusTooManyRequests {
 		t.Fatalf("locked-out login: %v", err)
 	}
-	if !strings.Contains(h.logs.String(), "too many failures") {
-		t.Fatal("lockout not logged")
+	if !strings.Contains(h.logs.String(), "failed-login throttle") || !strings.Contains(h.logs.String(), "3 failed logins as bob") {
+		t.Fatal("lockout not logged with its reason")
 	}
 }
 
 func TestBadTokensThrottleAddress(t *testing.T) {
-	h := start(t, nil)
+	h := start(t, func(c *config.Config) { c.Auth.MaxFailuresPerAddress = 3 })
 	bad := h.cfg("", "", tsgclient.Websocket)
 	bad.Token = "not-a-token"
 	for i := 0; i < 3; i++ {
@@ -320,7 +321,7 @@ func TestBadTokensThrottleAddress(t *testing.T) {
 	}
 	good := h.cfg("", "", tsgclient.Websocket)
 	good.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
-	if _, err := dial(t, good, "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusForbidden {
+	if _, err := dial(t, good, "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusTooManyRequests {
 		t.Fatalf("address with repeated bad tokens not throttled: %v", err)
 	}
 }

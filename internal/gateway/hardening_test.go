@@ -479,3 +479,129 @@ func TestLogLinesNameTheUserOnceAndIPv6InBrackets(t *testing.T) {
 		t.Errorf("IPv6 endpoint not in brackets:\n%s", logs)
 	}
 }
+
+// TestTokensAreNotReplayable: a PAA token opens one tunnel; with
+// reconnects allowed, more only from the address of its first use, one
+// at a time, up to the limit. Whoever sees a token cannot use it too.
+func TestTokensAreNotReplayable(t *testing.T) {
+	from := func(h *harness, tok, src string) tsgclient.Config {
+		c := h.cfg("", "", tsgclient.Websocket)
+		c.Token = tok
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c.Dial = d.DialContext
+		return c
+	}
+	refused := func(t *testing.T, err error, why string) {
+		t.Helper()
+		if statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+			t.Fatalf("%s: %v, want E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", why, err)
+		}
+	}
+	t.Run("one tunnel", func(t *testing.T) {
+		h := start(t, nil)
+		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoRoundTrip(t, c, 10)
+		_, err = dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+		refused(t, err, "the same token while its tunnel is open")
+		c.Close()
+		time.Sleep(200 * time.Millisecond)
+		_, err = dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+		refused(t, err, "the same token after its tunnel ended")
+		if !strings.Contains(h.logs.String(), "token of bob refused") {
+			t.Fatal("the replay was not logged with its reason")
+		}
+	})
+	t.Run("reconnects", func(t *testing.T) {
+		h := start(t, func(c *config.Config) { three := 3; c.Gateway.TokenMaxUses = &three })
+		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		for i := range 3 {
+			if i == 1 {
+				_, err := dial(t, from(h, tok, "127.0.0.7"), "127.0.0.1", h.echoPort)
+				refused(t, err, "a reconnect from another address")
+			}
+			c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+			if err != nil {
+				t.Fatalf("reconnect %d from the first address: %v", i, err)
+			}
+			echoRoundTrip(t, c, 10)
+			c.Close()
+			time.Sleep(200 * time.Millisecond)
+		}
+		_, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+		refused(t, err, "a fourth tunnel with a token for three")
+	})
+}
+
+// TestLoginThrottleBySourceAndFamiliarity: failures count where the
+// password is checked, per address and per user at an address; failures
+// from addresses that never logged in as a user do not lock that user out
+// of the addresses they work from; a correct password refused while
+// locked is no failure.
+func TestLoginThrottleBySourceAndFamiliarity(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Auth.MaxFailures = 3
+		c.Auth.MaxFailuresPerAddress = 20
+		for i := range 40 {
+			c.Auth.Users = append(c.Auth.Users, config.User{Name: fmt.Sprintf("user%d", i), Password: config.NewSecret(fmt.Sprintf("User%d-Pass1", i))})
+		}
+	})
+	login := func(src, user, pass string) error {
+		c := h.cfg(user, pass, tsgclient.Websocket)
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c.Dial = d.DialContext
+		conn, err := dial(t, c, "127.0.0.1", h.echoPort)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}
+	t.Run("spray from one address", func(t *testing.T) {
+		stopped := -1
+		for i := range 40 {
+			err := login("127.0.0.2", fmt.Sprintf("user%d", i), "Winter2026!")
+			if httpStatusOf(err) == http.StatusTooManyRequests {
+				stopped = i
+				break
+			}
+			if httpStatusOf(err) != http.StatusUnauthorized {
+				t.Fatalf("guess %d: %v", i, err)
+			}
+		}
+		if stopped != 20 {
+			t.Fatalf("the spray was stopped at guess %d, want 20 (max_failures_per_address)", stopped)
+		}
+		// The address stays refused even for a right password.
+		if err := login("127.0.0.2", "user39", "User39-Pass1"); httpStatusOf(err) != http.StatusTooManyRequests {
+			t.Fatalf("right password from the spraying address: %v", err)
+		}
+	})
+	t.Run("smart lockout", func(t *testing.T) {
+		if err := login("127.0.0.1", "alice", "Alice-Pass1"); err != nil { // alice's office
+			t.Fatal(err)
+		}
+		for range 10 {
+			_ = login("127.0.0.3", "alice", "guess")
+		}
+		if err := login("127.0.0.3", "alice", "Alice-Pass1"); httpStatusOf(err) != http.StatusTooManyRequests {
+			t.Fatalf("alice from the attacker's address after 10 failures: %v", err)
+		}
+		if err := login("127.0.0.1", "alice", "Alice-Pass1"); err != nil {
+			t.Fatalf("failures elsewhere locked alice out of her office: %v", err)
+		}
+		// From a new address alice is refused (locked for unfamiliar
+		// addresses), however often she tries: refusals are not failures,
+		// so that address is not locked for anyone else.
+		for range 25 {
+			if err := login("127.0.0.4", "alice", "Alice-Pass1"); httpStatusOf(err) != http.StatusTooManyRequests {
+				t.Fatalf("alice from a new address while locked: %v", err)
+			}
+		}
+		if err := login("127.0.0.4", "bob", "Bob-Pass1"); err != nil {
+			t.Fatalf("refused logins locked their address for another user: %v", err)
+		}
+	})
+}

@@ -28,20 +28,9 @@ func newPreauth(max, perAddr int, budget time.Duration) *preauth {
 	return &preauth{max: max, perAddr: perAddr, budget: budget, byAddr: map[netip.Prefix]int{}}
 }
 
-// sourceKey is what the per-address cap counts: an IPv4 address, or the
-// /64 of an IPv6 one, since a single host commonly holds a whole /64.
-func sourceKey(a netip.Addr) netip.Prefix {
-	a = a.Unmap()
-	if a.Is6() {
-		p, _ := a.Prefix(64)
-		return p
-	}
-	return netip.PrefixFrom(a, a.BitLen())
-}
-
 // admit takes a slot for a connection from a, or says which cap is full.
 func (p *preauth) admit(a netip.Addr) (netip.Prefix, string) {
-	k := sourceKey(a)
+	k := auth.Source(a)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {

@@ -21,6 +21,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,8 @@ type Deps struct {
 	Domain     string
 	// Dial connects to RDP hosts; nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TokenUses records PAA tokens' tunnels; nil keeps them in memory.
+	TokenUses TokenUses
 }
 
 // Authorizer is a central connection policy check (RADIUS, like NPS).
@@ -90,6 +93,16 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 	if d.Dial == nil {
 		nd := &net.Dialer{Timeout: cfg.DialTimeout.D(), KeepAlive: 30 * time.Second}
 		d.Dial = nd.DialContext
+	}
+	if d.TokenUses == nil {
+		n := 1
+		if cfg.TokenMaxUses != nil {
+			n = *cfg.TokenMaxUses
+		}
+		if n == 0 {
+			d.Logger.Warn("gateway.token_max_uses is 0: a PAA token opens any number of tunnels until it expires, from anywhere, so whoever sees one can replay it")
+		}
+		d.TokenUses = newMemTokenUses(n, nil)
 	}
 	host, _ := os.Hostname()
 	if i := strings.IndexByte(host, '.'); i > 0 {
@@ -320,10 +333,8 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 	scheme, token, _ := strings.Cut(authz, " ")
 	if authz == "" {
 		if strings.EqualFold(r.Header.Get("RDG-Auth-Scheme"), "PAA") && s.deps.Tokens != nil && s.offers(policy.MethodPAA) {
-			if !s.deps.Throttle.Allowed(addrKey(cs.remote)) {
-				s.log.Warn("PAA connection refused: too many failures from address", "remote", cs.remote)
-				s.metrics.auth.WithLabelValues(policy.MethodPAA, "throttled").Inc()
-				plain(w, http.StatusForbidden, "")
+			if lk := s.deps.Throttle.Check("", cs.remote); lk != nil {
+				s.throttled(w, cs, policy.MethodPAA, lk)
 				return "", false
 			}
 			return policy.MethodPAA, true
@@ -350,13 +361,12 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 		plain(w, http.StatusBadRequest, "")
 		return "", false
 	}
-	src := addrKey(cs.remote)
 	switch msg[8] {
 	case 1:
-		if !s.deps.Throttle.Allowed(src) {
-			s.log.Warn("login refused: too many failures from address", "remote", cs.remote)
-			s.metrics.auth.WithLabelValues(policy.MethodNTLM, "throttled").Inc()
-			plain(w, http.StatusUnauthorized, "")
+		// An address past its limit is turned away before the exchange;
+		// failures are counted where the password is checked.
+		if lk := s.deps.Throttle.Check("", cs.remote); lk != nil {
+			s.throttled(w, cs, policy.MethodNTLM, lk)
 			return "", false
 		}
 		x, challenge, err := s.ntlm.Challenge(msg)
@@ -377,21 +387,23 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 			plain(w, http.StatusUnauthorized, "")
 			return "", false
 		}
-		u, err := s.ntlm.Authenticate(x, msg)
 		name := ntlmUser(msg)
-		userKey := "user:" + strings.ToLower(auth.BareName(name))
-		if err == nil && !s.deps.Throttle.Allowed(userKey) {
-			err = fmt.Errorf("user %s locked out after repeated failures", name)
+		// A locked-out login is refused before its password is looked at,
+		// and is no failure: a right password refused here must not lock
+		// its owner's address too.
+		if lk := s.deps.Throttle.Check(name, cs.remote); lk != nil {
+			s.throttled(w, cs, policy.MethodNTLM, lk, "user", name)
+			return "", false
 		}
+		u, err := s.ntlm.Authenticate(x, msg)
 		if err != nil {
-			s.deps.Throttle.Fail(src)
-			s.deps.Throttle.Fail(userKey)
+			s.deps.Throttle.Fail(name, cs.remote)
 			s.log.Warn("login failed", "user", name, "remote", cs.remote, "err", err)
 			s.metrics.auth.WithLabelValues(policy.MethodNTLM, "failed").Inc()
 			plain(w, http.StatusUnauthorized, "")
 			return "", false
 		}
-		s.deps.Throttle.Succeed(userKey)
+		s.deps.Throttle.Succeed(u.Name, cs.remote)
 		cs.user = u
 		s.metrics.auth.WithLabelValues(policy.MethodNTLM, "ok").Inc()
 		s.log.Info("login", "user", u.Name, "remote", cs.remote, "method", policy.MethodNTLM)
@@ -402,8 +414,16 @@ func (s *Server) authenticateHTTP(w http.ResponseWriter, r *http.Request, cs *co
 	}
 }
 
-// addrKey is the throttle key of a source address; user keys are "user:<name>".
-func addrKey(a netip.Addr) string { return "addr:" + a.String() }
+// throttled refuses a login the throttle holds back: 429 with
+// Retry-After, which clients that read the status can show, and the
+// reason in the log.
+func (s *Server) throttled(w http.ResponseWriter, cs *connState, method string, lk *auth.Lockout, attrs ...any) {
+	s.log.Warn("login refused by the failed-login throttle", append(attrs, "remote", cs.remote, "method", method, "reason", lk.Reason)...)
+	s.metrics.auth.WithLabelValues(method, "throttled").Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+	w.Header().Set("Connection", "close")
+	plain(w, http.StatusTooManyRequests, "")
+}
 
 func ntlmUser(msg []byte) string {
 	a, err := ntlm.DecodeAuthenticate(msg)

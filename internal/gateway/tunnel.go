@@ -50,6 +50,7 @@ type tunnel struct {
 	clientCaps uint32
 	counted    bool // counted in perUser and open
 	upstream   net.Conn
+	tokenEnd   func() // ends the token's use, when a token opened the tunnel
 
 	bytesUp, bytesDown atomic.Uint64
 	// lastInput is the unix nanos of the last data from the client: only
@@ -92,6 +93,9 @@ func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
 	tn.stop("")
 	for _, c := range hs.conns {
 		c.finish()
+	}
+	if tn.tokenEnd != nil {
+		tn.tokenEnd()
 	}
 
 	s.mu.Lock()
@@ -351,12 +355,18 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 		c, err := s.deps.Tokens.Verify(strings.TrimSpace(m.CookieString()))
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "failed").Inc()
-			s.deps.Throttle.Fail(addrKey(tn.hs.remote))
+			s.deps.Throttle.Fail("", tn.hs.remote)
 			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, err.Error()}
 		}
 		if tn.hs.user != nil && !strings.EqualFold(tn.hs.user.Name, c.User()) {
 			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token is for %s, HTTP login is %s", c.User(), tn.hs.user.Name)}
 		}
+		end, err := s.deps.TokenUses.Begin(c.ID, c.ExpiresAt.Time, tn.hs.remote)
+		if err != nil {
+			s.metrics.auth.WithLabelValues(policy.MethodPAA, "replayed").Inc()
+			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token of %s refused: %v", c.User(), err)}
+		}
+		tn.tokenEnd = end
 		s.metrics.auth.WithLabelValues(policy.MethodPAA, "ok").Inc()
 		tn.claims = c
 		if tn.hs.user == nil {

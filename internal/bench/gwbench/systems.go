@@ -174,6 +174,9 @@ gateway:
   listen: "127.0.0.1:%[6]d"
   auth_methods: [paa]
   max_tunnels: 100000
+  token_max_uses: 0   # every load tunnel presents the same token
+  max_unauthenticated: 100000
+  max_unauthenticated_per_address: 100000
   connection_policies: [{name: bench, users: ["*"]}]
   resource_policies: [{name: echo, users: ["*"], hosts: [127.0.0.1]}]
 `
@@ -219,7 +222,7 @@ func (e *env) startGateway(cpus int) (*proc, string, error) {
 // gatewayDialer opens tunnels with the MS-TSGU client over websocket, with
 // a PAA token, to the echo server; addrs rotate like round-robin DNS.
 func (e *env) gatewayDialer(addrs func() string) (load.Dialer, error) {
-	tok, err := e.tokens.Mint("bench", nil, "127.0.0.1", int(e.echoPort), 24*time.Hour, "bench")
+	tok, err := e.tokens.Mint("bench", nil, "127.0.0.1", int(e.echoPort), 24*time.Hour)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,86 @@
+package gateway
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// TokenUses records the tunnels each PAA token opens, so that a token
+// is not a bearer anyone who sees it may replay: it opens at most max
+// tunnels in its lifetime (one, unless reconnects are allowed), the
+// reconnects only from the address of its first use, and never two at
+// once. A farm shares one record; a gateway alone keeps it in memory.
+type TokenUses interface {
+	// Begin records that token id (valid until expires) opens a tunnel
+	// from source, or says why it may not; end is called when the tunnel
+	// ends.
+	Begin(id string, expires time.Time, source netip.Addr) (end func(), err error)
+}
+
+// memTokenUses is TokenUses in memory. Entries leave once their token
+// has expired, so the record holds no more than the tokens minted within
+// their lifetime.
+type memTokenUses struct {
+	max int // 0: no limit (benchmarks only)
+	now func() time.Time
+
+	mu      sync.Mutex
+	m       map[string]*tokenUse
+	pruneAt int
+}
+
+type tokenUse struct {
+	uses    int
+	source  netip.Addr
+	open    bool
+	expires time.Time
+}
+
+func newMemTokenUses(max int, now func() time.Time) *memTokenUses {
+	if now == nil {
+		now = time.Now
+	}
+	return &memTokenUses{max: max, now: now, m: map[string]*tokenUse{}, pruneAt: 4096}
+}
+
+// Begin implements TokenUses.
+func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(), error) {
+	if t.max == 0 {
+		return func() {}, nil
+	}
+	if id == "" {
+		return nil, fmt.Errorf("token has no id (jti), so its uses cannot be counted; mint a new one")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.m) >= t.pruneAt {
+		now := t.now()
+		for k, u := range t.m {
+			if now.After(u.expires) {
+				delete(t.m, k)
+			}
+		}
+		t.pruneAt = max(4096, 2*len(t.m))
+	}
+	u := t.m[id]
+	switch {
+	case u == nil:
+		u = &tokenUse{source: source, expires: expires.Add(time.Minute)} // past the verifier's leeway
+		t.m[id] = u
+	case u.open:
+		return nil, fmt.Errorf("token is in use by an open tunnel; a token opens one tunnel at a time")
+	case u.source != source:
+		return nil, fmt.Errorf("token was first used from %s; it is not accepted from %s", u.source, source)
+	case u.uses >= t.max:
+		return nil, fmt.Errorf("token has opened the %d tunnels it may (gateway.token_max_uses)", t.max)
+	}
+	u.uses++
+	u.open = true
+	return func() {
+		t.mu.Lock()
+		u.open = false
+		t.mu.Unlock()
+	}, nil
+}
