@@ -529,9 +529,13 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	s.m.latency.Observe(s.now().Sub(start).Seconds())
 	s.log.Info("launch", "user", who.user, "delivery_group", g.Name, "host", p.Host, "session", p.SessionID,
 		"reconnect", p.Reconnect, "zone", zone, "offline", offline, "ms", s.now().Sub(start).Milliseconds())
+	hostUser := who.user
+	if g.HostUsername == "none" {
+		hostUser = ""
+	}
 	resp := brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
 		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok,
-		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, who.user)}
+		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, hostUser)}
 	if strings.Contains(r.Header.Get("Accept"), "application/x-rdp") {
 		w.Header().Set("Content-Type", "application/x-rdp")
 		w.Header().Set("Content-Disposition", `attachment; filename="`+g.Name+`.rdp"`)

@@ -89,6 +89,7 @@ func Explain(group string, hosts []store.Host, stale time.Time, personal bool, u
 
 // RDPFile is the .rdp file for a placement: the host, routed through the
 // gateway with a PAA token, as mstsc and xfreerdp read it.
+// user is the session host's user name, or "" to leave it to the client.
 func RDPFile(address string, port int, gateway, token, user string) string {
 	lines := []string{
 		"full address:s:" + net.JoinHostPort(address, strconv.Itoa(port)),
@@ -97,8 +98,10 @@ func RDPFile(address string, port int, gateway, token, user string) string {
 		"gatewayprofileusagemethod:i:1",
 		"gatewaycredentialssource:i:5",
 		"gatewayaccesstoken:s:" + token,
-		"username:s:" + user,
-		"prompt for credentials:i:0",
 	}
+	if user != "" {
+		lines = append(lines, "username:s:"+user)
+	}
+	lines = append(lines, "prompt for credentials:i:0")
 	return strings.Join(lines, "\r\n") + "\r\n"
 }

@@ -109,10 +109,30 @@ func TestUp(t *testing.T) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	m := regexp.MustCompile(`user\s+demo / (\S+)`).FindStringSubmatch(out.String())
-	tok := regexp.MustCompile(`Bearer (\S+)\)`).FindStringSubmatch(out.String())
-	if m == nil || tok == nil || !strings.Contains(out.String(), "xfreerdp /v:127.0.0.1") {
-		t.Fatalf("up did not print where to connect:\n%s", out.String())
+	// Secrets are in a file only its owner reads, never on the terminal.
+	credsPath := filepath.Join(dir, "credentials")
+	creds, err := os.ReadFile(credsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(credsPath); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("credentials file mode %v", fi.Mode().Perm())
+	}
+	m := regexp.MustCompile(`(?m)^demo password: (\S+)$`).FindStringSubmatch(string(creds))
+	tok := regexp.MustCompile(`(?m)^admin token: (\S+)$`).FindStringSubmatch(string(creds))
+	if m == nil || tok == nil || !strings.Contains(out.String(), "xfreerdp /v:127.0.0.1") || !strings.Contains(out.String(), credsPath) {
+		t.Fatalf("up did not print where to connect and where the credentials are:\n%s\n%s", out.String(), creds)
+	}
+	for _, secret := range []string{m[1], tok[1]} {
+		if strings.Contains(out.String()+errb.String(), secret) {
+			t.Fatalf("up printed a secret to the terminal:\n%s", out.String())
+		}
+	}
+	// Every listener is on loopback unless --public is given.
+	for _, p := range []int{gwPort, brokerPort, streamPort, adminPort} {
+		if a := listenAddr(t, p); a != "127.0.0.1" {
+			t.Fatalf("port %d listens on %s, want 127.0.0.1 only", p, a)
+		}
 	}
 	if _, err := config.Load(filepath.Join(dir, "up.yaml")); err != nil {
 		t.Fatalf("generated config does not validate: %v", err)
@@ -122,7 +142,7 @@ func TestUp(t *testing.T) {
 	cfg := tsgclient.Config{Gateway: gw, TLS: &tls.Config{InsecureSkipVerify: true}, User: "demo", Password: m[1]}
 	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer ccancel()
-	_, err := tsgclient.Dial(cctx, cfg, "127.0.0.1", 1)
+	_, err = tsgclient.Dial(cctx, cfg, "127.0.0.1", 1)
 	if err == nil || !strings.Contains(err.Error(), "E_PROXY_TS_CONNECTFAILED") && !strings.Contains(err.Error(), "E_PROXY_RAP_ACCESSDENIED") {
 		t.Fatalf("demo login: %v", err)
 	}
@@ -226,4 +246,28 @@ func TestJoinTokenDefaults(t *testing.T) {
 	if ttl := time.Until(c.ExpiresAt.Time); ttl > time.Hour || ttl < 59*time.Minute || c.Uses != 1 || c.ID == "" {
 		t.Fatalf("join token: ttl %s, uses %d, id %q", ttl, c.Uses, c.ID)
 	}
+}
+
+// listenAddr is the IPv4 address a TCP socket listens on at port, from
+// /proc/net/tcp (0.0.0.0 for every interface); "" if none listens there.
+func listenAddr(t *testing.T, port int) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "0A" { // LISTEN
+			continue
+		}
+		hexAddr, hexPort, _ := strings.Cut(f[1], ":")
+		var p, a uint32
+		fmt.Sscanf(hexPort, "%X", &p)
+		fmt.Sscanf(hexAddr, "%X", &a)
+		if int(p) == port {
+			return fmt.Sprintf("%d.%d.%d.%d", byte(a), byte(a>>8), byte(a>>16), byte(a>>24))
+		}
+	}
+	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -35,7 +36,7 @@ auth:
     groups: [users]
 gateway:
   listen: "%[6]s"
-  public_name: localhost%[6]s
+  public_name: localhost:%[11]s
   connection_policies:
   - name: users
     groups: [users]
@@ -50,8 +51,11 @@ broker:
   - name: desktops
     description: this machine's RDP server
     groups: [users]
+    # The demo user is a gateway account, not one of this machine's: the
+    # .rdp file names no host user, and the client gives it (/u: /p:).
+    host_username: none
 agent:
-  broker: https://localhost%[9]s
+  broker: https://localhost:%[12]s
   broker_ca: %[1]s/tls.crt
   join_token: %[10]s
   address: 127.0.0.1
@@ -64,27 +68,48 @@ stream:
     description: empty demo disk; put a real golden image here
 `
 
+// credentialsFile holds what deskway up generated that a person needs to
+// sign in (the demo password, the admin token), mode 0600, so that none
+// of it is printed to a terminal or its scrollback.
+const credentialsFile = "credentials"
+
 func upCmd() *cobra.Command {
-	var stateDir, listen, adminListen, streamListen, brokerListen string
+	var stateDir, bind, listen, adminListen, streamListen, brokerListen string
+	var public bool
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run every role on this machine with embedded defaults and print where to connect",
-		Args:  cobra.NoArgs,
+		Long: `Runs every role with a config written on first start (STATE_DIR/up.yaml).
+Listeners bind to loopback (--bind 127.0.0.1) unless --public binds them to
+every interface. The demo password and the admin token are written to
+STATE_DIR/credentials (mode 0600), never printed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path := filepath.Join(stateDir, "up.yaml")
 			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 				if err := os.MkdirAll(stateDir, 0o700); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
-				if _, _, err := net.SplitHostPort(listen); err != nil || !strings.HasPrefix(listen, ":") {
-					return fmt.Errorf("up: --listen %q must be :PORT", listen)
+				host := bind
+				if public {
+					host = ""
 				}
-				if _, _, err := net.SplitHostPort(brokerListen); err != nil || !strings.HasPrefix(brokerListen, ":") {
-					return fmt.Errorf("up: --broker-listen %q must be :PORT", brokerListen)
+				if host != "" && net.ParseIP(host) == nil {
+					return fmt.Errorf("up: --bind %q is not an IP address", bind)
 				}
-				if _, _, err := net.SplitHostPort(streamListen); err != nil {
-					return fmt.Errorf("up: --stream-listen %q must be host:port", streamListen)
+				addrs := map[string]*string{"--listen": &listen, "--broker-listen": &brokerListen, "--stream-listen": &streamListen}
+				for flag, a := range addrs {
+					h, p, err := net.SplitHostPort(*a)
+					if err != nil {
+						return fmt.Errorf("up: %s %q must be :PORT or HOST:PORT", flag, *a)
+					}
+					if h == "" {
+						h = host
+					}
+					*a = net.JoinHostPort(h, p)
 				}
+				_, gport, _ := net.SplitHostPort(listen)
+				_, bport, _ := net.SplitHostPort(brokerListen)
 				demo := filepath.Join(stateDir, "vdisks", "demo.img")
 				if err := makeSparse(demo, 256<<20); err != nil {
 					return fmt.Errorf("up: demo vDisk: %w", err)
@@ -100,7 +125,8 @@ func upCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo, brokerListen, join)
+				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo,
+					brokerListen, join, gport, bport)
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -109,47 +135,80 @@ func upCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			creds := filepath.Join(stateDir, credentialsFile)
+			if err := writeCredentials(creds, cfg); err != nil {
+				return err
+			}
 			out := cmd.OutOrStdout()
 			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), func(l listeners) {
-				admin := l.Admin
-				gport := "8443"
-				if l.Gateway != nil {
-					_, gport, _ = net.SplitHostPort(l.Gateway.String())
-				}
-				pw := ""
-				if len(cfg.Auth.Users) > 0 {
-					pw = cfg.Auth.Users[0].Password.Value()
-				}
-				fmt.Fprintf(out, `deskway is up (config: %s)
-  gateway    https://localhost:%s  (RD Gateway: MS-TSGU over websocket and RDG_IN/OUT_DATA)
-  admin API  https://%s/api/v1/gateway/tunnels  (Authorization: Bearer %s)
-  metrics    https://%s/metrics
-  user       demo / %s
-Connect through it to an RDP host on this machine:
-  xfreerdp /v:127.0.0.1 /g:localhost:%s /gu:demo /gp:'%s' /gt:http /cert:ignore
-`, path, gport, admin, cfg.Admin.Tokens[0].Value(), admin, pw, gport, pw)
-				if l.Broker != nil {
-					_, bport, _ := net.SplitHostPort(l.Broker.String())
-					fmt.Fprintf(out, `  broker     https://localhost:%[1]s/api/v1/launch  (a desktop from delivery group desktops, as an .rdp file:)
-             curl -sk -u demo:'%[2]s' -H 'Accept: application/x-rdp' -H 'Content-Type: application/json' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp && xfreerdp desk.rdp /cert:ignore
-  hosts      https://%[3]s/api/v1/broker/hosts
-`, bport, pw, admin)
-				}
-				if l.Stream != nil && cfg.Stream != nil && len(cfg.Stream.VDisks) > 0 {
-					_, sport, _ := net.SplitHostPort(l.Stream.String())
-					fmt.Fprintf(out, `  stream     nbd://localhost:%[1]s/%[2]s  (vDisks over NBD; a client boots nbd://localhost:%[1]s/%[2]s/CLIENT/BOOT)
-  catalog    https://%[3]s/api/v1/stream/vdisks
-`, sport, cfg.Stream.VDisks[0].Name, admin)
-				}
+				printUp(out, cfg, l, path, creds)
 			})
 		},
 	}
 	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
-	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port, written into the config on first start")
-	c.Flags().StringVar(&brokerListen, "broker-listen", ":8444", "broker port, written into the config on first start")
-	c.Flags().StringVar(&streamListen, "stream-listen", ":10809", "NBD listener of the stream role, written into the config on first start")
+	c.Flags().StringVar(&bind, "bind", "127.0.0.1", "address the listeners bind to, written into the config on first start")
+	c.Flags().BoolVar(&public, "public", false, "bind to every interface instead of --bind (other machines can then connect)")
+	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port (or HOST:PORT), written into the config on first start")
+	c.Flags().StringVar(&brokerListen, "broker-listen", ":8444", "broker port (or HOST:PORT), written into the config on first start")
+	c.Flags().StringVar(&streamListen, "stream-listen", ":10809", "NBD port (or HOST:PORT) of the stream role, written into the config on first start")
 	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c
+}
+
+// writeCredentials writes the demo password and the admin token to path,
+// mode 0600, from the config (which may have been edited since).
+func writeCredentials(path string, cfg *config.Config) error {
+	var b strings.Builder
+	b.WriteString("# Written by deskway up from its config at every start.\n")
+	for _, u := range cfg.Auth.Users {
+		if u.Password.IsSet() {
+			fmt.Fprintf(&b, "%s password: %s\n", u.Name, u.Password.Value())
+		}
+	}
+	if len(cfg.Admin.Tokens) > 0 {
+		fmt.Fprintf(&b, "admin token: %s\n", cfg.Admin.Tokens[0].Value())
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	return nil
+}
+
+// printUp says where to connect, naming the credentials file for secrets.
+func printUp(out io.Writer, cfg *config.Config, l listeners, path, creds string) {
+	port := func(a net.Addr, dflt string) string {
+		if a == nil {
+			return dflt
+		}
+		_, p, _ := net.SplitHostPort(a.String())
+		return p
+	}
+	gport := port(l.Gateway, "8443")
+	pw := fmt.Sprintf(`"$(sed -n 's/^demo password: //p' %s)"`, creds)
+	fmt.Fprintf(out, `deskway is up (config: %[1]s)
+  credentials  %[2]s  (the demo user's password and the admin token, mode 0600)
+  gateway      https://localhost:%[3]s  (RD Gateway: MS-TSGU over websocket and RDG_IN/OUT_DATA)
+  admin API    https://%[4]s/api/v1/gateway/tunnels  (Authorization: Bearer <admin token>)
+  metrics      https://%[4]s/metrics
+Connect through the gateway to this machine's RDP server as one of its users (HOSTUSER, HOSTPASSWORD):
+  xfreerdp /v:127.0.0.1 /u:HOSTUSER /p:HOSTPASSWORD /g:localhost:%[3]s /gu:demo /gp:%[5]s /gt:http /cert:ignore
+`, path, creds, gport, l.Admin, pw)
+	if l.Broker != nil {
+		fmt.Fprintf(out, `A desktop from the broker, as an .rdp file, opened with xfreerdp:
+  curl -sk -u demo:%[2]s -H 'Accept: application/x-rdp' -H 'Content-Type: application/json' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp
+  xfreerdp desk.rdp /u:HOSTUSER /p:HOSTPASSWORD /cert:ignore
+  hosts        https://%[3]s/api/v1/broker/hosts
+`, port(l.Broker, "8444"), pw, l.Admin)
+	}
+	if l.Stream != nil && cfg.Stream != nil && len(cfg.Stream.VDisks) > 0 {
+		fmt.Fprintf(out, `  stream       nbd://localhost:%[1]s/%[2]s/CLIENT/BOOT  (vDisks over NBD with a client certificate: ./bin/deskway stream cert issue -c %[3]s --client CLIENT)
+  catalog      https://%[4]s/api/v1/stream/vdisks
+`, port(l.Stream, "10809"), cfg.Stream.VDisks[0].Name, path, l.Admin)
+	}
 }
 
 // makeSparse creates a sparse file of size bytes unless path exists.

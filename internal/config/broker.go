@@ -33,6 +33,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 		setDefault(&g.Spread, "breadth")
 		setDefault(&g.SessionLimit, 50)
 		setDefault(&g.LogonLimit, 2)
+		setDefault(&g.HostUsername, "user")
 	}
 }
 
@@ -78,6 +79,9 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 		}
 		if g.Spread != "breadth" && g.Spread != "depth" {
 			bad(key+".spread", "%q is not breadth or depth", g.Spread)
+		}
+		if g.HostUsername != "user" && g.HostUsername != "none" {
+			bad(key+".host_username", "%q is not user or none", g.HostUsername)
 		}
 		if len(g.Users) == 0 && len(g.Groups) == 0 {
 			bad(key, "group %q entitles nobody: list users or groups", g.Name)

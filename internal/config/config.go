@@ -307,6 +307,10 @@ type DeliveryGrp struct {
 	// not place (users who logged on to the host directly) draw those
 	// users' next launches; otherwise they only take the host's slots.
 	TrustHostSessions bool `yaml:"trust_host_sessions"`
+	// HostUsername is the user name an .rdp file gives the session host:
+	// user (the broker's user name, right where gateway and hosts share
+	// accounts, as in a Windows domain) or none (the client supplies it).
+	HostUsername string `yaml:"host_username"`
 	// Kind is pooled (any host) or personal (a user keeps the host of
 	// their first launch).
 	Kind string `yaml:"kind"`

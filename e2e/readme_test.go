@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// readmeBlocks returns the shell blocks of README.md marked
+// "<!-- e2e: NAME -->", by name: what a new user copies.
+func readmeBlocks(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile("(?s)<!-- e2e: ([a-z-]+) -->\n```sh\n(.*?)```")
+	out := map[string]string{}
+	for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+// TestREADMEQuickstart runs the README's own lines, as a new user would on
+// this machine: make run, then each way of connecting with xfreerdp to
+// the xrdp server on port 3389, and checks each reaches the desktop, not
+// the login box. Only the placeholders are filled in: the state directory,
+// and the host account (HOSTUSER, HOSTPASSWORD).
+func TestREADMEQuickstart(t *testing.T) {
+	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
+	testkit.RequireRoot(t)
+	blocks := readmeBlocks(t)
+	for _, name := range []string{"run", "gateway-password", "gateway-token", "broker-rdp"} {
+		if blocks[name] == "" {
+			t.Fatalf("README.md has no block marked <!-- e2e: %s -->", name)
+		}
+	}
+	if strings.TrimSpace(blocks["run"]) != "make run" {
+		t.Fatalf("the README's run block is %q; this test runs make run", blocks["run"])
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range []string{"8443", "8444", "9443", "10809", "3389"} {
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second); err == nil {
+			c.Close()
+			t.Fatalf("port %s is taken; the README's commands use it", port)
+		}
+	}
+	xrdp := testkit.StartXRDP(t, 3389)
+	display := testkit.Xvfb(t)
+	state := t.TempDir()
+	fill := func(s string) string {
+		return strings.NewReplacer("/var/lib/deskway", state, "HOSTUSER", xrdp.User, "HOSTPASSWORD", xrdp.Password).Replace(s)
+	}
+
+	// make run, as written; STATE_DIR (the Makefile's) keeps the test's
+	// state out of /var/lib/deskway.
+	up := testkit.Start(t, []string{"STATE_DIR=" + state}, "bash", "-c", "cd "+repo+" && "+blocks["run"])
+	for _, port := range []string{"8443", "8444"} {
+		if err := testkit.WaitPort("127.0.0.1:"+port, 120*time.Second); err != nil {
+			t.Fatalf("make run: %v\n%s", err, lastLines(up.Log.String(), 40))
+		}
+	}
+	creds, err := os.ReadFile(filepath.Join(state, "credentials"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(creds), "\n") {
+		if _, secret, ok := strings.Cut(line, ": "); ok && strings.Contains(up.Log.String(), secret) {
+			t.Fatalf("make run printed a secret from the credentials file:\n%s", up.Log.String())
+		}
+	}
+	// The local agent registers the machine with the broker.
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(up.Log.String(), `"msg":"registered"`); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the local agent never registered:\n%s", lastLines(up.Log.String(), 40))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	tunnels := 0
+	for _, name := range []string{"gateway-password", "gateway-token", "broker-rdp"} {
+		t.Run(name, func(t *testing.T) {
+			script := filepath.Join(t.TempDir(), name+".sh")
+			body := "set -e\ncd " + t.TempDir() + "\nexport PATH=" + repo + "/bin:$PATH\n" + fill(blocks[name])
+			// ./bin/deskway is the README's path from the repository.
+			body = strings.ReplaceAll(body, "./bin/deskway", filepath.Join(repo, "bin", "deskway"))
+			if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			readmeDesktop(t, display, name, script)
+			tunnels++
+			want := strings.Count(up.Log.String(), `"msg":"tunnel open"`)
+			if want < tunnels {
+				t.Fatalf("the gateway logged %d open tunnels after %d connections:\n%s", want, tunnels, lastLines(up.Log.String(), 20))
+			}
+		})
+	}
+}
+
+// readmeDesktop runs script (which ends with an xfreerdp) under display
+// until a screenshot shows the host's desktop, then stops it.
+func readmeDesktop(t *testing.T, display, name, script string) {
+	t.Helper()
+	c := testkit.DesktopColor
+	if n := testkit.CountColor(testkit.Screenshot(t, display, ""), c[0], c[1], c[2]); n > 0 {
+		t.Fatalf("display shows %d desktop-colored pixels before connecting", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", script)
+	cmd.Env = append(os.Environ(), "DISPLAY="+display)
+	cmd.Stdin = strings.NewReader("y\n")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	shot := filepath.Join("artifacts", t.Name()+".png")
+	_ = os.MkdirAll(filepath.Dir(shot), 0o755)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("%s exited before the desktop appeared: %v\n%s", name, err, lastLines(out.String(), 30))
+		case <-time.After(time.Second):
+		}
+		if n := testkit.CountColor(testkit.Screenshot(t, display, shot), c[0], c[1], c[2]); n > 50000 {
+			t.Logf("%s: desktop visible (%d navy pixels), screenshot %s", name, n, shot)
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-exited
+			t.Fatalf("%s: desktop never appeared (the login box?); last screenshot in %s\n%s", name, shot, lastLines(out.String(), 30))
+		}
+	}
+	cancel()
+	<-exited
+	for i := 0; i < 50; i++ {
+		if testkit.CountColor(testkit.Screenshot(t, display, ""), c[0], c[1], c[2]) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
