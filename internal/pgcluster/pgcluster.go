@@ -10,7 +10,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/deskway/deskway/internal/bench/loopback"
 )
 
 // Options tune the cluster.
@@ -112,12 +113,11 @@ func (c *Cluster) run(ctx context.Context, prog string, args ...string) ([]byte,
 // when it had one.
 func (c *Cluster) Restart(ctx context.Context) error {
 	if c.port == 0 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := loopback.FreePort()
 		if err != nil {
 			return fmt.Errorf("pgcluster: %w", err)
 		}
-		c.port = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
+		c.port = p
 	}
 	o := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=%d", c.port, c.dir, c.opts.MaxConnections)
 	if !c.opts.Durable {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deskway/deskway/internal/bench/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 
@@ -100,13 +101,13 @@ func WaitPort(addr string, timeout time.Duration) error {
 	return errors.New("testkit: " + addr + " did not open in " + timeout.String())
 }
 
-// FreePort returns a loopback port that was free a moment ago.
+// FreePort returns a loopback port that was free a moment ago, from
+// outside the range the kernel gives outgoing connections.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := loopback.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }

@@ -183,6 +183,17 @@ gateway:
 
 // startGateway runs one deskway gateway node and returns its address.
 func (e *env) startGateway(cpus int) (*proc, string, error) {
+	// A port found free can be taken before the gateway binds it (by any
+	// process's outgoing connection): then try other ports.
+	for attempt := 1; ; attempt++ {
+		p, addr, err := e.startGatewayOnce(cpus)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return p, addr, err
+		}
+	}
+}
+
+func (e *env) startGatewayOnce(cpus int) (*proc, string, error) {
 	gp, err := loopback.FreePort()
 	if err != nil {
 		return nil, "", err

@@ -3,19 +3,28 @@
 package loopback
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"time"
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// It is drawn below Linux's ephemeral range (32768 and up by default),
+// where the kernel picks the local ports of outgoing connections: a port
+// from there can be taken by any connection before the server binds it.
 func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port, nil
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("bench: no free port between 20000 and 32000 on 127.0.0.1")
 }
 
 // WaitPort waits up to d for addr to accept a connection.
