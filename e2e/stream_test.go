@@ -294,8 +294,16 @@ func TestStreamRealClients(t *testing.T) {
 		if v.Stage != "maintenance" {
 			t.Fatalf("new version: %+v", v)
 		}
+		// A reader looking at the version meanwhile holds up neither the
+		// maintenance writer nor, below, the promotion.
+		viewer := exec.Command("qemu-io", "-f", "raw", "-r", "-c", "read 0 512", "-c", "sleep 4000", r.uri+"/golden@maintenance")
+		if err := viewer.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer viewer.Wait()
+		time.Sleep(500 * time.Millisecond)
 		if ok, out := qemuIO(t, r.uri+"/golden@maintenance/admin", false, "write -P 0x77 8192 4096"); !ok {
-			t.Fatalf("maintenance write:\n%s", out)
+			t.Fatalf("maintenance write beside a reader:\n%s", out)
 		}
 		path := fmt.Sprintf("/api/v1/stream/vdisks/golden/versions/%d/promote", v.Version)
 		r.api(t, "POST", path, http.StatusOK, &v)
@@ -665,5 +673,44 @@ func TestStreamClientCertificates(t *testing.T) {
 	}
 	if out, err := exec.Command("nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-verify-peer=false").CombinedOutput(); err == nil {
 		t.Fatalf("a TLS client without a certificate was served:\n%s", out)
+	}
+}
+
+// nbdsh runs a libnbd (python) script with h connected to uri, with the
+// client-side checks that would keep odd requests from the server off.
+func nbdsh(t *testing.T, uri, script string) (string, error) {
+	t.Helper()
+	testkit.Require(t, "/usr/bin/python3")
+	pre := "import nbd\nh.set_strict_mode(h.get_strict_mode() & ~nbd.STRICT_ZERO_SIZE & ~nbd.STRICT_BOUNDS)\nh.connect_uri(" +
+		fmt.Sprintf("%q", uri) + ")\n"
+	out, err := exec.Command("/usr/bin/python3", "-m", "nbd", "-c", pre+script).CombinedOutput()
+	return string(out), err
+}
+
+// TestStreamOddRequests: requests a client may legally send get the
+// answers nbdkit gives, and the connection carries on.
+func TestStreamOddRequests(t *testing.T) {
+	r := startStream(t, "off", "1m")
+	out, err := nbdsh(t, r.uri+"/golden/odd/b1", `
+h.pwrite(b"", 4096)
+assert len(h.pread(0, 4096)) == 0
+try:
+    h.trim(8192, h.get_size() - 4096)
+    print("trim past the end: accepted")
+except nbd.Error as e:
+    print("trim past the end:", e.errno)
+h.pwrite(b"x" * 512, 0)
+assert h.pread(512, 0) == b"x" * 512
+print("still connected")
+`)
+	if err != nil || !strings.Contains(out, "trim past the end: EINVAL") || !strings.Contains(out, "still connected") {
+		t.Fatalf("odd requests: %v\n%s", err, out)
+	}
+	// A stage names another boot: golden@v0/pc/b1 is not golden/pc/b1.
+	if ok, out := qemuIO(t, r.uri+"/golden/stage/b1", false, "write -P 0x61 0 4096", "sigraise 9"); ok || !strings.Contains(out, "wrote 4096/4096") {
+		t.Fatalf("write:\n%s", out)
+	}
+	if ok, out := qemuIO(t, r.uri+"/golden@v0/stage/b1", true, "read -P 0x61 0 4096"); ok {
+		t.Fatalf("golden@v0/stage/b1 reads golden/stage/b1's write:\n%s", out)
 	}
 }

@@ -82,6 +82,8 @@ func (e *export) end(s *Server, disc bool) {
 	case e.private != nil:
 		e.private.close()
 		s.log.Info("private image closed", "vdisk", e.vd.name)
+	case e.maint != nil && e.readOnly:
+		e.maint.release()
 	case e.maint != nil:
 		// The version's changes stay; only the writer lock goes.
 		e.maint.release()
@@ -388,6 +390,15 @@ func (c *conn) open(t target) (*export, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.stage == StageMaintenance && !t.writable {
+		// A read-only look at the version as it stands, which takes no
+		// lock: the maintenance writer and promotion go on meanwhile.
+		sc, err := viewStoreCache(vd.deltaDir(v.Version), img, vd.size)
+		if err != nil {
+			return nil, err
+		}
+		return &export{vd: vd, img: img, view: sc, maint: sc, readOnly: true}, nil
+	}
 	if t.stage == StageMaintenance {
 		// The maintenance version's delta, over its parent's image.
 		sc, err := openStoreCache(vd.deltaDir(v.Version), img, vd.size)
@@ -397,17 +408,13 @@ func (c *conn) open(t target) (*export, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !t.writable {
-			// A read-only look at the version as it stands.
-			return &export{vd: vd, img: img, view: sc, maint: sc, readOnly: true}, nil
-		}
 		c.s.log.Info("maintenance writer opened", "vdisk", vd.name, "version", v.Version, "client", t.client)
 		return &export{vd: vd, img: img, view: sc, maint: sc}, nil
 	}
 	if !t.writable {
 		return &export{vd: vd, img: img, readOnly: true}, nil
 	}
-	b, err := c.s.attach(vd, img, t.client, t.boot)
+	b, err := c.s.attach(vd, img, t.stage, t.client, t.boot)
 	if err != nil {
 		return nil, err
 	}

@@ -282,6 +282,13 @@ func (k *loopConn) handle() {
 		k.end(nil)
 		return
 	case nbd.CmdWrite:
+		if req.Length == 0 {
+			// Nothing to receive: waiting for payload bytes would read the
+			// next request, or take a quiet socket for a hang-up.
+			c.count(exp, req)
+			k.out = c.execute(k.out, exp, req, nil, nil)
+			return
+		}
 		if req.Length > maxPayload {
 			// The payload cannot be skipped safely at this size.
 			k.end(fmt.Errorf("NBD_CMD_WRITE of %d bytes over the %d-byte maximum", req.Length, maxPayload))

@@ -341,8 +341,14 @@ func validID(id string, emptyOK bool) bool {
 // attach joins (or starts) the boot of client on vd. With shared caches
 // it takes ownership of the boot's cache files, which fails while
 // another server serves that boot.
-func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error) {
-	key := vd.name + "/" + client + "/" + id
+func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot, error) {
+	// The stage is part of the boot: golden@v0/pc/b1 and golden/pc/b1 are
+	// two boots over two images, never one cache over either.
+	disk := vd.name
+	if stage != "" {
+		disk += "@" + stage
+	}
+	key := disk + "/" + client + "/" + id
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.boots[key]
@@ -358,7 +364,7 @@ func (s *Server) attach(vd *vdisk, img *image, client, id string) (*boot, error)
 			dirID = "-"
 		}
 		b = &boot{key: key, vd: vd, img: img, client: client, id: id, started: time.Now(),
-			dir: filepath.Join(s.cfg.Store, "cache", vd.name, client, dirID)}
+			dir: filepath.Join(s.cfg.Store, "cache", disk, client, dirID)}
 		if !s.cfg.SharedCache {
 			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
 			if s.reserver != nil {

@@ -74,6 +74,42 @@ func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, erro
 	return c, nil
 }
 
+// viewStoreCache opens the cache in dir read-only and without its lock:
+// a look at it as it stands that never holds up its writer (a
+// maintenance version's delta being edited, or being promoted).
+func viewStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("write cache: %w", err)
+	}
+	c := &storeCache{base: base, size: size, dir: dir}
+	var err error
+	open := func(name string) (*os.File, error) {
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("write cache: %w", err)
+		}
+		return f, nil
+	}
+	if c.data, err = open("data"); err != nil {
+		return nil, err
+	}
+	if c.mp, err = open("map"); err != nil {
+		c.release()
+		return nil, err
+	}
+	c.bitmap = make([]byte, ((size+cacheBlock-1)/cacheBlock+7)/8)
+	if _, err := c.mp.ReadAt(c.bitmap, 0); err != nil && !errors.Is(err, io.EOF) {
+		c.release()
+		return nil, fmt.Errorf("write cache map: %w", err)
+	}
+	for _, b := range c.bitmap {
+		for ; b != 0; b &= b - 1 {
+			c.present++
+		}
+	}
+	return c, nil
+}
+
 func (c *storeCache) baseOnly(off, n int64) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

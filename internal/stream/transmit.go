@@ -226,6 +226,8 @@ func (c *conn) execute(dst []byte, exp *export, req nbd.Request, payload []byte,
 		switch {
 		case exp.readOnly:
 			return append(dst, c.fail(req, nbd.EPERM, "export is read-only; open VDISK/CLIENT/BOOT for a writable view")...)
+		case !inBounds && req.Cmd == nbd.CmdTrim:
+			return append(dst, c.fail(req, nbd.EINVAL, "trim past the end of the %d-byte disk", size)...)
 		case !inBounds:
 			return append(dst, c.fail(req, nbd.ENOSPC, "write past the end of the %d-byte disk", size)...)
 		}
@@ -360,8 +362,13 @@ func (c *conn) sendBase(exp *export, req nbd.Request) bool {
 	return true
 }
 
-// dataHeader appends the header of a READ's reply carrying n bytes.
+// dataHeader appends the header of a READ's reply carrying n bytes. A
+// structured reply to a zero-length READ is a lone NONE chunk, as nbdkit
+// answers: libnbd refuses an OFFSET_DATA chunk without data.
 func (c *conn) dataHeader(dst []byte, req nbd.Request, n int) []byte {
+	if c.structured && n == 0 {
+		return nbd.AppendChunkHeader(dst, nbd.ChunkHeader{Flags: nbd.ChunkFlagDone, Type: nbd.ChunkNone, Cookie: req.Cookie})
+	}
 	if c.structured {
 		return nbd.AppendOffsetDataChunk(dst, nbd.ChunkFlagDone, req.Cookie, req.Offset, n)
 	}
