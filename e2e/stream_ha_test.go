@@ -3,9 +3,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -166,5 +169,69 @@ func TestStreamFailover(t *testing.T) {
 	}
 	if fileSum(t, base) != sum {
 		t.Fatal("base image changed")
+	}
+}
+
+// TestStreamFailoverKeepsTheVersion: a boot started on version 0; version
+// 1 reaches production; the boot's server dies. On the other server the
+// client must go on reading version 0 under its writes, not version 1.
+func TestStreamFailoverKeepsTheVersion(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "golden.img")
+	if err := os.WriteFile(base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(dir, "store")
+	var addrs, admins [2]string
+	var procs [2]*testkit.Process
+	for i := range procs {
+		port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
+		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
+		body := fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), adminPort, port, store, base)
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
+		addrs[i], admins[i] = fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("https://127.0.0.1:%d", adminPort)
+		if err := testkit.WaitPort(addrs[i], 10*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, procs[i].Log.String())
+		}
+	}
+	uri := func(i int, export string) string { return "nbd://" + addrs[i] + "/" + export }
+	// The boot writes one block on server 0 and its connection drops.
+	killedAfterWrite(t, uri(0, "golden/vmV/b1"), "write -P 0x5a 0 4096")
+	// Version 1 changes another block and goes to production.
+	admin := func(path string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, admins[0]+path, nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode >= 300 {
+			t.Fatalf("POST %s: %s", path, resp.Status)
+		}
+	}
+	admin("/api/v1/stream/vdisks/golden/versions")
+	if ok, out := qemuIO(t, uri(0, "golden@maintenance/admin"), false, "write -P 0x77 65536 4096"); !ok {
+		t.Fatalf("maintenance write:\n%s", out)
+	}
+	admin("/api/v1/stream/vdisks/golden/versions/1/promote")
+	admin("/api/v1/stream/vdisks/golden/versions/1/promote")
+	if ok, out := qemuIO(t, uri(1, "golden/vmN/b1"), true, "read -P 0x77 65536 4096"); !ok {
+		t.Fatalf("a new boot does not see production version 1:\n%s", out)
+	}
+	// Server 0 dies; the boot goes on on server 1, on version 0.
+	if err := procs[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = procs[0].Cmd.Process.Wait()
+	ok, out := qemuIO(t, uri(1, "golden/vmV/b1"), true, "read -P 0x5a 0 4096", "read -v 65536 16")
+	if !ok || strings.Contains(out, "77 77 77") || !strings.Contains(out, "62 61 73 65") {
+		t.Fatalf("after the takeover the boot reads another version (or lost its write):\n%s", out)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -365,6 +366,19 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		}
 		b = &boot{key: key, vd: vd, img: img, client: client, id: id, started: time.Now(),
 			dir: filepath.Join(s.cfg.Store, "cache", disk, client, dirID)}
+		if s.cfg.SharedCache {
+			// A boot another server started (and died serving) goes on
+			// with the version it started on, whatever is newest now.
+			v, ok, err := readBootVersion(b.dir)
+			if err != nil {
+				return nil, err
+			}
+			if ok && v != img.version {
+				if b.img, err = vd.imageOf(v); err != nil {
+					return nil, fmt.Errorf("boot %s started on version %d, which cannot be read: %w", key, v, err)
+				}
+			}
+		}
 		if !s.cfg.SharedCache {
 			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
 			if s.reserver != nil {
@@ -376,6 +390,10 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 	if b.cache == nil {
 		sc, err := openStoreCache(b.dir, b.img, vd.size)
 		if err != nil {
+			return nil, err
+		}
+		if err := recordBootVersion(b.dir, b.img.version); err != nil {
+			sc.release()
 			return nil, err
 		}
 		b.cache = sc
@@ -550,4 +568,51 @@ func (s *Server) Boots() []BootInfo {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
 	return out
+}
+
+// bootVersionFile, in a shared cache's directory, holds the version the
+// boot started on, written before the boot serves a request.
+const bootVersionFile = "version"
+
+// readBootVersion reads the version a shared cache's boot started on.
+func readBootVersion(dir string) (int, bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, bootVersionFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: boot version: %w", err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: boot version in %s: %w", dir, err)
+	}
+	return v, true, nil
+}
+
+// recordBootVersion writes the version file unless it exists, durably.
+func recordBootVersion(dir string, version int) error {
+	path := filepath.Join(dir, bootVersionFile)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	tmp := path + ".new"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("stream: boot version: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%d\n", version)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return fmt.Errorf("stream: boot version: %w", err)
+	}
+	return syncDir(dir)
 }

@@ -293,6 +293,20 @@ func (vd *vdisk) versionList() ([]Version, error) {
 	return append(out, vd.manifest.Versions...), nil
 }
 
+// imageOf returns the image of finished version n, for a boot that
+// started on it: a boot keeps its version to its end, on any server.
+func (vd *vdisk) imageOf(n int) (*image, error) {
+	vd.mu.Lock()
+	defer vd.mu.Unlock()
+	if err := vd.loadVersions(); err != nil {
+		return nil, err
+	}
+	if _, ok := vd.find(n); !ok && n != 0 {
+		return nil, fmt.Errorf("vDisk %s has no version %d", vd.name, n)
+	}
+	return vd.buildImage(n)
+}
+
 // imageFor returns the image a client of stage (production, test, or vN)
 // boots, and for maintenance the version being edited.
 func (vd *vdisk) imageFor(stage string) (*image, Version, error) {
