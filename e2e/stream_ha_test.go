@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -233,5 +234,66 @@ func TestStreamFailoverKeepsTheVersion(t *testing.T) {
 	ok, out := qemuIO(t, uri(1, "golden/vmV/b1"), true, "read -P 0x5a 0 4096", "read -v 65536 16")
 	if !ok || strings.Contains(out, "77 77 77") || !strings.Contains(out, "62 61 73 65") {
 		t.Fatalf("after the takeover the boot reads another version (or lost its write):\n%s", out)
+	}
+}
+
+// TestStreamSweepsOrphanedCaches: a boot whose server died and whose
+// client never came back is discarded by the surviving server after the
+// reconnect window, and the client, if it does come back, is refused with
+// the reason; a boot a live server serves is never swept, however long.
+func TestStreamSweepsOrphanedCaches(t *testing.T) {
+	bin := build(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "golden.img")
+	if err := os.WriteFile(base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(dir, "store")
+	var addrs [2]string
+	var procs [2]*testkit.Process
+	for i := range procs {
+		port := testkit.FreePort(t)
+		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
+		body := strings.Replace(fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), testkit.FreePort(t), port, store, base),
+			"reconnect_window: 1m", "reconnect_window: 2s", 1)
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
+		if err := testkit.WaitPort(addrs[i], 10*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, procs[i].Log.String())
+		}
+	}
+	uri := func(i int, export string) string { return "nbd://" + addrs[i] + "/" + export }
+	// A long-lived boot on server 1, connected the whole time.
+	live := exec.Command("qemu-io", "-f", "raw", "-c", "write -P 0x11 0 4096", "-c", "sleep 6000", "-c", "read -P 0x11 0 4096", uri(1, "golden/vmL/b1"))
+	var liveOut testkit.Buffer
+	live.Stdout, live.Stderr = &liveOut, &liveOut
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A boot on server 0, whose server dies and whose client never returns.
+	killedAfterWrite(t, uri(0, "golden/vmO/b1"), "write -P 0x22 0 4096")
+	if err := procs[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = procs[0].Cmd.Process.Wait()
+	orphan := filepath.Join(store, "cache", "golden", "vmO", "b1")
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(orphan, "data")); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphaned cache was never swept\n%s", procs[1].Log.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if ok, out := qemuIO(t, uri(1, "golden/vmO/b1"), true, "read 0 4096"); ok || !strings.Contains(out, "lost its write cache") {
+		t.Fatalf("a swept boot was served, or refused without the reason:\n%s", out)
+	}
+	if err := live.Wait(); err != nil || strings.Contains(liveOut.String(), "failed") {
+		t.Fatalf("the live boot lost its cache to the sweeper: %v\n%s", err, liveOut.String())
 	}
 }

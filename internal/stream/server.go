@@ -224,6 +224,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.loops = ls
 	s.reserver = startReserver()
+	if s.cfg.SharedCache {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go s.sweep(sctx)
+	}
 	s.log.Info("stream listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS, "vdisks", len(s.vdisks))
 	for {
 		var c net.Conn
@@ -367,6 +372,10 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		b = &boot{key: key, vd: vd, img: img, client: client, id: id, started: time.Now(),
 			dir: filepath.Join(s.cfg.Store, "cache", disk, client, dirID)}
 		if s.cfg.SharedCache {
+			if at, swept := sweptAt(b.dir); swept {
+				return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so it was discarded at %s; reboot the client, which starts a new boot",
+					key, s.cfg.ReconnectWindow.D(), at.UTC().Format(time.RFC3339))
+			}
 			// A boot another server started (and died serving) goes on
 			// with the version it started on, whatever is newest now.
 			v, ok, err := readBootVersion(b.dir)
