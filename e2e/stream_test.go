@@ -35,7 +35,7 @@ stream:
   reconnect_window: %[7]s
   vdisks:
   - {name: golden, base: %[8]s, description: golden test image}
-  - {name: personal, base: %[8]s, mode: private}
+  - {name: personal, base: %[8]s, mode: private, clients: [alice, racer0, racer1, racer2]}
 `
 
 type streamRig struct {
@@ -258,6 +258,15 @@ func TestStreamRealClients(t *testing.T) {
 		if ok, out := qemuIO(t, a, true, "read -P 0x42 65536 4096"); !ok {
 			t.Fatalf("private image lost its write:\n%s", out)
 		}
+		// bob is not listed: his image is made through the admin API, and a
+		// client nobody made one for is refused without costing a copy.
+		if ok, out := qemuIO(t, r.uri+"/personal/mallory", true, "read 0 512"); ok || !strings.Contains(out, "has no private image") {
+			t.Fatalf("an unknown client got a private image, or was not told why:\n%s", out)
+		}
+		if _, err := os.Stat(filepath.Join(r.dir, "state", "vdisks", "private", "personal", "mallory.img")); err == nil {
+			t.Fatal("a private image was made for an unknown client")
+		}
+		r.api(t, "POST", "/api/v1/stream/vdisks/personal/private/bob", http.StatusCreated, nil)
 		if ok, out := qemuIO(t, r.uri+"/personal/bob", true, "read -P 0x42 65536 4096"); ok {
 			t.Fatalf("bob sees alice's private write:\n%s", out)
 		}
@@ -712,5 +721,20 @@ print("still connected")
 	}
 	if ok, out := qemuIO(t, r.uri+"/golden@v0/stage/b1", true, "read -P 0x61 0 4096"); ok {
 		t.Fatalf("golden@v0/stage/b1 reads golden/stage/b1's write:\n%s", out)
+	}
+}
+
+// TestStreamBootCaps: one client name cannot make the server hold boots
+// (each with a write cache) without end.
+func TestStreamBootCaps(t *testing.T) {
+	r := startStream(t, "off", "1m") // stream.max_boots_per_client: 4 by default
+	for i := range 4 {
+		killedAfterWrite(t, fmt.Sprintf("%s/golden/greedy/b%d", r.uri, i), "write -P 0x01 0 512")
+	}
+	if ok, out := qemuIO(t, r.uri+"/golden/greedy/b9", true, "read 0 512"); ok || !strings.Contains(out, "max_boots_per_client") {
+		t.Fatalf("a fifth live boot of one client was accepted, or refused without the reason:\n%s", out)
+	}
+	if ok, out := qemuIO(t, r.uri+"/golden/modest/b1", true, "read 0 512"); !ok {
+		t.Fatalf("another client was refused:\n%s", out)
 	}
 }

@@ -194,6 +194,10 @@ type Stream struct {
 	// SharedCache keeps write caches as files in Store instead of RAM, so
 	// that another server sharing the store can take a boot over.
 	SharedCache bool `yaml:"shared_cache"`
+	// MaxBoots and MaxBootsPerClient cap live boots (each holds a write
+	// cache) over all clients and for one client name.
+	MaxBoots          int `yaml:"max_boots"`
+	MaxBootsPerClient int `yaml:"max_boots_per_client"`
 	// MaxInflight bounds the requests served at once on one connection.
 	MaxInflight int `yaml:"max_inflight"`
 	// MaxBufferMB bounds the bytes of requests in progress (READ replies
@@ -217,6 +221,10 @@ type VDisk struct {
 	Base        string `yaml:"base"`
 	Mode        string `yaml:"mode"` // standard (shared base, per-boot write cache) or private
 	Description string `yaml:"description"`
+	// Clients may have a private image of a private-mode vDisk made on
+	// their first connection; others need one made through the admin API
+	// (or, with stream.clients: certificate, a certificate naming them).
+	Clients []string `yaml:"clients"`
 }
 
 // Broker is the session broker: it places launches on session hosts and
@@ -498,6 +506,8 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&st.ReconnectWindow, Duration(2*time.Minute))
 		setDefault(&st.MaxInflight, 16)
 		setDefault(&st.MaxBufferMB, 1024)
+		setDefault(&st.MaxBoots, 2000)
+		setDefault(&st.MaxBootsPerClient, 4)
 		setDefault(&st.WriteTimeout, Duration(60*time.Second))
 		for i := range st.VDisks {
 			setDefault(&st.VDisks[i].Mode, "standard")
@@ -713,6 +723,9 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 	}
 	if st.CacheRAMMB < 0 {
 		bad("stream.cache_ram_mb", "must not be negative")
+	}
+	if st.MaxBoots < 1 || st.MaxBootsPerClient < 1 {
+		bad("stream.max_boots", "max_boots and max_boots_per_client must be at least 1")
 	}
 	if st.MaxBufferMB < 64 {
 		bad("stream.max_buffer_mb", "must be at least 64 (two requests of the 32 MiB maximum)")

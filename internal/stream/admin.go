@@ -3,6 +3,7 @@ package stream
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 )
@@ -44,6 +45,26 @@ func (s *Server) AdminHandler() *http.ServeMux {
 			s.log.Info("vDisk version promoted", "vdisk", vd.name, "version", v.Version, "stage", v.Stage)
 		}
 		return v, err
+	}))
+	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/private/{client}", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		client := r.PathValue("client")
+		if vd.mode != "private" || !validID(client, false) {
+			return nil, errors.Join(errVersion, fmt.Errorf("%s is not a private-mode vDisk, or %q is not a client name", vd.name, client))
+		}
+		from, _, err := vd.imageFor(StageProduction)
+		if err != nil {
+			return nil, err
+		}
+		p, err := openPrivate(vd.privatePath(client), from, true)
+		if errors.Is(err, errWriterBusy) {
+			return map[string]string{"vdisk": vd.name, "client": client, "state": "in use"}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		p.close()
+		s.log.Info("private image made", "vdisk", vd.name, "client", client)
+		return map[string]string{"vdisk": vd.name, "client": client, "state": "ready"}, nil
 	}))
 	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/merge", s.versionHandler(func(vd *vdisk, _ *http.Request) (any, error) {
 		v, err := vd.merge()

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -379,7 +379,14 @@ func (c *conn) open(t target) (*export, error) {
 		if err != nil {
 			return nil, err
 		}
-		img, err := openPrivate(filepath.Join(c.s.cfg.Store, "private", vd.name, t.client+".img"), from)
+		// Each new client name would cost a full copy of the image: only
+		// known clients get one on first use.
+		known := c.s.cfg.Clients == "certificate" || slices.Contains(vd.clients, t.client)
+		img, err := openPrivate(vd.privatePath(t.client), from, known)
+		if errors.Is(err, errNoPrivate) {
+			return nil, fmt.Errorf("client %s has no private image of %s: list it in stream.vdisks[].clients, or make it with POST /api/v1/stream/vdisks/%s/private/%s",
+				t.client, vd.name, vd.name, t.client)
+		}
 		if err != nil {
 			return nil, err
 		}

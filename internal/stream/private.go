@@ -9,6 +9,9 @@ import (
 	"syscall"
 )
 
+// errNoPrivate means a client asked for a private image no one made.
+var errNoPrivate = errors.New("no private image")
+
 // errWriterBusy means a private image already has its one writer.
 var errWriterBusy = errors.New("the private image is open for writing by another connection (private mode allows one writer)")
 
@@ -25,7 +28,7 @@ type privateImage struct {
 // production version). The lock comes first and lives in a file of its
 // own: two first connections racing would otherwise both make a copy,
 // the second renamed over the first while its writer still held it.
-func openPrivate(path string, from *image) (*privateImage, error) {
+func openPrivate(path string, from *image, create bool) (*privateImage, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("private image: %w", err)
 	}
@@ -41,6 +44,10 @@ func openPrivate(path string, from *image) (*privateImage, error) {
 		return nil, fmt.Errorf("private image lock: %w", err)
 	}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if !create {
+			lock.Close()
+			return nil, errNoPrivate
+		}
 		if err := from.flatten(path); err != nil {
 			lock.Close()
 			return nil, fmt.Errorf("private image: %w", err)

@@ -27,7 +27,7 @@ func TestPrivateImage(t *testing.T) {
 	defer base.Close()
 	path := filepath.Join(dir, "private", "golden", "alice.img")
 	from := &image{base: base, baseFD: int(base.Fd()), size: size}
-	p, err := openPrivate(path, from)
+	p, err := openPrivate(path, from, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestPrivateImage(t *testing.T) {
 	if st.Blocks*512 > 8<<20 {
 		t.Errorf("private copy allocates %d bytes for 2 MiB of data: holes were filled", st.Blocks*512)
 	}
-	if _, err := openPrivate(path, from); !errors.Is(err, errWriterBusy) {
+	if _, err := openPrivate(path, from, true); !errors.Is(err, errWriterBusy) {
 		t.Fatalf("second writer: %v", err)
 	}
 	if _, err := p.WriteAt([]byte("alice"), 100); err != nil {
@@ -53,7 +53,7 @@ func TestPrivateImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.close()
-	p2, err := openPrivate(path, from)
+	p2, err := openPrivate(path, from, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,8 @@ type vdisk struct {
 	f                *os.File
 	fd               int // f's descriptor, for sendfile
 	size             int64
-	store            string // holds versions/NAME/
+	store            string   // holds versions/NAME/ and private/NAME/
+	clients          []string // may have a private image made on first use
 
 	mu           sync.Mutex // guards what follows
 	manifest     manifest
@@ -171,7 +172,8 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			s.closeFiles()
 			return nil, fmt.Errorf("stream: vDisk %s: %w", v.Name, err)
 		}
-		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, fd: int(f.Fd()), size: fi.Size(), store: cfg.Store}
+		vd := &vdisk{name: v.Name, desc: v.Description, mode: v.Mode, path: v.Base, f: f, fd: int(f.Fd()), size: fi.Size(), store: cfg.Store,
+			clients: v.Clients}
 		if err := vd.loadVersions(); err != nil {
 			f.Close()
 			s.closeFiles()
@@ -359,6 +361,11 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 	defer s.mu.Unlock()
 	b := s.boots[key]
 	fresh := b == nil || b.ended
+	if fresh {
+		if err := s.bootRoomLocked(client); err != nil {
+			return nil, err
+		}
+	}
 	if fresh && s.bootLog != nil {
 		if at, lost := s.bootLog.lostAt(key); lost {
 			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost when the server stopped (stream.shared_cache is off, so write caches do not survive the server); reboot the client, which starts a new boot", key, at.Format(time.RFC3339))
@@ -624,4 +631,29 @@ func recordBootVersion(dir string, version int) error {
 		return fmt.Errorf("stream: boot version: %w", err)
 	}
 	return syncDir(dir)
+}
+
+// bootRoomLocked refuses a new boot past stream.max_boots, or past
+// stream.max_boots_per_client for client: every boot holds a write cache,
+// and a client that makes up boot ids must not make the server hold
+// without end.
+func (s *Server) bootRoomLocked(client string) error {
+	if n := len(s.boots); n >= s.cfg.MaxBoots {
+		return fmt.Errorf("the server holds its maximum of %d boots (stream.max_boots); try again once boots end", n)
+	}
+	n := 0
+	for _, b := range s.boots {
+		if b.client == client && !b.ended {
+			n++
+		}
+	}
+	if n >= s.cfg.MaxBootsPerClient {
+		return fmt.Errorf("client %s already has %d live boots (stream.max_boots_per_client); a boot ends with a clean shutdown, or reconnect_window after its connection dropped", client, n)
+	}
+	return nil
+}
+
+// privatePath is where client's private image of vd lives.
+func (vd *vdisk) privatePath(client string) string {
+	return filepath.Join(vd.store, "private", vd.name, client+".img")
 }

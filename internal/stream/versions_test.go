@@ -165,7 +165,7 @@ func TestPrivateFromProduction(t *testing.T) {
 	basePath := filepath.Join(dir, "base.img")
 	os.WriteFile(basePath, bytes.Repeat([]byte{'b'}, 1<<20), 0o400)
 	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", ReconnectWindow: config.Duration(time.Minute),
-		VDisks: []config.VDisk{{Name: "desk", Base: basePath, Mode: "private"}}}}
+		VDisks: []config.VDisk{{Name: "desk", Base: basePath, Mode: "private", Clients: []string{"alice"}}}}}
 	cfg.ApplyDefaults()
 	s, err := New(cfg.Stream, Deps{})
 	if err != nil {

@@ -75,6 +75,8 @@ stream:
   clients: open
   store: %[1]s/store
   max_inflight: 32
+  max_boots: 1000000          # storms of 1,000 clients, boots of earlier storms still in their window
+  max_boots_per_client: 1000
   vdisks:
   - {name: golden, base: %[4]s}
 `
