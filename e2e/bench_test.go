@@ -69,7 +69,8 @@ func TestBootstormBenchSmoke(t *testing.T) {
 	if res.Bench != "stream" {
 		t.Fatalf("bench %q", res.Bench)
 	}
-	for _, k := range []string{"max_clients_no_slow_requests", "read_gbps", "read_ratio_best_peer", "rss_bytes_per_client"} {
+	for _, k := range []string{"max_clients_no_slow_requests", "slow_ratio_floor_max", "boot_ratio_floor_max", "slow_ratio_best_peer_max",
+		"read_gbps", "read_ratio_best_peer", "rss_bytes_per_client", "rss_bytes_per_client_excl_cache"} {
 		if _, ok := res.Summary[k]; !ok {
 			t.Errorf("summary lacks %s", k)
 		}
@@ -86,6 +87,10 @@ func TestBootstormBenchSmoke(t *testing.T) {
 		}
 		if p.Metrics["bytes_read"] <= 0 {
 			t.Errorf("%s/%s read nothing", p.Scenario, p.System)
+		}
+		// Every system runs every step as often as deskway.
+		if p.Params["runs"] != float64(2) {
+			t.Errorf("%s/%s ran %v times, want 2", p.Scenario, p.System, p.Params["runs"])
 		}
 	}
 	for _, sys := range []string{"deskway", "nbd-server-cow", "nbdkit-cow", "qemu-nbd", "floor"} {

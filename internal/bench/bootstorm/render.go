@@ -3,6 +3,7 @@ package bootstorm
 import (
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,16 +27,50 @@ func (r *runner) metric(scenario, sys string, n int, key string) (float64, bool)
 
 func (r *runner) summarize(systems []system) {
 	s := r.res.Summary
-	best := -1
-	for _, n := range r.o.Clients {
-		slow, ok1 := r.metric("storm", "deskway", n, "slow_requests")
-		failed, ok2 := r.metric("storm", "deskway", n, "failed_clients")
-		if ok1 && ok2 && slow == 0 && failed == 0 {
-			best = max(best, n)
+	// The largest step at which every run, and every smaller step's every
+	// run, had no slow request and no failed client.
+	steps := slices.Sorted(slices.Values(r.o.Clients))
+	best := 0
+	for _, n := range steps {
+		slow, ok1 := r.metric("storm", "deskway", n, "slow_requests_max")
+		failed, ok2 := r.metric("storm", "deskway", n, "failed_clients_max")
+		if !ok1 || !ok2 || slow > 0 || failed > 0 {
+			break
 		}
+		best = n
 	}
-	if best >= 0 {
+	if len(steps) > 0 {
 		s["max_clients_no_slow_requests"] = float64(best)
+	}
+	// Ratios at every step, median run against median run of the same
+	// bench; the summary keeps the worst step. Slow requests compare as
+	// (a+1)/(b+1), so that none against none is 1.
+	ratio := func(a, b float64) float64 { return (a + 1) / (b + 1) }
+	for _, n := range steps {
+		d, ok := r.metric("storm", "deskway", n, "slow_requests")
+		if !ok {
+			continue
+		}
+		if f, ok := r.metric("storm", floorName, n, "slow_requests"); ok {
+			s["slow_ratio_floor_max"] = round(max(s["slow_ratio_floor_max"], ratio(d, f)), 3)
+		}
+		db, ok1 := r.metric("storm", "deskway", n, "boot_median_s")
+		fb, ok2 := r.metric("storm", floorName, n, "boot_median_s")
+		if ok1 && ok2 && fb > 0 {
+			s["boot_ratio_floor_max"] = round(max(s["boot_ratio_floor_max"], db/fb), 3)
+		}
+		bestPeer := math.Inf(1)
+		for _, sys := range systems {
+			if sys.name == "deskway" || sys.name == floorName {
+				continue
+			}
+			if v, ok := r.metric("storm", sys.name, n, "slow_requests"); ok {
+				bestPeer = min(bestPeer, v)
+			}
+		}
+		if !math.IsInf(bestPeer, 1) {
+			s["slow_ratio_best_peer_max"] = round(max(s["slow_ratio_best_peer_max"], ratio(d, bestPeer)), 3)
+		}
 	}
 	peak := map[string]float64{}
 	for _, sys := range systems {
@@ -57,10 +92,13 @@ func (r *runner) summarize(systems []system) {
 			s["read_ratio_best_peer"] = round(v/bestPeer, 3)
 		}
 	}
-	if len(r.o.Clients) > 0 {
-		top := r.o.Clients[len(r.o.Clients)-1]
-		if v, ok := r.metric("storm", "deskway", top, "rss_beyond_cache_per_client_bytes"); ok {
+	if len(steps) > 0 {
+		top := steps[len(steps)-1]
+		if v, ok := r.metric("storm", "deskway", top, "rss_per_client_bytes"); ok {
 			s["rss_bytes_per_client"] = v
+		}
+		if v, ok := r.metric("storm", "deskway", top, "rss_beyond_cache_per_client_bytes"); ok {
+			s["rss_bytes_per_client_excl_cache"] = v
 		}
 	}
 }
@@ -77,7 +115,7 @@ func (r *runner) write(systems []system) error {
 	fmt.Fprintf(&md, "# vDisk boot storm: deskway stream beside nbd-server, nbdkit, qemu-nbd and the paper\n\n")
 	fmt.Fprintf(&md, "Command: `%s`  \nStarted: %s  \nMachine: %d CPUs, %d GiB, Linux %s, %s. The clients (NBD clients on one event loop per CPU in the bench process, simple replies) and the server share these CPUs; the paper's server had a dual-core Xeon 5160 and its 100 clients were separate PCs on gigabit Ethernet.\n\n",
 		r.o.Command, r.res.Started.Format("2006-01-02 15:04 UTC"), m.CPUs, m.MemBytes>>30, m.Kernel, m.Go)
-	fmt.Fprintf(&md, "How it is measured: every client replays the same recorded boot (%d requests: %.1f MiB read, %.1f MiB written, spread over %.1f s; `internal/bench/bootstorm/boot-trace.csv`, recorded by deskway from a qemu VM booting Debian's kernel and loading programs and libraries from an ext4 vDisk). A storm starts N clients at the same instant (deskway runs each step %d times on a freshly started server and the median run, by slow requests, is shown; the peers run once); each keeps its recorded pace (think time × %g) with at most %d requests in flight, and its boot time runs from its first connection attempt to its last answer. A *slow request* is one answered after more than 200 ms, the paper's UDP retry timeout, so it counts what the paper counts as retries. Server CPU and memory come from /proc for the server process and its children; the server is restarted for every step. The aggregate read test has N readers replay only the trace's reads with no think time and 8 in flight, for %s.\n\n",
+	fmt.Fprintf(&md, "How it is measured: every client replays the same recorded boot (%d requests: %.1f MiB read, %.1f MiB written, spread over %.1f s; `internal/bench/bootstorm/boot-trace.csv`, recorded by deskway from a qemu VM booting Debian's kernel and loading programs and libraries from an ext4 vDisk). A storm starts N clients at the same instant; every system runs every step %d times, each on a freshly started server, and the median run (by slow requests for storms, by throughput for reads) is shown, with the worst run beside it where it matters; each client keeps its recorded pace (think time × %g) with at most %d requests in flight, and its boot time runs from its first connection attempt to its last answer. A *slow request* is one answered after more than 200 ms, the paper's UDP retry timeout, so it counts what the paper counts as retries. Server CPU and memory come from /proc for the server process and its children; the server is restarted for every step. The aggregate read test has N readers replay only the trace's reads through boot exports (deskway's write caches, the peers' copy-on-write layers) with no think time and 8 in flight, for %s.\n\n",
 		len(r.tr.ops), float64(r.tr.readBytes)/(1<<20), float64(r.tr.writeBytes)/(1<<20), r.tr.span.Seconds(), r.o.Runs, r.o.TimeScale, r.o.QueueDepth, r.o.ReadFor)
 	md.WriteString("Systems: ")
 	var notes []string
@@ -117,15 +155,22 @@ func (r *runner) write(systems []system) error {
 		table("Figure 3: boot time, median seconds (paper: 27 s from a local disk; about 15 s more at 100 clients than at 25)", "boot_median_s", 1, 2)
 		table("Boot time, slowest client, seconds", "boot_max_s", 1, 2)
 		table("Figure 4: requests slower than 200 ms, median run (the paper's retries: 2 to 6 over a 6-minute storm at 75–100 clients)", "slow_requests", 1, 0)
+		table("Requests slower than 200 ms, worst run", "slow_requests_max", 1, 0)
 		table("Request latency p99, ms", "request_p99_ms", 1, 1)
 		table("Figure 5: server CPU % of one core over the storm (paper: peaks of 85 % at 50 clients, 100 % from 75)", "cpu_pct", 1, 0)
 		table("Figure 6: server peak RSS, MiB (paper: under 1 GB of 4 GB used at 100 clients)", "rss_peak_bytes", 1.0/(1<<20), 0)
 		table("Figure 7: data served during the storm, MB/s (paper: two gigabit links at 98 % from 75 clients)", "read_mb_s", 1, 0)
-		t := report.Table{Title: "deskway memory per connected client beyond its write cache", Head: []string{"clients", "bytes per client"}}
+		t := report.Table{Title: "deskway memory per connected client, median run", Head: []string{"clients", "bytes per client, write cache included", "beyond its write cache"}}
 		for _, n := range r.o.Clients {
-			if v, ok := r.metric("storm", "deskway", n, "rss_beyond_cache_per_client_bytes"); ok {
-				t.Rows = append(t.Rows, []string{fmt.Sprint(n), fmt.Sprintf("%.0f", v)})
+			all, ok := r.metric("storm", "deskway", n, "rss_per_client_bytes")
+			if !ok {
+				continue
 			}
+			beyond := "–"
+			if v, ok := r.metric("storm", "deskway", n, "rss_beyond_cache_per_client_bytes"); ok {
+				beyond = fmt.Sprintf("%.0f", v)
+			}
+			t.Rows = append(t.Rows, []string{fmt.Sprint(n), fmt.Sprintf("%.0f", all), beyond})
 		}
 		md.WriteString(t.Markdown())
 	}

@@ -1,0 +1,36 @@
+package bootstorm
+
+import (
+	"testing"
+
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+// TestSummaryNamesWorstRuns: a step counts as free of slow requests only
+// when every run of it, and of every smaller step, had none; ratios keep
+// the worst step.
+func TestSummaryNamesWorstRuns(t *testing.T) {
+	pt := func(sys string, n int, slow, slowMax, boot float64) report.Point {
+		return report.Point{Scenario: "storm", System: sys, Params: map[string]any{"clients": n, "runs": 3},
+			Metrics: map[string]float64{"slow_requests": slow, "slow_requests_max": slowMax, "failed_clients_max": 0,
+				"boot_median_s": boot, "rss_per_client_bytes": 2e6, "rss_beyond_cache_per_client_bytes": 6e4}}
+	}
+	r := &runner{o: Options{Clients: []int{100, 250, 500}}, res: &report.Result{Summary: map[string]float64{}, Points: []report.Point{
+		pt("deskway", 100, 0, 0, 10), pt("deskway", 250, 0, 7, 12), pt("deskway", 500, 0, 0, 15),
+		pt(floorName, 100, 0, 0, 10), pt(floorName, 250, 1, 2, 10), pt(floorName, 500, 0, 0, 12),
+		pt("nbdkit-cow", 100, 50, 60, 30), pt("nbdkit-cow", 250, 80, 90, 40), pt("nbdkit-cow", 500, 3, 9, 50),
+	}}}
+	r.summarize([]system{{name: "deskway"}, {name: "nbdkit-cow"}, {name: floorName}})
+	s := r.res.Summary
+	// The median run at 250 had none, but the worst had 7: 100 is the
+	// answer, not 500 (which a max over median runs would say).
+	if s["max_clients_no_slow_requests"] != 100 {
+		t.Fatalf("max_clients_no_slow_requests = %v, want 100", s["max_clients_no_slow_requests"])
+	}
+	if s["boot_ratio_floor_max"] != 1.25 || s["slow_ratio_floor_max"] != 1 || s["slow_ratio_best_peer_max"] != 0.25 {
+		t.Fatalf("ratios: %v", s)
+	}
+	if s["rss_bytes_per_client"] != 2e6 || s["rss_bytes_per_client_excl_cache"] != 6e4 {
+		t.Fatalf("memory: %v", s)
+	}
+}
