@@ -106,20 +106,32 @@ func (r *rig) xfreerdp(t *testing.T, timeout time.Duration, args ...string) (int
 // host's desktop (the navy xterm), then ends the client.
 func (r *rig) desktop(t *testing.T, name string, args ...string) {
 	t.Helper()
-	c := testkit.DesktopColor
-	before := testkit.Screenshot(t, r.display, "")
-	if n := testkit.CountColor(before, c[0], c[1], c[2]); n > 0 {
-		t.Fatalf("display shows %d desktop-colored pixels before connecting; the check would prove nothing", n)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	base := []string{"/cert:ignore", "/u:" + r.xrdp.User, "/p:" + r.xrdp.Password, "/size:800x600"}
 	all := append(base, args...)
 	if strings.HasSuffix(args[0], ".rdp") {
 		all = append(append([]string{args[0]}, base...), args[1:]...) // the file comes first
 	}
-	cmd := exec.CommandContext(ctx, "xfreerdp", all...)
-	cmd.Env = append(os.Environ(), "DISPLAY="+r.display)
+	untilDesktop(t, r.display, name, filepath.Join(r.artifacts, name+".png"), 45*time.Second, func(ctx context.Context) *exec.Cmd {
+		return exec.CommandContext(ctx, "xfreerdp", all...)
+	})
+}
+
+// untilDesktop runs the command made by start under display until a
+// screenshot (kept in shot) shows the host's desktop (the navy xterm), and
+// fails if it exits first or the desktop does not appear within limit
+// (the login box is not the desktop); then it stops the command and
+// waits for the window to go, so the next run starts from a blank screen.
+func untilDesktop(t *testing.T, display, name, shot string, limit time.Duration, start func(context.Context) *exec.Cmd) {
+	t.Helper()
+	c := testkit.DesktopColor
+	if n := testkit.CountColor(testkit.Screenshot(t, display, ""), c[0], c[1], c[2]); n > 0 {
+		t.Fatalf("display shows %d desktop-colored pixels before connecting; the check would prove nothing", n)
+	}
+	_ = os.MkdirAll(filepath.Dir(shot), 0o755)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := start(ctx)
+	cmd.Env = append(os.Environ(), "DISPLAY="+display)
 	cmd.Stdin = strings.NewReader("y\n") // accept the gateway's consent message
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -128,30 +140,27 @@ func (r *rig) desktop(t *testing.T, name string, args ...string) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	shot := filepath.Join(r.artifacts, name+".png")
-	deadline := time.Now().Add(45 * time.Second)
+	deadline := time.Now().Add(limit)
 	for {
 		select {
 		case err := <-exited:
-			t.Fatalf("xfreerdp exited before the desktop appeared: %v\n%s", err, lastLines(out.String(), 30))
+			t.Fatalf("%s exited before the desktop appeared: %v\n%s", name, err, lastLines(out.String(), 30))
 		case <-time.After(time.Second):
 		}
-		img := testkit.Screenshot(t, r.display, shot)
-		if n := testkit.CountColor(img, c[0], c[1], c[2]); n > 50000 {
+		if n := testkit.CountColor(testkit.Screenshot(t, display, shot), c[0], c[1], c[2]); n > 50000 {
 			t.Logf("%s: desktop visible (%d navy pixels), screenshot %s", name, n, shot)
 			break
 		}
 		if time.Now().After(deadline) {
 			cancel()
-			<-exited // out is written until xfreerdp's output is closed
-			t.Fatalf("desktop never appeared; last screenshot in %s\n%s", shot, lastLines(out.String(), 30))
+			<-exited // out is written until the output is closed
+			t.Fatalf("%s: desktop never appeared; last screenshot in %s\n%s", name, shot, lastLines(out.String(), 30))
 		}
 	}
 	cancel()
 	<-exited
-	// Wait for the window to go so the next run starts from a blank screen.
 	for i := 0; i < 50; i++ {
-		if testkit.CountColor(testkit.Screenshot(t, r.display, ""), c[0], c[1], c[2]) == 0 {
+		if testkit.CountColor(testkit.Screenshot(t, display, ""), c[0], c[1], c[2]) == 0 {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

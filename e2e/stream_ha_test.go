@@ -33,34 +33,60 @@ stream:
   - {name: golden, base: %[5]s}
 `
 
+// haPair is two deskway stream servers on one shared store.
+type haPair struct {
+	base, store   string
+	addrs, admins [2]string
+	procs         [2]*testkit.Process
+}
+
+// startHAPair writes an 8 MiB base image and starts two servers sharing
+// a store, with reconnect_window set to window.
+func startHAPair(t *testing.T, window string) *haPair {
+	t.Helper()
+	bin := build(t)
+	dir := t.TempDir()
+	h := &haPair{base: filepath.Join(dir, "golden.img"), store: filepath.Join(dir, "store")}
+	if err := os.WriteFile(h.base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range h.procs {
+		port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
+		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
+		body := strings.Replace(fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), adminPort, port, h.store, h.base),
+			"reconnect_window: 1m", "reconnect_window: "+window, 1)
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		h.procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
+		h.addrs[i], h.admins[i] = fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("https://127.0.0.1:%d", adminPort)
+		if err := testkit.WaitPort(h.addrs[i], 10*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, h.procs[i].Log.String())
+		}
+	}
+	return h
+}
+
+// uri is the NBD URI of export on server i.
+func (h *haPair) uri(i int, export string) string { return "nbd://" + h.addrs[i] + "/" + export }
+
+// kill ends server i with SIGKILL.
+func (h *haPair) kill(t *testing.T, i int) {
+	t.Helper()
+	if err := h.procs[i].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = h.procs[i].Cmd.Process.Wait()
+}
+
 // TestStreamFailover runs two servers on one shared store, kills the one
 // a client is writing through, and checks on the other that every write
 // the first acknowledged is there, read by the Go client and by qemu-io.
 func TestStreamFailover(t *testing.T) {
 	testkit.Require(t, "nbdcopy")
-	bin := build(t)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "golden.img")
-	if err := os.WriteFile(base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	h := startHAPair(t, "1m")
+	base, store, addrs, procs := h.base, h.store, h.addrs, h.procs
 	sum := fileSum(t, base)
-	store := filepath.Join(dir, "store")
-	var addrs [2]string
-	var procs [2]*testkit.Process
-	for i := range procs {
-		port := testkit.FreePort(t)
-		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
-		body := fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), testkit.FreePort(t), port, store, base)
-		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
-		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
-		if err := testkit.WaitPort(addrs[i], 10*time.Second); err != nil {
-			t.Fatalf("%v\n%s", err, procs[i].Log.String())
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const export = "golden/vm7/boot42"
@@ -140,7 +166,7 @@ func TestStreamFailover(t *testing.T) {
 	}
 	// A real client sees the same: nbdcopy the boot's disk (a reader,
 	// whose clean disconnect does not end the client's boot).
-	copyTo := filepath.Join(dir, "copy.img")
+	copyTo := filepath.Join(t.TempDir(), "copy.img")
 	runOK(t, "nbdcopy", fmt.Sprintf("nbd://%s/%s", addrs[1], export), copyTo)
 	img, err := os.ReadFile(copyTo)
 	if err != nil {
@@ -177,29 +203,8 @@ func TestStreamFailover(t *testing.T) {
 // 1 reaches production; the boot's server dies. On the other server the
 // client must go on reading version 0 under its writes, not version 1.
 func TestStreamFailoverKeepsTheVersion(t *testing.T) {
-	bin := build(t)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "golden.img")
-	if err := os.WriteFile(base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store := filepath.Join(dir, "store")
-	var addrs, admins [2]string
-	var procs [2]*testkit.Process
-	for i := range procs {
-		port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
-		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
-		body := fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), adminPort, port, store, base)
-		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
-		addrs[i], admins[i] = fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("https://127.0.0.1:%d", adminPort)
-		if err := testkit.WaitPort(addrs[i], 10*time.Second); err != nil {
-			t.Fatalf("%v\n%s", err, procs[i].Log.String())
-		}
-	}
-	uri := func(i int, export string) string { return "nbd://" + addrs[i] + "/" + export }
+	h := startHAPair(t, "1m")
+	uri, admins := h.uri, h.admins
 	// The boot writes one block on server 0 and its connection drops.
 	killedAfterWrite(t, uri(0, "golden/vmV/b1"), "write -P 0x5a 0 4096")
 	// Version 1 changes another block and goes to production.
@@ -227,10 +232,7 @@ func TestStreamFailoverKeepsTheVersion(t *testing.T) {
 		t.Fatalf("a new boot does not see production version 1:\n%s", out)
 	}
 	// Server 0 dies; the boot goes on on server 1, on version 0.
-	if err := procs[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = procs[0].Cmd.Process.Wait()
+	h.kill(t, 0)
 	ok, out := qemuIO(t, uri(1, "golden/vmV/b1"), true, "read -P 0x5a 0 4096", "read -v 65536 16")
 	if !ok || strings.Contains(out, "77 77 77") || !strings.Contains(out, "62 61 73 65") {
 		t.Fatalf("after the takeover the boot reads another version (or lost its write):\n%s", out)
@@ -242,30 +244,8 @@ func TestStreamFailoverKeepsTheVersion(t *testing.T) {
 // reconnect window, and the client, if it does come back, is refused with
 // the reason; a boot a live server serves is never swept, however long.
 func TestStreamSweepsOrphanedCaches(t *testing.T) {
-	bin := build(t)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "golden.img")
-	if err := os.WriteFile(base, bytes.Repeat([]byte("base"), 8<<20/4), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store := filepath.Join(dir, "store")
-	var addrs [2]string
-	var procs [2]*testkit.Process
-	for i := range procs {
-		port := testkit.FreePort(t)
-		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
-		body := strings.Replace(fmt.Sprintf(haConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), testkit.FreePort(t), port, store, base),
-			"reconnect_window: 1m", "reconnect_window: 2s", 1)
-		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		procs[i] = testkit.Start(t, nil, bin, "stream", "-c", cfg)
-		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
-		if err := testkit.WaitPort(addrs[i], 10*time.Second); err != nil {
-			t.Fatalf("%v\n%s", err, procs[i].Log.String())
-		}
-	}
-	uri := func(i int, export string) string { return "nbd://" + addrs[i] + "/" + export }
+	h := startHAPair(t, "2s")
+	uri, store, procs := h.uri, h.store, h.procs
 	// A long-lived boot on server 1, connected the whole time.
 	live := exec.Command("qemu-io", "-f", "raw", "-c", "write -P 0x11 0 4096", "-c", "sleep 6000", "-c", "read -P 0x11 0 4096", uri(1, "golden/vmL/b1"))
 	var liveOut testkit.Buffer
@@ -275,10 +255,7 @@ func TestStreamSweepsOrphanedCaches(t *testing.T) {
 	}
 	// A boot on server 0, whose server dies and whose client never returns.
 	killedAfterWrite(t, uri(0, "golden/vmO/b1"), "write -P 0x22 0 4096")
-	if err := procs[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = procs[0].Cmd.Process.Wait()
+	h.kill(t, 0)
 	orphan := filepath.Join(store, "cache", "golden", "vmO", "b1")
 	deadline := time.Now().Add(8 * time.Second)
 	for {

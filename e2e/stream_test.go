@@ -364,16 +364,7 @@ func TestStreamQemuTLS(t *testing.T) {
 	caDir, cert, key := testkit.CA(t)
 	r := startStreamCert(t, "require", "1m", cert, key)
 	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
-	qemuTLS := func(export string, cmds ...string) (bool, string) {
-		args := []string{"--object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + caDir, "--image-opts"}
-		for _, c := range cmds {
-			args = append(args, "-c", c)
-		}
-		args = append(args, "driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export="+export+",file.tls-creds=tls0")
-		out, err := exec.Command("qemu-io", args...).CombinedOutput()
-		s := string(out)
-		return err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "error"), s
-	}
+	qemuTLS := func(export string, cmds ...string) (bool, string) { return qemuIOTLS(caDir, port, export, cmds...) }
 	// Write, read back, and die without a clean disconnect: the boot stays.
 	if ok, out := qemuTLS("golden/vmT/boot1", "write -P 0x5a 4096 8192", "read -P 0x5a 4096 8192", "sigraise 9"); ok ||
 		!strings.Contains(out, "wrote 8192/8192") || strings.Contains(out, "verification failed") {
@@ -635,16 +626,7 @@ func TestStreamClientCertificates(t *testing.T) {
 		return out
 	}
 	pc1, pc2, admin := issue("pc1"), issue("pc2"), issue("admin1", "maintenance")
-	qemu := func(dir, export string, cmds ...string) (bool, string) {
-		args := []string{"--object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + dir, "--image-opts"}
-		for _, c := range cmds {
-			args = append(args, "-c", c)
-		}
-		args = append(args, "driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export="+export+",file.tls-creds=tls0")
-		out, err := exec.Command("qemu-io", args...).CombinedOutput()
-		s := string(out)
-		return err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "error"), s
-	}
+	qemu := func(dir, export string, cmds ...string) (bool, string) { return qemuIOTLS(dir, port, export, cmds...) }
 	// pc1 writes into its boot and dies without a clean disconnect.
 	if ok, out := qemu(pc1, "golden/pc1/b1", "write -P 0x5a 4096 4096", "sigraise 9"); ok || !strings.Contains(out, "wrote 4096/4096") {
 		t.Fatalf("pc1 could not write its boot:\n%s", out)
@@ -737,4 +719,17 @@ func TestStreamBootCaps(t *testing.T) {
 	if ok, out := qemuIO(t, r.uri+"/golden/modest/b1", true, "read 0 512"); !ok {
 		t.Fatalf("another client was refused:\n%s", out)
 	}
+}
+
+// qemuIOTLS is qemuIO through qemu's own NBD client over TLS, with the
+// credentials (ca-cert.pem, and a client certificate when present) in dir.
+func qemuIOTLS(dir, port, export string, cmds ...string) (bool, string) {
+	args := []string{"--object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + dir, "--image-opts"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	args = append(args, "driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export="+export+",file.tls-creds=tls0")
+	out, err := exec.Command("qemu-io", args...).CombinedOutput()
+	s := string(out)
+	return err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "error"), s
 }

@@ -60,18 +60,25 @@ func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, erro
 		c.release()
 		return nil, fmt.Errorf("write cache: %w", err)
 	}
-	blocks := (size + cacheBlock - 1) / cacheBlock
-	c.bitmap = make([]byte, (blocks+7)/8)
-	if _, err := c.mp.ReadAt(c.bitmap, 0); err != nil && !errors.Is(err, io.EOF) {
+	if err := c.loadMap(); err != nil {
 		c.release()
-		return nil, fmt.Errorf("write cache map: %w", err)
+		return nil, err
+	}
+	return c, nil
+}
+
+// loadMap reads which blocks the cache holds from its map file.
+func (c *storeCache) loadMap() error {
+	c.bitmap = make([]byte, ((c.size+cacheBlock-1)/cacheBlock+7)/8)
+	if _, err := c.mp.ReadAt(c.bitmap, 0); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("write cache map: %w", err)
 	}
 	for _, b := range c.bitmap {
 		for ; b != 0; b &= b - 1 {
 			c.present++
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // viewStoreCache opens the cache in dir read-only and without its lock:
@@ -97,15 +104,9 @@ func viewStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, erro
 		c.release()
 		return nil, err
 	}
-	c.bitmap = make([]byte, ((size+cacheBlock-1)/cacheBlock+7)/8)
-	if _, err := c.mp.ReadAt(c.bitmap, 0); err != nil && !errors.Is(err, io.EOF) {
+	if err := c.loadMap(); err != nil {
 		c.release()
-		return nil, fmt.Errorf("write cache map: %w", err)
-	}
-	for _, b := range c.bitmap {
-		for ; b != 0; b &= b - 1 {
-			c.present++
-		}
+		return nil, err
 	}
 	return c, nil
 }
@@ -272,19 +273,32 @@ func (c *storeCache) close() {
 // discardStoreCache removes the cache in dir unless a server owns it or
 // it was used within idle.
 func discardStoreCache(dir string, idle time.Duration) (bool, error) {
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
+	lock, err := lockIdle(dir, idle, time.Now())
+	if lock == nil || err != nil {
 		return false, err
 	}
 	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return false, nil // another server has the boot now
-	}
-	if fi, err := lock.Stat(); err == nil && time.Since(fi.ModTime()) < idle {
-		return false, nil
-	}
 	return true, os.RemoveAll(dir)
+}
+
+// lockIdle takes the lock of the cache in dir when no server holds it
+// and nobody touched it within idle; nil when it did not (or there is no
+// cache). The caller closes the file, which drops the lock.
+func lockIdle(dir string, idle time.Duration, now time.Time) (*os.File, error) {
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, nil // a server has the boot
+	}
+	if fi, err := lock.Stat(); err != nil || now.Sub(fi.ModTime()) < idle {
+		lock.Close()
+		return nil, err
+	}
+	return lock, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 )
 
@@ -75,21 +74,11 @@ func sweepStoreCache(dir string, window time.Duration, now time.Time) (bool, err
 		}
 		return false, nil
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
+	lock, err := lockIdle(dir, window, now)
+	if lock == nil || err != nil {
 		return false, err
 	}
 	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return false, nil // a server has the boot
-	}
-	fi, err := lock.Stat()
-	if err != nil || now.Sub(fi.ModTime()) < window {
-		return false, err
-	}
 	// The marker first: from here on an attach refuses the boot.
 	if err := os.WriteFile(filepath.Join(dir, sweptFile), []byte(now.UTC().Format(time.RFC3339)+"\n"), 0o600); err != nil {
 		return false, fmt.Errorf("stream: sweep %s: %w", dir, err)
