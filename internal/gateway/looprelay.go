@@ -144,6 +144,7 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
 		return false, nil
 	}
 	// The duplicates carry the sockets from here on.
+	wt.g.onLoop.Store(true)
 	_ = lc.Conn.Close()
 	_ = tn.upstream.Close()
 	tn.onLoop.Store(r)

@@ -47,6 +47,9 @@ type writeGate struct {
 	conn    net.Conn // where deadlines are set
 	timeout time.Duration
 	closed  atomic.Bool
+	// onLoop is set once an event loop owns the socket: its writes never
+	// block and the loop times stalls, so no deadline is set per write.
+	onLoop atomic.Bool
 }
 
 func newWriteGate(conn net.Conn, timeout time.Duration) writeGate {
@@ -61,7 +64,9 @@ func (g *writeGate) lock() error {
 		<-g.ch
 		return net.ErrClosed
 	}
-	_ = g.conn.SetWriteDeadline(time.Now().Add(g.timeout))
+	if !g.onLoop.Load() {
+		_ = g.conn.SetWriteDeadline(time.Now().Add(g.timeout))
+	}
 	return nil
 }
 
