@@ -258,7 +258,6 @@ func (tn *tunnel) run() error {
 		st = next
 	}
 	_ = tn.t.setReadDeadline(time.Time{})
-	tn.open.Store(true)
 	return tn.relay()
 }
 
@@ -495,13 +494,16 @@ func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
 			}
 		}
 		tn.target = tg
+		tn.upstream = conn
+		// Open before the client hears so: a shutdown that begins the
+		// moment the client has its channel must give it the grace period.
+		tn.open.Store(true)
 		if err := tn.send(&tsgu.ChannelResponse{HasChannelID: true, ChannelID: 1}); err != nil {
 			return 0, err
 		}
 		tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
 			"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method)
 		s.metrics.opened.Inc()
-		tn.upstream = conn
 		return stateOpen, nil
 	}
 	return 0, lastErr
