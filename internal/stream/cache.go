@@ -110,6 +110,20 @@ func (c *writeCache) baseOnly(off, n int64) bool {
 	return n <= 0 || !c.idx.any(off/cacheBlock, (off+n-1)/cacheBlock)
 }
 
+func (c *writeCache) source(blk int64) blockSource {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	switch at := c.idx.get(blk); {
+	case c.closed:
+		return fromCacheData
+	case at == inBase:
+		return fromBelow
+	case at == isZero:
+		return fromCacheZero
+	}
+	return fromCacheData
+}
+
 // WriteAt stores p at off in the cache; nil p writes zeroes of length n.
 func (c *writeCache) WriteAt(p []byte, off int64) (int, error) {
 	return c.write(p, off, int64(len(p)))

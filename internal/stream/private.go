@@ -170,6 +170,9 @@ func (p *privateImage) bytes() (ram, spilled int64) { return 0, 0 }
 // baseOnly is false: a private image is its own file.
 func (p *privateImage) baseOnly(off, n int64) bool { return false }
 
+// source is data: block status reads a private image's own file.
+func (p *privateImage) source(blk int64) blockSource { return fromCacheData }
+
 // close releases the writer lock; the image stays for the next boot.
 func (p *privateImage) close() {
 	p.f.Close()

@@ -110,9 +110,21 @@ type bootCache interface {
 	// baseOnly reports whether [off, off+n) holds nothing but base
 	// bytes, which can then go to the client straight from the base file.
 	baseOnly(off, n int64) bool
+	// source says whether block blk was written, as data or as zeroes, or
+	// reads what lies below the cache.
+	source(blk int64) blockSource
 	// close discards the cache.
 	close()
 }
+
+// blockSource is where a block of a boot's view comes from.
+type blockSource uint8
+
+const (
+	fromBelow     blockSource = iota // never written: the version's image
+	fromCacheData                    // written
+	fromCacheZero                    // written as zeroes
+)
 
 // boot is one client boot's write cache and the connections using it.
 type boot struct {

@@ -128,6 +128,17 @@ func (c *storeCache) baseOnly(off, n int64) bool {
 	return true
 }
 
+// source knows no zero blocks: zeroes are written as data here. A
+// released cache claims data, never a hole it cannot vouch for.
+func (c *storeCache) source(blk int64) blockSource {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.data != nil && !c.has(blk) {
+		return fromBelow
+	}
+	return fromCacheData
+}
+
 func (c *storeCache) has(blk int64) bool { return c.bitmap[blk/8]&(1<<(blk%8)) != 0 }
 
 func (c *storeCache) bytes() (ram, spilled int64) {

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sync/semaphore"
+	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
@@ -305,39 +307,101 @@ func (c *conn) fail(req nbd.Request, e nbd.Errno, format string, a ...any) []byt
 // the rest.
 const maxExtents = 256
 
-// extents describes [off, off+n) for base:allocation. Where the range
-// reads only the base file, its holes are found with SEEK_DATA/SEEK_HOLE;
-// a range anything was written to is reported as data.
+// maxStatusSpan bounds the range one block status reply walks block by
+// block where the client wrote: a reply may cover less than asked.
+const maxStatusSpan = 256 << 20
+
+// extents describes [off, off+n) for base:allocation layer by layer, as
+// a reader of the view sees it: blocks the boot wrote are data (zeroes
+// written as zeroes), blocks a newer version changed are data, and the
+// rest is the base file, whose holes SEEK_DATA/SEEK_HOLE find. A private
+// image is one file and is described the same way from that file.
 func (e *export) extents(off, n int64, one bool) []nbd.Extent {
-	data := []nbd.Extent{{Length: uint32(n)}}
-	if (e.view != nil && !e.view.baseOnly(off, n)) || !e.img.baseFile(off, n) {
-		return data
-	}
-	const seekData, seekHole = 3, 4
 	var out []nbd.Extent
+	add := func(length int64, flags uint32) {
+		if k := len(out); k > 0 && out[k-1].Flags == flags {
+			out[k-1].Length += uint32(length)
+			return
+		}
+		out = append(out, nbd.Extent{Length: uint32(length), Flags: flags})
+	}
+	defer func() {
+		if one && len(out) > 1 {
+			out = out[:1]
+		}
+	}()
 	end := off + n
-	for pos := off; pos < end && len(out) < maxExtents; {
-		next, err := e.img.base.Seek(pos, seekData)
-		var ext nbd.Extent
-		switch {
-		case err != nil: // ENXIO: only a hole from pos on
-			ext = nbd.Extent{Length: uint32(end - pos), Flags: nbd.StateHole | nbd.StateZero}
-		case next > pos:
-			ext = nbd.Extent{Length: uint32(min(next, end) - pos), Flags: nbd.StateHole | nbd.StateZero}
-		default:
-			hole, err := e.img.base.Seek(pos, seekHole)
-			if err != nil {
-				return data
+	switch {
+	case e.private != nil:
+		fileExtents(e.private.f, off, end, add, &out)
+		return out
+	case (e.view == nil || e.view.baseOnly(off, n)) && e.img.baseFile(off, n):
+		fileExtents(e.img.base, off, end, add, &out)
+		return out
+	}
+	end = min(end, off+maxStatusSpan)
+	const below, written, zeroed = 0, 1, 2
+	layer := func(blk int64) int {
+		if e.view != nil {
+			switch e.view.source(blk) {
+			case fromCacheData:
+				return written
+			case fromCacheZero:
+				return zeroed
 			}
-			ext = nbd.Extent{Length: uint32(min(hole, end) - pos)}
 		}
-		out = append(out, ext)
-		pos += int64(ext.Length)
-		if one {
-			break
+		if e.img.layer(blk) >= 0 {
+			return written
 		}
+		return below
+	}
+	for pos := off; pos < end && len(out) < maxExtents; {
+		l := layer(pos / cacheBlock)
+		run := min((pos/cacheBlock+1)*cacheBlock, end)
+		for run < end && layer(run/cacheBlock) == l {
+			run = min(run+cacheBlock, end)
+		}
+		switch l {
+		case written:
+			add(run-pos, 0)
+		case zeroed:
+			add(run-pos, nbd.StateZero)
+		default:
+			fileExtents(e.img.base, pos, run, add, &out)
+		}
+		pos = run
 	}
 	return out
+}
+
+// fileExtents describes [pos, end) of f by its data and holes, through
+// add, until out holds maxExtents; a filesystem that cannot tell makes it
+// all data.
+func fileExtents(f *os.File, pos, end int64, add func(int64, uint32), out *[]nbd.Extent) {
+	for pos < end && len(*out) < maxExtents {
+		next, err := f.Seek(pos, unix.SEEK_DATA)
+		switch {
+		case errors.Is(err, syscall.ENXIO): // only a hole from pos on
+			add(end-pos, nbd.StateHole|nbd.StateZero)
+			return
+		case err != nil:
+			add(end-pos, 0)
+			return
+		case next > pos:
+			next = min(next, end)
+			add(next-pos, nbd.StateHole|nbd.StateZero)
+			pos = next
+			continue
+		}
+		hole, err := f.Seek(pos, unix.SEEK_HOLE)
+		if err != nil {
+			add(end-pos, 0)
+			return
+		}
+		hole = min(hole, end)
+		add(hole-pos, 0)
+		pos = hole
+	}
 }
 
 // sendBase answers a READ straight from the base file with sendfile when
