@@ -33,7 +33,7 @@ stream:
   clients: %[9]s
   cache_ram_mb: 1
   reconnect_window: %[7]s
-  vdisks:
+%[10]s  vdisks:
   - {name: golden, base: %[8]s, description: golden test image}
   - {name: personal, base: %[8]s, mode: private, clients: [alice, racer0, racer1, racer2]}
 `
@@ -76,6 +76,13 @@ func startStreamCert(t *testing.T, tlsMode, window, cert, key string) *streamRig
 // startStreamClients is startStreamCert with stream.clients set.
 func startStreamClients(t *testing.T, tlsMode, window, cert, key, clients string) *streamRig {
 	t.Helper()
+	return startStreamWith(t, tlsMode, window, cert, key, clients, "")
+}
+
+// startStreamWith is startStreamClients with more lines for the stream
+// section (each indented two spaces and ending in a newline).
+func startStreamWith(t *testing.T, tlsMode, window, cert, key, clients, extra string) *streamRig {
+	t.Helper()
 	testkit.Require(t, "nbdinfo", "nbdcopy", "qemu-io", "qemu-img")
 	bin := build(t)
 	dir := t.TempDir()
@@ -92,7 +99,7 @@ func startStreamClients(t *testing.T, tlsMode, window, cert, key, clients string
 	f.Close()
 	port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
 	cfg := filepath.Join(dir, "deskway.yaml")
-	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base, clients)
+	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base, clients, extra)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -829,5 +836,74 @@ func TestStreamBlockStatusByLayer(t *testing.T) {
 	want = blockMap(t, cowURI, "w 31457280", "map")
 	if got := blockMap(t, r.uri+"/golden/mapper/b2", append(writes, "map")...); got != want {
 		t.Errorf("map over a version's delta differs from nbdkit cow's\ndeskway:\n%s\nnbdkit cow:\n%s", got, want)
+	}
+}
+
+// TestStreamCacheQuota: one client, or all of them together, cannot make
+// the server hold write-cache bytes without end. A write past a cap fails
+// with ENOSPC and the server's reason, as on a full disk; what the client
+// wrote before stays, rewriting it and zeroing whole blocks still work,
+// and the bytes come back when a boot ends.
+func TestStreamCacheQuota(t *testing.T) {
+	t.Run("RAM and spill", func(t *testing.T) { testCacheQuota(t, "") })
+	t.Run("shared cache", func(t *testing.T) { testCacheQuota(t, "  shared_cache: true\n") })
+}
+
+func testCacheQuota(t *testing.T, extra string) {
+	_, _, cert, key := testkit.TLS(t)
+	r := startStreamWith(t, "off", "1m", cert, key, "open", extra+"  max_cache_mb: 2\n  max_cache_mb_per_client: 1\n")
+	// A session that leaves without NBD_CMD_DISC keeps its boot alive.
+	const hangUp = "\nimport os\nos._exit(0)\n"
+	try := func(what string) string {
+		return fmt.Sprintf(`
+try:
+    %s
+    print("ok")
+except nbd.Error as e:
+    print("refused:", e.errno, e.string)
+`, what)
+	}
+	out, err := nbdsh(t, r.uri+"/golden/filler/b1", `
+h.pwrite(b"a" * (1 << 20), 0)
+`+try(`h.pwrite(b"b" * 4096, 8 << 20)`)+`
+h.pwrite(b"c" * (1 << 20), 0)
+h.zero(1 << 20, 4 << 20)
+assert h.pread(1 << 20, 0) == b"c" * (1 << 20)
+assert h.pread(4096, 8 << 20) == bytes(4096)
+print("rewrote")
+`+hangUp)
+	if err != nil || !strings.Contains(out, "refused: ENOSPC") || !strings.Contains(out, "rewrote") {
+		t.Fatalf("per-client cap: %v\n%s", err, out)
+	}
+	if !strings.Contains(r.log.Log.String(), "max_cache_mb_per_client") {
+		t.Errorf("the refusal does not name stream.max_cache_mb_per_client in the server log:\n%s", r.log.Log.String())
+	}
+	if out, err := nbdsh(t, r.uri+"/golden/other/b1", `h.pwrite(b"o" * (1 << 20), 0)`+hangUp); err != nil {
+		t.Fatalf("another client under its cap: %v\n%s", err, out)
+	}
+	out, err = nbdsh(t, r.uri+"/golden/third/b1", try(`h.pwrite(b"t" * 4096, 0)`)+hangUp)
+	if err != nil || !strings.Contains(out, "refused: ENOSPC") {
+		t.Fatalf("global cap: %v\n%s", err, out)
+	}
+	if !strings.Contains(r.log.Log.String(), "stream.max_cache_mb (2 MiB)") {
+		t.Errorf("the refusal does not name stream.max_cache_mb in the server log:\n%s", r.log.Log.String())
+	}
+	// filler ends its boot cleanly: its megabyte is free again.
+	if out, err := nbdsh(t, r.uri+"/golden/filler/b1", `
+h.pwrite(b"c" * 4096, 0)
+h.shutdown()
+`); err != nil {
+		t.Fatalf("ending filler's boot: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err = nbdsh(t, r.uri+"/golden/third/b1", try(`h.pwrite(b"t" * 4096, 0)`)+hangUp)
+		if err == nil && strings.Contains(out, "ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bytes of an ended boot did not come back: %v\n%s", err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

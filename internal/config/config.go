@@ -198,6 +198,11 @@ type Stream struct {
 	// cache) over all clients and for one client name.
 	MaxBoots          int `yaml:"max_boots"`
 	MaxBootsPerClient int `yaml:"max_boots_per_client"`
+	// MaxCacheMB and MaxCacheMBPerClient cap the write-cache bytes (RAM
+	// and spilled, or shared-cache files) of all boots and of the boots
+	// of one client name; a write past either fails as on a full disk.
+	MaxCacheMB          int `yaml:"max_cache_mb"`
+	MaxCacheMBPerClient int `yaml:"max_cache_mb_per_client"`
 	// MaxInflight bounds the requests served at once on one connection.
 	MaxInflight int `yaml:"max_inflight"`
 	// MaxBufferMB bounds the bytes of requests in progress (READ replies
@@ -508,6 +513,8 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&st.MaxBufferMB, 1024)
 		setDefault(&st.MaxBoots, 2000)
 		setDefault(&st.MaxBootsPerClient, 4)
+		setDefault(&st.MaxCacheMB, 256<<10)
+		setDefault(&st.MaxCacheMBPerClient, 16<<10)
 		setDefault(&st.WriteTimeout, Duration(60*time.Second))
 		for i := range st.VDisks {
 			setDefault(&st.VDisks[i].Mode, "standard")
@@ -726,6 +733,9 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 	}
 	if st.MaxBoots < 1 || st.MaxBootsPerClient < 1 {
 		bad("stream.max_boots", "max_boots and max_boots_per_client must be at least 1")
+	}
+	if st.MaxCacheMB < 1 || st.MaxCacheMBPerClient < 1 {
+		bad("stream.max_cache_mb", "max_cache_mb and max_cache_mb_per_client must be at least 1 (MiB)")
 	}
 	if st.MaxBufferMB < 64 {
 		bad("stream.max_buffer_mb", "must be at least 64 (two requests of the 32 MiB maximum)")

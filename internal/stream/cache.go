@@ -41,10 +41,54 @@ type writeCache struct {
 	// before new slab space.
 	free   []uint32
 	closed bool
+	// held counts the blocks the index names as data, in RAM or spilled,
+	// and deadSlots the spill blocks no longer named, whose space the
+	// spill file keeps; acct is charged for both.
+	held, deadSlots int64
+	acct            *cacheAccount
 }
 
-func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string) *writeCache {
-	return &writeCache{base: base, size: size, idx: blockIndex{}, ramLimit: ramLimit, spillDir: spillDir}
+func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string, acct *cacheAccount) *writeCache {
+	return &writeCache{base: base, size: size, idx: blockIndex{}, ramLimit: ramLimit, spillDir: spillDir, acct: acct}
+}
+
+// place makes the index name at for blk, giving up what it named.
+func (c *writeCache) place(blk int64, at uint32) {
+	old := c.idx.get(blk)
+	c.drop(old)
+	if isData(old) {
+		c.held--
+		if old&spilled != 0 {
+			c.deadSlots++
+		}
+	}
+	if isData(at) {
+		c.held++
+	}
+	c.idx.set(blk, at)
+}
+
+func isData(at uint32) bool { return at != inBase && at != isZero }
+
+// settle charges the account what the cache holds; c.mu is held.
+func (c *writeCache) settle() {
+	c.acct.settle((c.held + c.deadSlots) * cacheBlock)
+}
+
+// unheld counts the blocks a write of n bytes at off would add to the
+// cache: those it holds no data for, but for whole blocks zeroed, which
+// cost nothing.
+func (c *writeCache) unheld(off, n int64, zeroes bool) int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var k int64
+	for blk := off / cacheBlock; blk*cacheBlock < off+n; blk++ {
+		whole := blk*cacheBlock >= off && (blk+1)*cacheBlock <= off+n
+		if !isData(c.idx.get(blk)) && !(zeroes && whole) {
+			k++
+		}
+	}
+	return k
 }
 
 // bytes reports how much the cache holds in RAM and in its spill file.
@@ -141,6 +185,7 @@ func (c *writeCache) write(p []byte, off, total int64) (int, error) {
 	if c.closed {
 		return 0, os.ErrClosed
 	}
+	defer c.settle()
 	return c.writeLocked(p, off, total)
 }
 
@@ -161,8 +206,7 @@ func (c *writeCache) writeLocked(p []byte, off, total int64) (int, error) {
 			// A whole block of zeroes (file systems zero journals and
 			// inode tables this way) costs no memory. A block it
 			// replaces goes back to the free list.
-			c.drop(at)
-			c.idx.set(blk, isZero)
+			c.place(blk, isZero)
 		case at == inBase || at == isZero:
 			if err := c.create(blk, in, src, n, at == isZero); err != nil {
 				return int(done), err
@@ -225,7 +269,7 @@ func (c *writeCache) create(blk, in int64, src []byte, n int64, zero bool) error
 		}
 		c.nextSlot++
 	}
-	c.idx.set(blk, at)
+	c.place(blk, at)
 	return nil
 }
 
@@ -402,9 +446,9 @@ func (c *writeCache) spillOffset(at uint32) int64 { return int64(at&^spilled) * 
 func (c *writeCache) Trim(off, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.settle()
 	for blk := (off + cacheBlock - 1) / cacheBlock; (blk+1)*cacheBlock <= off+n; blk++ {
-		c.drop(c.idx.get(blk))
-		c.idx.set(blk, inBase)
+		c.place(blk, inBase)
 	}
 }
 
@@ -420,6 +464,8 @@ func (c *writeCache) close() {
 	}
 	c.closed = true
 	c.idx, c.free = nil, nil
+	c.held, c.deadSlots = 0, 0
+	c.settle()
 	for _, slab := range c.slabs {
 		_ = syscall.Munmap(slab)
 	}
@@ -547,10 +593,9 @@ func (st *stagedWrite) commit() error {
 	if c.closed {
 		return os.ErrClosed
 	}
+	defer c.settle()
 	for i, at := range st.blocks {
-		blk := st.first + int64(i)
-		c.drop(c.idx.get(blk))
-		c.idx.set(blk, at)
+		c.place(st.first+int64(i), at)
 	}
 	if st.head != nil {
 		if _, err := c.writeLocked(st.head, st.off, int64(len(st.head))); err != nil {

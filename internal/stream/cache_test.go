@@ -24,7 +24,7 @@ func TestWriteCacheModel(t *testing.T) {
 	orig := bytes.Clone(base)
 	model := bytes.Clone(base)
 	dir := t.TempDir()
-	c := newWriteCache(bytes.NewReader(base), size, 16*cacheBlock, dir)
+	c := newWriteCache(bytes.NewReader(base), size, 16*cacheBlock, dir, nil)
 	exercise(t, c, rng, model, size)
 	ram, spilled := c.bytes()
 	if c.ramBlocks != 16 || ram < 16*cacheBlock || spilled == 0 {
@@ -62,16 +62,16 @@ func TestStoreCacheModel(t *testing.T) {
 	orig := bytes.Clone(base)
 	model := bytes.Clone(base)
 	dir := filepath.Join(t.TempDir(), "boot")
-	c, err := openStoreCache(dir, bytes.NewReader(base), size)
+	c, err := openStoreCache(dir, bytes.NewReader(base), size, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	exercise(t, c, rng, model, size)
-	if _, err := openStoreCache(dir, bytes.NewReader(base), size); !errors.Is(err, errCacheBusy) {
+	if _, err := openStoreCache(dir, bytes.NewReader(base), size, nil); !errors.Is(err, errCacheBusy) {
 		t.Fatalf("second owner: %v, want errCacheBusy", err)
 	}
 	c.release()
-	c2, err := openStoreCache(dir, bytes.NewReader(base), size)
+	c2, err := openStoreCache(dir, bytes.NewReader(base), size, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,13 +144,30 @@ func TestStagedWriteModel(t *testing.T) {
 	base := make([]byte, size)
 	rng.Read(base)
 	model := bytes.Clone(base)
-	c := newWriteCache(bytes.NewReader(base), size, 1<<20, t.TempDir())
+	q := newCacheQuota(0, 0)
+	c := newWriteCache(bytes.NewReader(base), size, 1<<20, t.TempDir(), q.open("model"))
 	defer c.close()
 	check := func(i int) {
 		t.Helper()
 		got := make([]byte, size)
 		if _, err := c.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
 			t.Fatalf("op %d: the view differs from the model (%v)", i, err)
+		}
+		// The quota is charged what the index names and the spill file
+		// keeps, counted here from the index itself.
+		var ram int64
+		for _, a := range c.idx {
+			for _, at := range a {
+				if at >= firstRAMBlock && at&spilled == 0 {
+					ram++
+				}
+			}
+		}
+		if want := (ram + c.nextSlot) * cacheBlock; q.used.Load() != want {
+			t.Fatalf("op %d: quota charged %d, the cache holds %d RAM blocks and %d spill slots (%d bytes)", i, q.used.Load(), ram, c.nextSlot, want)
+		}
+		if free := c.ramBlocks - int64(len(c.free)); ram != free {
+			t.Fatalf("op %d: the index names %d RAM blocks, %d are handed out", i, ram, free)
 		}
 	}
 	staged, fellBack := 0, 0
@@ -211,6 +228,14 @@ func TestStagedWriteModel(t *testing.T) {
 	if staged < 50 || fellBack == 0 {
 		t.Fatalf("%d writes staged, %d fell back: the test did not cover both", staged, fellBack)
 	}
+	if c.nextSlot == 0 {
+		t.Fatal("nothing spilled: the test did not cover the spill file")
+	}
+	c.close()
+	c.acct.close()
+	if q.used.Load() != 0 || len(q.clients) != 0 {
+		t.Fatalf("after the boot ended the quota still holds %d bytes for %d clients", q.used.Load(), len(q.clients))
+	}
 }
 
 // TestBlockIndex checks the block index against a plain map under
@@ -264,7 +289,7 @@ func TestBlockIndex(t *testing.T) {
 // once and is the one the first writes go to.
 func TestSlabs(t *testing.T) {
 	base := bytes.NewReader(make([]byte, 64<<20))
-	c := newWriteCache(base, 64<<20, 32<<20, t.TempDir())
+	c := newWriteCache(base, 64<<20, 32<<20, t.TempDir(), nil)
 	if ram, _ := c.bytes(); ram != 0 {
 		t.Fatalf("empty cache holds %d bytes of RAM", ram)
 	}
@@ -305,7 +330,7 @@ func TestReserver(t *testing.T) {
 	r := startReserver()
 	caches := make([]*writeCache, 8)
 	for i := range caches {
-		caches[i] = newWriteCache(base, 16<<20, 8<<20, t.TempDir())
+		caches[i] = newWriteCache(base, 16<<20, 8<<20, t.TempDir(), nil)
 		r.add(caches[i])
 	}
 	deadline := time.Now().Add(10 * time.Second)

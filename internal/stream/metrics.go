@@ -13,11 +13,12 @@ type metrics struct {
 	refused               prometheus.Counter
 	requests, errors      *prometheus.CounterVec
 	readBytes, writeBytes prometheus.Counter
+	cacheFull             prometheus.Counter
 }
 
 // newMetrics registers the stream metrics; cacheBytes reports the RAM
 // held by write caches at scrape time.
-func newMetrics(reg prometheus.Registerer, cacheBytes func() float64) *metrics {
+func newMetrics(reg prometheus.Registerer, cacheBytes func() float64, charged func() float64) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
@@ -36,13 +37,17 @@ func newMetrics(reg prometheus.Registerer, cacheBytes func() float64) *metrics {
 			Help: "Bytes served to NBD_CMD_READ."}),
 		writeBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_written_bytes_total",
 			Help: "Bytes taken into write caches by NBD_CMD_WRITE."}),
+		cacheFull: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_stream_cache_full_total",
+			Help: "Writes refused with ENOSPC because they would take write caches past stream.max_cache_mb or stream.max_cache_mb_per_client."}),
 	}
 	for cmd := nbd.CmdRead; cmd <= nbd.CmdResize; cmd++ {
 		m.byCmd[cmd] = m.requests.WithLabelValues(cmdLabel(cmd))
 	}
-	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes,
+	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes, m.cacheFull,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deskway_stream_cache_ram_bytes",
-			Help: "RAM held by client boots' write caches."}, cacheBytes))
+			Help: "RAM held by client boots' write caches."}, cacheBytes),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deskway_stream_cache_quota_bytes",
+			Help: "Write-cache bytes charged against stream.max_cache_mb (held, and reserved by writes in progress)."}, charged))
 	return m
 }
 

@@ -173,6 +173,10 @@ func (p *privateImage) baseOnly(off, n int64) bool { return false }
 // source is data: block status reads a private image's own file.
 func (p *privateImage) source(blk int64) blockSource { return fromCacheData }
 
+// unheld is 0: a private image is a whole disk already, outside the
+// write-cache quota.
+func (p *privateImage) unheld(off, n int64, zeroes bool) int64 { return 0 }
+
 // close releases the writer lock; the image stays for the next boot.
 func (p *privateImage) close() {
 	p.f.Close()

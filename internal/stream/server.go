@@ -66,6 +66,7 @@ type Server struct {
 	buffers  *semaphore.Weighted // bytes of requests in progress, all connections
 	loops    *loops              // while Serve runs
 	reserver *reserver           // while Serve runs
+	quota    *cacheQuota         // write-cache bytes, all boots and per client
 
 	// bootLog records live boots whose caches die with the process (RAM
 	// and unlinked spill files); nil with shared caches, whose files on
@@ -113,6 +114,9 @@ type bootCache interface {
 	// source says whether block blk was written, as data or as zeroes, or
 	// reads what lies below the cache.
 	source(blk int64) blockSource
+	// unheld counts the blocks a write (or zeroing) of n bytes at off
+	// would add to the cache.
+	unheld(off, n int64, zeroes bool) int64
 	// close discards the cache.
 	close()
 }
@@ -133,7 +137,8 @@ type boot struct {
 	img          *image // the version this boot started on, kept to its end
 	client, id   string
 	cache        bootCache // nil while a shared cache is released
-	dir          string    // the shared cache's directory
+	acct         *cacheAccount
+	dir          string // the shared cache's directory
 	conns        int
 	ended        bool
 	started      time.Time
@@ -163,8 +168,9 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			"listen", cfg.Listen)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{}, buffers: semaphore.NewWeighted(int64(cfg.MaxBufferMB) << 20),
-		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}}
-	s.metrics = newMetrics(d.Registry, s.cacheRAM)
+		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{},
+		quota: newCacheQuota(int64(cfg.MaxCacheMB)<<20, int64(cfg.MaxCacheMBPerClient)<<20)}
+	s.metrics = newMetrics(d.Registry, s.cacheRAM, func() float64 { return float64(s.quota.used.Load()) })
 	if cfg.Trace != "" {
 		t, err := newTracer(cfg.Trace)
 		if err != nil {
@@ -407,8 +413,9 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 				}
 			}
 		}
+		b.acct = s.quota.open(client)
 		if !s.cfg.SharedCache {
-			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"))
+			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"), b.acct)
 			if s.reserver != nil {
 				s.reserver.add(wc)
 			}
@@ -416,12 +423,18 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		}
 	}
 	if b.cache == nil {
-		sc, err := openStoreCache(b.dir, b.img, vd.size)
+		sc, err := openStoreCache(b.dir, b.img, vd.size, b.acct)
 		if err != nil {
+			if fresh {
+				b.acct.close()
+			}
 			return nil, err
 		}
 		if err := recordBootVersion(b.dir, b.img.version); err != nil {
 			sc.release()
+			if fresh {
+				b.acct.close()
+			}
 			return nil, err
 		}
 		b.cache = sc
@@ -495,6 +508,7 @@ func (s *Server) discardLocked(b *boot, why string) {
 
 // dropLocked drops b's cache; the boot log still holds it as live.
 func (s *Server) dropLocked(b *boot, why string) {
+	defer b.acct.close() // after the cache: nothing settles past it
 	if s.boots[b.key] == b {
 		delete(s.boots, b.key)
 		s.metrics.boots.Dec()

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // errCacheBusy means another server (or process) holds a boot's cache.
@@ -32,11 +34,12 @@ type storeCache struct {
 	bitmap    []byte
 	present   int64
 	discarded bool
+	acct      *cacheAccount // charged for the blocks present
 }
 
 // openStoreCache takes ownership of the cache in dir, creating it empty
 // if it does not exist, and loads its bitmap.
-func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, error) {
+func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount) (*storeCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("write cache: %w", err)
 	}
@@ -51,7 +54,7 @@ func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, erro
 		}
 		return nil, fmt.Errorf("write cache lock: %w", err)
 	}
-	c := &storeCache{base: base, size: size, dir: dir, lock: lock}
+	c := &storeCache{base: base, size: size, dir: dir, lock: lock, acct: acct}
 	if c.data, err = os.OpenFile(filepath.Join(dir, "data"), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		c.release()
 		return nil, fmt.Errorf("write cache: %w", err)
@@ -64,6 +67,9 @@ func openStoreCache(dir string, base io.ReaderAt, size int64) (*storeCache, erro
 		c.release()
 		return nil, err
 	}
+	c.mu.Lock()
+	c.settle()
+	c.mu.Unlock()
 	return c, nil
 }
 
@@ -139,6 +145,23 @@ func (c *storeCache) source(blk int64) blockSource {
 	return fromCacheData
 }
 
+// unheld counts the blocks a write of n bytes at off would add: those
+// not present, but for whole blocks zeroed, which become holes. (A write
+// into a block zeroed earlier takes disk it does not count: the cap may
+// be passed by that one write.)
+func (c *storeCache) unheld(off, n int64, zeroes bool) int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var k int64
+	for blk := off / cacheBlock; blk*cacheBlock < off+n; blk++ {
+		whole := blk*cacheBlock >= off && (blk+1)*cacheBlock <= off+n
+		if (c.data == nil || !c.has(blk)) && !(zeroes && whole) {
+			k++
+		}
+	}
+	return k
+}
+
 func (c *storeCache) has(blk int64) bool { return c.bitmap[blk/8]&(1<<(blk%8)) != 0 }
 
 func (c *storeCache) bytes() (ram, spilled int64) {
@@ -196,6 +219,7 @@ func (c *storeCache) write(p []byte, off, total int64) (int, error) {
 	if c.data == nil {
 		return 0, os.ErrClosed
 	}
+	defer c.settle()
 	end := off + total
 	// Partial blocks never written before take the rest of the block
 	// from the base first, so the data file holds whole blocks.
@@ -213,12 +237,8 @@ func (c *storeCache) write(p []byte, off, total int64) (int, error) {
 		}
 	}
 	if p == nil {
-		p = make([]byte, min(total, 1<<20))
-		for pos := off; pos < end; pos += int64(len(p)) {
-			n := min(int64(len(p)), end-pos)
-			if _, err := c.data.WriteAt(p[:n], pos); err != nil {
-				return 0, fmt.Errorf("write cache data: %w", err)
-			}
+		if err := c.zero(off, end); err != nil {
+			return 0, err
 		}
 	} else if _, err := c.data.WriteAt(p, off); err != nil {
 		return 0, fmt.Errorf("write cache data: %w", err)
@@ -236,6 +256,45 @@ func (c *storeCache) write(p []byte, off, total int64) (int, error) {
 		return 0, fmt.Errorf("write cache map: %w", err)
 	}
 	return int(total), nil
+}
+
+// zero writes zeroes over [off, end) of the data file: whole blocks
+// become a hole, which costs no disk, and the rest zero bytes.
+func (c *storeCache) zero(off, end int64) error {
+	hs, he := (off+cacheBlock-1)/cacheBlock*cacheBlock, end/cacheBlock*cacheBlock
+	if he > hs && unix.Fallocate(int(c.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, hs, he-hs) == nil {
+		if err := c.zeroBytes(off, hs); err != nil {
+			return err
+		}
+		return c.zeroBytes(he, end)
+	}
+	return c.zeroBytes(off, end)
+}
+
+func (c *storeCache) zeroBytes(off, end int64) error {
+	if end <= off {
+		return nil
+	}
+	p := make([]byte, min(end-off, 1<<20))
+	for pos := off; pos < end; pos += int64(len(p)) {
+		n := min(int64(len(p)), end-pos)
+		if _, err := c.data.WriteAt(p[:n], pos); err != nil {
+			return fmt.Errorf("write cache data: %w", err)
+		}
+	}
+	return nil
+}
+
+// settle charges the account the disk the data file takes: zeroed
+// blocks are holes in it and cost nothing. c.mu is held.
+func (c *storeCache) settle() {
+	if c.acct == nil {
+		return
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(c.data.Fd()), &st); err == nil {
+		c.acct.settle(st.Blocks * 512)
+	}
 }
 
 // Trim keeps what the cache has: dropping blocks would mean rewriting the
@@ -276,6 +335,7 @@ func (c *storeCache) close() {
 	if c.data != nil && !c.discarded {
 		c.discarded = true
 		_ = os.RemoveAll(c.dir)
+		c.acct.settle(0)
 	}
 	c.mu.Unlock()
 	c.release()

@@ -233,6 +233,17 @@ func (c *conn) execute(dst []byte, exp *export, req nbd.Request, payload []byte,
 		case !inBounds:
 			return append(dst, c.fail(req, nbd.ENOSPC, "write past the end of the %d-byte disk", size)...)
 		}
+		if exp.boot != nil && req.Cmd != nbd.CmdTrim {
+			need := exp.view.unheld(int64(req.Offset), int64(req.Length), req.Cmd == nbd.CmdWriteZeroes) * cacheBlock
+			if err := exp.boot.acct.reserve(need); err != nil {
+				if staged != nil {
+					staged.abort()
+				}
+				c.s.cacheFull(exp.boot, err)
+				return append(dst, c.fail(req, nbd.ENOSPC, "%s", err)...)
+			}
+			defer exp.boot.acct.unreserve(need)
+		}
 		var err error
 		exp.wrote.Store(true)
 		switch req.Cmd {

@@ -77,6 +77,7 @@ stream:
   max_inflight: 32
   max_boots: 1000000          # storms of 1,000 clients, boots of earlier storms still in their window
   max_boots_per_client: 1000
+  max_cache_mb_per_client: 262144 # every boot of a storm may share one client name
   vdisks:
   - {name: golden, base: %[4]s}
 `
