@@ -46,6 +46,7 @@ type writeCache struct {
 	// spill file keeps; acct is charged for both.
 	held, deadSlots int64
 	acct            *cacheAccount
+	reserver        *reserver // faults slabs in ahead of writes; nil without
 }
 
 func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string, acct *cacheAccount) *writeCache {
@@ -312,8 +313,21 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 		c.slabs = append(c.slabs, slab)
 	}
 	c.ramBlocks++
+	if c.reserver != nil && k == int64(len(c.slabs)-1)*slabBlocks && c.wantsSlab() {
+		// The first block out of the last slab: have the next one
+		// faulted in before the writes reach it.
+		c.reserver.add(c)
+	}
 	at := uint32(k + firstRAMBlock)
 	return c.ramBlock(at), at, nil
+}
+
+// wantsSlab reports whether the reserver should map the cache another
+// slab: it has none, or has handed out blocks of its last one, and the
+// RAM limit leaves room for one more. c.mu is held.
+func (c *writeCache) wantsSlab() bool {
+	n := int64(len(c.slabs))
+	return !c.closed && (n+1)*slabSize <= c.ramLimit && (n == 0 || c.ramBlocks > (n-1)*slabBlocks)
 }
 
 // mapSlab maps a slab of anonymous memory, outside the Go heap.
@@ -321,18 +335,22 @@ func mapSlab() ([]byte, error) {
 	return syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 }
 
-// reserve maps the cache's first slab and faults its pages in, off the
-// request path (see reserver). A fresh page costs a fault and a page of
-// zeroes on first write, about 0.4 s a GiB on the bench machine; when
-// every client of a storm writes a megabyte at the same moment, those
-// faults were most of what receiving the writes cost, and they fell on
-// the loops serving everyone's reads. A reserved slab counts as the
-// cache's RAM from then on, as it would after a write.
+// reserve maps the cache's next slab and faults its pages in, off the
+// request path (see reserver): the first when the boot starts, and the
+// next one as soon as writes take a block of the last, so a boot's
+// writes find a slab of faulted-in room ahead of them. A fresh page costs
+// a fault and a page of zeroes on first write, about 0.4 s a GiB on the
+// bench machine; when every client of a storm writes a megabyte at the
+// same moment, those faults were most of what receiving the writes
+// cost, and they fell on the loops serving everyone's reads (a storm of
+// 500 whose writes ran past the first slab stalled every client for a
+// quarter of a second in about one run of three). A reserved slab counts
+// as the cache's RAM from then on, as it would after a write.
 func (c *writeCache) reserve() {
 	c.mu.RLock()
-	skip := c.closed || len(c.slabs) > 0 || c.ramLimit < slabSize
+	n, want := len(c.slabs), c.wantsSlab()
 	c.mu.RUnlock()
-	if skip {
+	if !want {
 		return
 	}
 	slab, err := mapSlab()
@@ -344,15 +362,15 @@ func (c *writeCache) reserve() {
 	_ = unix.Madvise(slab, unix.MADV_POPULATE_WRITE)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || len(c.slabs) > 0 {
-		_ = syscall.Munmap(slab)
+	if c.closed || len(c.slabs) != n {
+		_ = syscall.Munmap(slab) // the cache mapped one itself meanwhile
 		return
 	}
 	c.slabs = append(c.slabs, slab)
 }
 
-// A reserver reserves the first slab of each new boot's write cache, one
-// cache at a time, on one thread of low priority. With a goroutine per
+// A reserver reserves the slabs of boots' write caches ahead of their
+// writes, one cache at a time, on one thread of low priority. With a goroutine per
 // boot, a storm of 1,000 boots had as many threads faulting in a gigabyte
 // at once, and the loops' share of the processors fell to almost nothing
 // for most of a second. One thread at reserveNice takes what the loops
@@ -392,7 +410,7 @@ func (r *reserver) run() {
 	}
 }
 
-// add queues c; when the queue is full c's first write maps its slab.
+// add queues c; when the queue is full c's writes map their slab.
 func (r *reserver) add(c *writeCache) {
 	select {
 	case r.queue <- c:

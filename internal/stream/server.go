@@ -417,6 +417,7 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		if !s.cfg.SharedCache {
 			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"), b.acct)
 			if s.reserver != nil {
+				wc.reserver = s.reserver
 				s.reserver.add(wc)
 			}
 			b.cache = wc
