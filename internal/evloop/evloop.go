@@ -336,6 +336,48 @@ func Read(fd int, p []byte) (int, error) {
 // shorter count, or zero when its buffer is full.
 func Write(fd int, p []byte) (int, error) { return write(fd, p, false) }
 
+// maxIOV bounds the pieces one Writev call passes (IOV_MAX is 1024).
+const maxIOV = 64
+
+// Writev writes the pieces of iov, in order, to the non-blocking fd
+// without first joining them: the count written, which stops short when
+// the socket's buffer is full.
+func Writev(fd int, iov [][]byte) (int, error) {
+	var vec [maxIOV]unix.Iovec
+	done := 0
+	for len(iov) > 0 {
+		k, want := 0, 0
+		for _, p := range iov[:min(len(iov), maxIOV)] {
+			if len(p) == 0 {
+				continue
+			}
+			vec[k].Base = &p[0]
+			vec[k].SetLen(len(p))
+			want += len(p)
+			k++
+		}
+		if k == 0 {
+			return done, nil
+		}
+		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&vec[0])), uintptr(k))
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return done, nil
+		default:
+			return done, e
+		}
+		done += int(n)
+		if int(n) < want {
+			return done, nil
+		}
+		iov = iov[min(len(iov), maxIOV):]
+	}
+	return done, nil
+}
+
 // write is Write, or with more a send with MSG_MORE (sockets only).
 func write(fd int, p []byte, more bool) (int, error) {
 	done := 0

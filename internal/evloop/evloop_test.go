@@ -231,6 +231,52 @@ func TestReadWrite(t *testing.T) {
 	}
 }
 
+// TestWritev: pieces go out in order, more than one call's worth of
+// them, and a full socket stops the count short where it stopped taking
+// bytes, so the caller resumes at exactly that byte.
+func TestWritev(t *testing.T) {
+	a, b := socketPair(t)
+	var want []byte
+	var iov [][]byte
+	for i := range 3 * maxIOV {
+		p := bytes.Repeat([]byte{byte(i)}, 1+i*997%65536)
+		if i%7 == 0 {
+			p = nil // empty pieces are skipped
+		}
+		iov = append(iov, p)
+		want = append(want, p...)
+	}
+	got := make([]byte, 0, len(want))
+	buf := make([]byte, 1<<20)
+	for len(iov) > 0 {
+		n, err := Writev(b, iov)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for len(iov) > 0 && n >= len(iov[0]) {
+			n -= len(iov[0])
+			iov = iov[1:]
+		}
+		if len(iov) > 0 {
+			iov[0] = iov[0][n:]
+		}
+		// Drain what the socket holds before writing on.
+		for {
+			k, err := Read(a, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k <= 0 {
+				break
+			}
+			got = append(got, buf[:k]...)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes that differ from the %d written", len(got), len(want))
+	}
+}
+
 // BenchmarkLoopbackSmall is the kernel's floor under a relay: one 90-byte
 // Write to a loopback TCP socket and the Read of it at the other end, on
 // one thread, so no wakeup or scheduling is counted. A relayed round trip

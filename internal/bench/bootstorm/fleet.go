@@ -44,6 +44,7 @@ type fleetLoop struct {
 	*evloop.Loop
 	f       *fleet
 	scratch []byte // copying clients read into it
+	zero    []byte // zeroes written as data, for servers without WRITE_ZEROES; grown as asked
 	tick    *ticker
 	clients []*replayer // started and not yet finished
 }
@@ -251,6 +252,7 @@ type slot struct {
 	off  int64
 	n    int
 	sent time.Time
+	hdr  [nbd.RequestLen]byte // the request as sent, until it is
 }
 
 // replayer is one client on a loop. Every field is the loop's.
@@ -265,7 +267,11 @@ type replayer struct {
 	next     int // the next op to send
 	slots    []slot
 	free     []int // free slots, a stack
-	out      []byte
+	// out is what is queued to send: request headers (in their slots)
+	// and payloads (in the fleet's shared buffers), written with writev
+	// as they are, so a client with megabytes of writes queued neither
+	// copies nor holds them.
+	out [][]byte
 	hdr      [nbd.SimpleReplyLen]byte
 	have     int   // bytes of hdr read
 	reading  *slot // the read whose data is arriving
@@ -350,7 +356,10 @@ func (c *replayer) send(i int, o op, now time.Time) {
 		if c.flags&nbd.FlagSendWriteZeroes != 0 {
 			r.Cmd = nbd.CmdWriteZeroes
 		} else {
-			r.Cmd, payload = nbd.CmdWrite, make([]byte, o.n)
+			if int(o.n) > len(c.l.zero) {
+				c.l.zero = make([]byte, o.n) // queued sends keep the old one
+			}
+			r.Cmd, payload = nbd.CmdWrite, c.l.zero[:o.n]
 		}
 	case 'F':
 		r = nbd.Request{Cmd: nbd.CmdFlush}
@@ -361,19 +370,29 @@ func (c *replayer) send(i int, o op, now time.Time) {
 	c.free = c.free[:len(c.free)-1]
 	c.slots[s] = slot{id: s, op: i, cmd: o.cmd, off: o.off, n: int(o.n), sent: now}
 	r.Cookie = uint64(s)
-	c.out = append(r.Append(c.out), payload...)
+	c.out = append(c.out, r.Append(c.slots[s].hdr[:0]))
+	if len(payload) > 0 {
+		c.out = append(c.out, payload)
+	}
 }
 
 // flush writes what the socket takes; false means the client failed.
 func (c *replayer) flush() bool {
-	n, err := evloop.Write(c.fd, c.out)
+	n, err := evloop.Writev(c.fd, c.out)
 	if err != nil {
 		c.finish(fmt.Errorf("nbd: write: %w", err))
 		return false
 	}
-	// Requests are small: what the socket did not take waits for its
-	// Writable edge, moved to the front.
-	c.out = c.out[:copy(c.out, c.out[n:])]
+	// What the socket did not take waits for its Writable edge.
+	k := 0
+	for k < len(c.out) && n >= len(c.out[k]) {
+		n -= len(c.out[k])
+		k++
+	}
+	if k < len(c.out) {
+		c.out[k] = c.out[k][n:]
+	}
+	c.out = c.out[:copy(c.out, c.out[k:])]
 	return true
 }
 
