@@ -2,9 +2,11 @@ package broker
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -108,8 +110,12 @@ func (c *localCache) place(l store.Launch) (store.Placement, error) {
 
 // append writes s to the journal and syncs it.
 func (c *localCache) append(s store.Session) error {
-	f, err := os.OpenFile(c.journal, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(c.journal, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
+		return fmt.Errorf("broker: local host cache journal: %w", err)
+	}
+	if err := cutTornLine(f); err != nil {
+		f.Close()
 		return fmt.Errorf("broker: local host cache journal: %w", err)
 	}
 	b, _ := json.Marshal(s)
@@ -122,6 +128,37 @@ func (c *localCache) append(s store.Session) error {
 		return fmt.Errorf("broker: local host cache journal: %w", err)
 	}
 	return f.Close()
+}
+
+// cutTornLine cuts a torn last line (a crash mid-append, before its
+// launch was answered) off the journal: a line appended after it would
+// join it, and the two be read as one line that is not JSON, losing an
+// answered launch.
+func cutTornLine(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return err
+	}
+	var last [1]byte
+	if _, err := f.ReadAt(last[:], st.Size()-1); err != nil {
+		return err
+	}
+	if last[0] == '\n' {
+		return nil
+	}
+	buf := make([]byte, 4096)
+	for end := st.Size(); end > 0; {
+		start := max(0, end-int64(len(buf)))
+		n, err := f.ReadAt(buf[:end-start], start)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			return f.Truncate(start + int64(i) + 1)
+		}
+		end = start
+	}
+	return f.Truncate(0)
 }
 
 // claim hands the journal over for writing back: it is renamed so that

@@ -82,3 +82,35 @@ func TestJournalSurvivesATornLine(t *testing.T) {
 		t.Fatalf("second claim = %q, want %q", again, claimed)
 	}
 }
+
+// TestJournalTornThenAppended: a crash tears the last line; the broker
+// restarts and answers another offline launch; both answered launches are
+// replayed. Appended straight after the torn line, the new one joined it
+// and was lost.
+func TestJournalTornThenAppended(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j")
+	hosts := []store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}
+	launch := func(c *localCache, user, id string) {
+		t.Helper()
+		if p, err := c.place(store.Launch{User: user, Group: "g", SessionID: id, Now: time.Now(), Stale: time.Now().Add(-time.Minute)}); err != nil || p.Host != "h" {
+			t.Fatalf("place %s = %+v %v", id, p, err)
+		}
+	}
+	c := newLocalCache(path)
+	c.load(hosts, nil, true)
+	launch(c, "u", "s1")
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	_, _ = f.WriteString(`{"ID":"s2","User":"v","Gro`) // the crash came mid-write
+	f.Close()
+	restarted := newLocalCache(path)
+	restarted.load(hosts, nil, true)
+	launch(restarted, "w", "s3")
+	claimed, err := restarted.claim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readJournal(claimed)
+	if err != nil || len(got) != 2 || got[0].ID != "s1" || got[1].ID != "s3" {
+		t.Fatalf("journal = %+v %v, want s1 and s3", got, err)
+	}
+}
