@@ -169,6 +169,10 @@ type RADIUS struct {
 	Timeout Duration `yaml:"timeout"`
 	// NASIdentifier is sent in every request so the server can tell gateways apart.
 	NASIdentifier string `yaml:"nas_identifier"`
+	// AllowUnsignedResponses accepts answers without a Message-Authenticator,
+	// which an attacker on the path can forge (CVE-2024-3596); only for a
+	// server that cannot be made to sign its answers.
+	AllowUnsignedResponses bool `yaml:"allow_unsigned_responses"`
 }
 
 // Stream is the vDisk streaming role (NBD).

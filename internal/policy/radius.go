@@ -25,15 +25,17 @@ const serviceTypeAuthorizeOnly rfc2865.ServiceType = 17
 // a user may open a tunnel, as an RD Gateway with a central NPS does. An
 // Access-Accept may carry Filter-Id attributes; each is taken as a group.
 type RADIUS struct {
-	addr    string
-	secret  []byte
-	timeout time.Duration
-	nasID   string
+	addr          string
+	secret        []byte
+	timeout       time.Duration
+	nasID         string
+	allowUnsigned bool
 }
 
 // NewRADIUS returns a client for the configured server.
 func NewRADIUS(c *config.RADIUS) *RADIUS {
-	return &RADIUS{addr: c.Server, secret: []byte(c.Secret.Value()), timeout: c.Timeout.D(), nasID: c.NASIdentifier}
+	return &RADIUS{addr: c.Server, secret: []byte(c.Secret.Value()), timeout: c.Timeout.D(), nasID: c.NASIdentifier,
+		allowUnsigned: c.AllowUnsignedResponses}
 }
 
 // Authorize sends an Access-Request for id and returns the groups the
@@ -61,7 +63,7 @@ func (r *RADIUS) Authorize(ctx context.Context, id Identity) ([]string, error) {
 		}
 		return nil, &Denied{tsgu.EProxyNAPAccessDenied, fmt.Sprintf("RADIUS server %s: %v", r.addr, err)}
 	}
-	if err := checkMessageAuthenticator(resp, p.Authenticator); err != nil {
+	if err := checkMessageAuthenticator(resp, p.Authenticator, r.allowUnsigned); err != nil {
 		return nil, &Denied{tsgu.EProxyNAPAccessDenied, err.Error()}
 	}
 	switch resp.Code {
@@ -94,13 +96,22 @@ func signMessageAuthenticator(p *radius.Packet) error {
 	return rfc2869.MessageAuthenticator_Set(p, m.Sum(nil))
 }
 
-// checkMessageAuthenticator verifies the response's Message-Authenticator
-// when present; it is computed over the response with the request's
-// authenticator in place of its own.
-func checkMessageAuthenticator(resp *radius.Packet, reqAuth [16]byte) error {
+// checkMessageAuthenticator verifies the response's Message-Authenticator,
+// computed over the response with the request's authenticator in place
+// of its own. A response without one is refused: the Response
+// Authenticator alone is MD5, which an attacker on the path can forge by
+// a chosen-prefix collision (CVE-2024-3596, "Blast-RADIUS"); servers
+// with that fixed (FreeRADIUS 3.2.5 on, and Debian's patched 3.2.1) sign
+// every response to a request that was signed.
+func checkMessageAuthenticator(resp *radius.Packet, reqAuth [16]byte, allowUnsigned bool) error {
 	got := rfc2869.MessageAuthenticator_Get(resp)
 	if got == nil {
-		return nil
+		if allowUnsigned {
+			return nil
+		}
+		return errors.New("RADIUS response has no Message-Authenticator; refusing it, as an unsigned response can be forged (CVE-2024-3596): " +
+			"have the server sign every answer (FreeRADIUS before 3.2.5: update reply { Message-Authenticator := 0x00 } in post-auth), " +
+			"or set gateway.radius.allow_unsigned_responses")
 	}
 	cp := *resp
 	cp.Attributes = append(radius.Attributes(nil), resp.Attributes...)

@@ -66,7 +66,17 @@ server default {
   }
   authenticate {
   }
+  # Sign every answer (Blast-RADIUS, CVE-2024-3596): FreeRADIUS 3.2.5 and
+  # later do it by themselves; Debian 12's 3.2.1 does it when told so.
   post-auth {
+    update reply {
+      Message-Authenticator := 0x00
+    }
+    Post-Auth-Type REJECT {
+      update reply {
+        Message-Authenticator := 0x00
+      }
+    }
   }
 }
 `
