@@ -1,12 +1,15 @@
 // Command testsummary reads `go test -json` on stdin, prints each package
 // result and the output of every failed test, and ends with one line:
-// "N passed, N failed, N skipped". It exits 1 if anything failed.
+// "N passed, N failed, N skipped". It exits 1 if anything failed, and,
+// when CI is set, if anything was skipped: in CI every real peer must run,
+// and a skipped test would be a check that silently did not happen.
 package main
 
 import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -21,15 +24,21 @@ type event struct {
 }
 
 func main() {
+	os.Exit(summarize(os.Stdin, os.Stdout, os.Getenv("CI") != ""))
+}
+
+// summarize reads go test -json from r, writes the summary to w and
+// returns the exit code.
+func summarize(r io.Reader, w io.Writer, ci bool) int {
 	out := map[string]*strings.Builder{}
 	var failed []string
 	passed, skipped, buildFailed := 0, 0, false
-	sc := bufio.NewScanner(os.Stdin)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		var e event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			fmt.Println(sc.Text()) // build errors and other non-JSON lines
+			fmt.Fprintln(w, sc.Text()) // build errors and other non-JSON lines
 			if strings.Contains(sc.Text(), "build failed") || strings.HasPrefix(sc.Text(), "#") {
 				buildFailed = true
 			}
@@ -44,7 +53,7 @@ func main() {
 				}
 				out[key].WriteString(e.Output)
 			} else if strings.HasPrefix(e.Output, "ok ") || strings.HasPrefix(e.Output, "FAIL") || strings.HasPrefix(e.Output, "---") {
-				fmt.Print(e.Output)
+				fmt.Fprint(w, e.Output)
 			}
 		case "pass":
 			if e.Test != "" {
@@ -54,7 +63,7 @@ func main() {
 		case "skip":
 			if e.Test != "" {
 				skipped++
-				fmt.Printf("SKIP %s %s\n", e.Package, e.Test)
+				fmt.Fprintf(w, "SKIP %s %s\n", e.Package, e.Test)
 				delete(out, key)
 			}
 		case "fail":
@@ -67,13 +76,18 @@ func main() {
 	}
 	sort.Strings(failed)
 	for _, k := range failed {
-		fmt.Printf("\n=== FAILED %s\n", k)
+		fmt.Fprintf(w, "\n=== FAILED %s\n", k)
 		if b := out[k]; b != nil {
-			fmt.Print(b.String())
+			fmt.Fprint(w, b.String())
 		}
 	}
-	fmt.Printf("\n%d passed, %d failed, %d skipped\n", passed, len(failed), skipped)
+	fmt.Fprintf(w, "\n%d passed, %d failed, %d skipped\n", passed, len(failed), skipped)
 	if len(failed) > 0 || buildFailed {
-		os.Exit(1)
+		return 1
 	}
+	if skipped > 0 && ci {
+		fmt.Fprintln(w, "CI is set and tests were skipped: every test must run in CI")
+		return 1
+	}
+	return 0
 }
