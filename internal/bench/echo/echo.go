@@ -132,6 +132,11 @@ func serveConn(c net.Conn) error {
 		if _, err := io.ReadFull(c, in); err != nil {
 			return err
 		}
+		// The answer repeats the request, so the client can tell that
+		// what came back is what it sent, through whatever relayed it.
+		for i := range out {
+			out[i] = in[i%len(in)]
+		}
 		for i := 0; i < int(h.Count); i++ {
 			if _, err := c.Write(out); err != nil {
 				return err

@@ -43,6 +43,9 @@ type Generator struct {
 	phase  atomic.Int64 // samples are kept only while phase > 0, tagged with it
 	epoch  atomic.Int64 // source of unique phase numbers
 	errors atomic.Int64
+	// corrupt counts answers that did not repeat their request (each is
+	// an error too).
+	corrupt atomic.Int64
 }
 
 type tunnel struct {
@@ -81,6 +84,9 @@ func (g *Generator) Alive() int {
 
 // Errors counts failed round trips and lost tunnels.
 func (g *Generator) Errors() int64 { return g.errors.Load() }
+
+// Corrupt is how many answers did not repeat their request.
+func (g *Generator) Corrupt() int64 { return g.corrupt.Load() }
 
 // Grow opens tunnels until there are n, parallel at most par at a time.
 func (g *Generator) Grow(ctx context.Context, n, par int) error {
@@ -139,6 +145,7 @@ func (g *Generator) run(t *tunnel) {
 	p := g.pattern
 	req := make([]byte, p.Up)
 	resp := make([]byte, p.Down*p.Count)
+	var seq uint64
 	// Spread the first sends over one interval so tunnels do not beat in step.
 	next := time.Now().Add(time.Duration(randN(int64(p.Interval))))
 	for g.ctx.Err() == nil {
@@ -149,6 +156,13 @@ func (g *Generator) run(t *tunnel) {
 				return
 			}
 		}
+		// Each request is new (its count, then a byte pattern of it),
+		// and every answer must repeat it: a relay that mixed up,
+		// dropped or made up bytes counts as an error, not as speed.
+		seq++
+		for i := range req {
+			req[i] = byte(seq>>(8*(i%8))) ^ byte(i)
+		}
 		start := time.Now()
 		if _, err := t.conn.Write(req); err != nil {
 			g.lose(t)
@@ -157,6 +171,13 @@ func (g *Generator) run(t *tunnel) {
 		if _, err := io.ReadFull(t.conn, resp); err != nil {
 			g.lose(t)
 			return
+		}
+		for i := range resp {
+			if resp[i] != req[i%p.Down%len(req)] { // each packet repeats the request from its start
+				g.corrupt.Add(1)
+				g.lose(t)
+				return
+			}
 		}
 		rtt := time.Since(start)
 		if ph := g.phase.Load(); ph > 0 {
