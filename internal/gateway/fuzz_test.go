@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -41,7 +42,8 @@ func (b *bytesTransport) close(...[]byte)                 {}
 
 const fuzzKey = "0123456789abcdef0123456789abcdef"
 
-func fuzzServer(t testing.TB) *Server {
+// fuzzServer is a gateway whose dials report their address on dialed.
+func fuzzServer(t testing.TB, dialed func(addr string)) *Server {
 	cfg, err := config.Parse([]byte(`
 auth: {token_key: "` + fuzzKey + `"}
 gateway:
@@ -59,7 +61,8 @@ gateway:
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Users: users, Tokens: tokens, Policy: pol,
 		Throttle: auth.NewThrottle(5, 20, time.Minute, nil),
 		// The "host" hangs up at once, so an opened channel ends quickly.
-		Dial: func(context.Context, string, string) (net.Conn, error) {
+		Dial: func(_ context.Context, _, addr string) (net.Conn, error) {
+			dialed(addr)
 			a, b := net.Pipe()
 			b.Close()
 			return a, nil
@@ -71,8 +74,12 @@ gateway:
 	return s
 }
 
-func seedStream(t testing.TB) []byte {
-	tokens, _ := auth.NewTokens([]byte(fuzzKey), nil)
+func seedStream(t testing.TB) []byte { return seedStreamKey(t, fuzzKey) }
+
+// seedStreamKey is a whole PAA tunnel, channel and data, whose token is
+// signed with key.
+func seedStreamKey(t testing.TB, key string) []byte {
+	tokens, _ := auth.NewTokens([]byte(key), nil)
 	tok, _ := tokens.Mint("u", nil, "127.0.0.1", 3389, time.Hour)
 	tc := &tsgu.TunnelCreate{Capabilities: tsgu.CapMessagingServiceMsg}
 	tc.SetCookieString(tok)
@@ -90,13 +97,39 @@ func seedStream(t testing.TB) []byte {
 	return b
 }
 
+// tokenTargets lists the host:port of every valid token the input's
+// TUNNEL_CREATE packets carry, read apart from the server's own parsing.
+func tokenTargets(in []byte) map[string]bool {
+	tokens, _ := auth.NewTokens([]byte(fuzzKey), nil)
+	out := map[string]bool{}
+	for len(in) > 0 {
+		p, n, err := tsgu.Split(in)
+		if err != nil || n == 0 {
+			break
+		}
+		in = in[n:]
+		if m, err := tsgu.Decode(p); err == nil {
+			if tc, ok := m.(*tsgu.TunnelCreate); ok {
+				if c, err := tokens.Verify(tc.CookieString()); err == nil {
+					out[net.JoinHostPort(c.Host, fmt.Sprint(c.Port))] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
 // FuzzTunnel runs the whole server-side state machine on arbitrary client
-// bytes: it must end, never panic, and only ever send well-formed packets.
+// bytes: it must end, never panic, only ever send well-formed packets,
+// and dial a host only when the input carried a valid token for it.
 func FuzzTunnel(f *testing.F) {
 	f.Add(seedStream(f))
+	f.Add(seedStreamKey(f, "another key, 32 bytes or longer.."))
 	f.Add([]byte{})
-	s := fuzzServer(f)
+	var dials []string
+	s := fuzzServer(f, func(addr string) { dials = append(dials, addr) })
 	f.Fuzz(func(t *testing.T, in []byte) {
+		dials = nil
 		bt := &bytesTransport{pr: packetReader{r: bytes.NewReader(in)}}
 		done := make(chan struct{})
 		go func() {
@@ -119,11 +152,20 @@ func FuzzTunnel(f *testing.F) {
 			}
 			out = out[n:]
 		}
+		if len(dials) > 0 {
+			allowed := tokenTargets(in)
+			for _, d := range dials {
+				if !allowed[d] {
+					t.Fatalf("the gateway dialed %s without a valid token for it (tokens for %v)", d, allowed)
+				}
+			}
+		}
 	})
 }
 
 func TestSeedStreamOpensChannel(t *testing.T) {
-	s := fuzzServer(t)
+	dialed := 0
+	s := fuzzServer(t, func(string) { dialed++ })
 	bt := &bytesTransport{pr: packetReader{r: bytes.NewReader(seedStream(t))}}
 	s.runTunnel(bt, handshakeInfo{method: policy.MethodPAA, remote: netip.MustParseAddr("127.0.0.1")}, "test")
 	var types []tsgu.PacketType
@@ -144,5 +186,16 @@ func TestSeedStreamOpensChannel(t *testing.T) {
 		if types[i] != w {
 			t.Fatalf("packet %d is %s, want %s (all: %v)", i, types[i], w, types)
 		}
+	}
+	if dialed != 1 || len(tokenTargets(seedStream(t))) != 1 {
+		t.Fatalf("the seed's channel dialed %d times, want 1", dialed)
+	}
+	// The same tunnel with a token signed by another key dials nothing.
+	dialed = 0
+	forged := seedStreamKey(t, "another key, 32 bytes or longer..")
+	s.runTunnel(&bytesTransport{pr: packetReader{r: bytes.NewReader(forged)}},
+		handshakeInfo{method: policy.MethodPAA, remote: netip.MustParseAddr("127.0.0.1")}, "test")
+	if dialed != 0 || len(tokenTargets(forged)) != 0 {
+		t.Fatalf("a forged token dialed %d times", dialed)
 	}
 }

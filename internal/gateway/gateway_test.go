@@ -493,13 +493,19 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	defer c.Close()
 	h.cancel()
-	time.Sleep(300 * time.Millisecond)
-	// The open tunnel keeps working during the grace period...
-	echoRoundTrip(t, c, 50)
-	// ...new ones are refused...
-	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
-		t.Fatal("new tunnel accepted while shutting down")
+	// Shutdown has begun once new tunnels are refused...
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		c2, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+		if err != nil {
+			break
+		}
+		c2.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("new tunnels still accepted 5 s after shutdown began")
+		}
 	}
+	// ...and the open tunnel keeps working during the grace period.
+	echoRoundTrip(t, c, 50)
 	// ...and it is closed when the grace period ends.
 	select {
 	case err := <-h.done:

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/nbdclient"
 	"github.com/deskway/deskway/internal/proto/nbd"
 )
 
@@ -428,8 +429,27 @@ func FuzzConn(f *testing.F) {
 		reqBytes(nbd.Request{Cmd: nbd.CmdRead, Length: 4096})...))
 	f.Add(append(append([]byte{0, 0, 0, 3}, goGolden...), append(reqBytes(nbd.Request{Cmd: nbd.CmdWrite, Offset: 4, Length: 70000}),
 		bytes.Repeat([]byte{1}, 70000)...)...))
-	s, addr, _ := newTestServer(f)
+	s, addr, base := newTestServer(f)
+	basePath := s.byName["golden"].path
 	f.Fuzz(func(t *testing.T, in []byte) {
+		// Whatever the input did, the base is untouched and another boot
+		// reads the base where the input's boot wrote.
+		defer func() {
+			if got, _ := os.ReadFile(basePath); !bytes.Equal(got, base) {
+				t.Fatal("the input changed the base image")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			other, err := nbdclient.Dial(ctx, addr, "golden/other/b", nbdclient.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			got := make([]byte, 128<<10)
+			if _, err := other.ReadAt(got, 0); err != nil || !bytes.Equal(got, base[:len(got)]) {
+				t.Fatalf("another boot reads other bytes than the base (%v)", err)
+			}
+		}()
 		a, b := net.Pipe()
 		go io.Copy(io.Discard, a)
 		done := make(chan struct{})

@@ -69,15 +69,37 @@ func FuzzReplies(f *testing.F) {
 	f.Add(AppendErrorChunk(nil, 1, EIO, "x"))
 	f.Add(AppendSimpleReply(nil, 0, 1))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = ParseGreeting(b)
+		if fl, err := ParseGreeting(b); err == nil && !bytes.Equal(AppendGreeting(nil, fl), b[:GreetingLen]) {
+			t.Fatalf("greeting round trip")
+		}
 		_, _ = ParseOptionReplyHeader(b)
 		_, _ = ParseInfo(b)
 		_, _, _ = ParseServer(b)
-		_, _ = ParseSimpleReply(b)
+		if r, err := ParseSimpleReply(b); err == nil && !bytes.Equal(AppendSimpleReply(nil, r.Error, r.Cookie), b[:SimpleReplyLen]) {
+			t.Fatalf("simple reply round trip")
+		}
 		if h, err := ParseChunkHeader(b); err == nil && !bytes.Equal(AppendChunkHeader(nil, h), b[:StructuredHeaderLen]) {
 			t.Fatalf("chunk header round trip")
 		}
-		_, _, _ = ParseBlockStatus(b)
-		_, _, _ = ParseErrorChunk(b)
+		// A block status payload is the context id and whole extents.
+		if id, ext, err := ParseBlockStatus(b); err == nil {
+			whole := AppendBlockStatusChunk(nil, 0, 0, id, ext)[StructuredHeaderLen:]
+			if !bytes.Equal(whole, b) {
+				t.Fatalf("block status round trip: %x != %x", whole, b)
+			}
+		}
+		// An error chunk's payload is the errno, the message and nothing
+		// the message length leaves out.
+		if e, msg, err := ParseErrorChunk(b); err == nil {
+			if len(msg) > len(b)-6 {
+				t.Fatalf("error message of %d bytes from a %d-byte payload", len(msg), len(b))
+			}
+			if len(msg) <= MaxString {
+				whole := AppendErrorChunk(nil, 0, e, msg)[StructuredHeaderLen:]
+				if !bytes.Equal(whole, b[:6+len(msg)]) {
+					t.Fatalf("error chunk round trip: %x != %x", whole, b[:6+len(msg)])
+				}
+			}
+		}
 	})
 }
