@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,8 +30,10 @@ stream:
 `
 
 // bootScript runs in each VM with the vDisk mounted on /mnt: it reads the
-// golden file, writes its own, gives the other VM time to write, and
-// lists what it sees.
+// golden file, writes its own, says so and waits for the test's word
+// (a line on the serial console) that the other VM has written too, then
+// remounts the disk with the page cache dropped, so that what it lists
+// is read from the server, and lists what it sees.
 const bootScript = `
   echo "DESKWAY golden: $(cat /mnt/golden.txt)"
   # What a boot does to its system disk: load programs and libraries
@@ -49,7 +52,12 @@ const bootScript = `
   dd if=/dev/urandom of=/mnt/var/log/boot-$ID.log bs=65536 count=16 2>/dev/null
   echo "written by $ID" > /mnt/$ID.txt
   sync
-  sleep 4
+  echo "DESKWAY written"
+  read -r word
+  cd /
+  umount /mnt
+  echo 3 > /proc/sys/vm/drop_caches
+  mount -t ext4 /dev/vda /mnt || echo "DESKWAY remount failed"
   echo "DESKWAY files: $(ls /mnt | tr '\n' ' ')"
   echo "DESKWAY mine: $(cat /mnt/$ID.txt)"
 `
@@ -83,19 +91,24 @@ func TestStreamBootTwoVMs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ids := []string{"vm1", "vm2"}
-	outs := make([]string, len(ids))
+	outs := make([]*lockedBuffer, len(ids))
+	stdins := make([]io.WriteCloser, len(ids))
 	var wg sync.WaitGroup
 	for i, id := range ids {
+		cmd := kit.Command(fmt.Sprintf("nbd://127.0.0.1:%d/golden/%s/boot1", port, id), id)
+		outs[i] = &lockedBuffer{}
+		cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdins[i] = in
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := kit.Command(fmt.Sprintf("nbd://127.0.0.1:%d/golden/%s/boot1", port, id), id)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				outs[i] = err.Error()
-				return
-			}
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
 			select {
@@ -104,16 +117,32 @@ func TestStreamBootTwoVMs(t *testing.T) {
 				cmd.Process.Kill()
 				<-done
 			}
-			outs[i] = out.String()
 		}()
+	}
+	// Both VMs have written and synced their files before either lists
+	// the disk: then each would see the other's file if isolation failed.
+	for written := 0; written < len(ids); {
+		written = 0
+		for _, o := range outs {
+			if strings.Contains(o.String(), "DESKWAY written") {
+				written++
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, in := range stdins {
+		_, _ = io.WriteString(in, "go\n")
 	}
 	wg.Wait()
 	for i, id := range ids {
-		out := outs[i]
+		out := outs[i].String()
 		if !strings.Contains(out, "DESKWAY-DONE") {
 			t.Fatalf("%s did not finish its boot:\n%s", id, lastLines(out, 40))
 		}
-		for _, bad := range []string{"DESKWAY mount failed", "DESKWAY insmod failed"} {
+		for _, bad := range []string{"DESKWAY mount failed", "DESKWAY insmod failed", "DESKWAY remount failed"} {
 			if strings.Contains(out, bad) {
 				t.Fatalf("%s: %s\n%s", id, bad, lastLines(out, 40))
 			}
@@ -179,6 +208,24 @@ func TestStreamBootTwoVMs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // fillSystem copies regular files under 4 MiB from the host's

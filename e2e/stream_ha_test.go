@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func (h *haPair) kill(t *testing.T, i int) {
 // a client is writing through, and checks on the other that every write
 // the first acknowledged is there, read by the Go client and by qemu-io.
 func TestStreamFailover(t *testing.T) {
-	testkit.Require(t, "nbdcopy")
+	testkit.Require(t, "nbdcopy", "strace")
 	h := startHAPair(t, "1m")
 	base, store, addrs, procs := h.base, h.store, h.addrs, h.procs
 	sum := fileSum(t, base)
@@ -102,6 +103,8 @@ func TestStreamFailover(t *testing.T) {
 	}
 	var mu sync.Mutex
 	acked := map[int]bool{}
+	var killed atomic.Bool
+	var early error // a write that failed before the kill
 	var wg sync.WaitGroup
 	next := make(chan int)
 	go func() {
@@ -120,6 +123,11 @@ func TestStreamFailover(t *testing.T) {
 			defer wg.Done()
 			for i := range next {
 				if err := c.WriteAt(pattern(i), int64(i)*block, false); err != nil {
+					if !killed.Load() {
+						mu.Lock()
+						early = fmt.Errorf("write %d before the kill: %w", i, err)
+						mu.Unlock()
+					}
 					return
 				}
 				mu.Lock()
@@ -130,17 +138,27 @@ func TestStreamFailover(t *testing.T) {
 	}
 	for {
 		mu.Lock()
-		n := len(acked)
+		n, err := len(acked), early
 		mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if n >= 100 {
 			break
 		}
+		if ctx.Err() != nil {
+			t.Fatalf("only %d writes acknowledged in a minute\n%s", n, procs[0].Log.String())
+		}
 		time.Sleep(time.Millisecond)
 	}
+	killed.Store(true)
 	if err := procs[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
+	if early != nil {
+		t.Fatal(early)
+	}
 	c.Drop()
 	mu.Lock()
 	total := len(acked)
@@ -176,6 +194,37 @@ func TestStreamFailover(t *testing.T) {
 		if !bytes.Equal(img[i*block:(i+1)*block], pattern(i)) {
 			t.Fatalf("nbdcopy: acknowledged write %d missing", i)
 		}
+	}
+	// FUA and FLUSH reach the disk: the server syncs the cache's files
+	// before it answers them (seen by strace on the server).
+	syncs := filepath.Join(t.TempDir(), "strace.out")
+	tracer := exec.Command("strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,sync_file_range", "-o", syncs,
+		"-p", fmt.Sprint(procs[1].Cmd.Process.Pid))
+	if err := tracer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // strace attaches to every thread
+	countSyncs := func() int {
+		b, _ := os.ReadFile(syncs)
+		return strings.Count(string(b), "fsync(") + strings.Count(string(b), "fdatasync(")
+	}
+	before := countSyncs()
+	if err := c2.WriteAt(pattern(1), block, true); err != nil {
+		t.Fatal(err)
+	}
+	afterFUA := countSyncs()
+	if err := c2.WriteAt(pattern(2), 2*block, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	afterFlush := countSyncs()
+	_ = tracer.Process.Signal(syscall.SIGINT)
+	_ = tracer.Wait()
+	if afterFUA <= before || afterFlush <= afterFUA {
+		b, _ := os.ReadFile(syncs)
+		t.Fatalf("syncs: %d before, %d after a FUA write, %d after a FLUSH; each must sync\n%s", before, afterFUA, afterFlush, b)
 	}
 	// The client writes once more and leaves cleanly: its boot ends.
 	if err := c2.WriteAt(pattern(0), 0, false); err != nil {
@@ -272,5 +321,48 @@ func TestStreamSweepsOrphanedCaches(t *testing.T) {
 	}
 	if err := live.Wait(); err != nil || strings.Contains(liveOut.String(), "failed") {
 		t.Fatalf("the live boot lost its cache to the sweeper: %v\n%s", err, liveOut.String())
+	}
+}
+
+// TestStreamTakeoverOutlivesTheFirstWindow: a boot's connection to server
+// 0 drops and the client goes on on server 1. When server 0's reconnect
+// window for the boot ends, it must leave the cache alone: server 1 owns
+// it now, and the client's writes live there.
+func TestStreamTakeoverOutlivesTheFirstWindow(t *testing.T) {
+	h := startHAPair(t, "2s")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const export = "golden/vmT/b1"
+	c, err := nbdclient.Dial(ctx, h.addrs[0], export, nbdclient.Options{Structured: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := bytes.Repeat([]byte("one!"), 1024)
+	if err := c.WriteAt(first, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	c.Drop() // the network drops: no NBD_CMD_DISC
+	c2, err := nbdclient.Dial(ctx, h.addrs[1], export, nbdclient.Options{Structured: true})
+	if err != nil {
+		t.Fatalf("takeover: %v\n%s", err, h.procs[1].Log.String())
+	}
+	defer c2.Close()
+	// Past server 0's window, with the client still writing on server 1.
+	second := bytes.Repeat([]byte("two!"), 1024)
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		if err := c2.WriteAt(second, 4096, false); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	got := make([]byte, 8192)
+	if _, err := c2.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:4096], first) || !bytes.Equal(got[4096:], second) {
+		t.Fatalf("after server 0's window the boot lost its writes\nserver 0:\n%s", h.procs[0].Log.String())
+	}
+	if _, err := os.Stat(filepath.Join(h.store, "cache", "golden", "vmT", "b1", "data")); err != nil {
+		t.Fatalf("the cache server 1 serves is gone from the store: %v\nserver 0:\n%s", err, h.procs[0].Log.String())
 	}
 }

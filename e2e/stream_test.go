@@ -217,9 +217,7 @@ func TestStreamRealClients(t *testing.T) {
 			t.Fatalf("client A write/read:\n%s", out)
 		}
 		// qemu-io sent NBD_CMD_DISC when it quit: A's boot ended, its writes are gone.
-		if ok, out := qemuIO(t, a, true, "read -P 0xab 4096 8192"); ok {
-			t.Fatalf("client A's writes survived the end of its boot:\n%s", out)
-		}
+		expectMismatch(t, a, "read -P 0xab 4096 8192", "client A's writes survived the end of its boot")
 		runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, a)
 	})
 
@@ -229,9 +227,7 @@ func TestStreamRealClients(t *testing.T) {
 		// NBD_CMD_DISC, as when a diskless machine loses the network.
 		killedAfterWrite(t, a, "write -P 0x5a 1048576 65536")
 		// Another client sees the base, the same client sees its write.
-		if ok, out := qemuIO(t, r.uri+"/golden/vmC/boot1", true, "read -P 0x5a 1048576 65536"); ok {
-			t.Fatalf("client C sees client B's write:\n%s", out)
-		}
+		expectMismatch(t, r.uri+"/golden/vmC/boot1", "read -P 0x5a 1048576 65536", "client C sees client B's write")
 		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); !ok {
 			t.Fatalf("client B lost its write across a reconnect:\n%s", out)
 		}
@@ -245,15 +241,11 @@ func TestStreamRealClients(t *testing.T) {
 		if ok, out := qemuIO(t, a, false, "write -P 0x5a 1048576 512"); !ok {
 			t.Fatalf("client B's last write:\n%s", out)
 		}
-		if ok, out := qemuIO(t, a, true, "read -P 0x5a 1048576 65536"); ok {
-			t.Fatalf("client B's write outlived its boot:\n%s", out)
-		}
+		expectMismatch(t, a, "read -P 0x5a 1048576 65536", "client B's write outlived its boot")
 	})
 
 	t.Run("writes to the bare vDisk are refused", func(t *testing.T) {
-		if ok, out := qemuIO(t, r.uri+"/golden", false, "write -P 0x11 0 512"); ok {
-			t.Fatalf("write to the read-only export succeeded:\n%s", out)
-		}
+		expectRefused(t, r.uri+"/golden", false, "Could not open image: Permission denied", "write to the read-only export", "write -P 0x11 0 512")
 	})
 
 	t.Run("private mode: one persistent image per client, one writer", func(t *testing.T) {
@@ -274,9 +266,7 @@ func TestStreamRealClients(t *testing.T) {
 			t.Fatal("a private image was made for an unknown client")
 		}
 		r.api(t, "POST", "/api/v1/stream/vdisks/personal/private/bob", http.StatusCreated, nil)
-		if ok, out := qemuIO(t, r.uri+"/personal/bob", true, "read -P 0x42 65536 4096"); ok {
-			t.Fatalf("bob sees alice's private write:\n%s", out)
-		}
+		expectMismatch(t, r.uri+"/personal/bob", "read -P 0x42 65536 4096", "bob sees alice's private write")
 		runOK(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", r.base, r.uri+"/personal/bob")
 		// A second writer while the first is connected is refused, and told why.
 		opened := strings.Count(r.log.Log.String(), "private image opened")
@@ -323,9 +313,7 @@ func TestStreamRealClients(t *testing.T) {
 		}
 		path := fmt.Sprintf("/api/v1/stream/vdisks/golden/versions/%d/promote", v.Version)
 		r.api(t, "POST", path, http.StatusOK, &v)
-		if ok, out := qemuIO(t, r.uri+"/golden/vmP/b1", true, "read -P 0x77 8192 4096"); ok {
-			t.Fatalf("production sees a test version:\n%s", out)
-		}
+		expectMismatch(t, r.uri+"/golden/vmP/b1", "read -P 0x77 8192 4096", "production sees a test version")
 		if ok, out := qemuIO(t, r.uri+"/golden@test/vmT/b1", true, "read -P 0x77 8192 4096"); !ok {
 			t.Fatalf("test client does not see the test version:\n%s", out)
 		}
@@ -388,12 +376,9 @@ func TestStreamQemuTLS(t *testing.T) {
 	if ok, out := qemuTLS("golden/vmT/boot1", "write -P 0x5a 4096 512"); !ok {
 		t.Fatalf("last write over TLS:\n%s", out)
 	}
-	if ok, out := qemuTLS("golden/vmT/boot1", "read -P 0x5a 4096 8192"); ok {
-		t.Fatalf("the write outlived its boot:\n%s", out)
-	}
-	if ok, out := qemuIO(t, r.uri+"/golden/vmT/boot1", true, "read 0 4096"); ok {
-		t.Fatalf("plain-text qemu-io accepted when TLS is required:\n%s", out)
-	}
+	ok, out := qemuTLS("golden/vmT/boot1", "read -P 0x5a 4096 8192")
+	expectMismatchOut(t, ok, out, "the write outlived its boot")
+	expectRefused(t, r.uri+"/golden/vmT/boot1", true, "server reported: this server requires TLS", "plain-text qemu-io when TLS is required", "read 0 4096")
 }
 
 func TestStreamBootEndsAfterReconnectWindow(t *testing.T) {
@@ -407,9 +392,7 @@ func TestStreamBootEndsAfterReconnectWindow(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if ok, out := qemuIO(t, a, true, "read -P 0x77 0 4096"); ok {
-		t.Fatalf("write survived the reconnect window:\n%s", out)
-	}
+	expectMismatch(t, a, "read -P 0x77 0 4096", "the write survived the reconnect window")
 }
 
 // killedAfterWrite runs a qemu-io write on uri and has qemu-io kill
@@ -662,15 +645,53 @@ func TestStreamClientCertificates(t *testing.T) {
 	}
 	// libnbd with the same files.
 	runOK(t, "nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-certificates="+pc1)
-	if out, err := exec.Command("nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-certificates="+pc2).CombinedOutput(); err == nil {
-		t.Fatalf("nbdinfo with pc2's certificate opened pc1's boot:\n%s", out)
-	}
+	nbdinfoRefused(t, "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-certificates="+pc2, "may not open the boots or private image of pc1",
+		"nbdinfo with pc2's certificate on pc1's boot")
 	// Without a certificate: plain text is refused, and so is TLS.
-	if ok, out := qemuIO(t, r.uri+"/golden/pc1/b1", true, "read 4096 4096"); ok {
-		t.Fatalf("a client without TLS was served:\n%s", out)
+	expectRefused(t, r.uri+"/golden/pc1/b1", true, "server reported: this server requires TLS", "a client without TLS", "read 4096 4096")
+	nbdinfoRefused(t, "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-verify-peer=false", "A TLS fatal alert has been received",
+		"a TLS client without a certificate")
+	if !strings.Contains(r.log.Log.String(), "certificate") {
+		t.Fatalf("the server did not log why it refused a TLS client without a certificate:\n%s", r.log.Log.String())
 	}
-	if out, err := exec.Command("nbdinfo", "nbds://127.0.0.1:"+port+"/golden/pc1/b1?tls-verify-peer=false").CombinedOutput(); err == nil {
-		t.Fatalf("a TLS client without a certificate was served:\n%s", out)
+}
+
+// nbdinfoRefused runs nbdinfo on uri, with libnbd's debug output, which
+// carries the server's messages, and requires that it fails saying
+// reason.
+func nbdinfoRefused(t *testing.T, uri, reason, why string) {
+	t.Helper()
+	cmd := exec.Command("nbdinfo", uri)
+	cmd.Env = append(os.Environ(), "LIBNBD_DEBUG=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), reason) {
+		t.Fatalf("%s: want a refusal saying %q (%v):\n%s", why, reason, err, lastLines(string(out), 30))
+	}
+}
+
+// expectMismatch runs a qemu-io read with a pattern (read -P) on uri and
+// requires that qemu connected, read the range and found other bytes: a
+// refused connection, a crash or a missing export does not pass.
+func expectMismatch(t *testing.T, uri, read, why string) {
+	t.Helper()
+	ok, out := qemuIO(t, uri, true, read)
+	expectMismatchOut(t, ok, out, why)
+}
+
+func expectMismatchOut(t *testing.T, ok bool, out, why string) {
+	t.Helper()
+	if ok || !strings.Contains(out, "Pattern verification failed") || !strings.Contains(out, "read ") {
+		t.Fatalf("%s: the read should succeed and find other bytes:\n%s", why, out)
+	}
+}
+
+// expectRefused runs qemu-io cmds on uri and requires that they fail with
+// reason, the server's words or errno, in qemu's output.
+func expectRefused(t *testing.T, uri string, readOnly bool, reason, why string, cmds ...string) {
+	t.Helper()
+	ok, out := qemuIO(t, uri, readOnly, cmds...)
+	if ok || !strings.Contains(out, reason) {
+		t.Fatalf("%s: want a refusal saying %q:\n%s", why, reason, out)
 	}
 }
 
@@ -708,9 +729,7 @@ print("still connected")
 	if ok, out := qemuIO(t, r.uri+"/golden/stage/b1", false, "write -P 0x61 0 4096", "sigraise 9"); ok || !strings.Contains(out, "wrote 4096/4096") {
 		t.Fatalf("write:\n%s", out)
 	}
-	if ok, out := qemuIO(t, r.uri+"/golden@v0/stage/b1", true, "read -P 0x61 0 4096"); ok {
-		t.Fatalf("golden@v0/stage/b1 reads golden/stage/b1's write:\n%s", out)
-	}
+	expectMismatch(t, r.uri+"/golden@v0/stage/b1", "read -P 0x61 0 4096", "golden@v0/stage/b1 reads golden/stage/b1's write")
 }
 
 // TestStreamBootCaps: one client name cannot make the server hold boots
@@ -742,9 +761,11 @@ func qemuIOTLS(dir, port, export string, cmds ...string) (bool, string) {
 }
 
 // mapScript runs its arguments after the URI on the export: "w OFF"
-// writes 64 KiB at OFF, "z OFF" zeroes 64 KiB there, and "map" prints the
-// base:allocation map with adjacent extents of one kind merged, one
-// "offset length flags" a line, and a "--" line after it.
+// writes 64 KiB at OFF, "z OFF" zeroes 64 KiB there, "one OFF" asks for
+// the status from OFF with NBD_CMD_FLAG_REQ_ONE and prints "one N" for
+// the N extents the server sent, and "map" prints the base:allocation map
+// with adjacent extents of one kind merged, one "offset length flags" a
+// line, and a "--" line after it.
 const mapScript = `
 import nbd, sys
 h = nbd.NBD()
@@ -777,6 +798,13 @@ for cmd in sys.argv[2:]:
         h.pwrite(b"w" * 65536, int(off))
     elif op == "z":
         h.zero(65536, int(off))
+    elif op == "one":
+        got = []
+        def one(meta, o, entries, err):
+            if meta == nbd.CONTEXT_BASE_ALLOCATION:
+                got.extend(entries[0::2])
+        h.block_status(h.get_size() - int(off), int(off), one, nbd.CMD_FLAG_REQ_ONE)
+        print("one", len(got))
     else:
         show()
 `
@@ -812,10 +840,13 @@ func TestStreamBlockStatusByLayer(t *testing.T) {
 	if !strings.Contains(want, "8388608 65536 0\n") || strings.Count(want, "\n") < 7 {
 		t.Fatalf("nbdkit cow map is not the one this test expects:\n%s", want)
 	}
-	got := blockMap(t, r.uri+"/golden/mapper/b1", append(writes, "map", "z 20971520", "map")...)
+	got := blockMap(t, r.uri+"/golden/mapper/b1", append(writes, "map", "one 0", "z 20971520", "map")...)
 	before, after, _ := strings.Cut(got, "--\n")
 	if before+"--\n" != want {
 		t.Errorf("boot map differs from nbdkit cow's\ndeskway:\n%s\nnbdkit cow:\n%s", before, want)
+	}
+	if !strings.Contains(after, "one 1\n") {
+		t.Errorf("a status request with NBD_CMD_FLAG_REQ_ONE got other than one extent:\n%s", after)
 	}
 	if !strings.Contains(after, "20971520 65536 2\n") {
 		t.Errorf("64 KiB of written zeroes at 20 MiB not reported as zero:\n%s", after)

@@ -11,6 +11,7 @@ packages=(
   nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
   postgresql                                           # the broker's shared database (tests start their own clusters)
+  strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then

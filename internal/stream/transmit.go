@@ -327,7 +327,16 @@ const maxStatusSpan = 256 << 20
 // written as zeroes), blocks a newer version changed are data, and the
 // rest is the base file, whose holes SEEK_DATA/SEEK_HOLE find. A private
 // image is one file and is described the same way from that file.
+// With one (NBD_CMD_FLAG_REQ_ONE) it is the first extent alone.
 func (e *export) extents(off, n int64, one bool) []nbd.Extent {
+	out := e.allExtents(off, n)
+	if one && len(out) > 1 {
+		out = out[:1]
+	}
+	return out
+}
+
+func (e *export) allExtents(off, n int64) []nbd.Extent {
 	var out []nbd.Extent
 	add := func(length int64, flags uint32) {
 		if k := len(out); k > 0 && out[k-1].Flags == flags {
@@ -336,11 +345,6 @@ func (e *export) extents(off, n int64, one bool) []nbd.Extent {
 		}
 		out = append(out, nbd.Extent{Length: uint32(length), Flags: flags})
 	}
-	defer func() {
-		if one && len(out) > 1 {
-			out = out[:1]
-		}
-	}()
 	end := off + n
 	switch {
 	case e.private != nil:
