@@ -142,12 +142,18 @@ func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	// desktop waits for the desktop, then ends xfreerdp: a disconnect.
+	mark := r.logMark()
 	r.desktop(t, "broker-launch", rdp, "/gt:http")
-	r.gatewayLogHas(t, `"tunnel open"`, `"method":"paa"`)
+	r.gatewayLogHas(t, mark, `"tunnel open"`, `"method":"paa"`, `"target":"`+r.xrdp.Addr+`"`)
 	// The agent saw the session (polling every 500 ms, it may first see it
 	// active, or only once the client is gone) and then the disconnect.
-	r.gatewayLogHas(t, `"msg":"session event","role":"agent","user":"`+r.xrdp.User+`"`)
+	r.gatewayLogHas(t, mark, `"msg":"session event","role":"agent","user":"`+r.xrdp.User+`"`)
 	waitState("disconnected")
+	// The session's desktop program: a reconnect finds this same one.
+	desk := userProcs(t, r.xrdp.User, "xterm")
+	if len(desk) != 1 {
+		t.Fatalf("%s runs %d xterms after the first launch, want 1", r.xrdp.User, len(desk))
+	}
 	again := launch()
 	if !again.Reconnect || again.SessionID != first.SessionID || again.Host != first.Host {
 		t.Fatalf("relaunch = %+v, want a reconnect to session %s", again, first.SessionID)
@@ -155,6 +161,27 @@ func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 	if err := os.WriteFile(rdp, []byte(again.RDP), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	mark = r.logMark()
 	r.desktop(t, "broker-reconnect", rdp, "/gt:http")
+	r.gatewayLogHas(t, mark, `"tunnel open"`, `"method":"paa"`, `"target":"`+r.xrdp.Addr+`"`)
 	waitState("disconnected")
+	if now := userProcs(t, r.xrdp.User, "xterm"); len(now) != 1 || now[0] != desk[0] {
+		t.Fatalf("after the reconnect %s runs xterms %v, want the first session's %v: the reconnect started a new session", r.xrdp.User, now, desk)
+	}
+}
+
+// userProcs lists the pids of the processes of user named name.
+func userProcs(t *testing.T, user, name string) []int {
+	t.Helper()
+	out, err := exec.Command("pgrep", "-u", user, "-x", name).Output()
+	if err != nil && len(out) > 0 {
+		t.Fatalf("pgrep: %v", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		var pid int
+		fmt.Sscan(f, &pid)
+		pids = append(pids, pid)
+	}
+	return pids
 }

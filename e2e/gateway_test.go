@@ -184,11 +184,16 @@ func (r *rig) token(t *testing.T, ttl string, host string, port string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// gatewayLogHas waits for a gateway log line containing all parts.
-func (r *rig) gatewayLogHas(t *testing.T, parts ...string) {
+// logMark is where the gateway log ends now: gatewayLogHas looks at what
+// comes after it, so a line an earlier subtest caused never counts.
+func (r *rig) logMark() int { return len(r.gwLog.Log.String()) }
+
+// gatewayLogHas waits for a gateway log line after mark containing all
+// parts.
+func (r *rig) gatewayLogHas(t *testing.T, mark int, parts ...string) {
 	t.Helper()
 	for i := 0; i < 50; i++ {
-		for _, line := range strings.Split(r.gwLog.Log.String(), "\n") {
+		for _, line := range strings.Split(r.gwLog.Log.String()[mark:], "\n") {
 			ok := true
 			for _, p := range parts {
 				ok = ok && strings.Contains(line, p)
@@ -199,7 +204,7 @@ func (r *rig) gatewayLogHas(t *testing.T, parts ...string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("gateway log has no line with %q\n%s", parts, lastLines(r.gwLog.Log.String(), 20))
+	t.Fatalf("gateway log has no line with %q since the subtest began\n%s", parts, lastLines(r.gwLog.Log.String()[mark:], 20))
 }
 
 func TestXFreeRDPThroughGateway(t *testing.T) {
@@ -209,24 +214,29 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 	ntlm := []string{"/g:" + r.gw, "/gu:gwuser", "/gp:Gw-Pass-123"}
 
 	t.Run("ntlm-websocket", func(t *testing.T) {
+		mark := r.logMark()
 		r.desktop(t, "ntlm-websocket", append([]string{target, "/gt:http"}, ntlm...)...)
-		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"websocket"`, `"method":"ntlm"`)
+		r.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"websocket"`, `"method":"ntlm"`)
 	})
 	t.Run("ntlm-legacy", func(t *testing.T) {
+		mark := r.logMark()
 		r.desktop(t, "ntlm-legacy", append([]string{target, "/gt:http,no-websockets"}, ntlm...)...)
-		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"legacy"`, `"method":"ntlm"`)
+		r.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"legacy"`, `"method":"ntlm"`)
 	})
 	t.Run("paa-websocket", func(t *testing.T) {
+		mark := r.logMark()
 		tok := r.token(t, "5m", "127.0.0.1", rdpPort)
 		r.desktop(t, "paa-websocket", target, "/g:"+r.gw, "/gat:"+tok, "/gt:http")
-		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"websocket"`, `"method":"paa"`)
+		r.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"websocket"`, `"method":"paa"`)
 	})
 	t.Run("paa-legacy", func(t *testing.T) {
+		mark := r.logMark()
 		tok := r.token(t, "5m", "127.0.0.1", rdpPort)
 		r.desktop(t, "paa-legacy", target, "/g:"+r.gw, "/gat:"+tok, "/gt:http,no-websockets")
-		r.gatewayLogHas(t, `"tunnel open"`, `"transport":"legacy"`, `"method":"paa"`)
+		r.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"legacy"`, `"method":"paa"`)
 	})
 	t.Run("paa-rdp-file", func(t *testing.T) {
+		mark := r.logMark()
 		// What mstsc reads: the gateway and token come from the .rdp file.
 		tok := r.token(t, "5m", "127.0.0.1", rdpPort)
 		rdp := filepath.Join(t.TempDir(), "desk.rdp")
@@ -243,6 +253,7 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.desktop(t, "paa-rdp-file", rdp)
+		r.gatewayLogHas(t, mark, `"tunnel open"`, `"method":"paa"`, `"target":"`+r.xrdp.Addr+`"`)
 	})
 
 	refusals := []struct {
@@ -254,6 +265,7 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 		{"expired-token", "E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", []string{target, "/g:" + r.gw, "/gt:http", "/gat:" + r.token(t, "-1m", "127.0.0.1", rdpPort)}},
 		{"token-for-other-host", "E_PROXY_RAP_ACCESSDENIED", []string{target, "/g:" + r.gw, "/gt:http", "/gat:" + r.token(t, "5m", "127.0.0.9", rdpPort)}},
 	}
+	refusalsMark := r.logMark()
 	for _, c := range refusals {
 		t.Run(c.name, func(t *testing.T) {
 			code, out := r.xfreerdp(t, 40*time.Second, append(c.args, "+auth-only")...)
@@ -265,7 +277,7 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 			}
 		})
 	}
-	r.gatewayLogHas(t, `"login failed"`, `"user":"gwuser"`)
+	r.gatewayLogHas(t, refusalsMark, `"login failed"`, `"user":"gwuser"`)
 
 	t.Run("consent-declined", func(t *testing.T) {
 		r.consent = "n\n"
@@ -277,6 +289,7 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 	})
 
 	t.Run("sigterm", func(t *testing.T) {
+		mark := r.logMark()
 		if err := r.gwLog.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
@@ -290,6 +303,6 @@ func TestXFreeRDPThroughGateway(t *testing.T) {
 		case <-time.After(40 * time.Second):
 			t.Fatal("gateway did not exit after SIGTERM")
 		}
-		r.gatewayLogHas(t, `"gateway shutting down"`)
+		r.gatewayLogHas(t, mark, `"gateway shutting down"`)
 	})
 }

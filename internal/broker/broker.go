@@ -87,6 +87,9 @@ type Server struct {
 	m        *metrics
 	cache    *localCache
 	offline  atomic.Bool
+	// unsynced is set while the database has not been migrated and given
+	// the delivery groups since the broker started (it was down then).
+	unsynced atomic.Bool
 	personal map[string]bool
 }
 
@@ -106,7 +109,7 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
 		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry), personal: map[string]bool{},
-		cache: newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"))}
+		cache: newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"))}
 	for i := range cfg.DeliveryGroups {
 		g := &cfg.DeliveryGroups[i]
 		s.groups[g.Name] = g
@@ -121,10 +124,44 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	return s, nil
 }
 
-// Start writes the configured delivery groups into the store, writes back
-// launches a previous run placed while the database was unreachable, and
-// loads the local host cache.
+// Start migrates the database, writes the configured delivery groups into
+// it, writes back launches a previous run placed while the database was
+// unreachable, and loads the local host cache. When the database does not
+// answer, the broker starts from the copy of the cache it saved, placing
+// launches from it until the database returns; Maintain then does the rest.
 func (s *Server) Start(ctx context.Context) error {
+	err := s.sync(ctx)
+	if err == nil {
+		return s.refresh(ctx, true)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	perr := s.store.Ping(pctx)
+	cancel()
+	if perr == nil {
+		return err // the database answers: a real failure
+	}
+	snap, serr := s.cache.restoreSnapshot()
+	if serr != nil {
+		return fmt.Errorf("%w (and no saved local host cache to start from: %v)", err, serr)
+	}
+	replayed, rerr := s.cache.replay()
+	if rerr != nil {
+		return fmt.Errorf("%w (and the journal of offline launches cannot be read: %v)", err, rerr)
+	}
+	s.unsynced.Store(true)
+	s.offline.Store(true)
+	s.m.offline.Set(1)
+	s.log.Warn("database unreachable at start: placing launches from the local host cache saved before, until it returns; migrations and delivery groups are applied then",
+		"saved", snap.Saved, "hosts", len(snap.Hosts), "live_sessions", len(snap.Sessions), "offline_launches", replayed, "error", err)
+	return nil
+}
+
+// sync migrates the database, writes the delivery groups into it and
+// writes back journals of offline launches.
+func (s *Server) sync(ctx context.Context) error {
+	if err := s.store.Migrate(ctx); err != nil {
+		return err
+	}
 	var gs []store.Group
 	for _, g := range s.cfg.DeliveryGroups {
 		gs = append(gs, store.Group{Name: g.Name, Kind: g.Kind, Spread: g.Spread, Description: g.Description})
@@ -132,10 +169,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.store.SyncGroups(ctx, gs); err != nil {
 		return err
 	}
-	if err := s.restore(ctx); err != nil {
-		return err
-	}
-	return s.refresh(ctx, true)
+	return s.restore(ctx)
 }
 
 // refresh reloads the local host cache from the database: the hosts
@@ -154,6 +188,9 @@ func (s *Server) refresh(ctx context.Context, sessions bool) error {
 	}
 	if !s.offline.Load() {
 		s.cache.load(hosts, live, sessions)
+	}
+	if err := s.cache.save(s.now()); err != nil {
+		s.log.Warn("could not save the local host cache; a restart while the database is down would have none", "error", err)
 	}
 	return nil
 }
@@ -198,10 +235,21 @@ func (s *Server) Maintain(ctx context.Context) {
 			err := s.store.Ping(pctx)
 			cancel()
 			if err != nil {
+				// Still down: keep the saved copy as current as the one in
+				// memory, for a restart before the database returns.
+				if err := s.cache.save(s.now()); err != nil {
+					s.log.Warn("could not save the local host cache", "error", err)
+				}
 				continue
 			}
 		}
-		if err := s.restore(ctx); err != nil {
+		if s.unsynced.Load() {
+			if err := s.sync(ctx); err != nil {
+				s.log.Warn("database answers, but migrating it or writing the delivery groups and offline launches failed; retrying", "error", err)
+				continue
+			}
+			s.unsynced.Store(false)
+		} else if err := s.restore(ctx); err != nil {
 			s.log.Warn("write-back of offline launches failed; retrying", "error", err)
 			continue
 		}
@@ -791,7 +839,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 func (s *Server) AdminHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/broker/hosts", func(w http.ResponseWriter, r *http.Request) {
-		hosts, err := s.store.Hosts(r.Context(), r.URL.Query().Get("delivery_group"))
+		group := r.URL.Query().Get("delivery_group")
+		var hosts []store.Host
+		var err error
+		if s.offlineFor(r, func() error { hosts, err = s.store.Hosts(r.Context(), group); return err }) {
+			hosts, err = s.cache.snapshot(group), nil
+			fromCache(w)
+		}
 		if err != nil {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
@@ -811,7 +865,12 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /api/v1/broker/sessions", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		ss, err := s.store.Sessions(r.Context(), q.Get("user"), q.Get("all") == "1", 1000)
+		var ss []store.Session
+		var err error
+		if s.offlineFor(r, func() error { ss, err = s.store.Sessions(r.Context(), q.Get("user"), q.Get("all") == "1", 1000); return err }) {
+			ss, err = s.cache.sessions(q.Get("user")), nil
+			fromCache(w)
+		}
 		if err != nil {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
@@ -858,6 +917,24 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		writeJSON(w, http.StatusOK, map[string]any{"host": name, "admin_drain": req.Drain})
 	})
 	return mux
+}
+
+// offlineFor runs query unless the database is known to be unreachable,
+// and reports whether the answer must come from the local host cache
+// instead: the database was unreachable, or became so during query.
+func (s *Server) offlineFor(r *http.Request, query func() error) bool {
+	if s.offline.Load() {
+		return true
+	}
+	err := query()
+	return err != nil && r.Context().Err() == nil && s.dbDown(err)
+}
+
+// fromCache marks an admin answer as the local host cache's: current as
+// far as this broker knows, but not the database's.
+func fromCache(w http.ResponseWriter) {
+	w.Header().Set("Deskway-Source", "local-host-cache")
+	w.Header().Set("Warning", `199 deskway "the database is unreachable: answered from this broker's local host cache"`)
 }
 
 type metrics struct {

@@ -21,20 +21,114 @@ import (
 // database is unreachable the broker places launches from it, with the
 // same rules, and appends each new session to a journal file (synced
 // before the launch is answered) that is written back to the database when
-// it returns, so no session record is lost.
+// it returns, so no session record is lost. The copy itself is saved in
+// the state directory as it changes, so that a broker that restarts while
+// the database is down starts from it.
 type localCache struct {
-	mu      sync.Mutex
-	hosts   map[string]store.Host
-	live    map[string]store.Session // by user and group
-	journal string
-	rnd     *rand.Rand
+	mu       sync.Mutex
+	hosts    map[string]store.Host
+	live     map[string]store.Session // by user and group
+	journal  string
+	savePath string // where save writes the copy
+	rnd      *rand.Rand
 }
 
 func liveKey(user, group string) string { return user + "\x00" + group }
 
-func newLocalCache(journal string) *localCache {
-	return &localCache{hosts: map[string]store.Host{}, live: map[string]store.Session{}, journal: journal,
+func newLocalCache(journal, snapshot string) *localCache {
+	return &localCache{hosts: map[string]store.Host{}, live: map[string]store.Session{}, journal: journal, savePath: snapshot,
 		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
+}
+
+// cacheSnapshot is the local host cache as saved in the state directory.
+type cacheSnapshot struct {
+	Saved    time.Time       `json:"saved"`
+	Hosts    []store.Host    `json:"hosts"`
+	Sessions []store.Session `json:"sessions"`
+}
+
+// save writes the copy to its file, complete or not at all: a temporary
+// file, synced, renamed over the old one.
+func (c *localCache) save(now time.Time) error {
+	c.mu.Lock()
+	snap := cacheSnapshot{Saved: now.UTC(), Hosts: make([]store.Host, 0, len(c.hosts)), Sessions: make([]store.Session, 0, len(c.live))}
+	for _, h := range c.hosts {
+		snap.Hosts = append(snap.Hosts, h)
+	}
+	for _, ss := range c.live {
+		snap.Sessions = append(snap.Sessions, ss)
+	}
+	c.mu.Unlock()
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return fmt.Errorf("broker: local host cache: %w", err)
+	}
+	tmp := c.savePath + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("broker: local host cache: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("broker: local host cache: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("broker: local host cache: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("broker: local host cache: %w", err)
+	}
+	if err := os.Rename(tmp, c.savePath); err != nil {
+		return fmt.Errorf("broker: local host cache: %w", err)
+	}
+	return nil
+}
+
+// replay applies to the copy the sessions this broker's journals hold:
+// launches placed while the database was down, before a restart. A user's
+// session the copy has already is not counted twice.
+func (c *localCache) replay() (int, error) {
+	n := 0
+	for _, path := range []string{c.journal + ".restoring", c.journal} {
+		sessions, err := readJournal(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		c.mu.Lock()
+		for _, ss := range sessions {
+			k := liveKey(ss.User, ss.Group)
+			if _, dup := c.live[k]; dup {
+				continue
+			}
+			c.live[k] = ss
+			if h, ok := c.hosts[ss.Host]; ok {
+				h.Sessions++
+				h.Pending++
+				c.hosts[ss.Host] = h
+			}
+			n++
+		}
+		c.mu.Unlock()
+	}
+	return n, nil
+}
+
+// restoreSnapshot loads the copy a previous run saved.
+func (c *localCache) restoreSnapshot() (cacheSnapshot, error) {
+	var snap cacheSnapshot
+	b, err := os.ReadFile(c.savePath)
+	if err != nil {
+		return snap, fmt.Errorf("broker: local host cache: %w", err)
+	}
+	if err := json.Unmarshal(b, &snap); err != nil {
+		return snap, fmt.Errorf("broker: local host cache %s: %w", c.savePath, err)
+	}
+	c.load(snap.Hosts, snap.Sessions, true)
+	return snap, nil
 }
 
 // load replaces the copy's hosts, and its sessions too when withSessions
@@ -264,6 +358,20 @@ func (c *localCache) heartbeat(r store.Report) bool {
 	h.Unhealthy, h.AgentDrain, h.LastSeen = r.Unhealthy, r.Drain, r.Now
 	c.hosts[r.Host] = h
 	return true
+}
+
+// sessions returns the live sessions of user (every user's when empty),
+// for the admin API while offline.
+func (c *localCache) sessions(user string) []store.Session {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []store.Session
+	for _, ss := range c.live {
+		if user == "" || ss.User == user {
+			out = append(out, ss)
+		}
+	}
+	return out
 }
 
 // snapshot returns the hosts of group, for explanations while offline.

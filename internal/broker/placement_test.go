@@ -60,7 +60,7 @@ func TestPickFollowsTheDatabaseRules(t *testing.T) {
 
 func TestJournalSurvivesATornLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "j")
-	c := newLocalCache(path)
+	c := newLocalCache(path, path+".cache")
 	c.load([]store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil, true)
 	p, err := c.place(store.Launch{User: "u", Group: "g", SessionID: "s1", Now: time.Now(), Stale: time.Now().Add(-time.Minute)})
 	if err != nil || p.Host != "h" {
@@ -96,13 +96,13 @@ func TestJournalTornThenAppended(t *testing.T) {
 			t.Fatalf("place %s = %+v %v", id, p, err)
 		}
 	}
-	c := newLocalCache(path)
+	c := newLocalCache(path, path+".cache")
 	c.load(hosts, nil, true)
 	launch(c, "u", "s1")
 	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	_, _ = f.WriteString(`{"ID":"s2","User":"v","Gro`) // the crash came mid-write
 	f.Close()
-	restarted := newLocalCache(path)
+	restarted := newLocalCache(path, path+".cache")
 	restarted.load(hosts, nil, true)
 	launch(restarted, "w", "s3")
 	claimed, err := restarted.claim()

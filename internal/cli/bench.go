@@ -152,7 +152,7 @@ func benchBootstormCmd() *cobra.Command {
 		scale                                               float64
 		readFor                                             time.Duration
 		qd, runs                                            int
-		discard                                             bool
+		discard, verify                                     bool
 	)
 	c := &cobra.Command{
 		Use:   "bootstorm",
@@ -163,7 +163,7 @@ func benchBootstormCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd, Runs: runs, DiscardReads: discard,
+			o := bootstorm.Options{Exe: exe, Out: out, TimeScale: scale, ReadFor: readFor, QueueDepth: qd, Runs: runs, DiscardReads: discard, Verify: verify,
 				Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
 			if scenario == "all" {
 				o.Scenarios = bootstorm.Scenarios
@@ -203,6 +203,7 @@ func benchBootstormCmd() *cobra.Command {
 	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: deskway, nbd-server-cow, nbdkit-cow, qemu-nbd, floor (the machine's limit: an NBD responder that stores nothing) (default all)")
 	c.Flags().IntVar(&runs, "runs", 3, "storms per step; each point is the median run")
 	c.Flags().BoolVar(&discard, "discard-reads", false, "clients drop read data in the kernel (MSG_TRUNC) instead of copying it, as separate client machines would spare this box")
+	c.Flags().BoolVar(&verify, "verify", false, "clients compare every byte they read outside the trace's writes with the base image, and fail on a difference (for smoke runs: it costs the clients time)")
 	return c
 }
 

@@ -98,7 +98,9 @@ func newAgent(cfg *config.Agent, stateDir string, log *slog.Logger) (*agent.Agen
 
 // newBroker opens the broker's store and builds the role.
 func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) (*broker.Server, *store.Store, error) {
-	st, err := store.Open(ctx, cfg.Broker.Database, cfg.Broker.MaxDBConnections)
+	// Start migrates; connecting first lets a broker start while the
+	// database is down, from the local host cache it saved.
+	st, err := store.Connect(cfg.Broker.Database, cfg.Broker.MaxDBConnections)
 	if err != nil {
 		return nil, nil, fmt.Errorf("broker.database: %w", err)
 	}

@@ -1,8 +1,11 @@
 package bootstorm
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand"
@@ -52,8 +55,13 @@ type Options struct {
 	DiscardReads bool
 	// Runs repeats every storm step; the point reports the median run
 	// (by slow requests), as the paper's figures are medians.
-	Runs  int
-	Trace []byte // nil: the committed boot trace
+	Runs int
+	// Verify has copying clients compare every byte they read outside
+	// the trace's writes with the base image; a difference fails the
+	// client. Smoke runs set it, so that a fast but wrong server cannot
+	// show a figure.
+	Verify bool
+	Trace  []byte // nil: the committed boot trace
 	// Systems limits the run to these names (deskway, nbd-server-cow,
 	// nbdkit-cow, qemu-nbd, floor); empty means all.
 	Systems []string
@@ -157,6 +165,44 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		}
 	}
 	return r.res, nil
+}
+
+// checker returns the fleet's check for Verify: bytes read outside every
+// block the trace writes, zeroes or trims must be the base's (all
+// clients replay one trace, so those blocks are the same for all); it
+// adds what it compared to verified.
+func (r *runner) checker(verified *atomic.Int64) (check func(off int64, p []byte) error, done func(), err error) {
+	base, err := os.Open(r.base)
+	if err != nil {
+		return nil, nil, err
+	}
+	const blk = 4096
+	written := map[int64]bool{}
+	for _, o := range r.tr.ops {
+		if o.cmd == 'W' || o.cmd == 'Z' || o.cmd == 'T' {
+			for b := o.off / blk; b*blk < o.off+int64(o.n); b++ {
+				written[b] = true
+			}
+		}
+	}
+	return func(off int64, p []byte) error {
+		want := make([]byte, len(p))
+		if _, err := base.ReadAt(want, off); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		for i := 0; i < len(p); {
+			pos := off + int64(i)
+			n := min(len(p)-i, int(blk-pos%blk))
+			if !written[pos/blk] {
+				if !bytes.Equal(p[i:i+n], want[i:i+n]) {
+					return fmt.Errorf("bench: %d bytes read at %d differ from the base image, which no request of the trace writes there", n, pos)
+				}
+				verified.Add(int64(n))
+			}
+			i += n
+		}
+		return nil
+	}, func() { base.Close() }, nil
 }
 
 // makeBase writes a base image covering the trace with incompressible
@@ -323,6 +369,15 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 		return report.Point{}, err
 	}
 	defer f.close()
+	var verified atomic.Int64
+	if r.o.Verify && !r.o.DiscardReads {
+		check, done, err := r.checker(&verified)
+		if err != nil {
+			return report.Point{}, err
+		}
+		defer done()
+		f.check = check
+	}
 	jobs := make([]job, n)
 	for i := range jobs {
 		if scenario == "storm" {
@@ -379,6 +434,9 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 		"cpu_pct": round(cpu, 1), "rss_idle_bytes": float64(idle.RSS), "rss_peak_bytes": float64(peakRSS.Load()),
 		"bytes_read": float64(reads), "read_gbps": round(float64(reads)*8/wall.Seconds()/1e9, 3),
 		"read_mb_s": round(float64(reads)/wall.Seconds()/1e6, 1), "wall_s": round(wall.Seconds(), 2),
+	}
+	if f.check != nil {
+		m["verified_bytes"] = float64(verified.Load())
 	}
 	if len(times) > 0 {
 		m["boot_median_s"] = round(times[len(times)/2], 2)

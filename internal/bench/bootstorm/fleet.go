@@ -264,14 +264,14 @@ type replayer struct {
 	start    time.Time
 	deadline time.Time
 
-	next     int // the next op to send
-	slots    []slot
-	free     []int // free slots, a stack
+	next  int // the next op to send
+	slots []slot
+	free  []int // free slots, a stack
 	// out is what is queued to send: request headers (in their slots)
 	// and payloads (in the fleet's shared buffers), written with writev
 	// as they are, so a client with megabytes of writes queued neither
 	// copies nor holds them.
-	out [][]byte
+	out      [][]byte
 	hdr      [nbd.SimpleReplyLen]byte
 	have     int   // bytes of hdr read
 	reading  *slot // the read whose data is arriving

@@ -164,6 +164,21 @@ type dialect interface {
 // postgres:// or postgresql:// is PostgreSQL; anything else is a SQLite
 // file path (sqlite:// prefix optional).
 func Open(ctx context.Context, dsn string, maxConns int) (*Store, error) {
+	s, err := Connect(dsn, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Migrate(ctx); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Connect is Open without the migrations, and without a word to the
+// database: nothing is sent before the first statement, so a broker can
+// start while the database is down, and Migrate once it answers.
+func Connect(dsn string, maxConns int) (*Store, error) {
 	var s *Store
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
@@ -179,12 +194,11 @@ func Open(ctx context.Context, dsn string, maxConns int) (*Store, error) {
 		}
 		s = &Store{db: db, dialect: sqlite{}}
 	}
-	if err := s.migrate(ctx); err != nil {
-		s.db.Close()
-		return nil, err
-	}
 	return s, nil
 }
+
+// Migrate applies the migrations the database has not had yet.
+func (s *Store) Migrate(ctx context.Context) error { return s.migrate(ctx) }
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
