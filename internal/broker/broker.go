@@ -867,7 +867,10 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		q := r.URL.Query()
 		var ss []store.Session
 		var err error
-		if s.offlineFor(r, func() error { ss, err = s.store.Sessions(r.Context(), q.Get("user"), q.Get("all") == "1", 1000); return err }) {
+		if s.offlineFor(r, func() error {
+			ss, err = s.store.Sessions(r.Context(), q.Get("user"), q.Get("all") == "1", 1000)
+			return err
+		}) {
 			ss, err = s.cache.sessions(q.Get("user")), nil
 			fromCache(w)
 		}
