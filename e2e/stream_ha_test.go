@@ -342,9 +342,16 @@ func TestStreamTakeoverOutlivesTheFirstWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Drop() // the network drops: no NBD_CMD_DISC
-	c2, err := nbdclient.Dial(ctx, h.addrs[1], export, nbdclient.Options{Structured: true})
-	if err != nil {
-		t.Fatalf("takeover: %v\n%s", err, h.procs[1].Log.String())
+	// Until server 0 sees the drop it still holds the cache: the client
+	// retries, as qemu's reconnect-delay does.
+	var c2 *nbdclient.Client
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if c2, err = nbdclient.Dial(ctx, h.addrs[1], export, nbdclient.Options{Structured: true}); err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "open on another server") || time.Now().After(deadline) {
+			t.Fatalf("takeover: %v\n%s", err, h.procs[1].Log.String())
+		}
 	}
 	defer c2.Close()
 	// Past server 0's window, with the client still writing on server 1.
