@@ -217,6 +217,11 @@ type Stream struct {
 	// WriteTimeout ends a connection whose client takes no byte of a
 	// reply for this long.
 	WriteTimeout Duration `yaml:"write_timeout"`
+	// MaxUnauthenticated caps connections still negotiating (TLS, the
+	// client certificate, the export): anyone who reaches the port can
+	// open one, so they have a cap in all and one per source address.
+	MaxUnauthenticated        int `yaml:"max_unauthenticated"`
+	MaxUnauthenticatedPerAddr int `yaml:"max_unauthenticated_per_address"`
 	// Trace, when set, is a file to which every request of every client
 	// boot is appended as CSV (client,boot,ms,op,offset,length): the raw
 	// material of the boot-storm bench's trace.
@@ -520,6 +525,8 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&st.MaxCacheMB, 256<<10)
 		setDefault(&st.MaxCacheMBPerClient, 16<<10)
 		setDefault(&st.WriteTimeout, Duration(60*time.Second))
+		setDefault(&st.MaxUnauthenticated, 2048)
+		setDefault(&st.MaxUnauthenticatedPerAddr, 64)
 		for i := range st.VDisks {
 			setDefault(&st.VDisks[i].Mode, "standard")
 		}
@@ -734,6 +741,9 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 	}
 	if st.CacheRAMMB < 0 {
 		bad("stream.cache_ram_mb", "must not be negative")
+	}
+	if st.MaxUnauthenticated < 1 || st.MaxUnauthenticatedPerAddr < 1 || st.MaxUnauthenticatedPerAddr > st.MaxUnauthenticated {
+		bad("stream.max_unauthenticated_per_address", "caps must be at least 1, the per-address one at most max_unauthenticated (%d)", st.MaxUnauthenticated)
 	}
 	if st.MaxBoots < 1 || st.MaxBootsPerClient < 1 {
 		bad("stream.max_boots", "max_boots and max_boots_per_client must be at least 1")

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/deskway/deskway/internal/admission"
 	"github.com/deskway/deskway/internal/auth"
 )
 
@@ -16,49 +17,21 @@ import (
 // TLS, NTLM rounds on a kept-alive connection, a websocket that never
 // finishes its handshake, or a legacy half that is never paired.
 type preauth struct {
-	max, perAddr int
-	budget       time.Duration
-
-	mu     sync.Mutex
-	total  int
-	byAddr map[netip.Prefix]int
+	*admission.Limiter
+	budget time.Duration
 }
 
 func newPreauth(max, perAddr int, budget time.Duration) *preauth {
-	return &preauth{max: max, perAddr: perAddr, budget: budget, byAddr: map[netip.Prefix]int{}}
+	return &preauth{Limiter: admission.New(max, perAddr), budget: budget}
 }
 
 // admit takes a slot for a connection from a, or says which cap is full.
-func (p *preauth) admit(a netip.Addr) (netip.Prefix, string) {
-	k := auth.Source(a)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case p.total >= p.max:
-		return k, "the gateway holds its maximum of unauthenticated connections"
-	case p.byAddr[k] >= p.perAddr:
-		return k, "the address holds its maximum of unauthenticated connections"
-	}
-	p.total++
-	p.byAddr[k]++
-	return k, ""
-}
+func (p *preauth) admit(a netip.Addr) (netip.Prefix, string) { return p.Admit(a, "the gateway") }
 
 // count is how many connections hold a slot now, for the metrics.
-func (p *preauth) count() float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return float64(p.total)
-}
+func (p *preauth) count() float64 { return float64(p.Count()) }
 
-func (p *preauth) release(k netip.Prefix) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.total--
-	if p.byAddr[k]--; p.byAddr[k] <= 0 {
-		delete(p.byAddr, k)
-	}
-}
+func (p *preauth) release(k netip.Prefix) { p.Release(k) }
 
 // connState is per TCP connection: HTTP NTLM authenticates the
 // connection, so the exchange and its result live here, not in a request;

@@ -24,11 +24,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/deskway/deskway/internal/admission"
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/policy"
@@ -72,8 +72,7 @@ type Server struct {
 	pa    *preauth
 	conns sync.Map // *tls.Conn -> *connState, while net/http serves it
 
-	refusedLog  atomic.Int64 // unix nanos of the last log of refused connections
-	refusedSeen atomic.Int64 // connections refused since then
+	refused admission.Refusals
 
 	mu      sync.Mutex // guards the fields below
 	tunnels map[uint32]*tunnel
@@ -139,26 +138,13 @@ func (s *Server) admit(c net.Conn) *connState {
 		cs.key, cs.released, cs.expired = key, true, true
 		_ = raw.Close()
 		s.metrics.auth.WithLabelValues("connection", "over_capacity").Inc()
-		s.logRefused(cs.remote, why)
+		s.refused.Log(s.log, "connection refused before TLS", cs.remote, why)
 		return cs
 	}
 	cs.key = key
 	s.conns.Store(c, cs)
 	cs.start()
 	return cs
-}
-
-// logRefused logs refused connections at most once a second, with how
-// many there were, so a flood cannot flood the log as well.
-func (s *Server) logRefused(remote netip.Addr, why string) {
-	n := s.refusedSeen.Add(1)
-	now := time.Now().UnixNano()
-	last := s.refusedLog.Load()
-	if now-last < int64(time.Second) || !s.refusedLog.CompareAndSwap(last, now) {
-		return
-	}
-	s.refusedSeen.Add(-n)
-	s.log.Warn("connection refused before TLS", "remote", remote, "reason", why, "refused_since_last_log", n)
 }
 
 // connClosed is net/http's word that a connection ended or left it.

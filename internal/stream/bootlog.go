@@ -44,7 +44,10 @@ type bootRecord struct {
 	Op      string    `json:"op"` // start, end, or lost (a start from before a restart)
 	Key     string    `json:"key"`
 	Version int       `json:"version,omitempty"`
-	Time    time.Time `json:"time"`
+	Time    time.Time `json:"time"` // when the boot started
+	// Why a lost boot's cache is gone, when not because the server
+	// stopped: it was discarded after its client did not come back.
+	Why string `json:"why,omitempty"`
 }
 
 // lostRetention is how long a lost boot is remembered. A client whose
@@ -176,13 +179,29 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// lostAt reports whether key names a boot whose cache was lost, and when
-// that boot started.
-func (l *bootLog) lostAt(key string) (time.Time, bool) {
+// lostAt reports whether key names a boot whose cache was lost, with its
+// record: when it started, and why its cache is gone.
+func (l *bootLog) lostAt(key string) (bootRecord, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r, ok := l.lost[key]
-	return r.Time, ok
+	return r, ok
+}
+
+// expire records that a live boot's cache was discarded for why, so that
+// a client naming the boot later is refused. It is not waited for: lost,
+// the boot is still live in the file, which a restart also takes as lost.
+func (l *bootLog) expire(key, why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.live[key]
+	if !ok {
+		return
+	}
+	delete(l.live, key)
+	r.Op, r.Why = "lost", why
+	l.lost[key] = r
+	l.appendLocked(r)
 }
 
 // start records a new boot and returns once the record is durable.

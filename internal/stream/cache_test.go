@@ -425,3 +425,36 @@ func TestReserverStaysAhead(t *testing.T) {
 		t.Fatalf("reserved slabs hold %d bytes resident, want %d", ram, 3*slabSize)
 	}
 }
+
+// TestStoreCacheRefusesASweptCache: the sweeper marks a cache while it
+// holds the cache's lock, so a server that takes the lock afterwards must
+// see the mark and refuse the boot, never recreate an empty cache under
+// the old name (a look before the lock would race the sweep).
+func TestStoreCacheRefusesASweptCache(t *testing.T) {
+	const size = 64 << 10
+	base := bytes.NewReader(make([]byte, size))
+	dir := filepath.Join(t.TempDir(), "boot")
+	c, err := openStoreCache(dir, base, size, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteAt([]byte("acknowledged"), 0); err != nil {
+		t.Fatal(err)
+	}
+	c.release()
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, "lock"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	if swept, err := sweepStoreCache(dir, time.Minute, time.Now()); !swept || err != nil {
+		t.Fatalf("sweep: %v %v", swept, err)
+	}
+	_, err = openStoreCache(dir, base, size, nil)
+	var se *sweptError
+	if !errors.As(err, &se) {
+		t.Fatalf("a swept cache was opened: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("opening a swept cache made its data file again: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -91,12 +92,15 @@ func (e *export) end(s *Server, disc bool) {
 	}
 }
 
-func (s *Server) serveConn(nc net.Conn) {
+// serveConn serves one client connection, which holds a negotiation slot
+// of src until it has chosen its export.
+func (s *Server) serveConn(nc net.Conn, src netip.Prefix) {
 	defer nc.Close()
 	c := &conn{s: s, nc: nc, rw: nc, r: bufio.NewReaderSize(nc, connReadBuf), remote: nc.RemoteAddr().String()}
 	log := s.log.With("client_address", c.remote)
 	_ = nc.SetDeadline(time.Now().Add(negotiateTimeout))
 	exp, err := c.negotiate()
+	s.preauth.Release(src)
 	if err != nil && exp != nil {
 		exp.end(s, false)
 	}

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -30,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/deskway/deskway/internal/admission"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -67,6 +69,8 @@ type Server struct {
 	loops    *loops              // while Serve runs
 	reserver *reserver           // while Serve runs
 	quota    *cacheQuota         // write-cache bytes, all boots and per client
+	preauth  *admission.Limiter  // connections still negotiating
+	refused  admission.Refusals
 
 	// bootLog records live boots whose caches die with the process (RAM
 	// and unlinked spill files); nil with shared caches, whose files on
@@ -169,7 +173,8 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{}, buffers: semaphore.NewWeighted(int64(cfg.MaxBufferMB) << 20),
 		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{},
-		quota: newCacheQuota(int64(cfg.MaxCacheMB)<<20, int64(cfg.MaxCacheMBPerClient)<<20)}
+		quota:   newCacheQuota(int64(cfg.MaxCacheMB)<<20, int64(cfg.MaxCacheMBPerClient)<<20),
+		preauth: admission.New(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddr)}
 	s.metrics = newMetrics(d.Registry, s.cacheRAM, func() float64 { return float64(s.quota.used.Load()) })
 	if cfg.Trace != "" {
 		t, err := newTracer(cfg.Trace)
@@ -250,16 +255,31 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		go s.sweep(sctx)
 	}
 	s.log.Info("stream listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS, "vdisks", len(s.vdisks))
+	var backoff time.Duration
 	for {
 		var c net.Conn
 		c, err = ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				err = nil
-			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				continue
+				break
 			}
-			break
+			// Out of descriptors (EMFILE, ENFILE) or a connection aborted
+			// before it was accepted: the listener is fine, and giving up
+			// would end every live boot. Wait, as net/http does, and go on.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		backoff = 0
+		src, why := s.admit(c)
+		if why != "" {
+			c.Close()
+			continue
 		}
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
@@ -267,7 +287,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serveConn(c)
+			s.serveConn(c, src)
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
@@ -364,6 +384,18 @@ func validID(id string, emptyOK bool) bool {
 	return true
 }
 
+// admit takes a negotiation slot for a new connection, or says which cap
+// of connections still negotiating is full (logged at most once a second).
+func (s *Server) admit(c net.Conn) (netip.Prefix, string) {
+	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	src, why := s.preauth.Admit(ap.Addr().Unmap(), "the stream server")
+	if why != "" {
+		s.metrics.refused.Inc()
+		s.refused.Log(s.log, "connection refused before negotiation", ap.Addr().Unmap(), why)
+	}
+	return src, why
+}
+
 // attach joins (or starts) the boot of client on vd. With shared caches
 // it takes ownership of the boot's cache files, which fails while
 // another server serves that boot.
@@ -385,8 +417,12 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		}
 	}
 	if fresh && s.bootLog != nil {
-		if at, lost := s.bootLog.lostAt(key); lost {
-			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost when the server stopped (stream.shared_cache is off, so write caches do not survive the server); reboot the client, which starts a new boot", key, at.Format(time.RFC3339))
+		if r, lost := s.bootLog.lostAt(key); lost {
+			why := r.Why
+			if why == "" {
+				why = "the server stopped (stream.shared_cache is off, so write caches do not survive the server)"
+			}
+			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost: %s; reboot the client, which starts a new boot", key, r.Time.Format(time.RFC3339), why)
 		}
 	}
 	if fresh {
@@ -396,23 +432,6 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		}
 		b = &boot{key: key, vd: vd, img: img, client: client, id: id, started: time.Now(),
 			dir: filepath.Join(s.cfg.Store, "cache", disk, client, dirID)}
-		if s.cfg.SharedCache {
-			if at, swept := sweptAt(b.dir); swept {
-				return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so it was discarded at %s; reboot the client, which starts a new boot",
-					key, s.cfg.ReconnectWindow.D(), at.UTC().Format(time.RFC3339))
-			}
-			// A boot another server started (and died serving) goes on
-			// with the version it started on, whatever is newest now.
-			v, ok, err := readBootVersion(b.dir)
-			if err != nil {
-				return nil, err
-			}
-			if ok && v != img.version {
-				if b.img, err = vd.imageOf(v); err != nil {
-					return nil, fmt.Errorf("boot %s started on version %d, which cannot be read: %w", key, v, err)
-				}
-			}
-		}
 		b.acct = s.quota.open(client)
 		if !s.cfg.SharedCache {
 			wc := newWriteCache(img, vd.size, int64(s.cfg.CacheRAMMB)<<20, filepath.Join(s.cfg.Store, "cache"), b.acct)
@@ -424,15 +443,8 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 		}
 	}
 	if b.cache == nil {
-		sc, err := openStoreCache(b.dir, b.img, vd.size, b.acct)
+		sc, err := s.ownStoreCache(b)
 		if err != nil {
-			if fresh {
-				b.acct.close()
-			}
-			return nil, err
-		}
-		if err := recordBootVersion(b.dir, b.img.version); err != nil {
-			sc.release()
 			if fresh {
 				b.acct.close()
 			}
@@ -454,6 +466,40 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 	}
 	b.conns++
 	return b, nil
+}
+
+// ownStoreCache takes ownership of b's shared cache. What the store says
+// of the boot is read only once the lock is held, so that no sweeper can
+// discard the cache (or its version) between the look and the lock: a
+// swept boot is refused, and a boot another server started (and died
+// serving) goes on with the version it started on, whatever is newest now.
+func (s *Server) ownStoreCache(b *boot) (*storeCache, error) {
+	sc, err := openStoreCache(b.dir, b.img, b.vd.size, b.acct)
+	var se *sweptError
+	if errors.As(err, &se) {
+		return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so %w; reboot the client, which starts a new boot",
+			b.key, s.cfg.ReconnectWindow.D(), se)
+	}
+	if err != nil {
+		return nil, err
+	}
+	v, ok, err := readBootVersion(b.dir)
+	if err == nil && ok && v != b.img.version {
+		var img *image
+		if img, err = b.vd.imageOf(v); err != nil {
+			err = fmt.Errorf("boot %s started on version %d, which cannot be read: %w", b.key, v, err)
+		} else {
+			b.img, sc.base = img, img
+		}
+	}
+	if err == nil {
+		err = recordBootVersion(b.dir, b.img.version)
+	}
+	if err != nil {
+		sc.release()
+		return nil, err
+	}
+	return sc, nil
 }
 
 // record makes b's start durable before any of its connections is
@@ -494,9 +540,21 @@ func (s *Server) detach(b *boot, disc, wrote bool) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if b.conns == 0 && s.boots[b.key] == b {
-			s.discardLocked(b, fmt.Sprintf("no reconnect within %s", window))
+			s.expireLocked(b, window)
 		}
 	})
+}
+
+// expireLocked ends b when its client did not come back within window.
+// The boot is remembered as lost (in the boot log, or by the swept marker
+// dropLocked leaves in a shared cache), so a client that comes back later
+// is refused with the reason rather than handed an empty disk.
+func (s *Server) expireLocked(b *boot, window time.Duration) {
+	if s.bootLog != nil {
+		s.bootLog.expire(b.key, fmt.Sprintf("no client reconnected within %s (stream.reconnect_window), so it was discarded at %s",
+			window, time.Now().UTC().Format(time.RFC3339)))
+	}
+	s.dropLocked(b, fmt.Sprintf("no reconnect within %s", window))
 }
 
 // discardLocked ends b: its cache is dropped and the boot log forgets it.
@@ -518,9 +576,10 @@ func (s *Server) dropLocked(b *boot, why string) {
 		b.discardTimer.Stop()
 	}
 	if b.cache == nil {
-		// A released shared cache: remove it unless another server took
-		// the boot over or used it within the reconnect window.
-		removed, err := discardStoreCache(b.dir, s.cfg.ReconnectWindow.D())
+		// A released shared cache whose client did not come back: discard
+		// it, leaving the swept marker, unless another server took the
+		// boot over or used it within the reconnect window.
+		removed, err := sweepStoreCache(b.dir, s.cfg.ReconnectWindow.D(), time.Now())
 		if err != nil {
 			s.log.Warn("could not remove a write cache", "dir", b.dir, "err", err)
 		}

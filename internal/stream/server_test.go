@@ -453,7 +453,8 @@ func FuzzConn(f *testing.F) {
 		a, b := net.Pipe()
 		go io.Copy(io.Discard, a)
 		done := make(chan struct{})
-		go func() { s.serveConn(b); close(done) }()
+		src, _ := s.admit(b)
+		go func() { s.serveConn(b, src); close(done) }()
 		a.Write(in)
 		a.Close()
 		select {

@@ -38,7 +38,8 @@ type storeCache struct {
 }
 
 // openStoreCache takes ownership of the cache in dir, creating it empty
-// if it does not exist, and loads its bitmap.
+// if it does not exist, and loads its bitmap. A cache the sweeper
+// discarded is refused with a *sweptError.
 func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount) (*storeCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("write cache: %w", err)
@@ -53,6 +54,12 @@ func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount
 			return nil, errCacheBusy
 		}
 		return nil, fmt.Errorf("write cache lock: %w", err)
+	}
+	// Checked under the lock: a sweeper marks a cache while it holds the
+	// lock, so a cache unmarked now stays so while this server owns it.
+	if at, swept := sweptAt(dir); swept {
+		lock.Close()
+		return nil, &sweptError{at: at}
 	}
 	c := &storeCache{base: base, size: size, dir: dir, lock: lock, acct: acct}
 	if c.data, err = os.OpenFile(filepath.Join(dir, "data"), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
@@ -339,17 +346,6 @@ func (c *storeCache) close() {
 	}
 	c.mu.Unlock()
 	c.release()
-}
-
-// discardStoreCache removes the cache in dir unless a server owns it or
-// it was used within idle.
-func discardStoreCache(dir string, idle time.Duration) (bool, error) {
-	lock, err := lockIdle(dir, idle, time.Now())
-	if lock == nil || err != nil {
-		return false, err
-	}
-	defer lock.Close()
-	return true, os.RemoveAll(dir)
 }
 
 // lockIdle takes the lock of the cache in dir when no server holds it

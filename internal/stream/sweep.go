@@ -91,6 +91,13 @@ func sweepStoreCache(dir string, window time.Duration, now time.Time) (bool, err
 	return true, nil
 }
 
+// sweptError refuses a boot whose shared cache was discarded.
+type sweptError struct{ at time.Time }
+
+func (e *sweptError) Error() string {
+	return "its write cache was discarded at " + e.at.UTC().Format(time.RFC3339)
+}
+
 // sweptAt reports when the cache in dir was swept, if it was.
 func sweptAt(dir string) (time.Time, bool) {
 	fi, err := os.Stat(filepath.Join(dir, sweptFile))

@@ -78,6 +78,8 @@ stream:
   max_boots: 1000000          # storms of 1,000 clients, boots of earlier storms still in their window
   max_boots_per_client: 1000
   max_cache_mb_per_client: 262144 # every boot of a storm may share one client name
+  max_unauthenticated: 100000     # every client of a storm negotiates at once, from one address
+  max_unauthenticated_per_address: 100000
   vdisks:
   - {name: golden, base: %[4]s}
 `
