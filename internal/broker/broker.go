@@ -385,12 +385,22 @@ type caller struct {
 // authenticate accepts HTTP Basic with a local user's password, or a
 // front-end bearer token.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (caller, bool) {
+	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
+	from := ap.Addr()
 	if tok := bearer(r); tok != "" {
+		// Front-end tokens are strings an operator chose, so guessing
+		// them counts against the address as wrong passwords do.
+		if lk := s.throttle.Check("", from); lk != nil {
+			w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+			s.fail(w, r, http.StatusTooManyRequests, "login refused: %s", lk.Reason)
+			return caller{}, false
+		}
 		for _, f := range s.frontend {
 			if subtle.ConstantTimeCompare([]byte(tok), f) == 1 {
 				return caller{frontend: true}, true
 			}
 		}
+		s.throttle.Fail("", from)
 		s.fail(w, r, http.StatusUnauthorized, "bearer token is not a front-end token of this broker")
 		return caller{}, false
 	}
@@ -400,8 +410,6 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (caller, b
 		s.fail(w, r, http.StatusUnauthorized, "authenticate with HTTP Basic (user and password) or a front-end bearer token")
 		return caller{}, false
 	}
-	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
-	from := ap.Addr()
 	// Refused before the password is checked, and not counted.
 	if lk := s.throttle.Check(name, from); lk != nil {
 		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))

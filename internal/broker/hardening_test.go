@@ -20,6 +20,7 @@ import (
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/testkit"
@@ -144,7 +145,7 @@ func (r *rig) serving(t *testing.T) (brokerAddr, adminAddr string) {
 		func(ln net.Listener) error { return r.b.Serve(ctx, ln, tc) },
 		func(ln net.Listener) error {
 			a := &obs.Admin{Log: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), Tokens: []string{"admin-tok"},
-				API: []*http.ServeMux{r.b.AdminHandler()}}
+				API: []*http.ServeMux{r.b.AdminHandler()}, Throttle: auth.NewThrottle(5, 20, 5*time.Minute, nil)}
 			return a.Serve(ctx, ln, tc)
 		},
 	} {
@@ -306,5 +307,46 @@ func TestBrokerThrottleKeysDoNotMix(t *testing.T) {
 	_, err := r.launch(brokerclient.Basic("bob", "Bob-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
 	if status(err) != http.StatusTooManyRequests || !strings.Contains(err.Error(), "failed logins as bob") {
 		t.Fatalf("bob after 5 failures: %v", err)
+	}
+}
+
+// TestBearerGuessesAreThrottled: front-end and admin tokens are strings an
+// operator chose, so guessing them from one address is counted and
+// stopped as password guessing is: past the per-address limit the address
+// gets 429 with Retry-After before its token is even compared.
+func TestBearerGuessesAreThrottled(t *testing.T) {
+	r := newRig(t, "", nil)
+	brokerAddr, adminAddr := r.serving(t)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	for _, c := range []struct{ name, method, url, good string }{
+		{"front-end token", "POST", "https://" + brokerAddr + "/api/v1/launch", "frontend-token"},
+		{"admin token", "GET", "https://" + adminAddr + "/api/v1/broker/hosts", "admin-tok"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			do := func(token string) *http.Response {
+				t.Helper()
+				req, _ := http.NewRequest(c.method, c.url, strings.NewReader(`{"delivery_group":"desk","user":"alice"}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp
+			}
+			for i := range 20 { // the per-address limit
+				if resp := do(fmt.Sprintf("guess-%d", i)); resp.StatusCode != http.StatusUnauthorized {
+					t.Fatalf("guess %d: %s, want 401", i, resp.Status)
+				}
+			}
+			for _, tok := range []string{"guess-21", c.good} {
+				resp := do(tok)
+				if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+					t.Fatalf("after 20 wrong tokens from one address, %q: %s (Retry-After %q), want 429 with Retry-After",
+						tok, resp.Status, resp.Header.Get("Retry-After"))
+				}
+			}
+		})
 	}
 }

@@ -152,7 +152,8 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 	for _, t := range cfg.Admin.Tokens {
 		adminTokens = append(adminTokens, t.Value())
 	}
-	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api}
+	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api,
+		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil)}
 	serve = append(serve, func(ctx context.Context) error { return admin.Serve(ctx, aln, tc) })
 	closeAll = func() {} // the servers own their listeners from here
 	if ready != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +14,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/httpguard"
 	"golang.org/x/term"
 )
@@ -57,6 +61,9 @@ type Admin struct {
 	Tokens []string
 	// API muxes, each owning a path prefix under /api/v1/.
 	API []*http.ServeMux
+	// Throttle counts wrong tokens per source address, as wrong passwords
+	// are counted: admin tokens are strings an operator chose.
+	Throttle *auth.Throttle
 }
 
 func (a *Admin) authorized(r *http.Request) bool {
@@ -70,6 +77,33 @@ func (a *Admin) authorized(r *http.Request) bool {
 		}
 	}
 	return false
+}
+
+// refuse answers a request without a valid admin token, counting a wrong
+// one against its address; past the throttle's limit the address gets 429
+// before its token is looked at.
+func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) bool {
+	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
+	from := ap.Addr()
+	w.Header().Set("Content-Type", "application/json")
+	if a.Throttle != nil {
+		if lk := a.Throttle.Check("", from); lk != nil {
+			w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+			w.WriteHeader(http.StatusTooManyRequests)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "admin API refused: " + lk.Reason})
+			return true
+		}
+	}
+	if a.authorized(r) {
+		return false
+	}
+	if a.Throttle != nil && r.Header.Get("Authorization") != "" {
+		a.Throttle.Fail("", from)
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="deskway admin"`)
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = io.WriteString(w, `{"error":"admin API needs Authorization: Bearer <admin token>"}`+"\n")
+	return true
 }
 
 // Handler returns the admin mux.
@@ -95,11 +129,7 @@ func (a *Admin) Handler() http.Handler {
 	protected.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	protected.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="deskway admin"`)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			_, _ = io.WriteString(w, `{"error":"admin API needs Authorization: Bearer <admin token>"}`+"\n")
+		if a.refuse(w, r) {
 			return
 		}
 		protected.ServeHTTP(w, r)
