@@ -19,24 +19,49 @@ func TestGatewayBenchSmoke(t *testing.T) {
 	testkit.Require(t, "haproxy", "taskset")
 	out := t.TempDir()
 	res := runBench(t, out, "gateway", "--scenario", "kw1,kw2,cpus,farm,throughput", "--steps", "10,30",
-		"--warmup", "300ms", "--window", "1s", "--throughput-duration", "1s")
+		"--warmup", "300ms", "--window", "1s", "--throughput-duration", "1s", "--runs", "2", "--cpu-loads", "20")
 	if res.Bench != "gateway" || res.Machine.CPUs == 0 || res.Command == "" {
 		t.Fatalf("header: %+v", res)
 	}
 	for _, k := range []string{"kw1_max_tunnels_40ms", "direct_kw1_max_tunnels_40ms", "haproxy_kw1_max_tunnels_40ms", "kw2_max_tunnels_40ms",
 		"direct_kw2_max_tunnels_40ms", "kw1_cpu_us_per_roundtrip", "haproxy_kw1_cpu_us_per_roundtrip", "bytes_per_tunnel",
 		"throughput_single_gbps", "throughput_single_ratio_direct", "throughput_multi_gbps", "throughput_multi_ratio_direct",
-		"farm_failover_tunnels_lost", "farm_failover_recover_seconds"} {
+		"farm_failover_tunnels_lost", "farm_failover_recover_seconds",
+		// The equal-load comparison (20 tunnels, a step added to the ramp)
+		// and ratios taken within each run, with their worst run.
+		"kw1_cpu_us_per_roundtrip_at_20", "haproxy_kw1_cpu_us_per_roundtrip_at_20", "haproxy_bytes_per_tunnel",
+		"kw1_cpu_ratio_haproxy_at_20_median", "kw1_cpu_ratio_haproxy_at_20_worst", "kw1_ratio_haproxy_median", "kw1_ratio_haproxy_worst",
+		"throughput_multi_ratio_haproxy_median", "throughput_multi_ratio_haproxy_worst"} {
 		if _, ok := res.Summary[k]; !ok {
 			t.Errorf("summary lacks %s", k)
 		}
 	}
+	// Every system is held to one TLS cipher suite, and the result says
+	// which; every system ran the repeated scenarios equally often.
+	if res.Summary["kw1_cpu_runs_at_20"] != 2 || res.Summary["haproxy_kw1_cpu_runs_at_20"] != 2 {
+		t.Errorf("equal-load CPU not measured in both runs of both relays: %v", res.Summary)
+	}
+	suites := map[string]any{}
+	runs := map[string]map[any]bool{}
 	seen := map[string]bool{}
 	for _, p := range res.Points {
 		if p.Skipped != "" {
 			t.Errorf("%s/%s skipped: %s", p.Scenario, p.System, p.Skipped)
 		}
 		seen[p.Scenario+"/"+p.System] = true
+		if p.Scenario == "tls" {
+			suites[p.System] = p.Params["negotiated"]
+		}
+		if p.Scenario == "kw1-summary" || p.Scenario == "kw2-summary" || p.Scenario == "throughput" {
+			if p.System == "paper" {
+				continue
+			}
+			k := p.Scenario + "/" + p.System
+			if runs[k] == nil {
+				runs[k] = map[any]bool{}
+			}
+			runs[k][p.Params["run"]] = true
+		}
 		if p.Scenario == "kw1" && p.System == "deskway" && p.Metrics["round_trips"] <= 0 {
 			t.Errorf("deskway kw1 point without round trips: %+v", p)
 		}
@@ -46,6 +71,16 @@ func TestGatewayBenchSmoke(t *testing.T) {
 		// an error), so no system earns a figure by answering wrongly.
 		if (p.Scenario == "kw1" || p.Scenario == "kw2") && (p.Metrics["errors"] != 0 || p.Metrics["missing"] != 0) {
 			t.Errorf("%s/%s with %v tunnels: %v errors, %v tunnels missing", p.Scenario, p.System, p.Metrics["tunnels"], p.Metrics["errors"], p.Metrics["missing"])
+		}
+	}
+	for _, sys := range []string{"direct", "deskway", "haproxy"} {
+		if suites[sys] != "TLS 1.3 TLS_AES_128_GCM_SHA256" {
+			t.Errorf("%s negotiated %v", sys, suites[sys])
+		}
+		for _, sc := range []string{"kw1-summary", "kw2-summary", "throughput"} {
+			if len(runs[sc+"/"+sys]) != 2 {
+				t.Errorf("%s ran %s %d times, want 2", sys, sc, len(runs[sc+"/"+sys]))
+			}
 		}
 	}
 	for _, k := range []string{"kw1/direct", "kw1/deskway", "kw1/haproxy", "kw1-summary/paper", "throughput/deskway", "throughput/haproxy", "farm-failover/deskway-2node", "cpus/deskway"} {

@@ -101,9 +101,9 @@ func nbdFloorCmd() *cobra.Command {
 }
 
 type benchFlags struct {
-	scenario, out, steps string
-	warmup, window, tput time.Duration
-	relayLoops           int
+	scenario, out, steps, cpuLoads string
+	warmup, window, tput           time.Duration
+	relayLoops, runs               int
 }
 
 func (f *benchFlags) register(c *cobra.Command, scenario string) {
@@ -114,6 +114,8 @@ func (f *benchFlags) register(c *cobra.Command, scenario string) {
 	c.Flags().DurationVar(&f.window, "window", 4*time.Second, "measurement window of each ramp step")
 	c.Flags().DurationVar(&f.tput, "throughput-duration", 10*time.Second, "length of each throughput measurement")
 	c.Flags().IntVar(&f.relayLoops, "relay-loops", -1, "the gateway's relay_loops (default: its own, one event loop per CPU; 0: goroutines)")
+	c.Flags().IntVar(&f.runs, "runs", 3, "runs of the KW v1 and v2 ramps and the throughput test for every system, interleaved")
+	c.Flags().StringVar(&f.cpuLoads, "cpu-loads", "1000,2000", "KW v1 tunnel counts where CPU per round trip and memory per tunnel are compared")
 }
 
 func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string) error {
@@ -128,22 +130,38 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	} else {
 		o.Scenarios = strings.Split(f.scenario, ",")
 	}
-	for _, s := range strings.Split(f.steps, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return fmt.Errorf("bench: --steps: %q is not a tunnel count", s)
-		}
-		o.Steps = append(o.Steps, n)
+	if o.Steps, err = tunnelCounts("--steps", f.steps); err != nil {
+		return err
 	}
+	if o.CPULoads, err = tunnelCounts("--cpu-loads", f.cpuLoads); err != nil {
+		return err
+	}
+	if f.runs < 1 {
+		return fmt.Errorf("bench: --runs %d: give at least one run", f.runs)
+	}
+	o.Runs = f.runs
 	res, err := gwbench.Run(ctx, o)
 	if err != nil {
 		return err
 	}
 	printSummary(cmd, res, f.out)
 	return nil
+}
+
+// tunnelCounts parses a comma-separated list of tunnel counts.
+func tunnelCounts(flag, list string) ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bench: %s: %q is not a tunnel count", flag, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func benchBootstormCmd() *cobra.Command {

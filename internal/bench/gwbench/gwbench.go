@@ -34,7 +34,14 @@ type Options struct {
 	// RelayLoops is the gateway's relay_loops; negative leaves its default
 	// (one event loop per CPU), 0 relays on goroutines.
 	RelayLoops int
-	Log        *slog.Logger
+	// Runs is how many times every system runs the knowledge-worker
+	// ramps and the throughput test, interleaved (default 3).
+	Runs int
+	// CPULoads are the KW v1 tunnel counts where every system's CPU per
+	// round trip and memory per tunnel are compared: each KW v1 ramp goes
+	// on through them even past 40 ms (default 1,000 and 2,000).
+	CPULoads []int
+	Log      *slog.Logger
 }
 
 // AllScenarios in the order they run.
@@ -42,6 +49,9 @@ var AllScenarios = []string{"kw1", "kw2", "packet-size", "frequency", "cpus", "f
 
 // DefaultSteps ramp from a hundred tunnels to the file-descriptor ceiling.
 var DefaultSteps = []int{100, 250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 7000, 8000}
+
+// DefaultCPULoads are the equal loads of the CPU and memory comparison.
+var DefaultCPULoads = []int{1000, 2000}
 
 // thresholdMs is the paper's limit on added response time.
 const thresholdMs = 40
@@ -60,6 +70,7 @@ type step struct {
 
 type ramp struct {
 	system string
+	run    int
 	steps  []step
 	idle   int64
 	err    error
@@ -111,6 +122,7 @@ type runner struct {
 	direct map[string][]step // direct ramp per pattern key
 	hap    *system
 	hapErr error
+	suites map[string]string // negotiated TLS per system
 }
 
 // Run executes the scenarios and writes result.json, result.md and charts.
@@ -121,6 +133,13 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if len(o.Steps) == 0 {
 		o.Steps = DefaultSteps
 	}
+	if o.Runs <= 0 {
+		o.Runs = 3
+	}
+	if len(o.CPULoads) == 0 {
+		o.CPULoads = DefaultCPULoads
+	}
+	o.Steps = mergeSteps(o.Steps, o.CPULoads)
 	dir, err := os.MkdirTemp("", "deskway-bench-")
 	if err != nil {
 		return nil, err
@@ -131,7 +150,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		return nil, err
 	}
 	defer e.close()
-	r := &runner{o: o, e: e, direct: map[string][]step{},
+	r := &runner{o: o, e: e, direct: map[string][]step{}, suites: map[string]string{},
 		res: &report.Result{Bench: "gateway", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(), Summary: map[string]float64{}}}
 	if h, err := e.haproxy(); err == nil {
 		r.hap = &h
@@ -167,6 +186,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			return r.res, fmt.Errorf("bench: scenario %s: %w", sc, err)
 		}
 	}
+	if err := r.checkSuites(); err != nil {
+		return r.res, err
+	}
 	report.SortPoints(r.res.Points)
 	if o.Out != "" {
 		if err := r.write(o.Out); err != nil {
@@ -180,15 +202,20 @@ func patternKey(p load.Pattern) string {
 	return fmt.Sprintf("%d/%d/%d/%s", p.Up, p.Down, p.Count, p.Interval)
 }
 
-// runRamp ramps tunnels through sys until the response time limit is crossed.
-func (r *runner) runRamp(ctx context.Context, sys system, p load.Pattern, cpus int, direct []step) ramp {
-	rp := ramp{system: sys.name}
-	pr, dial, err := sys.start(cpus)
+// runRamp ramps tunnels through sys until the response time limit is
+// crossed at or past through tunnels, or a step fails.
+func (r *runner) runRamp(ctx context.Context, sys system, p load.Pattern, cpus int, direct []step, run, through int) ramp {
+	rp := ramp{system: sys.name, run: run}
+	pr, dial, addr, err := sys.start(cpus)
 	if err != nil {
 		rp.err = err
 		return rp
 	}
 	defer pr.stop()
+	if err := r.recordSuite(ctx, sys.name, addr); err != nil {
+		rp.err = err
+		return rp
+	}
 	time.Sleep(300 * time.Millisecond)
 	if pr != nil {
 		if s, err := procstat.Read(pr.pid()); err == nil {
@@ -239,7 +266,7 @@ func (r *runner) runRamp(ctx context.Context, sys system, p load.Pattern, cpus i
 		rp.steps = append(rp.steps, s)
 		r.o.Log.Info("step", "system", sys.name, "tunnels", n, "p50_ms", st.P50ms, "p99_ms", st.P99ms, "added_p99_ms", round(s.AddedP99, 2),
 			"cpu_pct", round(s.CPUPct, 1), "cpu_us_per_rt", round(s.CPUusRT, 1), "rss_mb", s.RSS>>20, "gen_cpu_pct", round(s.GenCPU, 0), "missing", st.Missing)
-		if s.AddedP99 > thresholdMs || st.Missing > 0 || s.Errors > 0 {
+		if s.Errors > 0 || (n >= through && (s.AddedP99 > thresholdMs || st.Missing > 0)) {
 			break
 		}
 	}
@@ -256,6 +283,9 @@ func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float
 	if rp.err != nil && len(rp.steps) == 0 {
 		r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: rp.system, Params: params, Metrics: map[string]float64{}, Skipped: rp.err.Error()})
 		return 0, false
+	}
+	if rp.err != nil {
+		r.res.Notes = append(r.res.Notes, fmt.Sprintf("%s, %s run %d: ended early: %v", scenario, rp.system, rp.run, rp.err))
 	}
 	for _, s := range rp.steps {
 		m := map[string]float64{
@@ -274,7 +304,7 @@ func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float
 				m[k] = -1 // JSON has no infinity: -1 marks "no answer in the window"
 			}
 		}
-		pp := map[string]any{"tunnels": s.Tunnels}
+		pp := map[string]any{"tunnels": s.Tunnels, "run": rp.run}
 		for k, v := range params {
 			pp[k] = v
 		}
@@ -285,7 +315,11 @@ func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float
 	if !crossed {
 		mm["lower_bound"] = 1
 	}
-	r.res.Points = append(r.res.Points, report.Point{Scenario: scenario + "-summary", System: rp.system, Params: params, Metrics: mm})
+	sp := map[string]any{"run": rp.run}
+	for k, v := range params {
+		sp[k] = v
+	}
+	r.res.Points = append(r.res.Points, report.Point{Scenario: scenario + "-summary", System: rp.system, Params: sp, Metrics: mm})
 	return n, crossed
 }
 
@@ -296,7 +330,7 @@ func (r *runner) directRamp(ctx context.Context, p load.Pattern) (steps []step, 
 	if steps, ok := r.direct[key]; ok {
 		return steps, nil, nil
 	}
-	d := r.runRamp(ctx, r.e.direct(), p, 0, nil)
+	d := r.runRamp(ctx, r.e.direct(), p, 0, nil, 1, 0)
 	if d.err != nil {
 		return nil, nil, d.err
 	}
@@ -304,7 +338,26 @@ func (r *runner) directRamp(ctx context.Context, p load.Pattern) (steps []step, 
 	return d.steps, &d, nil
 }
 
-// pattern runs direct, deskway and haproxy at one pattern and returns their ramps.
+// relays are the systems that relay tunnels, in the order of one run:
+// deskway and HAProxy take turns going first, so neither always meets
+// the host in the state the other left it.
+func (r *runner) relays(scenario string, params map[string]any, run int) []system {
+	systems := []system{r.e.deskway()}
+	if r.hap == nil {
+		if run == 1 {
+			r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: "haproxy", Params: params, Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
+		}
+		return systems
+	}
+	if run%2 == 0 {
+		return []system{*r.hap, systems[0]}
+	}
+	return append(systems, *r.hap)
+}
+
+// pattern runs deskway and HAProxy at one pattern against the direct
+// ramp of that pattern (measured once, the first time it is asked for)
+// and returns their ramps.
 func (r *runner) pattern(ctx context.Context, scenario string, p load.Pattern, params map[string]any, cpus int) (map[string]ramp, error) {
 	out := map[string]ramp{}
 	direct, fresh, err := r.directRamp(ctx, p)
@@ -315,66 +368,55 @@ func (r *runner) pattern(ctx context.Context, scenario string, p load.Pattern, p
 		out["direct"] = *fresh
 		r.addRamp(scenario, *fresh, params)
 	}
-	systems := []system{r.e.deskway()}
-	if r.hap != nil {
-		systems = append(systems, *r.hap)
-	} else {
-		r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: "haproxy", Params: params, Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
+	return out, r.relayRamps(ctx, scenario, p, params, cpus, direct, 1, 0, out)
+}
+
+// round is one run of a repeated scenario: a fresh direct ramp, then
+// each relay against it.
+func (r *runner) round(ctx context.Context, scenario string, p load.Pattern, params map[string]any, run, through int) (map[string]ramp, error) {
+	d := r.runRamp(ctx, r.e.direct(), p, 0, nil, run, through)
+	if d.err != nil {
+		return nil, fmt.Errorf("direct: %w", d.err)
 	}
-	for _, sys := range systems {
-		rp := r.runRamp(ctx, sys, p, cpus, direct)
+	if _, ok := r.direct[patternKey(p)]; !ok {
+		r.direct[patternKey(p)] = d.steps
+	}
+	r.addRamp(scenario, d, params)
+	out := map[string]ramp{"direct": d}
+	return out, r.relayRamps(ctx, scenario, p, params, 0, d.steps, run, through, out)
+}
+
+func (r *runner) relayRamps(ctx context.Context, scenario string, p load.Pattern, params map[string]any, cpus int, direct []step, run, through int, out map[string]ramp) error {
+	for _, sys := range r.relays(scenario, params, run) {
+		rp := r.runRamp(ctx, sys, p, cpus, direct, run, through)
 		if rp.err != nil && len(rp.steps) == 0 {
-			return nil, fmt.Errorf("%s: %w", sys.name, rp.err)
+			return fmt.Errorf("%s: %w", sys.name, rp.err)
 		}
 		out[sys.name] = rp
 		r.addRamp(scenario, rp, params)
 	}
-	return out, nil
+	return nil
 }
 
-// bestUnder is the last step of a ramp still under the limit.
-func bestUnder(rp ramp) (step, bool) {
-	var best step
-	ok := false
-	for _, s := range rp.steps {
-		if s.AddedP99 > thresholdMs || s.Missing > 0 || s.Errors > 0 {
-			break
-		}
-		best, ok = s, true
-	}
-	return best, ok
-}
-
+// knowledgeWorker runs a knowledge-worker pattern o.Runs times for every
+// system and summarises the runs (see summarizeKW).
 func (r *runner) knowledgeWorker(ctx context.Context, name string, p load.Pattern) error {
 	params := map[string]any{"up_bytes": p.Up, "down_bytes": p.Down, "interval_ms": p.Interval.Milliseconds()}
-	ramps, err := r.pattern(ctx, name, p, params, 0)
-	if err != nil {
-		return err
-	}
-	sum := r.res.Summary
-	dn, _ := maxUnder(r.direct[patternKey(p)], func(s step) float64 { return s.P99ms }, thresholdMs)
-	sum["direct_"+name+"_max_tunnels_40ms"] = math.Round(dn)
-	n, _ := maxUnder(ramps["deskway"].steps, func(s step) float64 { return s.AddedP99 }, thresholdMs)
-	sum[name+"_max_tunnels_40ms"] = math.Round(n)
-	if hp, ok := ramps["haproxy"]; ok {
-		hn, _ := maxUnder(hp.steps, func(s step) float64 { return s.AddedP99 }, thresholdMs)
-		sum["haproxy_"+name+"_max_tunnels_40ms"] = math.Round(hn)
-	}
+	through := 0
 	if name == "kw1" {
-		if b, ok := bestUnder(ramps["deskway"]); ok {
-			sum["kw1_cpu_us_per_roundtrip"] = round(b.CPUusRT, 2)
-			if b.Tunnels > 0 && ramps["deskway"].idle > 0 {
-				sum["bytes_per_tunnel"] = math.Round(float64(b.RSS-ramps["deskway"].idle) / float64(b.Tunnels))
-			}
-			if b.CPUusRT > 0 {
-				sum["kw1_projected_tunnels_per_core"] = math.Round(1e6 / (b.CPUusRT * 10))
-			}
+		through = slices.Max(r.o.CPULoads)
+	}
+	var runs []map[string]ramp
+	for run := 1; run <= r.o.Runs; run++ {
+		ramps, err := r.round(ctx, name, p, params, run, through)
+		if err != nil {
+			return fmt.Errorf("run %d: %w", run, err)
 		}
-		if hp, ok := ramps["haproxy"]; ok {
-			if b, ok := bestUnder(hp); ok {
-				sum["haproxy_kw1_cpu_us_per_roundtrip"] = round(b.CPUusRT, 2)
-			}
-		}
+		runs = append(runs, ramps)
+	}
+	summarizeKW(r.res.Summary, name, runs)
+	if name == "kw1" {
+		summarizeLoads(r.res.Summary, runs, r.o.CPULoads)
 	}
 	return nil
 }
@@ -407,11 +449,11 @@ func (r *runner) cpus(ctx context.Context) error {
 	}
 	for _, c := range []int{1, 2} {
 		params := map[string]any{"cpus": c, "up_bytes": 90, "down_bytes": 90, "interval_ms": 100}
-		rp := r.runRamp(ctx, r.e.deskway(), p, c, direct)
+		rp := r.runRamp(ctx, r.e.deskway(), p, c, direct, 1, 0)
 		n, _ := r.addRamp("cpus", rp, params)
 		r.res.Summary[fmt.Sprintf("cpus%d_kw1_max_tunnels_40ms", c)] = math.Round(n)
 		if r.hap != nil {
-			hp := r.runRamp(ctx, *r.hap, p, c, direct)
+			hp := r.runRamp(ctx, *r.hap, p, c, direct, 1, 0)
 			r.addRamp("cpus", hp, params)
 		}
 	}
@@ -429,7 +471,7 @@ func (r *runner) farm(ctx context.Context) error {
 	}
 	for _, nodes := range []int{1, 2} {
 		sys := r.farmSystem(nodes)
-		rp := r.runRamp(ctx, sys, p, 0, direct)
+		rp := r.runRamp(ctx, sys, p, 0, direct, 1, 0)
 		n, _ := r.addRamp("farm", rp, map[string]any{"nodes": nodes})
 		r.res.Summary[fmt.Sprintf("farm%d_kw1_max_tunnels_40ms", nodes)] = math.Round(n)
 	}
@@ -438,7 +480,7 @@ func (r *runner) farm(ctx context.Context) error {
 
 // farmSystem is nodes gateway processes behind client-side rotation.
 func (r *runner) farmSystem(nodes int) system {
-	return system{name: fmt.Sprintf("deskway-%dnode", nodes), start: func(int) (*proc, load.Dialer, error) {
+	return system{name: fmt.Sprintf("deskway-%dnode", nodes), start: func(int) (*proc, load.Dialer, string, error) {
 		var procs []*proc
 		var addrs []string
 		for i := 0; i < nodes; i++ {
@@ -447,14 +489,14 @@ func (r *runner) farmSystem(nodes int) system {
 				for _, q := range procs {
 					q.stop()
 				}
-				return nil, nil, err
+				return nil, nil, "", err
 			}
 			procs, addrs = append(procs, p), append(addrs, a)
 		}
 		var next atomic.Uint64
 		d, err := r.e.gatewayDialer(func() string { return addrs[next.Add(1)%uint64(len(addrs))] })
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		// The first node is sampled; the others stop with it.
 		first := procs[0]
@@ -464,7 +506,7 @@ func (r *runner) farmSystem(nodes int) system {
 				q.stop()
 			}
 		}()
-		return first, d, nil
+		return first, d, addrs[0], nil
 	}}
 }
 
@@ -538,7 +580,8 @@ func (r *runner) failover(ctx context.Context, p load.Pattern) error {
 }
 
 // throughput is the ctsTraffic-like test: bulk data from the host to the
-// client over 1 and 8 streams through each system.
+// client over 1 and 8 streams through each system, o.Runs times, the
+// systems' order turning every run.
 func (r *runner) throughput(ctx context.Context) error {
 	systems := []system{r.e.direct(), r.e.deskway()}
 	if r.hap != nil {
@@ -546,45 +589,41 @@ func (r *runner) throughput(ctx context.Context) error {
 	} else {
 		r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: "haproxy", Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
 	}
-	gbps := map[string]float64{}
-	for _, sys := range systems {
+	var runs []map[string]float64
+	for run := 1; run <= r.o.Runs; run++ {
+		gbps := map[string]float64{}
 		for _, streams := range []int{1, 8} {
-			g, cpu, err := r.bulk(ctx, sys, streams)
-			if err != nil {
-				return fmt.Errorf("%s %d streams: %w", sys.name, streams, err)
+			for i := range systems {
+				sys := systems[(i+run-1)%len(systems)]
+				g, cpu, err := r.bulk(ctx, sys, streams)
+				if err != nil {
+					return fmt.Errorf("%s %d streams, run %d: %w", sys.name, streams, run, err)
+				}
+				gbps[fmt.Sprintf("%s/%d", sys.name, streams)] = g
+				m := map[string]float64{"gbps": round(g, 3)}
+				if cpu >= 0 {
+					m["cpu_pct"] = round(cpu, 1)
+				}
+				r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: sys.name,
+					Params: map[string]any{"streams": streams, "seconds": r.o.ThroughputD.Seconds(), "run": run}, Metrics: m})
+				r.o.Log.Info("throughput", "system", sys.name, "streams", streams, "run", run, "gbps", round(g, 3))
 			}
-			gbps[fmt.Sprintf("%s/%d", sys.name, streams)] = g
-			m := map[string]float64{"gbps": round(g, 3)}
-			if cpu >= 0 {
-				m["cpu_pct"] = round(cpu, 1)
-			}
-			r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: sys.name,
-				Params: map[string]any{"streams": streams, "seconds": r.o.ThroughputD.Seconds()}, Metrics: m})
-			r.o.Log.Info("throughput", "system", sys.name, "streams", streams, "gbps", round(g, 3))
 		}
+		runs = append(runs, gbps)
 	}
-	s := r.res.Summary
-	s["throughput_single_gbps"] = round(gbps["deskway/1"], 3)
-	s["throughput_multi_gbps"] = round(gbps["deskway/8"], 3)
-	if d := gbps["direct/1"]; d > 0 {
-		s["throughput_single_ratio_direct"] = round(gbps["deskway/1"]/d, 3)
-	}
-	if d := gbps["direct/8"]; d > 0 {
-		s["throughput_multi_ratio_direct"] = round(gbps["deskway/8"]/d, 3)
-	}
-	if h, ok := gbps["haproxy/1"]; ok {
-		s["haproxy_throughput_single_gbps"] = round(h, 3)
-		s["haproxy_throughput_multi_gbps"] = round(gbps["haproxy/8"], 3)
-	}
+	summarizeThroughput(r.res.Summary, runs)
 	return nil
 }
 
 func (r *runner) bulk(ctx context.Context, sys system, streams int) (float64, float64, error) {
-	pr, dial, err := sys.start(0)
+	pr, dial, addr, err := sys.start(0)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer pr.stop()
+	if err := r.recordSuite(ctx, sys.name, addr); err != nil {
+		return 0, 0, err
+	}
 	var conns []io.ReadWriteCloser
 	defer func() {
 		for _, c := range conns {

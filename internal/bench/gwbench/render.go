@@ -2,9 +2,10 @@ package gwbench
 
 import (
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -63,36 +64,47 @@ func (r *runner) markdown() string {
 	fmt.Fprintf(&b, "# Gateway capacity: deskway beside the direct path, HAProxy and the paper\n\n")
 	fmt.Fprintf(&b, "Command: `%s`  \nStarted: %s  \nMachine: %d CPUs, %.0f GiB, Linux %s, %s. The load generator, the echo server (the paper's TSGSServer) and the relay under test share these CPUs; the paper's gateway had 4 dedicated cores.\n\n",
 		r.res.Command, r.res.Started.Format("2006-01-02 15:04 MST"), m.CPUs, float64(m.MemBytes)/(1<<30), m.Kernel, m.Go)
-	b.WriteString("How it is measured: each tunnel sends one request per interval with one request in flight and times it from before the send to the last byte of the answer (the paper's method). Tunnels are ramped in steps; each step warms up, then records every round trip in a window. *Added p99* is the relay's p99 minus the direct path's p99 at the same tunnel count; the *40 ms count* is where it crosses 40 ms (interpolated between steps; ≥ marks a ramp that never crossed). deskway tunnels use the MS-TSGU websocket transport with a PAA token; direct and HAProxy use the same TLS (ECDSA P-256, TLS 1.3) with no tunnel protocol. CPU is the relay process's user+system time from /proc.\n\n")
+	b.WriteString("How it is measured: each tunnel sends one request per interval with one request in flight and times it from before the send to the last byte of the answer (the paper's method). Tunnels are ramped in steps; each step warms up, then records every round trip in a window. *Added p99* is the relay's p99 minus the direct path's p99 at the same tunnel count in the same run; the *40 ms count* is where it crosses 40 ms (interpolated between steps; ≥ marks a ramp that never crossed). deskway tunnels use the MS-TSGU websocket transport with a PAA token; direct and HAProxy use the same TLS with no tunnel protocol. CPU is the relay process's user+system time from /proc.\n\n")
+	fmt.Fprintf(&b, "Runs: the KW v1 and v2 ramps and the throughput test ran **%d times for every system**, interleaved: in each run the direct path first, then deskway and HAProxy, taking turns to go first (throughput: the three systems' order turns every run). Each headline is the **median run**, with the smallest and largest run beside it; each ratio is taken within one run, and its median and worst over runs are given. Every KW v1 ramp goes on through %s tunnels even past 40 ms, so CPU per round trip and memory per tunnel are compared at equal load. The other tables come from one run of every system.\n\n",
+		r.o.Runs, joinInts(r.o.CPULoads))
+	if suites := r.suiteLine(); suites != "" {
+		b.WriteString(suites)
+	}
 	if r.hapErr != nil {
 		fmt.Fprintf(&b, "HAProxy was not measured: %s.\n\n", r.hapErr)
 	}
 
-	headline := report.Table{Title: "Table 1 and 3: tunnels under 40 ms added response time", Head: []string{"scenario", "deskway", "direct (own p99 ≤ 40 ms)", "HAProxy", "paper (4 cores)"}}
+	headline := report.Table{Title: "Table 1 and 3: tunnels under 40 ms added response time, median run (min–max)", Head: []string{"scenario", "deskway", "direct (own p99 ≤ 40 ms)", "HAProxy", "deskway / HAProxy, median (worst)", "deskway / direct, median (worst)", "paper (4 cores)"}}
 	for _, kw := range []struct{ name, label string }{{"kw1", "KW v1: 90 B / 90 B every 100 ms"}, {"kw2", "KW v2: 25 B / 1669 B every 200 ms"}} {
 		if _, ok := s[kw.name+"_max_tunnels_40ms"]; !ok {
 			continue
 		}
-		headline.Rows = append(headline.Rows, []string{kw.label, r.summaryFor(kw.name, "deskway", "", ""), r.summaryFor(kw.name, "direct", "", ""),
-			r.summaryFor(kw.name, "haproxy", "", ""), r.summaryFor(kw.name, "paper", "", "")})
+		direct := spreadCell(s, "direct_"+kw.name+"_max_tunnels_40ms", 0)
+		toDirect := ratioCell(s, kw.name+"_ratio_direct")
+		if s["direct_"+kw.name+"_lower_bound"] == 1 {
+			direct, toDirect = "≥ "+direct, "≤ "+toDirect
+		}
+		headline.Rows = append(headline.Rows, []string{kw.label, spreadCell(s, kw.name+"_max_tunnels_40ms", 0), direct,
+			spreadCell(s, "haproxy_"+kw.name+"_max_tunnels_40ms", 0), ratioCell(s, kw.name+"_ratio_haproxy"), toDirect, r.summaryFor(kw.name, "paper", "", "")})
 	}
 	if len(headline.Rows) > 0 {
 		b.WriteString(headline.Markdown())
 	}
-	if v, ok := s["kw1_cpu_us_per_roundtrip"]; ok {
-		t := report.Table{Title: "Gateway CPU per relayed KW v1 round trip", Head: []string{"system", "CPU µs per round trip", "projected tunnels per dedicated core (10 round trips/s each)"}}
-		t.Rows = append(t.Rows, []string{"deskway", f(v, 1), f(s["kw1_projected_tunnels_per_core"], 0)})
-		if h, ok := s["haproxy_kw1_cpu_us_per_roundtrip"]; ok {
-			t.Rows = append(t.Rows, []string{"HAProxy", f(h, 1), f(math.Round(1e6/(h*10)), 0)})
-		}
-		t.Rows = append(t.Rows, []string{"paper (4 cores at 100 % for 1,230 tunnels)", "325", "308"})
-		b.WriteString(t.Markdown())
-		if bt, ok := s["bytes_per_tunnel"]; ok {
-			fmt.Fprintf(&b, "Memory per established tunnel (RSS at N − RSS idle) / N, at the largest KW v1 step under 40 ms: **%.1f KiB** (paper, Table 5: 0.61–0.69 MB).\n\n", bt/1024)
+	if len(r.o.CPULoads) > 0 {
+		if _, ok := s[fmt.Sprintf("kw1_cpu_us_per_roundtrip_at_%d", r.o.CPULoads[0])]; ok {
+			t := report.Table{Title: "Gateway CPU per relayed KW v1 round trip and memory per tunnel at equal load, median run", Head: []string{"tunnels", "deskway CPU µs", "HAProxy CPU µs", "deskway / HAProxy, median (worst)", "deskway KiB per tunnel", "HAProxy KiB per tunnel", "runs (deskway, HAProxy)"}}
+			for _, n := range r.o.CPULoads {
+				at := fmt.Sprintf("_at_%d", n)
+				t.Rows = append(t.Rows, []string{fmt.Sprint(n), optional(s, "kw1_cpu_us_per_roundtrip"+at, 1), optional(s, "haproxy_kw1_cpu_us_per_roundtrip"+at, 1),
+					ratioCell(s, "kw1_cpu_ratio_haproxy"+at), kib(s, "bytes_per_tunnel"+at), kib(s, "haproxy_bytes_per_tunnel"+at),
+					optional(s, "kw1_cpu_runs"+at, 0) + ", " + optional(s, "haproxy_kw1_cpu_runs"+at, 0)})
+			}
+			b.WriteString(t.Markdown())
+			fmt.Fprintf(&b, "Memory per tunnel is (RSS at N − RSS idle) / N. The paper's gateway: 325 µs of CPU per round trip (4 cores at 100 %% for 1,230 tunnels), 0.61–0.69 MB per tunnel (Table 5). At deskway's median CPU per round trip a dedicated core would carry **%.0f** KW v1 tunnels (paper: 308).\n\n", s["kw1_projected_tunnels_per_core"])
 		}
 	}
 	for _, sc := range []string{"kw1", "kw2"} {
-		t := report.Table{Title: "Table 2: response time per tunnel count, " + sc, Head: []string{"tunnels", "system", "p50 ms", "p99 ms", "max ms", "added p99 ms", "relay CPU %", "CPU µs/round trip", "RSS MiB", "generator CPU %"}}
+		t := report.Table{Title: "Table 2: response time per tunnel count, " + sc + ", every run", Head: []string{"run", "tunnels", "system", "p50 ms", "p99 ms", "max ms", "added p99 ms", "relay CPU %", "CPU µs/round trip", "RSS MiB", "generator CPU %"}}
 		for _, sys := range []string{"direct", "deskway", "haproxy"} {
 			for _, p := range r.points(sc, sys) {
 				mm := p.Metrics
@@ -100,7 +112,7 @@ func (r *runner) markdown() string {
 				if v, ok := mm["rss_bytes"]; ok {
 					rss = f(v/(1<<20), 1)
 				}
-				t.Rows = append(t.Rows, []string{param(p, "tunnels"), sys, f(mm["p50_ms"], 2), f(mm["p99_ms"], 2), f(mm["max_ms"], 1), f(mm["added_p99_ms"], 2),
+				t.Rows = append(t.Rows, []string{param(p, "run"), param(p, "tunnels"), sys, f(mm["p50_ms"], 2), f(mm["p99_ms"], 2), f(mm["max_ms"], 1), f(mm["added_p99_ms"], 2),
 					optional(mm, "cpu_pct", 0), optional(mm, "cpu_us_per_roundtrip", 1), rss, f(mm["gen_cpu_pct"], 0)})
 			}
 		}
@@ -144,17 +156,13 @@ func (r *runner) markdown() string {
 		}
 	}
 	if _, ok := s["throughput_single_gbps"]; ok {
-		t := report.Table{Title: "Throughput (ctsTraffic-like, host to client, 10 s)", Head: []string{"streams", "deskway Gbit/s", "direct Gbit/s", "HAProxy Gbit/s", "deskway / direct", "paper (RAS GRE, 10 cores)"}}
-		get := func(sys string, streams string) string {
-			for _, p := range r.points("throughput", sys) {
-				if param(p, "streams") == streams {
-					return f(p.Metrics["gbps"], 2)
-				}
-			}
-			return "–"
+		t := report.Table{Title: fmt.Sprintf("Throughput (ctsTraffic-like, host to client, %s per run), Gbit/s, median run (min–max)", r.o.ThroughputD), Head: []string{"streams", "deskway", "direct", "HAProxy", "deskway / direct, median (worst)", "deskway / HAProxy, median (worst)", "paper (RAS GRE, 10 cores)"}}
+		for _, st := range []struct{ n, key, paper string }{{"1", "single", "0.4–0.5"}, {"8", "multi", "2.0 (many)"}} {
+			t.Rows = append(t.Rows, []string{st.n, spreadCell(s, "throughput_"+st.key+"_gbps", 2), spreadCell(s, "direct_throughput_"+st.key+"_gbps", 2),
+				spreadCell(s, "haproxy_throughput_"+st.key+"_gbps", 2),
+				f(s["throughput_"+st.key+"_ratio_direct"], 2) + " (" + f(s["throughput_"+st.key+"_ratio_direct_worst"], 2) + ")",
+				ratioCell(s, "throughput_"+st.key+"_ratio_haproxy"), st.paper})
 		}
-		t.Rows = append(t.Rows, []string{"1", get("deskway", "1"), get("direct", "1"), get("haproxy", "1"), f(s["throughput_single_ratio_direct"], 2), "0.4–0.5"})
-		t.Rows = append(t.Rows, []string{"8", get("deskway", "8"), get("direct", "8"), get("haproxy", "8"), f(s["throughput_multi_ratio_direct"], 2), "2.0 (many)"})
 		b.WriteString(t.Markdown())
 	}
 	keys := make([]string, 0, len(s))
@@ -176,6 +184,56 @@ func (r *runner) markdown() string {
 	return b.String()
 }
 
+// spreadCell renders key's median with its min and max.
+func spreadCell(s map[string]float64, key string, d int) string {
+	v, ok := s[key]
+	if !ok {
+		return "–"
+	}
+	return fmt.Sprintf("%s (%s–%s)", f(v, d), f(s[key+"_min"], d), f(s[key+"_max"], d))
+}
+
+// ratioCell renders a per-run ratio's median and worst.
+func ratioCell(s map[string]float64, key string) string {
+	v, ok := s[key+"_median"]
+	if !ok {
+		return "–"
+	}
+	return fmt.Sprintf("%s (%s)", f(v, 2), f(s[key+"_worst"], 2))
+}
+
+func kib(s map[string]float64, key string) string {
+	v, ok := s[key]
+	if !ok {
+		return "–"
+	}
+	return f(v/1024, 1)
+}
+
+func joinInts(xs []int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprint(x)
+	}
+	return strings.Join(parts, " and ")
+}
+
+// suiteLine says what TLS every system negotiated and how HAProxy was set up.
+func (r *runner) suiteLine() string {
+	var parts []string
+	for _, p := range r.res.Points {
+		if p.Scenario == "tls" {
+			parts = append(parts, fmt.Sprintf("%s: %v", p.System, p.Params["negotiated"]))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	sort.Strings(parts)
+	return fmt.Sprintf("TLS negotiated by the bench's client (every system must agree, or the run fails): %s. HAProxy runs with `nbthread` %d (one per CPU), `tune.bufsize %d` (deskway's relay reads 64 KiB at a time) and `ssl-default-bind-ciphersuites %s`.\n\n",
+		strings.Join(parts, "; "), runtime.NumCPU(), haproxyBufSize, benchCipherSuite)
+}
+
 func optional(m map[string]float64, k string, d int) string {
 	if v, ok := m[k]; ok {
 		return f(v, d)
@@ -187,18 +245,19 @@ func (r *runner) charts(dir string) error {
 	for _, sc := range []string{"kw1", "kw2"} {
 		var series []report.Series
 		for _, sys := range []string{"direct", "deskway", "haproxy"} {
+			run := r.medianRun(sc, sys)
 			var x, y []float64
 			for _, p := range r.points(sc, sys) {
-				if v := p.Metrics["p99_ms"]; v >= 0 {
+				if v := p.Metrics["p99_ms"]; v >= 0 && param(p, "run") == run {
 					x, y = append(x, p.Metrics["tunnels"]), append(y, v)
 				}
 			}
 			if len(x) > 0 {
-				series = append(series, report.Series{Name: sys, X: x, Y: y})
+				series = append(series, report.Series{Name: sys + " (run " + run + ")", X: x, Y: y})
 			}
 		}
 		if len(series) > 0 {
-			if err := report.LineChart(filepath.Join(dir, "response-"+sc+".svg"), "p99 response time vs tunnels ("+sc+")", "tunnels", "p99 ms", series, thresholdMs); err != nil {
+			if err := report.LineChart(filepath.Join(dir, "response-"+sc+".svg"), "p99 response time vs tunnels ("+sc+"), each system's median run", "tunnels", "p99 ms", series, thresholdMs); err != nil {
 				return err
 			}
 		}
@@ -231,24 +290,31 @@ func (r *runner) charts(dir string) error {
 	}
 	if _, ok := r.res.Summary["throughput_single_gbps"]; ok {
 		var series []report.Series
-		for _, sys := range []string{"deskway", "direct", "haproxy"} {
-			var y []float64
-			for _, streams := range []string{"1", "8"} {
-				for _, p := range r.points("throughput", sys) {
-					if param(p, "streams") == streams {
-						y = append(y, p.Metrics["gbps"])
-					}
-				}
-			}
-			if len(y) == 2 {
-				series = append(series, report.Series{Name: sys, Y: y})
+		s := r.res.Summary
+		for sys, prefix := range map[string]string{"deskway": "", "direct": "direct_", "haproxy": "haproxy_"} {
+			one, ok1 := s[prefix+"throughput_single_gbps"]
+			eight, ok8 := s[prefix+"throughput_multi_gbps"]
+			if ok1 && ok8 {
+				series = append(series, report.Series{Name: sys, Y: []float64{one, eight}})
 			}
 		}
-		if err := report.BarChart(filepath.Join(dir, "throughput.svg"), "Throughput, host to client", "Gbit/s", []string{"1 stream", "8 streams"}, series); err != nil {
+		slices.SortFunc(series, func(a, b report.Series) int { return strings.Compare(a.Name, b.Name) })
+		if err := report.BarChart(filepath.Join(dir, "throughput.svg"), "Throughput, host to client, median run", "Gbit/s", []string{"1 stream", "8 streams"}, series); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// medianRun is the run of system whose 40 ms count in scenario is the
+// median (the lower middle of an even count).
+func (r *runner) medianRun(scenario, system string) string {
+	ps := r.points(scenario+"-summary", system)
+	if len(ps) == 0 {
+		return ""
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].Metrics["max_tunnels_40ms"] < ps[j].Metrics["max_tunnels_40ms"] })
+	return param(ps[(len(ps)-1)/2], "run")
 }
 
 func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o644) }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -147,14 +148,28 @@ type system struct {
 	name string
 	// start launches it (cpus > 0 pins it) and returns the process to
 	// sample (nil for direct), a dialer to the echo server through it, and
-	// a stop function.
-	start func(cpus int) (*proc, load.Dialer, error)
+	// the TLS address its clients reach, whose handshake the bench records.
+	start func(cpus int) (*proc, load.Dialer, string, error)
 }
 
 func (e *env) direct() system {
-	return system{name: "direct", start: func(int) (*proc, load.Dialer, error) {
-		return nil, e.tlsDialer(e.echoTLS), nil
+	return system{name: "direct", start: func(int) (*proc, load.Dialer, string, error) {
+		return nil, e.tlsDialer(e.echoTLS), e.echoTLS, nil
 	}}
+}
+
+// tlsSuite is the protocol version and cipher suite that a client of the
+// bench negotiates with addr: every system must agree, or a ratio would
+// compare ciphers instead of relays.
+func (e *env) tlsSuite(ctx context.Context, addr string) (string, error) {
+	d := &tls.Dialer{Config: e.clientTLS}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("bench: TLS handshake with %s: %w", addr, err)
+	}
+	defer c.Close()
+	st := c.(*tls.Conn).ConnectionState()
+	return tls.VersionName(st.Version) + " " + tls.CipherSuiteName(st.CipherSuite), nil
 }
 
 func (e *env) tlsDialer(addr string) load.Dialer {
@@ -180,6 +195,13 @@ gateway:
   connection_policies: [{name: bench, users: ["*"]}]
   resource_policies: [{name: echo, users: ["*"], hosts: [127.0.0.1]}]
 `
+
+// The TLS 1.3 suite every system is held to, and HAProxy's buffer size:
+// deskway's relay reads 64 KiB at a time.
+const (
+	benchCipherSuite = "TLS_AES_128_GCM_SHA256"
+	haproxyBufSize   = 64 << 10
+)
 
 // startGateway runs one deskway gateway node and returns its address.
 func (e *env) startGateway(cpus int) (*proc, string, error) {
@@ -244,23 +266,31 @@ func (e *env) gatewayDialer(addrs func() string) (load.Dialer, error) {
 }
 
 func (e *env) deskway() system {
-	return system{name: "deskway", start: func(cpus int) (*proc, load.Dialer, error) {
+	return system{name: "deskway", start: func(cpus int) (*proc, load.Dialer, string, error) {
 		p, addr, err := e.startGateway(cpus)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		d, err := e.gatewayDialer(func() string { return addr })
 		if err != nil {
 			p.stop()
-			return nil, nil, err
+			return nil, nil, "", err
 		}
-		return p, d, nil
+		return p, d, addr, nil
 	}}
 }
 
+// HAProxy is tuned as an operator would for this load: a thread per CPU,
+// buffers as large as deskway's 64 KiB reads (its 16 KiB default moves
+// bulk data in smaller pieces), room for every tunnel of the ramp, and
+// the TLS 1.3 cipher suite that Go's servers (deskway, the echo server)
+// pick on a CPU with AES instructions.
 const haproxyCfg = `global
   maxconn 9000
   nbthread %[1]d
+  tune.bufsize %[5]d
+  ssl-default-bind-ciphersuites ` + benchCipherSuite + `
+  ssl-default-bind-options ssl-min-ver TLSv1.3
   log stderr format raw local0 err
 defaults
   mode tcp
@@ -280,28 +310,29 @@ func (e *env) haproxy() (system, error) {
 	if _, err := exec.LookPath("haproxy"); err != nil {
 		return system{}, errors.New("haproxy is not installed (apt-get install haproxy)")
 	}
-	return system{name: "haproxy", start: func(cpus int) (*proc, load.Dialer, error) {
+	return system{name: "haproxy", start: func(cpus int) (*proc, load.Dialer, string, error) {
 		port, err := loopback.FreePort()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		threads := cpus
 		if threads == 0 {
-			threads = 2
+			threads = runtime.NumCPU()
 		}
 		cfg := filepath.Join(e.dir, fmt.Sprintf("haproxy-%d.cfg", port))
-		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(haproxyCfg, threads, port, e.pem, e.echoAddr)), 0o600); err != nil {
-			return nil, nil, err
+		body := fmt.Sprintf(haproxyCfg, threads, port, e.pem, e.echoAddr, haproxyBufSize)
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			return nil, nil, "", err
 		}
 		p, err := startProc("haproxy", cpus, nil, "haproxy", "-db", "-f", cfg)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
 			p.stop()
-			return nil, nil, fmt.Errorf("%w\n%s", err, p.log.String())
+			return nil, nil, "", fmt.Errorf("%w\n%s", err, p.log.String())
 		}
-		return p, e.tlsDialer(addr), nil
+		return p, e.tlsDialer(addr), addr, nil
 	}}, nil
 }
