@@ -174,3 +174,34 @@ func TestThrottle(t *testing.T) {
 		t.Fatalf("throttle grew to %d, %d, %d keys", len(th.addr), len(th.pair), len(th.unfamiliar))
 	}
 }
+
+// TestRenewAgent: the key's holder renews an agent credential, expired or
+// not, with its host, group, zone and registration; nothing else renews.
+func TestRenewAgent(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	past, err := NewTokens(key, func() time.Time { return time.Now().Add(-8 * 24 * time.Hour) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, _ := NewTokens(key, nil)
+	old, _ := past.MintAgent("h1", "desk", "eu", "reg-1", 7*24*time.Hour)
+	if _, err := now.VerifyAgent(old); err == nil {
+		t.Fatal("an expired credential verified")
+	}
+	fresh, err := now.RenewAgent(old, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := now.VerifyAgent(fresh)
+	if err != nil || c.Subject != "h1" || c.Group != "desk" || c.Zone != "eu" || c.Registration != "reg-1" {
+		t.Fatalf("renewed: %+v %v", c, err)
+	}
+	join, _ := now.MintJoin("desk", "", time.Hour, 1)
+	other, _ := NewTokens([]byte("another key, 32 bytes long......"), nil)
+	forged, _ := other.MintAgent("h1", "desk", "", "reg-1", time.Hour)
+	for name, tok := range map[string]string{"join token": join, "another key's credential": forged, "garbage": "x.y.z"} {
+		if _, err := now.RenewAgent(tok, time.Hour); err == nil {
+			t.Errorf("%s renewed", name)
+		}
+	}
+}

@@ -53,9 +53,9 @@ const cacheRefresh = 5 * time.Second
 // the live sessions into the local host cache.
 const sessionRefreshTicks = 12
 
-// agentCredentialTTL is how long a registered host's credential lasts; an
+// AgentCredentialTTL is how long a registered host's credential lasts; an
 // agent whose credential expires registers again with its join token.
-const agentCredentialTTL = 7 * 24 * time.Hour
+const AgentCredentialTTL = 7 * 24 * time.Hour
 
 // Deps are what the broker needs from outside.
 type Deps struct {
@@ -617,9 +617,15 @@ func (s *Server) agent(w http.ResponseWriter, r *http.Request) (*auth.AgentClaim
 }
 
 // sameHost checks that a report names the host its credential is for.
+// The database checks the registration too; while it is away, the local
+// host cache does.
 func (s *Server) sameHost(w http.ResponseWriter, r *http.Request, c *auth.AgentClaims, host string) bool {
 	if c.Subject != host {
 		s.fail(w, r, http.StatusForbidden, "this credential is for host %q, not %q", c.Subject, host)
+		return false
+	}
+	if s.offline.Load() && !s.cache.registered(host, c.Registration) {
+		s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", host)
 		return false
 	}
 	return true
@@ -700,8 +706,10 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		Port: req.Port, Weight: weight, SessionLimit: limit, LogonLimit: g.LogonLimit, RegisteredAt: s.now()}
 	var err error
 	if own != nil {
+		h.Registration = own.Registration
 		err = s.store.UpdateHost(r.Context(), h)
 	} else {
+		h.Registration = store.NewID()
 		err = s.store.JoinHost(r.Context(), h, jc.ID, jc.Uses, jc.ExpiresAt.Time)
 	}
 	switch {
@@ -714,14 +722,14 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusUnauthorized, "this join token has registered the %d hosts it may: mint a new one with deskway token join", jc.Uses)
 		return
 	case errors.Is(err, store.ErrNotFound):
-		s.fail(w, r, http.StatusNotFound, "host %q is no longer registered in delivery group %q: register it with a join token", req.Name, g.Name)
+		s.fail(w, r, http.StatusNotFound, "host %q of this credential is no longer registered in delivery group %q (removed, or removed and joined again): register it with a join token", req.Name, g.Name)
 		return
 	case err != nil:
 		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
 	s.cache.register(h)
-	cred, err := s.tokens.MintAgent(req.Name, g.Name, zone, agentCredentialTTL)
+	cred, err := s.tokens.MintAgent(req.Name, g.Name, zone, h.Registration, AgentCredentialTTL)
 	if err != nil {
 		s.fail(w, r, http.StatusInternalServerError, "%v", err)
 		return
@@ -773,7 +781,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
-	rep := store.Report{Host: hb.Host, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
+	rep := store.Report{Host: hb.Host, Registration: c.Registration, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
 		MemPressure: hb.MemoryPressure, Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions,
 		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
 	if g, ok := s.groups[c.Group]; ok {
@@ -824,11 +832,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		for ; j < len(ev.Events) && ev.Events[j].State == ev.Events[i].State; j++ {
 			users = append(users, ev.Events[j].User)
 		}
-		e := store.Event{Host: ev.Host, Users: users, State: ev.Events[i].State, Now: now}
+		e := store.Event{Host: ev.Host, Registration: c.Registration, Users: users, State: ev.Events[i].State, Now: now}
 		var changed bool
 		var err error
 		if !s.offline.Load() {
 			changed, err = s.store.Event(r.Context(), e)
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", ev.Host)
+			return
 		}
 		if err != nil && (r.Context().Err() != nil || !s.dbDown(err)) {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)

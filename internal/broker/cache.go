@@ -339,6 +339,14 @@ func (c *localCache) register(h store.Host) {
 	c.hosts[h.Name] = h
 }
 
+// registered reports whether host is in the cache as registration.
+func (c *localCache) registered(host, registration string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.hosts[host]
+	return ok && h.Registration == registration
+}
+
 // remove forgets a host an administrator removed.
 func (c *localCache) remove(name string) {
 	c.mu.Lock()

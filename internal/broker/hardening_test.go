@@ -350,3 +350,52 @@ func TestBearerGuessesAreThrottled(t *testing.T) {
 		})
 	}
 }
+
+// TestRemovedHostCredentialCannotTakeOverItsReplacement: once an
+// administrator removes a host, its agent's credential (still within its
+// week) must not reach the host that joins under the same name later:
+// re-registering it would send its users to the old agent's address, and
+// heartbeats or events would drain it or invent sessions.
+func TestRemovedHostCredentialCannotTakeOverItsReplacement(t *testing.T) {
+	r := newRig(t, "", withLab)
+	ctx := context.Background()
+	old := r.agent("hostA", "desk", "")
+	remove := func(name string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		r.admin.ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, "/api/v1/broker/hosts/"+name, nil))
+		if rec.Code != http.StatusNoContent {
+			t.Fatalf("removing %s: %d %s", name, rec.Code, rec.Body)
+		}
+	}
+	remove("hostA")
+	fresh := r.agent("hostA", "desk", "") // a new machine joins under the name
+	if _, err := r.register(old, brokerapi.RegisterRequest{Name: "hostA", Address: "attacker.example.test"}); status(err) != http.StatusNotFound {
+		t.Fatalf("the removed host's credential re-registered the new hostA: %v, want 404", err)
+	}
+	err := r.client.Heartbeat(ctx, old, brokerapi.Heartbeat{Host: "hostA", DiskIdle: 0.9, Drain: true,
+		Sessions: []brokerapi.Session{{User: "bob", State: "active"}}})
+	if status(err) != http.StatusNotFound {
+		t.Fatalf("the removed host's credential sent a heartbeat for the new hostA: %v, want 404", err)
+	}
+	if err := r.client.Events(ctx, old, brokerapi.Events{Host: "hostA", Events: []brokerapi.Event{{User: "bob", State: "active"}}}); status(err) != http.StatusNotFound {
+		t.Fatalf("the removed host's credential sent events for the new hostA: %v, want 404", err)
+	}
+	res, err := r.launch(brokerclient.Basic("alice", "Alice-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+	if err != nil || res.Host != "hostA" || res.Address != "hostA.lan" {
+		t.Fatalf("alice's launch: %+v %v, want hostA at hostA.lan", res, err)
+	}
+	hosts, err := r.store.Hosts(ctx, "")
+	if err != nil || len(hosts) != 1 || hosts[0].AgentDrain || hosts[0].Sessions != 1 {
+		t.Fatalf("the new hostA after the old credential's attempts: %+v %v", hosts, err)
+	}
+	// The new machine's own credential works; so does the old one's
+	// across groups no more: hostA joined again in lab is not desk's.
+	r.beat("hostA", fresh, brokerapi.Heartbeat{DiskIdle: 0.9, Sessions: []brokerapi.Session{{User: "alice", State: "active"}}})
+	labOld := r.agent("hostC", "lab", "")
+	remove("hostC")
+	r.agent("hostC", "lab", "")
+	if err := r.client.Heartbeat(ctx, labOld, brokerapi.Heartbeat{Host: "hostC", Drain: true}); status(err) != http.StatusNotFound {
+		t.Fatalf("a removed lab host's credential reached the lab host that replaced it: %v", err)
+	}
+}

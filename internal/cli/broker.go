@@ -93,7 +93,7 @@ func newAgent(cfg *config.Agent, stateDir string, log *slog.Logger) (*agent.Agen
 		sessions = func() ([]brokerapi.Session, error) { return agent.XRDPSessions("/proc") }
 	}
 	return agent.New(cfg, agent.Deps{Logger: log, Client: &brokerclient.Client{Base: cfg.Broker, HTTP: hc}, Sessions: sessions,
-		CredentialFile: filepath.Join(stateDir, "agent-credential")})
+		CredentialFile: filepath.Join(stateDir, agentCredentialFile)})
 }
 
 // newBroker opens the broker's store and builds the role.

@@ -271,3 +271,36 @@ func listenAddr(t *testing.T, port int) string {
 	}
 	return ""
 }
+
+// TestRenewLocalAgent: deskway up keeps its own host registered however
+// long it was stopped. An expired credential is minted again with its
+// registration, and a host that never registered gets a fresh join token.
+func TestRenewLocalAgent(t *testing.T) {
+	key := "0123456789abcdef0123456789abcdef"
+	dir := t.TempDir()
+	cfg := &config.Config{StateDir: dir, Auth: config.Auth{TokenKey: config.NewSecret(key)}, Agent: &config.Agent{JoinToken: config.NewSecret("stale")}}
+	if err := renewLocalAgent(cfg); err != nil {
+		t.Fatal(err)
+	}
+	tk, _ := auth.NewTokens([]byte(key), nil)
+	if c, err := tk.VerifyJoin(cfg.Agent.JoinToken.Value()); err != nil || c.Group != upGroup {
+		t.Fatalf("no fresh join token for a host never registered: %+v %v", c, err)
+	}
+	past, _ := auth.NewTokens([]byte(key), func() time.Time { return time.Now().Add(-30 * 24 * time.Hour) })
+	old, _ := past.MintAgent("demo-host", upGroup, "", "reg-7", 7*24*time.Hour)
+	path := filepath.Join(dir, agentCredentialFile)
+	if err := os.WriteFile(path, []byte(old+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := renewLocalAgent(cfg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	c, err := tk.VerifyAgent(strings.TrimSpace(string(b)))
+	if err != nil || c.Subject != "demo-host" || c.Registration != "reg-7" {
+		t.Fatalf("credential after a month stopped: %+v %v", c, err)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
+		t.Fatalf("credential file mode %v", st.Mode())
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -121,7 +122,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 				}
 				// The local agent's join token registers this one host, once,
 				// within the hour; the agent then keeps its own credential.
-				join, err := tk.MintJoin("desktops", "", time.Hour, 1)
+				join, err := tk.MintJoin(upGroup, "", time.Hour, 1)
 				if err != nil {
 					return err
 				}
@@ -133,6 +134,9 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 			}
 			cfg, err := config.Load(path)
 			if err != nil {
+				return err
+			}
+			if err := renewLocalAgent(cfg); err != nil {
 				return err
 			}
 			creds := filepath.Join(stateDir, credentialsFile)
@@ -153,6 +157,48 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 	c.Flags().StringVar(&streamListen, "stream-listen", ":10809", "NBD port (or HOST:PORT) of the stream role, written into the config on first start")
 	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c
+}
+
+// upGroup is the delivery group of the demo's own host.
+const upGroup = "desktops"
+
+// agentCredentialFile is where an agent keeps its host's credential, in
+// its state directory.
+const agentCredentialFile = "agent-credential"
+
+// renewLocalAgent keeps the demo's own host registered however long the
+// demo was stopped: its credential, which lapses after a week without a
+// heartbeat, is minted again from the config's key, and a first start that
+// never registered gets a fresh join token (the config's lasts an hour).
+func renewLocalAgent(cfg *config.Config) error {
+	if cfg.Agent == nil || !cfg.Auth.TokenKey.IsSet() {
+		return nil
+	}
+	tk, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(cfg.StateDir, agentCredentialFile)
+	old, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		join, err := tk.MintJoin(upGroup, "", time.Hour, 1)
+		if err != nil {
+			return err
+		}
+		cfg.Agent.JoinToken = config.NewSecret(join)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	cred, err := tk.RenewAgent(strings.TrimSpace(string(old)), broker.AgentCredentialTTL)
+	if err != nil {
+		return fmt.Errorf("up: the local agent's credential in %s: %w", path, err)
+	}
+	if err := os.WriteFile(path+".new", []byte(cred+"\n"), 0o600); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	return os.Rename(path+".new", path)
 }
 
 // writeCredentials writes the demo password and the admin token to path,

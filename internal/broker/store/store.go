@@ -64,6 +64,9 @@ type Host struct {
 	AssignedUser string
 	RegisteredAt time.Time
 	LastSeen     time.Time
+	// Registration identifies one join of the host: the agent's credential
+	// names it, and a later join of the same name has another.
+	Registration string
 }
 
 // Session is one user's session on a host.
@@ -118,13 +121,15 @@ var errRetry = errors.New("concurrent launch for the same user")
 
 // Report is what an agent says about its host in a heartbeat.
 type Report struct {
-	Host        string
-	CPU, Mem    float64
-	DiskIdle    float64
-	DiskLatency float64
-	MemPressure float64
-	Unhealthy   string
-	Drain       bool
+	Host string
+	// Registration is the one the agent's credential names.
+	Registration string
+	CPU, Mem     float64
+	DiskIdle     float64
+	DiskLatency  float64
+	MemPressure  float64
+	Unhealthy    string
+	Drain        bool
 	// Sessions maps user to state (active or disconnected) on the host now.
 	Sessions map[string]string
 	Now      time.Time
@@ -139,10 +144,12 @@ type Report struct {
 // Event is a session change an agent reports as it happens, for one or
 // more users of a host at once.
 type Event struct {
-	Host  string
-	Users []string
-	State string // active (logon or reconnect), disconnected, ended (logoff)
-	Now   time.Time
+	Host string
+	// Registration is the one the agent's credential names.
+	Registration string
+	Users        []string
+	State        string // active (logon or reconnect), disconnected, ended (logoff)
+	Now          time.Time
 }
 
 // Store is the broker's database.
@@ -321,9 +328,9 @@ func (s *Store) JoinHost(ctx context.Context, h Host, jti string, maxUses int, e
 	}
 	defer tx.Rollback()
 	now := h.RegisteredAt.UnixMilli()
-	res, err := tx.ExecContext(ctx, `INSERT INTO hosts (name, group_name, zone, address, port, weight, session_limit, logon_limit, registered_at, last_seen)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) ON CONFLICT (name) DO NOTHING`,
-		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, now)
+	res, err := tx.ExecContext(ctx, `INSERT INTO hosts (name, group_name, zone, address, port, weight, session_limit, logon_limit, registered_at, last_seen, registration)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10) ON CONFLICT (name) DO NOTHING`,
+		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, now, h.Registration)
 	if err != nil {
 		return fmt.Errorf("store: join host %s: %w", h.Name, err)
 	}
@@ -354,11 +361,12 @@ func (s *Store) JoinHost(ctx context.Context, h Host, jti string, maxUses int, e
 
 // UpdateHost changes the address, zone, weight and limits of host h.Name
 // in group h.Group, as its own agent re-registers; ErrNotFound when no
-// such host is in that group. Sessions and counters stay.
+// such host of that registration is in that group. Sessions and counters
+// stay.
 func (s *Store) UpdateHost(ctx context.Context, h Host) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET zone = $3, address = $4, port = $5, weight = $6, session_limit = $7,
-			logon_limit = $8, registered_at = $9, last_seen = $9 WHERE name = $1 AND group_name = $2`,
-		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, h.RegisteredAt.UnixMilli())
+			logon_limit = $8, registered_at = $9, last_seen = $9 WHERE name = $1 AND group_name = $2 AND registration = $10`,
+		h.Name, h.Group, h.Zone, h.Address, h.Port, h.Weight, h.SessionLimit, h.LogonLimit, h.RegisteredAt.UnixMilli(), h.Registration)
 	if err != nil {
 		return fmt.Errorf("store: update host %s: %w", h.Name, err)
 	}
@@ -368,8 +376,9 @@ func (s *Store) UpdateHost(ctx context.Context, h Host) error {
 	return nil
 }
 
-// RemoveHost deletes a host that has no live sessions, so that a join
-// token may register the name again; ErrNotFound if there is none.
+// RemoveHost deletes a host that has no live sessions the broker placed
+// (sessions only its agent reported cannot keep it), so that a join token
+// may register the name again; ErrNotFound if there is none.
 func (s *Store) RemoveHost(ctx context.Context, name string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -377,7 +386,7 @@ func (s *Store) RemoveHost(ctx context.Context, name string) error {
 	}
 	defer tx.Rollback()
 	var live int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE host_name = $1 AND state <> 'ended'`, name).Scan(&live); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE host_name = $1 AND state <> 'ended' AND verified`, name).Scan(&live); err != nil {
 		return fmt.Errorf("store: remove host %s: %w", name, err)
 	}
 	if live > 0 {
@@ -487,6 +496,15 @@ func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
 	default:
 		return false, fmt.Errorf("store: event state %q is not active, disconnected or ended", e.State)
 	}
+	// The host must be the registration the events' credential is for: a
+	// removed host's agent cannot report into the one that replaced it.
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM hosts WHERE name = $1 AND registration = $2`, e.Host, e.Registration).Scan(&n); err != nil {
+		return false, fmt.Errorf("store: session event: %w", err)
+	}
+	if n == 0 {
+		return false, ErrNotFound
+	}
 	return s.dialect.event(ctx, s.db, e)
 }
 
@@ -497,8 +515,8 @@ func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
 func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 	now := r.Now.UnixMilli()
 	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET cpu = $2, mem = $3, disk_idle = $4, disk_latency = $5, mem_pressure = $6,
-		unhealthy = $7, agent_drain = $8, last_seen = $9 WHERE name = $1`,
-		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now)
+		unhealthy = $7, agent_drain = $8, last_seen = $9 WHERE name = $1 AND registration = $10`,
+		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now, r.Registration)
 	if err != nil {
 		return fmt.Errorf("store: heartbeat %s: %w", r.Host, err)
 	}
@@ -640,7 +658,7 @@ func (s *Store) Sessions(ctx context.Context, user string, all bool, limit int) 
 func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,
 		sessions, pending, cpu, mem, disk_idle, disk_latency, mem_pressure, unhealthy, admin_drain, agent_drain,
-		COALESCE(assigned_user, ''), registered_at, last_seen
+		COALESCE(assigned_user, ''), registered_at, last_seen, registration
 		FROM hosts WHERE ($1 = '' OR group_name = $1) ORDER BY name`, group)
 	if err != nil {
 		return nil, fmt.Errorf("store: hosts: %w", err)
@@ -652,7 +670,7 @@ func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 		var reg, seen int64
 		if err := rows.Scan(&h.Name, &h.Group, &h.Zone, &h.Address, &h.Port, &h.Weight, &h.SessionLimit, &h.LogonLimit,
 			&h.Sessions, &h.Pending, &h.CPU, &h.Mem, &h.DiskIdle, &h.DiskLatency, &h.MemPressure, &h.Unhealthy,
-			&h.AdminDrain, &h.AgentDrain, &h.AssignedUser, &reg, &seen); err != nil {
+			&h.AdminDrain, &h.AgentDrain, &h.AssignedUser, &reg, &seen, &h.Registration); err != nil {
 			return nil, fmt.Errorf("store: scan host: %w", err)
 		}
 		h.RegisteredAt, h.LastSeen = time.UnixMilli(reg), time.UnixMilli(seen)
