@@ -368,6 +368,9 @@ func TestRemovedHostCredentialCannotTakeOverItsReplacement(t *testing.T) {
 			t.Fatalf("removing %s: %d %s", name, rec.Code, rec.Body)
 		}
 	}
+	// A session only the agent reports (the broker never placed bob
+	// there) does not keep the host from being removed.
+	r.beat("hostA", old, brokerapi.Heartbeat{DiskIdle: 0.9, Sessions: []brokerapi.Session{{User: "bob", State: "active"}}})
 	remove("hostA")
 	fresh := r.agent("hostA", "desk", "") // a new machine joins under the name
 	if _, err := r.register(old, brokerapi.RegisterRequest{Name: "hostA", Address: "attacker.example.test"}); status(err) != http.StatusNotFound {
