@@ -315,3 +315,25 @@ func TestThrottleAnswers503AndClientsRetry(t *testing.T) {
 		t.Fatalf("%d sessions after 40 launches", len(live))
 	}
 }
+
+// TestRDPFileHostUsername: a group whose hosts do not share the broker's
+// accounts (host_username: none, as deskway up's demo) gets an .rdp file
+// with no user name, so the client asks for or is given the host's own;
+// naming the broker's user there would log on as the wrong account.
+func TestRDPFileHostUsername(t *testing.T) {
+	r := newRig(t, "", func(c *config.Config) {
+		c.Broker.DeliveryGroups = append(c.Broker.DeliveryGroups, config.DeliveryGrp{Name: "xrdp", Groups: []string{"staff"}, HostUsername: "none"})
+	})
+	r.agent("h1", "desk", "")
+	r.agent("x1", "xrdp", "")
+	alice := brokerclient.Basic("alice", "Alice-Pass-1")
+	for group, want := range map[string]bool{"desk": true, "xrdp": false} {
+		res, err := r.launch(alice, brokerapi.LaunchRequest{DeliveryGroup: group})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(res.RDP, "username:s:"); got != want {
+			t.Errorf("group %s: .rdp names a user: %v, want %v:\n%s", group, got, want, res.RDP)
+		}
+	}
+}

@@ -158,15 +158,28 @@ func TestUp(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("admin API with token: %v %v", resp, err)
 	}
-	resp, err = client.Get(admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	for _, want := range []string{"deskway_gateway_tunnels_active", `deskway_gateway_auth_total{method="ntlm",result="ok"} 1`, "deskway_gateway_tunnels_total", "go_goroutines",
-		"deskway_stream_connections"} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("/metrics lacks %s", want)
+	// The refused tunnel is counted as the gateway ends it, which may be
+	// just after the client read the refusal: wait for it.
+	wants := []string{"deskway_gateway_tunnels_active", `deskway_gateway_auth_total{method="ntlm",result="ok"} 1`, "deskway_gateway_tunnels_total", "go_goroutines",
+		"deskway_stream_connections"}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err = client.Get(admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var missing []string
+		for _, want := range wants {
+			if !strings.Contains(string(body), want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %s", strings.Join(missing, ", "))
 		}
 	}
 	// The local agent registers this machine and the demo user gets an
@@ -209,7 +222,7 @@ func TestUp(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("stream catalog: %v %v", resp, err)
 	}
-	body, _ = io.ReadAll(resp.Body)
+	body, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(body), `"name":"demo"`) || !strings.Contains(string(body), `"size":268435456`) {
 		t.Errorf("stream catalog: %s", body)
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -533,6 +534,46 @@ func TestTokensAreNotReplayable(t *testing.T) {
 		}
 		_, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
 		refused(t, err, "a fourth tunnel with a token for three")
+	})
+	// A tunnel whose host cannot be reached never used its token: the
+	// client may try again (from any address, as the failed try bound it
+	// to none), and only a tunnel that opened spends it.
+	t.Run("host down", func(t *testing.T) {
+		h := start(t, nil)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := uint16(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close() // the host is down
+		tok := h.token(t, "bob", "127.0.0.1", port, time.Minute)
+		if _, err := dial(t, from(h, tok, "127.0.0.7"), "127.0.0.1", port); statusOf(err) != tsgu.EProxyTSConnectFailed {
+			t.Fatalf("a tunnel to a host that is down: %v, want E_PROXY_TS_CONNECTFAILED", err)
+		}
+		ln, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(c, c); c.Close() }()
+			}
+		}()
+		time.Sleep(200 * time.Millisecond) // the failed tunnel has ended
+		c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", port)
+		if err != nil {
+			t.Fatalf("the token after its only tunnel could not reach the host: %v", err)
+		}
+		echoRoundTrip(t, c, 10)
+		c.Close()
+		time.Sleep(200 * time.Millisecond)
+		_, err = dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", port)
+		refused(t, err, "the token after a tunnel opened and ended")
 	})
 }
 

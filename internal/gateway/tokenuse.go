@@ -15,8 +15,9 @@ import (
 type TokenUses interface {
 	// Begin records that token id (valid until expires) opens a tunnel
 	// from source, or says why it may not; end is called when the tunnel
-	// ends.
-	Begin(id string, expires time.Time, source netip.Addr) (end func(), err error)
+	// ends, with whether its channel ever opened: a tunnel whose host
+	// could not be reached gives its use back, so the client may retry.
+	Begin(id string, expires time.Time, source netip.Addr) (end func(opened bool), err error)
 }
 
 // memTokenUses is TokenUses in memory. Entries leave once their token
@@ -46,9 +47,9 @@ func newMemTokenUses(max int, now func() time.Time) *memTokenUses {
 }
 
 // Begin implements TokenUses.
-func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(), error) {
+func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(bool), error) {
 	if t.max == 0 {
-		return func() {}, nil
+		return func(bool) {}, nil
 	}
 	if id == "" {
 		return nil, fmt.Errorf("token has no id (jti), so its uses cannot be counted; mint a new one")
@@ -78,9 +79,16 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 	}
 	u.uses++
 	u.open = true
-	return func() {
+	return func(opened bool) {
 		t.mu.Lock()
+		defer t.mu.Unlock()
 		u.open = false
-		t.mu.Unlock()
+		if !opened {
+			// Given back whole: a token whose only use failed is as new,
+			// bound to no address yet.
+			if u.uses--; u.uses == 0 && t.m[id] == u {
+				delete(t.m, id)
+			}
+		}
 	}, nil
 }

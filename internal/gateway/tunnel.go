@@ -50,7 +50,7 @@ type tunnel struct {
 	clientCaps uint32
 	counted    bool // counted in perUser and open
 	upstream   net.Conn
-	tokenEnd   func() // ends the token's use, when a token opened the tunnel
+	tokenEnd   func(opened bool) // ends the token's use, when a token opened the tunnel
 
 	bytesUp, bytesDown atomic.Uint64
 	// lastInput is the unix nanos of the last data from the client: only
@@ -95,7 +95,7 @@ func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
 		c.finish()
 	}
 	if tn.tokenEnd != nil {
-		tn.tokenEnd()
+		tn.tokenEnd(tn.isOpen())
 	}
 
 	s.mu.Lock()
@@ -264,6 +264,11 @@ func (tn *tunnel) run() error {
 // budgetSpent reports whether a connection's pre-authentication budget
 // ran out.
 func (tn *tunnel) budgetSpent() bool {
+	// The read deadline is the budget's end too, and may fire before the
+	// timer that marks the connections.
+	if d := tn.hs.deadline(); !d.IsZero() && !time.Now().Before(d) {
+		return true
+	}
 	for _, c := range tn.hs.conns {
 		if c.timedOut() {
 			return true
