@@ -112,7 +112,8 @@ func TestBootstormBenchSmoke(t *testing.T) {
 		t.Fatalf("bench %q", res.Bench)
 	}
 	for _, k := range []string{"max_clients_no_slow_requests", "slow_ratio_floor_max", "boot_ratio_floor_max", "slow_ratio_best_peer_max",
-		"read_gbps", "read_ratio_best_peer", "rss_bytes_per_client", "rss_bytes_per_client_excl_cache"} {
+		"read_gbps", "read_ratio_best_peer", "rss_bytes_per_client", "rss_bytes_per_client_excl_cache",
+		"slow_ratio_floor_max_worst_run", "boot_ratio_floor_max_worst_run", "slow_ratio_best_peer_max_worst_run", "read_gbps_worst_run"} {
 		if _, ok := res.Summary[k]; !ok {
 			t.Errorf("summary lacks %s", k)
 		}

@@ -40,7 +40,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
 	blocks := readmeBlocks(t)
-	for _, name := range []string{"run", "gateway-password", "gateway-token", "broker-rdp"} {
+	for _, name := range []string{"run", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
 		if blocks[name] == "" {
 			t.Fatalf("README.md has no block marked <!-- e2e: %s -->", name)
 		}
@@ -115,4 +115,22 @@ func TestREADMEQuickstart(t *testing.T) {
 			}
 		})
 	}
+	// A stream client, as the README shows it: a certificate for pc1, a
+	// copy of the base, and a write and read of pc1's own boot over TLS.
+	t.Run("stream-client", func(t *testing.T) {
+		testkit.Require(t, "nbdcopy", "qemu-io")
+		dir := t.TempDir()
+		body := "set -e\ncd " + dir + "\n" + fill(blocks["stream-client"])
+		body = strings.ReplaceAll(body, "./bin/deskway", filepath.Join(repo, "bin", "deskway"))
+		out, err := exec.Command("bash", "-c", body).CombinedOutput()
+		if err != nil {
+			t.Fatalf("the README's stream client lines: %v\n%s", err, out)
+		}
+		if st, err := os.Stat(filepath.Join(dir, "demo-copy.img")); err != nil || st.Size() != 256<<20 {
+			t.Fatalf("nbdcopy's copy of the demo vDisk: %v %v\n%s", st, err, out)
+		}
+		if !strings.Contains(string(out), "read 4096/4096") || strings.Contains(string(out), "failed") {
+			t.Fatalf("qemu-io over TLS with pc1's certificate:\n%s", out)
+		}
+	})
 }

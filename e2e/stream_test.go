@@ -548,9 +548,15 @@ func TestStreamGreedyReadersAreBounded(t *testing.T) {
 		name  string
 		tls   bool
 		conns int
-	}{{"tls", true, 4}, {"plain", false, 24}} {
+		extra string // more stream settings
+		limit int64  // growth allowed
+	}{
+		{"tls", true, 4, "", 400 << 20},                                  // four connections of at most 64 MiB each, and TLS buffers
+		{"plain", false, 24, "", 400 << 20},                              // event loops send a cached READ 1 MiB at a time
+		{"all connections", true, 8, "  max_buffer_mb: 64\n", 200 << 20}, // 64 MiB over all of them, not 8 × 64
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startStreamCert(t, "on", "1m", cert, key)
+			r := startStreamWith(t, "on", "1m", cert, key, "open", tc.extra)
 			pid := r.log.Cmd.Process.Pid
 			export := "golden/greedy/boot1"
 			// Data in the boot's write cache: reads over it are copied.
@@ -589,8 +595,8 @@ func TestStreamGreedyReadersAreBounded(t *testing.T) {
 			}
 			grown := peak - before
 			t.Logf("RSS %d MiB before, %d MiB at peak with %d connections of 16 unread 32 MiB reads", before>>20, peak>>20, tc.conns)
-			if grown > 400<<20 { // four connections of at most 64 MiB each, and TLS buffers
-				t.Fatalf("the server grew by %d MiB for clients that read nothing", grown>>20)
+			if grown > tc.limit {
+				t.Fatalf("the server grew by %d MiB for clients that read nothing (at most %d MiB allowed)", grown>>20, tc.limit>>20)
 			}
 			// The server still serves a well-behaved client meanwhile.
 			if ok, out := qemuIO(t, r.uri+"/golden/other/boot1", true, "read -P 0 63m 4096"); !ok {
@@ -735,6 +741,55 @@ print("still connected")
 		t.Fatalf("write:\n%s", out)
 	}
 	expectMismatch(t, r.uri+"/golden@v0/stage/b1", "read -P 0x61 0 4096", "golden@v0/stage/b1 reads golden/stage/b1's write")
+}
+
+// TestStreamBootCapInAll: many client names together cannot make the
+// server hold more live boots than stream.max_boots.
+func TestStreamBootCapInAll(t *testing.T) {
+	_, _, cert, key := testkit.TLS(t)
+	r := startStreamWith(t, "off", "1m", cert, key, "open", "  max_boots: 2\n")
+	for _, c := range []string{"pcA", "pcB"} {
+		killedAfterWrite(t, r.uri+"/golden/"+c+"/b1", "write -P 0x01 0 512")
+	}
+	expectRefused(t, r.uri+"/golden/pcC/b1", true, "max_boots", "a third live boot with max_boots 2", "read 0 512")
+	// The base's read-only view is no boot, and stays open to all.
+	if ok, out := qemuIO(t, r.uri+"/golden", true, "read 0 512"); !ok {
+		t.Fatalf("the base's view with every boot slot taken:\n%s", out)
+	}
+}
+
+// TestStreamSecondConnectionDoesNotEndTheBoot: a boot ends when its last
+// connection leaves cleanly after writing. A second connection of the
+// boot that writes and leaves cleanly while the first is still connected
+// must not end it: the first one's writes stay, and so do the second's.
+func TestStreamSecondConnectionDoesNotEndTheBoot(t *testing.T) {
+	r := startStream(t, "off", "1m")
+	a := r.uri + "/golden/vmS/boot1"
+	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
+	first := exec.Command("qemu-io", "--image-opts",
+		"-c", "write -P 0x11 0 4096", "-c", "sleep 2000", "-c", "read -P 0x11 0 4096", "-c", "read -P 0x22 65536 4096",
+		"driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export=golden/vmS/boot1")
+	var out testkit.Buffer
+	first.Stdout, first.Stderr = &out, &out
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "wrote 4096/4096") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first connection never wrote:\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ok, o := qemuIO(t, a, false, "write -P 0x22 65536 4096"); !ok {
+		t.Fatalf("the second connection's write:\n%s", o)
+	}
+	if err := first.Wait(); err != nil {
+		t.Fatalf("first connection: %v\n%s", err, out.String())
+	}
+	if s := out.String(); strings.Count(s, "read 4096/4096") != 2 || strings.Contains(s, "failed") {
+		t.Fatalf("after a second connection wrote and left, the first one's boot lost writes:\n%s", s)
+	}
 }
 
 // TestStreamBootCaps: one client name cannot make the server hold boots

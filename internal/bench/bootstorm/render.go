@@ -42,34 +42,40 @@ func (r *runner) summarize(systems []system) {
 	if len(steps) > 0 {
 		s["max_clients_no_slow_requests"] = float64(best)
 	}
-	// Ratios at every step, median run against median run of the same
-	// bench; the summary keeps the worst step. Slow requests compare as
-	// (a+1)/(b+1), so that none against none is 1.
+	// Ratios at every step, each system's median run against the other's
+	// (the keys BENCH.md names), and worst run against worst run (the same
+	// keys with _worst_run); the summary keeps the worst step of each.
+	// Slow requests compare as (a+1)/(b+1), so that none against none is 1.
 	ratio := func(a, b float64) float64 { return (a + 1) / (b + 1) }
-	for _, n := range steps {
-		d, ok := r.metric("storm", "deskway", n, "slow_requests")
-		if !ok {
-			continue
-		}
-		if f, ok := r.metric("storm", floorName, n, "slow_requests"); ok {
-			s["slow_ratio_floor_max"] = round(max(s["slow_ratio_floor_max"], ratio(d, f)), 3)
-		}
-		db, ok1 := r.metric("storm", "deskway", n, "boot_median_s")
-		fb, ok2 := r.metric("storm", floorName, n, "boot_median_s")
-		if ok1 && ok2 && fb > 0 {
-			s["boot_ratio_floor_max"] = round(max(s["boot_ratio_floor_max"], db/fb), 3)
-		}
-		bestPeer := math.Inf(1)
-		for _, sys := range systems {
-			if sys.name == "deskway" || sys.name == floorName {
+	for _, run := range []struct{ suffix, slow, boot string }{{"", "slow_requests", "boot_median_s"}, {"_worst_run", "slow_requests_max", "boot_median_s_max"}} {
+		for _, n := range steps {
+			d, ok := r.metric("storm", "deskway", n, run.slow)
+			if !ok {
 				continue
 			}
-			if v, ok := r.metric("storm", sys.name, n, "slow_requests"); ok {
-				bestPeer = min(bestPeer, v)
+			if f, ok := r.metric("storm", floorName, n, run.slow); ok {
+				k := "slow_ratio_floor_max" + run.suffix
+				s[k] = round(max(s[k], ratio(d, f)), 3)
 			}
-		}
-		if !math.IsInf(bestPeer, 1) {
-			s["slow_ratio_best_peer_max"] = round(max(s["slow_ratio_best_peer_max"], ratio(d, bestPeer)), 3)
+			db, ok1 := r.metric("storm", "deskway", n, run.boot)
+			fb, ok2 := r.metric("storm", floorName, n, run.boot)
+			if ok1 && ok2 && fb > 0 {
+				k := "boot_ratio_floor_max" + run.suffix
+				s[k] = round(max(s[k], db/fb), 3)
+			}
+			bestPeer := math.Inf(1)
+			for _, sys := range systems {
+				if sys.name == "deskway" || sys.name == floorName {
+					continue
+				}
+				if v, ok := r.metric("storm", sys.name, n, run.slow); ok {
+					bestPeer = min(bestPeer, v)
+				}
+			}
+			if !math.IsInf(bestPeer, 1) {
+				k := "slow_ratio_best_peer_max" + run.suffix
+				s[k] = round(max(s[k], ratio(d, bestPeer)), 3)
+			}
 		}
 	}
 	peak := map[string]float64{}
@@ -81,7 +87,17 @@ func (r *runner) summarize(systems []system) {
 		}
 	}
 	if v, ok := peak["deskway"]; ok {
+		// The median run of deskway's best reader count; its worst run
+		// at that count beside it.
 		s["read_gbps"] = v
+		for _, n := range r.o.Readers {
+			if m, ok := r.metric("read", "deskway", n, "read_gbps"); ok && m == v {
+				if w, ok := r.metric("read", "deskway", n, "read_gbps_min"); ok {
+					s["read_gbps_worst_run"] = w
+				}
+				break
+			}
+		}
 		bestPeer := 0.0
 		for name, g := range peak {
 			if name != "deskway" && name != floorName {
@@ -192,7 +208,7 @@ func (r *runner) write(systems []system) error {
 		}
 		md.WriteString(t.Markdown())
 	}
-	md.WriteString("## Summary keys\n\n")
+	md.WriteString("## Summary keys\n\nKeys without a suffix compare each system's median run (by slow requests) with the other's median run at the same step; keys ending in `_worst_run` compare worst run with worst run. Each ratio key keeps its worst step.\n\n")
 	st := report.Table{Head: []string{"key", "value"}}
 	for _, k := range slices.Sorted(maps.Keys(r.res.Summary)) {
 		st.Rows = append(st.Rows, []string{k, fmt.Sprintf("%g", r.res.Summary[k])})

@@ -30,6 +30,12 @@ func TestSummaryNamesWorstRuns(t *testing.T) {
 	if s["boot_ratio_floor_max"] != 1.25 || s["slow_ratio_floor_max"] != 1 || s["slow_ratio_best_peer_max"] != 0.25 {
 		t.Fatalf("ratios: %v", s)
 	}
+	// Worst runs against worst runs: deskway's 7 at 250 against the
+	// floor's 2 is (7+1)/(2+1); against the best peer the worst step is
+	// 500, deskway's none against its 9: 1/10.
+	if s["slow_ratio_floor_max_worst_run"] != 2.667 || s["slow_ratio_best_peer_max_worst_run"] != 0.1 {
+		t.Fatalf("worst-run ratios: %v", s)
+	}
 	if s["rss_bytes_per_client"] != 2e6 || s["rss_bytes_per_client_excl_cache"] != 6e4 {
 		t.Fatalf("memory: %v", s)
 	}
