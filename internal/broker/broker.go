@@ -108,8 +108,8 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
-		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry), personal: map[string]bool{},
-		cache: newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"))}
+		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry), personal: map[string]bool{}}
+	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
 	for i := range cfg.DeliveryGroups {
 		g := &cfg.DeliveryGroups[i]
 		s.groups[g.Name] = g
@@ -195,26 +195,72 @@ func (s *Server) refresh(ctx context.Context, sessions bool) error {
 	return nil
 }
 
-// restore writes the sessions placed from the local host cache back to
-// the database, journal by journal.
+// restore writes what the journal of the outage holds back to the
+// database, journal by journal, in the order it happened: the sessions
+// placed from the local host cache (consecutive ones in one transaction)
+// and the agents' events and reports between them. Each step can be
+// written twice (a write-back cut short is done again from the start):
+// stored sessions are skipped, and an event or report changes nothing
+// the second time.
 func (s *Server) restore(ctx context.Context) error {
 	for {
 		path, err := s.cache.claim()
 		if err != nil || path == "" {
 			return err
 		}
-		sessions, err := readJournal(path)
+		entries, err := readJournal(path)
 		if err != nil {
 			return err
 		}
-		n, err := s.store.Restore(ctx, sessions, s.personal)
-		if err != nil {
-			return fmt.Errorf("broker: writing back launches placed while the database was unreachable: %w", err)
+		var launches []store.Session
+		placed, live, events, reports, drains := 0, 0, 0, 0, 0
+		flush := func() error {
+			if len(launches) == 0 {
+				return nil
+			}
+			n, err := s.store.Restore(ctx, launches, s.personal)
+			if err != nil {
+				return fmt.Errorf("broker: writing back launches placed while the database was unreachable: %w", err)
+			}
+			placed, live, launches = placed+len(launches), live+n, nil
+			return nil
+		}
+		for _, e := range entries {
+			if e.Event == nil && e.Report == nil && e.Drain == nil {
+				launches = append(launches, e.Session)
+				continue
+			}
+			if err := flush(); err != nil {
+				return err
+			}
+			var host string
+			switch {
+			case e.Event != nil:
+				host, events = e.Event.Host, events+1
+				_, err = s.store.Event(ctx, *e.Event)
+			case e.Report != nil:
+				host, reports = e.Report.Host, reports+1
+				err = s.store.Heartbeat(ctx, *e.Report)
+			default:
+				host, drains = e.Drain.Host, drains+1
+				err = s.store.SetAdminDrain(ctx, e.Drain.Host, e.Drain.Drain)
+			}
+			if errors.Is(err, store.ErrNotFound) {
+				// The host was removed (and perhaps joined again) since.
+				s.log.Warn("a report or drain from the outage is for a host no longer registered; skipped", "host", host)
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("broker: writing back session events of the outage: %w", err)
+			}
+		}
+		if err := flush(); err != nil {
+			return err
 		}
 		if err := os.Remove(path); err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
-		s.log.Info("launches placed while the database was unreachable are written back", "sessions", len(sessions), "live", n)
+		s.log.Info("what happened while the database was unreachable is written back", "sessions", placed, "live", live, "events", events, "reports", reports, "drains", drains)
 	}
 }
 
@@ -253,7 +299,10 @@ func (s *Server) Maintain(ctx context.Context) {
 			s.log.Warn("write-back of offline launches failed; retrying", "error", err)
 			continue
 		}
-		recovered := s.offline.Swap(false)
+		recovered, err := s.cache.goOnline()
+		if err != nil {
+			continue // journaled meanwhile: written back on the next tick
+		}
 		if recovered {
 			s.m.offline.Set(0)
 			s.log.Info("database reachable again: placing launches in the database")
@@ -298,6 +347,9 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 		}
 	}
 	p, err = s.cache.place(l)
+	if errors.Is(err, errBackOnline) {
+		return s.place(ctx, l)
+	}
 	return p, true, err
 }
 
@@ -787,20 +839,15 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if g, ok := s.groups[c.Group]; ok {
 		rep.TrustSessions = g.TrustHostSessions
 	}
-	err = nil
-	if !s.offline.Load() {
-		err = s.store.Heartbeat(r.Context(), rep)
-	}
+	err = s.applyReport(r.Context(), rep)
 	if errors.Is(err, store.ErrNotFound) {
 		s.fail(w, r, http.StatusNotFound, "host %q is not registered: register again with a join token", hb.Host)
 		return
 	}
-	if err != nil && (r.Context().Err() != nil || !s.dbDown(err)) {
+	if err != nil {
 		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
-	// While the database is away the cache alone keeps the host's health.
-	s.cache.heartbeat(rep)
 	s.m.heartbeats.Inc()
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -833,26 +880,80 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			users = append(users, ev.Events[j].User)
 		}
 		e := store.Event{Host: ev.Host, Registration: c.Registration, Users: users, State: ev.Events[i].State, Now: now}
-		var changed bool
-		var err error
-		if !s.offline.Load() {
-			changed, err = s.store.Event(r.Context(), e)
-		}
+		changed, err := s.applyEvent(r.Context(), e)
 		if errors.Is(err, store.ErrNotFound) {
 			s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", ev.Host)
 			return
 		}
-		if err != nil && (r.Context().Err() != nil || !s.dbDown(err)) {
+		if err != nil {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
 		}
-		// Offline, the next heartbeat after the database returns records
-		// the sessions' states; the cache keeps the counters right meanwhile.
-		s.cache.event(e)
 		s.log.Debug("session events", "host", ev.Host, "users", users, "state", ev.Events[i].State, "changed", changed)
 		i = j
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// applyReport stores a heartbeat in the database and the local host
+// cache or, while the database is away, in the cache and the journal of
+// the outage, which takes it to the database in its turn when it returns.
+func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
+	for {
+		if !s.offline.Load() {
+			err := s.store.Heartbeat(ctx, rep)
+			if err == nil {
+				s.cache.heartbeat(rep)
+				return nil
+			}
+			if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
+				return err
+			}
+		}
+		if err := s.cache.offlineHeartbeat(rep); !errors.Is(err, errBackOnline) {
+			return err
+		}
+	}
+}
+
+// applyEvent is applyReport for session events; changed says whether the
+// database changed a session (false while it is away).
+func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, err error) {
+	for {
+		if !s.offline.Load() {
+			changed, err = s.store.Event(ctx, e)
+			if err == nil {
+				s.cache.event(e)
+				return changed, nil
+			}
+			if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
+				return false, err
+			}
+		}
+		if err := s.cache.offlineEvent(e); !errors.Is(err, errBackOnline) {
+			return false, err
+		}
+	}
+}
+
+// applyDrain is applyReport for an administrator's drain; offline says
+// the database was away and the drain is journaled.
+func (s *Server) applyDrain(ctx context.Context, host string, drain bool) (offline bool, err error) {
+	for {
+		if !s.offline.Load() {
+			err := s.store.SetAdminDrain(ctx, host, drain)
+			if err == nil {
+				s.cache.drain(host, drain)
+				return false, nil
+			}
+			if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
+				return false, err
+			}
+		}
+		if err := s.cache.offlineDrain(host, drain); !errors.Is(err, errBackOnline) {
+			return true, err
+		}
+	}
 }
 
 // AdminHandler serves the broker's part of the admin API.
@@ -907,7 +1008,11 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	})
 	mux.HandleFunc("DELETE /api/v1/broker/hosts/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		err := s.store.RemoveHost(r.Context(), name)
+		var err error
+		if s.offlineFor(r, func() error { err = s.store.RemoveHost(r.Context(), name); return err }) {
+			s.fail(w, r, http.StatusServiceUnavailable, "removing a host needs the database, which is unreachable: try again when it returns (drain the host meanwhile)")
+			return
+		}
 		if errors.Is(err, store.ErrNotFound) {
 			s.fail(w, r, http.StatusNotFound, "no host named %q", name)
 			return
@@ -927,7 +1032,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 			return
 		}
 		name := r.PathValue("name")
-		err := s.store.SetAdminDrain(r.Context(), name, req.Drain)
+		offline, err := s.applyDrain(r.Context(), name, req.Drain)
 		if errors.Is(err, store.ErrNotFound) {
 			s.fail(w, r, http.StatusNotFound, "no host named %q", name)
 			return
@@ -936,7 +1041,10 @@ func (s *Server) AdminHandler() *http.ServeMux {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return
 		}
-		s.log.Info("drain", "host", name, "drain", req.Drain)
+		if offline {
+			fromCache(w)
+		}
+		s.log.Info("drain", "host", name, "drain", req.Drain, "offline", offline)
 		writeJSON(w, http.StatusOK, map[string]any{"host": name, "admin_drain": req.Drain})
 	})
 	return mux

@@ -7,9 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/deskway/deskway/internal/broker/store"
@@ -28,15 +32,45 @@ type localCache struct {
 	mu       sync.Mutex
 	hosts    map[string]store.Host
 	live     map[string]store.Session // by user and group
+	reported map[string]string        // per host, what its last journaled report said of sessions and health
+	// offline is the broker's word that the database is away. Only while
+	// it is set may anything be journaled, and it is cleared (goOnline)
+	// only with the journal written back, both under mu: nothing is
+	// journaled after the write-back that the database has not seen.
+	offline  *atomic.Bool
 	journal  string
 	savePath string // where save writes the copy
 	rnd      *rand.Rand
 }
 
+// journalEntry is one line of the offline journal, which keeps, in the
+// order they happened while the database was away, what must reach it
+// when it returns: a launch placed from the copy (its session, as the
+// line's own fields: older journals hold only these), or an agent's
+// session event, a heartbeat that changed what the copy knew of a host's
+// sessions, or an administrator's drain. Written back in order, they
+// leave the database as if it had never been away.
+type journalEntry struct {
+	store.Session
+	Event  *store.Event  `json:",omitempty"`
+	Report *store.Report `json:",omitempty"`
+	Drain  *drainEntry   `json:",omitempty"`
+}
+
+// drainEntry is an administrator's drain of a host.
+type drainEntry struct {
+	Host  string
+	Drain bool
+}
+
 func liveKey(user, group string) string { return user + "\x00" + group }
 
-func newLocalCache(journal, snapshot string) *localCache {
-	return &localCache{hosts: map[string]store.Host{}, live: map[string]store.Session{}, journal: journal, savePath: snapshot,
+// errBackOnline says the database returned while a request was about to
+// be journaled: it goes to the database instead.
+var errBackOnline = errors.New("broker: the database is reachable again")
+
+func newLocalCache(journal, snapshot string, offline *atomic.Bool) *localCache {
+	return &localCache{hosts: map[string]store.Host{}, live: map[string]store.Session{}, reported: map[string]string{}, offline: offline, journal: journal, savePath: snapshot,
 		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
 }
 
@@ -85,13 +119,14 @@ func (c *localCache) save(now time.Time) error {
 	return nil
 }
 
-// replay applies to the copy the sessions this broker's journals hold:
-// launches placed while the database was down, before a restart. A user's
-// session the copy has already is not counted twice.
+// replay applies to the copy what this broker's journals hold from
+// before a restart, in order: launches placed while the database was
+// down, and the agents' events and reports. A user's session the copy has
+// already is not counted twice. It returns how many launches it applied.
 func (c *localCache) replay() (int, error) {
 	n := 0
 	for _, path := range []string{c.journal + ".restoring", c.journal} {
-		sessions, err := readJournal(path)
+		entries, err := readJournal(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
@@ -99,18 +134,28 @@ func (c *localCache) replay() (int, error) {
 			return n, err
 		}
 		c.mu.Lock()
-		for _, ss := range sessions {
-			k := liveKey(ss.User, ss.Group)
-			if _, dup := c.live[k]; dup {
-				continue
+		for _, e := range entries {
+			switch {
+			case e.Event != nil:
+				c.eventLocked(*e.Event)
+			case e.Report != nil:
+				c.reconcileLocked(*e.Report)
+			case e.Drain != nil:
+				c.drainLocked(e.Drain.Host, e.Drain.Drain)
+			default:
+				ss := e.Session
+				k := liveKey(ss.User, ss.Group)
+				if _, dup := c.live[k]; dup {
+					continue
+				}
+				c.live[k] = ss
+				if h, ok := c.hosts[ss.Host]; ok {
+					h.Sessions++
+					h.Pending++
+					c.hosts[ss.Host] = h
+				}
+				n++
 			}
-			c.live[k] = ss
-			if h, ok := c.hosts[ss.Host]; ok {
-				h.Sessions++
-				h.Pending++
-				c.hosts[ss.Host] = h
-			}
-			n++
 		}
 		c.mu.Unlock()
 	}
@@ -175,6 +220,9 @@ func (c *localCache) placed(l store.Launch, p store.Placement) {
 func (c *localCache) place(l store.Launch) (store.Placement, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.offline.Load() {
+		return store.Placement{}, errBackOnline
+	}
 	if s, ok := c.live[liveKey(l.User, l.Group)]; ok {
 		if h, ok := c.hosts[s.Host]; ok && !h.LastSeen.Before(l.Stale) {
 			return store.Placement{SessionID: s.ID, Host: h.Name, Address: h.Address, Port: h.Port, Reconnect: true, HostAlive: true}, nil
@@ -189,7 +237,7 @@ func (c *localCache) place(l store.Launch) (store.Placement, error) {
 		return store.Placement{}, store.ErrNoHost
 	}
 	s := store.Session{ID: l.SessionID, User: l.User, Group: l.Group, Host: h.Name, State: store.Launching, CreatedAt: l.Now, UpdatedAt: l.Now}
-	if err := c.append(s); err != nil {
+	if err := c.append(journalEntry{Session: s}); err != nil {
 		return store.Placement{}, err
 	}
 	h.Sessions++
@@ -202,8 +250,8 @@ func (c *localCache) place(l store.Launch) (store.Placement, error) {
 	return store.Placement{SessionID: s.ID, Host: h.Name, Address: h.Address, Port: h.Port, HostAlive: true}, nil
 }
 
-// append writes s to the journal and syncs it.
-func (c *localCache) append(s store.Session) error {
+// append writes e to the journal and syncs it.
+func (c *localCache) append(e journalEntry) error {
 	f, err := os.OpenFile(c.journal, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("broker: local host cache journal: %w", err)
@@ -212,7 +260,7 @@ func (c *localCache) append(s store.Session) error {
 		f.Close()
 		return fmt.Errorf("broker: local host cache journal: %w", err)
 	}
-	b, _ := json.Marshal(s)
+	b, _ := json.Marshal(e)
 	if _, err := f.Write(append(b, '\n')); err != nil {
 		f.Close()
 		return fmt.Errorf("broker: local host cache journal: %w", err)
@@ -255,6 +303,54 @@ func cutTornLine(f *os.File) error {
 	return f.Truncate(0)
 }
 
+// drain sets a host's admin drain, as the database did.
+func (c *localCache) drain(host string, drain bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drainLocked(host, drain)
+}
+
+// offlineDrain drains a host (or ends its drain) while the database is
+// away, journaled to be written back in its turn.
+func (c *localCache) offlineDrain(host string, drain bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.offline.Load() {
+		return errBackOnline
+	}
+	if _, ok := c.hosts[host]; !ok {
+		return store.ErrNotFound
+	}
+	if err := c.append(journalEntry{Drain: &drainEntry{Host: host, Drain: drain}}); err != nil {
+		return err
+	}
+	c.drainLocked(host, drain)
+	return nil
+}
+
+func (c *localCache) drainLocked(host string, drain bool) {
+	if h, ok := c.hosts[host]; ok {
+		h.AdminDrain = drain
+		c.hosts[host] = h
+	}
+}
+
+// goOnline clears the offline flag unless a journal is still to be
+// written back; it reports whether the flag was set before.
+func (c *localCache) goOnline() (cleared bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, path := range []string{c.journal, c.journal + ".restoring"} {
+		if _, err := os.Stat(path); err == nil {
+			return false, fmt.Errorf("broker: %s is still to be written back", path)
+		}
+	}
+	// The next outage journals each host's first report afresh: what
+	// the database saw meanwhile came from elsewhere.
+	c.reported = map[string]string{}
+	return c.offline.Swap(false), nil
+}
+
 // claim hands the journal over for writing back: it is renamed so that
 // launches placed meanwhile start a new one. A journal claimed earlier
 // and not yet written back (the database failed again, or the broker
@@ -275,29 +371,49 @@ func (c *localCache) claim() (string, error) {
 	return claimed, nil
 }
 
-// readJournal reads the sessions of a journal. A torn last line (a crash
-// mid-write, before its launch was answered) is ignored.
-func readJournal(path string) ([]store.Session, error) {
+// readJournal reads the entries of a journal. A torn last line (a crash
+// mid-write, before what it records was answered) is ignored.
+func readJournal(path string) ([]journalEntry, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("broker: local host cache journal: %w", err)
 	}
 	defer f.Close()
-	var out []store.Session
+	var out []journalEntry
 	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20) // a heartbeat of a host with many sessions
 	for sc.Scan() {
-		var s store.Session
-		if json.Unmarshal(sc.Bytes(), &s) == nil && s.ID != "" {
-			out = append(out, s)
+		var e journalEntry
+		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.ID != "" || e.Event != nil || e.Report != nil || e.Drain != nil) {
+			out = append(out, e)
 		}
 	}
 	return out, sc.Err()
 }
 
-// event applies a session change to the copy.
+// event applies a session change the database took to the copy.
 func (c *localCache) event(e store.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.eventLocked(e)
+}
+
+// offlineEvent applies a session change to the copy while the database
+// is away, and journals it to be written back in its turn.
+func (c *localCache) offlineEvent(e store.Event) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.offline.Load() {
+		return errBackOnline
+	}
+	if err := c.append(journalEntry{Event: &e}); err != nil {
+		return err
+	}
+	c.eventLocked(e)
+	return nil
+}
+
+func (c *localCache) eventLocked(e store.Event) {
 	h, ok := c.hosts[e.Host]
 	if !ok {
 		return
@@ -354,10 +470,15 @@ func (c *localCache) remove(name string) {
 	delete(c.hosts, name)
 }
 
-// heartbeat applies a host's report of load and health to the copy.
+// heartbeat applies a host's report of load and health, which the
+// database took, to the copy.
 func (c *localCache) heartbeat(r store.Report) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.loadLocked(r)
+}
+
+func (c *localCache) loadLocked(r store.Report) bool {
 	h, ok := c.hosts[r.Host]
 	if !ok {
 		return false
@@ -366,6 +487,88 @@ func (c *localCache) heartbeat(r store.Report) bool {
 	h.Unhealthy, h.AgentDrain, h.LastSeen = r.Unhealthy, r.Drain, r.Now
 	c.hosts[r.Host] = h
 	return true
+}
+
+// offlineHeartbeat applies a host's report to the copy while the
+// database is away, as the database would: sessions the host no longer
+// has end, states change, launches unseen past the logon grace fail. A
+// report that says something new of the host's sessions or health is
+// journaled, to be written back in its turn; one that repeats the last
+// (most of them) is not, so the journal grows with changes, not time.
+func (c *localCache) offlineHeartbeat(r store.Report) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.offline.Load() {
+		return errBackOnline
+	}
+	if _, ok := c.hosts[r.Host]; !ok {
+		return nil
+	}
+	sig := reportSignature(r)
+	if c.reported[r.Host] != sig || c.wouldReconcile(r) {
+		if err := c.append(journalEntry{Report: &r}); err != nil {
+			return err
+		}
+		c.reported[r.Host] = sig
+	}
+	c.reconcileLocked(r)
+	return nil
+}
+
+// reportSignature is what a report says of sessions and health.
+func reportSignature(r store.Report) string {
+	users := slices.Sorted(maps.Keys(r.Sessions))
+	var b strings.Builder
+	for _, u := range users {
+		b.WriteString(u + "=" + r.Sessions[u] + ";")
+	}
+	fmt.Fprintf(&b, "drain=%t;unhealthy=%s", r.Drain, r.Unhealthy)
+	return b.String()
+}
+
+// wouldReconcile reports whether r would change the copy's sessions.
+func (c *localCache) wouldReconcile(r store.Report) bool {
+	for _, s := range c.live {
+		if s.Host != r.Host {
+			continue
+		}
+		st, ok := r.Sessions[s.User]
+		if ok && st != s.State || !ok && (s.State != store.Launching || r.Now.Sub(s.CreatedAt) > r.LogonGrace) {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcileLocked applies a report's load, health and sessions.
+func (c *localCache) reconcileLocked(r store.Report) {
+	if !c.loadLocked(r) {
+		return
+	}
+	h := c.hosts[r.Host]
+	for k, s := range c.live {
+		if s.Host != r.Host {
+			continue
+		}
+		st, ok := r.Sessions[s.User]
+		switch {
+		case ok && st != s.State:
+			if s.State == store.Launching && h.Pending > 0 {
+				h.Pending--
+			}
+			s.State, s.UpdatedAt = st, r.Now
+			c.live[k] = s
+		case !ok && (s.State != store.Launching || r.Now.Sub(s.CreatedAt) > r.LogonGrace):
+			if s.State == store.Launching && h.Pending > 0 {
+				h.Pending--
+			}
+			if h.Sessions > 0 {
+				h.Sessions--
+			}
+			delete(c.live, k)
+		}
+	}
+	c.hosts[r.Host] = h
 }
 
 // sessions returns the live sessions of user (every user's when empty),

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,7 +61,7 @@ func TestPickFollowsTheDatabaseRules(t *testing.T) {
 
 func TestJournalSurvivesATornLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "j")
-	c := newLocalCache(path, path+".cache")
+	c := newLocalCache(path, path+".cache", offline())
 	c.load([]store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil, true)
 	p, err := c.place(store.Launch{User: "u", Group: "g", SessionID: "s1", Now: time.Now(), Stale: time.Now().Add(-time.Minute)})
 	if err != nil || p.Host != "h" {
@@ -96,13 +97,13 @@ func TestJournalTornThenAppended(t *testing.T) {
 			t.Fatalf("place %s = %+v %v", id, p, err)
 		}
 	}
-	c := newLocalCache(path, path+".cache")
+	c := newLocalCache(path, path+".cache", offline())
 	c.load(hosts, nil, true)
 	launch(c, "u", "s1")
 	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	_, _ = f.WriteString(`{"ID":"s2","User":"v","Gro`) // the crash came mid-write
 	f.Close()
-	restarted := newLocalCache(path, path+".cache")
+	restarted := newLocalCache(path, path+".cache", offline())
 	restarted.load(hosts, nil, true)
 	launch(restarted, "w", "s3")
 	claimed, err := restarted.claim()
@@ -113,4 +114,11 @@ func TestJournalTornThenAppended(t *testing.T) {
 	if err != nil || len(got) != 2 || got[0].ID != "s1" || got[1].ID != "s3" {
 		t.Fatalf("journal = %+v %v, want s1 and s3", got, err)
 	}
+}
+
+// offline is a broker's offline flag, set: the cache journals.
+func offline() *atomic.Bool {
+	var b atomic.Bool
+	b.Store(true)
+	return &b
 }
