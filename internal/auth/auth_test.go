@@ -148,6 +148,18 @@ func TestThrottle(t *testing.T) {
 	if lk := th.Check("bob", attacker); lk != nil {
 		t.Fatalf("another user refused at the attacker's address after 3 failures: %v", lk)
 	}
+	// A success clears the user's failures at that address: two before
+	// it and two after are not three in a row.
+	for range 2 {
+		th.Fail("bob", office)
+	}
+	th.Succeed("bob", office)
+	for range 2 {
+		th.Fail("bob", office)
+	}
+	if lk := th.Check("bob", office); lk != nil {
+		t.Fatalf("failures before a success still count: %v", lk)
+	}
 	// A spray: one failure each for many users locks the address.
 	for i := range 10 {
 		th.Fail(fmt.Sprint("user", i), home)

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
@@ -618,6 +619,21 @@ func TestLoginThrottleBySourceAndFamiliarity(t *testing.T) {
 		// The address stays refused even for a right password.
 		if err := login("127.0.0.2", "user39", "User39-Pass1"); httpStatusOf(err) != http.StatusTooManyRequests {
 			t.Fatalf("right password from the spraying address: %v", err)
+		}
+		// A client that reads the answer learns when to try again.
+		d := &tls.Dialer{NetDialer: &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}, Config: h.clientTLS}
+		conn, err := d.DialContext(context.Background(), "tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "RDG_OUT_DATA /remoteDesktopGateway/ HTTP/1.1\r\nHost: gw\r\nRDG-Auth-Scheme: PAA\r\nRDG-Connection-Id: {2}\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); resp.StatusCode != http.StatusTooManyRequests || err != nil || secs < 1 {
+			t.Fatalf("the spraying address: %s, Retry-After %q; want 429 with a number of seconds", resp.Status, resp.Header.Get("Retry-After"))
 		}
 	})
 	t.Run("smart lockout", func(t *testing.T) {
