@@ -456,6 +456,45 @@ func TestEndsReachTheClientWithTheirReason(t *testing.T) {
 	})
 }
 
+// TestSessionTimeoutHasItsOwnStatus: a session that outlives the
+// policy's session timeout ends with E_PROXY_SESSIONTIMEOUT however busy
+// its user is, and the client is told why.
+func TestSessionTimeoutHasItsOwnStatus(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Gateway.CAP[0].SessionTimeout = config.Duration(2 * time.Second)
+	})
+	cfg := h.cfg("", "", tsgclient.Websocket)
+	cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+	c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, c); close(done) }()
+	// The user types all along: only the session timeout can end it.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(10 * time.Second)
+	for ended := false; !ended; {
+		select {
+		case <-done:
+			ended = true
+		case <-tick.C:
+			_, _ = c.Write([]byte("key"))
+		case <-limit:
+			t.Fatal("a session timeout of 2s did not end the tunnel")
+		}
+	}
+	if d := time.Since(start); d < 2*time.Second {
+		t.Fatalf("the session ended after %s, before its timeout", d)
+	}
+	if c.CloseStatus != tsgu.EProxySessionTimeout || !strings.Contains(c.ServiceMessage, "session") {
+		t.Fatalf("close status %s, message %q; want E_PROXY_SESSIONTIMEOUT and why", c.CloseStatus, c.ServiceMessage)
+	}
+}
+
 // TestLogLinesNameTheUserOnce and print IPv6 endpoints with brackets.
 func TestLogLinesNameTheUserOnceAndIPv6InBrackets(t *testing.T) {
 	h := start(t, nil)
