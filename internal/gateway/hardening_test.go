@@ -148,13 +148,18 @@ func TestUnauthenticatedFloodCannotHoldTheGateway(t *testing.T) {
 		}
 		echoRoundTrip(t, c, 100)
 		// The admin can end a flooding socket at once.
+		disconnected := false
 		for _, tn := range tunnels(t, url) {
 			if !tn.Open {
 				if d := disconnect(t, url, tn.ID); d > time.Second {
 					t.Fatalf("disconnect took %s", d)
 				}
+				disconnected = true
 				break
 			}
+		}
+		if !disconnected {
+			t.Fatal("the admin API lists none of the flooding sockets' tunnels")
 		}
 		c.Close()
 		// Nothing outlives the handshake budget (2s from accept).
@@ -394,8 +399,10 @@ func TestBudgetSpansKeptAliveRequests(t *testing.T) {
 			}
 		}
 		if err != nil {
-			if d := time.Since(start); d > 3500*time.Millisecond {
-				t.Fatalf("closed only after %s", d)
+			// The budget (2s) ends it: not a request's own timeout, nor
+			// the first answer.
+			if d := time.Since(start); d > 3500*time.Millisecond || d < 1500*time.Millisecond {
+				t.Fatalf("closed after %s, want the budget of 2s", d)
 			}
 			return
 		}
