@@ -303,16 +303,26 @@ func TestStreamRealClients(t *testing.T) {
 		// A reader looking at the version meanwhile holds up neither the
 		// maintenance writer nor, below, the promotion.
 		viewer := exec.Command("qemu-io", "-f", "raw", "-r", "-c", "read 0 512", "-c", "sleep 4000", r.uri+"/golden@maintenance")
+		var viewed testkit.Buffer
+		viewer.Stdout, viewer.Stderr = &viewed, &viewed
 		if err := viewer.Start(); err != nil {
 			t.Fatal(err)
 		}
-		defer viewer.Wait()
-		time.Sleep(500 * time.Millisecond)
+		// The viewer is connected (it has read) before the writer comes.
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(viewed.String(), "read 512/512"); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the viewer never read:\n%s", viewed.String())
+			}
+		}
 		if ok, out := qemuIO(t, r.uri+"/golden@maintenance/admin", false, "write -P 0x77 8192 4096"); !ok {
 			t.Fatalf("maintenance write beside a reader:\n%s", out)
 		}
 		path := fmt.Sprintf("/api/v1/stream/vdisks/golden/versions/%d/promote", v.Version)
 		r.api(t, "POST", path, http.StatusOK, &v)
+		// ...and was still connected through the write and the promotion.
+		if err := viewer.Wait(); err != nil || strings.Contains(viewed.String(), "failed") {
+			t.Fatalf("the viewer: %v\n%s", err, viewed.String())
+		}
 		expectMismatch(t, r.uri+"/golden/vmP/b1", "read -P 0x77 8192 4096", "production sees a test version")
 		if ok, out := qemuIO(t, r.uri+"/golden@test/vmT/b1", true, "read -P 0x77 8192 4096"); !ok {
 			t.Fatalf("test client does not see the test version:\n%s", out)
