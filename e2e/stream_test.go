@@ -776,7 +776,8 @@ func TestStreamSecondConnectionDoesNotEndTheBoot(t *testing.T) {
 	r := startStream(t, "off", "1m")
 	a := r.uri + "/golden/vmS/boot1"
 	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
-	first := exec.Command("qemu-io", "--image-opts",
+	// Line-buffered, so that its output shows the write as it happens.
+	first := exec.Command("stdbuf", "-oL", "qemu-io", "--image-opts",
 		"-c", "write -P 0x11 0 4096", "-c", "sleep 2000", "-c", "read -P 0x11 0 4096", "-c", "read -P 0x22 65536 4096",
 		"driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port="+port+",file.export=golden/vmS/boot1")
 	var out testkit.Buffer
