@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/crypto/md4" //nolint:staticcheck // NTLM is defined over MD4; there is no alternative.
 
@@ -29,9 +30,10 @@ func (u *User) CheckPassword(password string) bool {
 	return subtle.ConstantTimeCompare(h[:], u.ntHash[:]) == 1
 }
 
-// Users is the local user store, keyed by lower-case name.
+// Users is the local user store, keyed by lower-case name. A reload of
+// the configuration replaces its contents while it is in use.
 type Users struct {
-	byName map[string]*User
+	byName atomic.Pointer[map[string]*User]
 }
 
 // NTHash returns MD4 of the UTF-16LE password, the key NTLM is built on.
@@ -45,7 +47,7 @@ func NTHash(password string) [16]byte {
 
 // NewUsers builds the store from validated config.
 func NewUsers(cfg []config.User) (*Users, error) {
-	s := &Users{byName: make(map[string]*User, len(cfg))}
+	byName := make(map[string]*User, len(cfg))
 	for _, u := range cfg {
 		nu := &User{Name: u.Name, Groups: append([]string(nil), u.Groups...), Zone: u.Zone}
 		if u.NTHash.IsSet() {
@@ -57,15 +59,21 @@ func NewUsers(cfg []config.User) (*Users, error) {
 		} else {
 			nu.ntHash = NTHash(u.Password.Value())
 		}
-		s.byName[strings.ToLower(u.Name)] = nu
+		byName[strings.ToLower(u.Name)] = nu
 	}
+	s := &Users{}
+	s.byName.Store(&byName)
 	return s, nil
 }
+
+// Replace gives s the users of n: lookups from now on see n's, and one
+// already made keeps the user it found.
+func (s *Users) Replace(n *Users) { s.byName.Store(n.byName.Load()) }
 
 // Lookup finds a user by name, ignoring case as Windows does. A name given
 // as DOMAIN\user or user@domain is reduced to the user part.
 func (s *Users) Lookup(name string) (*User, bool) {
-	u, ok := s.byName[strings.ToLower(BareName(name))]
+	u, ok := (*s.byName.Load())[strings.ToLower(BareName(name))]
 	return u, ok
 }
 

@@ -81,7 +81,7 @@ type Server struct {
 	store    *store.Store
 	throttle *auth.Throttle
 	now      func() time.Time
-	groups   map[string]*config.DeliveryGrp
+	groups   atomic.Pointer[groupSet] // Reload swaps it whole
 	frontend [][]byte
 	sem      chan struct{}
 	m        *metrics
@@ -90,7 +90,24 @@ type Server struct {
 	// unsynced is set while the database has not been migrated and given
 	// the delivery groups since the broker started (it was down then).
 	unsynced atomic.Bool
+}
+
+// groupSet is the delivery groups in force, with their entitlements. It
+// is never changed: a reload builds another.
+type groupSet struct {
+	list     []config.DeliveryGrp
+	byName   map[string]*config.DeliveryGrp
 	personal map[string]bool
+}
+
+func newGroupSet(groups []config.DeliveryGrp) *groupSet {
+	gs := &groupSet{list: slices.Clone(groups), byName: map[string]*config.DeliveryGrp{}, personal: map[string]bool{}}
+	for i := range gs.list {
+		g := &gs.list[i]
+		gs.byName[g.Name] = g
+		gs.personal[g.Name] = g.Kind == "personal"
+	}
+	return gs
 }
 
 // New builds the broker; Start syncs its delivery groups into the store.
@@ -108,13 +125,9 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
-		now: d.Now, groups: map[string]*config.DeliveryGrp{}, m: newMetrics(d.Registry), personal: map[string]bool{}}
+		now: d.Now, m: newMetrics(d.Registry)}
 	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
-	for i := range cfg.DeliveryGroups {
-		g := &cfg.DeliveryGroups[i]
-		s.groups[g.Name] = g
-		s.personal[g.Name] = g.Kind == "personal"
-	}
+	s.groups.Store(newGroupSet(cfg.DeliveryGroups))
 	for _, t := range cfg.FrontendTokens {
 		s.frontend = append(s.frontend, []byte(t.Value()))
 	}
@@ -162,14 +175,38 @@ func (s *Server) sync(ctx context.Context) error {
 	if err := s.store.Migrate(ctx); err != nil {
 		return err
 	}
-	var gs []store.Group
-	for _, g := range s.cfg.DeliveryGroups {
-		gs = append(gs, store.Group{Name: g.Name, Kind: g.Kind, Spread: g.Spread, Description: g.Description})
-	}
-	if err := s.store.SyncGroups(ctx, gs); err != nil {
+	if err := s.syncGroups(ctx, s.groups.Load()); err != nil {
 		return err
 	}
 	return s.restore(ctx)
+}
+
+// syncGroups writes the delivery groups of gs into the database.
+func (s *Server) syncGroups(ctx context.Context, gs *groupSet) error {
+	var groups []store.Group
+	for _, g := range gs.list {
+		groups = append(groups, store.Group{Name: g.Name, Kind: g.Kind, Spread: g.Spread, Description: g.Description})
+	}
+	return s.store.SyncGroups(ctx, groups)
+}
+
+// Reload puts new users and delivery groups (their entitlements, kinds
+// and limits) in force, from a configuration that has been validated:
+// launches from now on see them; sessions already placed stay where they
+// are. The groups are written into the database first; while it is away
+// they are written when it returns.
+func (s *Server) Reload(ctx context.Context, cfg *config.Broker, users *auth.Users) error {
+	gs := newGroupSet(cfg.DeliveryGroups)
+	if err := s.syncGroups(ctx, gs); err != nil {
+		if ctx.Err() != nil || !s.dbDown(err) {
+			return fmt.Errorf("broker: reload: writing the delivery groups: %w", err)
+		}
+		s.unsynced.Store(true)
+	}
+	s.groups.Store(gs)
+	s.users.Replace(users)
+	s.log.Info("users and delivery groups reloaded", "delivery_groups", len(gs.list))
+	return nil
 }
 
 // refresh reloads the local host cache from the database: the hosts
@@ -218,7 +255,7 @@ func (s *Server) restore(ctx context.Context) error {
 			if len(launches) == 0 {
 				return nil
 			}
-			n, err := s.store.Restore(ctx, launches, s.personal)
+			n, err := s.store.Restore(ctx, launches, s.groups.Load().personal)
 			if err != nil {
 				return fmt.Errorf("broker: writing back launches placed while the database was unreachable: %w", err)
 			}
@@ -541,7 +578,7 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadRequest, "user name %q is empty, too long or has control characters", who.user)
 		return
 	}
-	g, found := s.groups[req.DeliveryGroup]
+	g, found := s.groups.Load().byName[req.DeliveryGroup]
 	if !found {
 		s.m.launches.WithLabelValues("bad_request").Inc()
 		s.fail(w, r, http.StatusNotFound, "no delivery group named %q", req.DeliveryGroup)
@@ -709,7 +746,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	} else {
 		group = jc.Group
 	}
-	g, found := s.groups[group]
+	g, found := s.groups.Load().byName[group]
 	if !found {
 		s.fail(w, r, http.StatusForbidden, "the token is for delivery group %q, which this broker does not define", group)
 		return
@@ -836,7 +873,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	rep := store.Report{Host: hb.Host, Registration: c.Registration, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
 		MemPressure: hb.MemoryPressure, Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions,
 		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
-	if g, ok := s.groups[c.Group]; ok {
+	if g, ok := s.groups.Load().byName[c.Group]; ok {
 		rep.TrustSessions = g.TrustHostSessions
 	}
 	err = s.applyReport(r.Context(), rep)

@@ -337,3 +337,43 @@ func TestRDPFileHostUsername(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadChangesEntitlements: a reload's delivery groups decide the
+// next launch (a new group is written into the database and launches
+// into it are placed; a group a user lost refuses them), and its users
+// sign in.
+func TestReloadChangesEntitlements(t *testing.T) {
+	var cfg *config.Config
+	r := newRig(t, "", func(c *config.Config) { cfg = c })
+	r.agent("h1", "desk", "")
+	alice := brokerclient.Basic("alice", "Alice-Pass-1")
+	if _, err := r.launch(alice, brokerapi.LaunchRequest{DeliveryGroup: "desk"}); err != nil {
+		t.Fatal(err)
+	}
+	next := *cfg.Broker
+	next.DeliveryGroups = []config.DeliveryGrp{
+		{Name: "desk", Groups: []string{"bench"}, LogonLimit: 5}, // staff no longer
+		{Name: "lab", Groups: []string{"staff"}, LogonLimit: 5},
+	}
+	whole := *cfg
+	whole.Broker = &next
+	whole.ApplyDefaults() // as config.Load does
+	if err := whole.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	users, err := auth.NewUsers(append(cfg.Auth.Users, config.User{Name: "zoe", Password: config.NewSecret("Zoe-Pass-1"), Groups: []string{"staff"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.b.Reload(context.Background(), &next, users); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.launch(brokerclient.Basic("erin", "Erin-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "desk"}); status(err) != http.StatusForbidden {
+		t.Fatalf("erin (staff) in desk after staff lost it: %v, want 403", err)
+	}
+	r.agent("l1", "lab", "")
+	res, err := r.launch(brokerclient.Basic("zoe", "Zoe-Pass-1"), brokerapi.LaunchRequest{DeliveryGroup: "lab"})
+	if err != nil || res.Host != "l1" {
+		t.Fatalf("zoe, added by the reload, in the new group lab: %+v %v", res, err)
+	}
+}

@@ -40,7 +40,7 @@ func brokerCmd() *cobra.Command {
 				return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
 			}
 			cfg.Gateway, cfg.Stream, cfg.Agent = nil, nil, nil
-			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
+			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
@@ -176,7 +176,7 @@ func runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
+			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")

@@ -25,7 +25,7 @@ func gatewayCmd() *cobra.Command {
 				}
 			}
 			cfg.Stream = nil // only this role runs
-			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
+			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")

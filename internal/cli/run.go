@@ -31,10 +31,12 @@ type listeners struct {
 	Gateway, Stream, Broker, Admin net.Addr
 }
 
-// runRoles starts every role cfg enables plus the admin listener, and
-// returns when ctx ends and all have shut down, or when one fails to start.
-func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
+// runRoles starts every role cfg (read from path) enables plus the admin
+// listener, and returns when ctx ends and all have shut down, or when one
+// fails to start. SIGHUP and POST /api/v1/reload re-read path.
+func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
+	rl := &reloader{path: path, log: log}
 	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil {
 		return errors.New("no role is enabled: add a gateway, broker or stream section to the config (or use deskway up)")
 	}
@@ -75,6 +77,7 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 		if err != nil {
 			return err
 		}
+		rl.gateway = gw
 		gln, err := listen("gateway.listen", cfg.Gateway.Listen)
 		if err != nil {
 			return err
@@ -121,6 +124,7 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 			return err
 		}
 		defer st.Close()
+		rl.broker = b
 		bln, err := listen("broker.listen", cfg.Broker.Listen)
 		if err != nil {
 			return err
@@ -152,10 +156,12 @@ func runRoles(ctx context.Context, cfg *config.Config, stderr io.Writer, ready f
 	for _, t := range cfg.Admin.Tokens {
 		adminTokens = append(adminTokens, t.Value())
 	}
+	api = append(api, rl.adminHandler())
 	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil)}
 	serve = append(serve, func(ctx context.Context) error { return admin.Serve(ctx, aln, tc) })
 	closeAll = func() {} // the servers own their listeners from here
+	serve = append(serve, rl.watchSIGHUP())
 	if ready != nil {
 		ready(lns)
 	}

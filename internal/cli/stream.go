@@ -24,7 +24,7 @@ func streamCmd() *cobra.Command {
 			}
 			// Only this role runs, whatever else the file configures.
 			cfg.Gateway = nil
-			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), nil)
+			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")

@@ -144,7 +144,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			return runRoles(cmd.Context(), cfg, cmd.ErrOrStderr(), func(l listeners) {
+			return runRoles(cmd.Context(), path, cfg, cmd.ErrOrStderr(), func(l listeners) {
 				printUp(out, cfg, l, path, creds)
 			})
 		},

@@ -845,3 +845,46 @@ func TestPingFloodIsHeldBack(t *testing.T) {
 	}
 	t.Fatalf("the gateway read %d MiB of pings whose answers nobody read", sent>>20)
 }
+
+// TestReloadPutsUsersAndPoliciesInForce: a reload's users can log in and
+// its policies decide the next tunnel; an open tunnel keeps its grant.
+func TestReloadPutsUsersAndPoliciesInForce(t *testing.T) {
+	h := start(t, nil)
+	open, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if _, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
+		t.Fatal("zoe logged in before she was added")
+	}
+	cfg := &config.Config{Auth: config.Auth{Users: []config.User{
+		{Name: "alice", Password: config.NewSecret("Alice-Pass1"), Groups: []string{"staff"}},
+		{Name: "zoe", Password: config.NewSecret("Zoe-Pass1"), Groups: []string{"night"}},
+	}}, Gateway: &config.Gateway{
+		CAP: []config.CAP{{Name: "night", Groups: []string{"night"}}},
+		RAP: []config.RAP{{Name: "loop", Groups: []string{"night"}, Hosts: []string{"127.0.0.1"}}},
+	}}
+	cfg.ApplyDefaults()
+	users, err := auth.NewUsers(cfg.Auth.Users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.New(cfg.Gateway, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.srv.Reload(users, pol)
+	c, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatalf("zoe after the reload: %v", err)
+	}
+	echoRoundTrip(t, c, 10)
+	c.Close()
+	// staff has no policy now: alice logs in but gets no new tunnel...
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
+		t.Fatal("alice opened a tunnel with no policy for her")
+	}
+	// ...and the one she had goes on.
+	echoRoundTrip(t, open, 10)
+}

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,8 @@ type Server struct {
 
 	pa    *preauth
 	conns sync.Map // *tls.Conn -> *connState, while net/http serves it
+	// policy is the CAPs and RAPs in force; Reload swaps it.
+	policy atomic.Pointer[policy.Engine]
 
 	refused admission.Refusals
 
@@ -118,8 +121,18 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 		perUser: map[string]int{},
 		pending: map[string]*pendingOut{},
 	}
+	s.policy.Store(d.Policy)
 	s.metrics.activeFunc(s.activeCount, s.pa.count)
 	return s, nil
+}
+
+// Reload puts new users and policies in force for what comes next: a
+// login checks the new users, a tunnel's policies are the new ones when
+// it asks; open tunnels keep what they were granted.
+func (s *Server) Reload(users *auth.Users, pol *policy.Engine) {
+	s.deps.Users.Replace(users)
+	s.policy.Store(pol)
+	s.log.Info("users and policies reloaded")
 }
 
 type connKey struct{}

@@ -392,7 +392,7 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 		}
 		tn.ident.Groups = mergeGroups(tn.ident.Groups, g)
 	}
-	grant, err := s.deps.Policy.Connect(tn.ident)
+	grant, err := s.policy.Load().Connect(tn.ident)
 	if err != nil {
 		var d *policy.Denied
 		if errors.As(err, &d) {
@@ -473,7 +473,7 @@ func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout.D())
-		tg, err := s.deps.Policy.Resource(ctx, tn.ident, name, m.Port)
+		tg, err := s.policy.Load().Resource(ctx, tn.ident, name, m.Port)
 		if err != nil {
 			cancel()
 			var d *policy.Denied

@@ -65,8 +65,12 @@ func (r *runner) markdown() string {
 	fmt.Fprintf(&b, "Command: `%s`  \nStarted: %s  \nMachine: %d CPUs, %.0f GiB, Linux %s, %s. The load generator, the echo server (the paper's TSGSServer) and the relay under test share these CPUs; the paper's gateway had 4 dedicated cores.\n\n",
 		r.res.Command, r.res.Started.Format("2006-01-02 15:04 MST"), m.CPUs, float64(m.MemBytes)/(1<<30), m.Kernel, m.Go)
 	b.WriteString("How it is measured: each tunnel sends one request per interval with one request in flight and times it from before the send to the last byte of the answer (the paper's method). Tunnels are ramped in steps; each step warms up, then records every round trip in a window. *Added p99* is the relay's p99 minus the direct path's p99 at the same tunnel count in the same run; the *40 ms count* is where it crosses 40 ms (interpolated between steps; ≥ marks a ramp that never crossed). deskway tunnels use the MS-TSGU websocket transport with a PAA token; direct and HAProxy use the same TLS with no tunnel protocol. CPU is the relay process's user+system time from /proc.\n\n")
-	fmt.Fprintf(&b, "Runs: the KW v1 and v2 ramps and the throughput test ran **%d times for every system**, interleaved: in each run the direct path first, then deskway and HAProxy, taking turns to go first (throughput: the three systems' order turns every run). Each headline is the **median run**, with the smallest and largest run beside it; each ratio is taken within one run, and its median and worst over runs are given. Every KW v1 ramp goes on through %s tunnels even past 40 ms, so CPU per round trip and memory per tunnel are compared at equal load. The other tables come from one run of every system.\n\n",
-		r.o.Runs, joinInts(r.o.CPULoads))
+	times := fmt.Sprintf("%d times", r.o.Runs)
+	if r.o.Runs == 1 {
+		times = "once"
+	}
+	fmt.Fprintf(&b, "Runs: the KW v1 and v2 ramps and the throughput test ran **%s for every system**, interleaved: in each run the direct path first, then deskway and HAProxy, taking turns to go first (throughput: the three systems' order turns every run). Each headline is the **median run**, with the smallest and largest run beside it; each ratio is taken within one run, and its median and worst over runs are given. Every KW v1 ramp goes on through %s tunnels even past 40 ms, so CPU per round trip and memory per tunnel are compared at equal load. The other tables come from one run of every system.\n\n",
+		times, joinInts(r.o.CPULoads))
 	if suites := r.suiteLine(); suites != "" {
 		b.WriteString(suites)
 	}
@@ -180,7 +184,21 @@ func (r *runner) markdown() string {
 			b.WriteString("- " + n + "\n")
 		}
 	}
-	b.WriteString("\nCharts: `response-kw1.svg`, `response-kw2.svg`, `packet-size.svg`, `throughput.svg`.\n")
+	var charts []string
+	for _, sc := range []string{"kw1", "kw2"} {
+		if len(r.points(sc, "deskway")) > 0 {
+			charts = append(charts, "`response-"+sc+".svg`")
+		}
+	}
+	if len(r.points("packet-size-summary", "deskway")) > 0 {
+		charts = append(charts, "`packet-size.svg`")
+	}
+	if _, ok := s["throughput_single_gbps"]; ok {
+		charts = append(charts, "`throughput.svg`")
+	}
+	if len(charts) > 0 {
+		b.WriteString("\nCharts: " + strings.Join(charts, ", ") + ".\n")
+	}
 	return b.String()
 }
 

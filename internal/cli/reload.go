@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/policy"
+)
+
+// reloader re-reads the configuration file and puts its users, gateway
+// policies and broker delivery groups in force without a restart. The
+// whole file is validated and every part built before anything changes:
+// a file with a mistake changes nothing, and the log and the answer say
+// why. Everything else in the file takes effect at the next start.
+type reloader struct {
+	path    string
+	log     *slog.Logger
+	gateway *gateway.Server // nil when the role does not run
+	broker  *broker.Server
+}
+
+func (r *reloader) reload(ctx context.Context) error {
+	err := r.apply(ctx)
+	if err != nil {
+		r.log.Error("configuration reload refused; the running configuration stays", "file", r.path, "error", err)
+		return err
+	}
+	r.log.Info("configuration reloaded: users, gateway policies and delivery groups", "file", r.path)
+	return nil
+}
+
+func (r *reloader) apply(ctx context.Context) error {
+	next, err := config.Load(r.path)
+	if err != nil {
+		return err
+	}
+	if (r.gateway != nil) != (next.Gateway != nil) || (r.broker != nil) != (next.Broker != nil) {
+		return errors.New("the file adds or removes the gateway or broker section: roles change only at a restart")
+	}
+	users, err := auth.NewUsers(next.Auth.Users)
+	if err != nil {
+		return err
+	}
+	var pol *policy.Engine
+	if r.gateway != nil {
+		if pol, err = policy.New(next.Gateway, nil); err != nil {
+			return err
+		}
+	}
+	// The broker first: writing its groups is the one step that can fail.
+	if r.broker != nil {
+		if err := r.broker.Reload(ctx, next.Broker, users); err != nil {
+			return err
+		}
+	}
+	if r.gateway != nil {
+		r.gateway.Reload(users, pol)
+	}
+	return nil
+}
+
+// watchSIGHUP starts taking SIGHUP now (its default is to end the
+// process), and returns the loop that reloads on each until ctx ends.
+func (r *reloader) watchSIGHUP() func(context.Context) error {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	return func(ctx context.Context) error {
+		defer signal.Stop(ch)
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-ch:
+				_ = r.reload(ctx)
+			}
+		}
+	}
+}
+
+// adminHandler serves POST /api/v1/reload on the admin API.
+func (r *reloader) adminHandler() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/reload", func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if err := r.reload(req.Context()); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("reload refused, the running configuration stays: %v", err)})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"reloaded": r.path})
+	})
+	return mux
+}
