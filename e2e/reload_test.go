@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -125,5 +126,34 @@ func TestReloadWithoutRestart(t *testing.T) {
 	resp.Body.Close()
 	if code, body := launch("zoe", "Zoe-Pass1"); code != http.StatusUnauthorized {
 		t.Fatalf("zoe after she was removed: %d %s", code, body)
+	}
+	// Both admin reloads are in the audit trail, in the broker's
+	// database: who (which admin token), what, from where, the answer.
+	req, _ = http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d/api/v1/audit?limit=10", adminPort), nil)
+	req.Header.Set("Authorization", "Bearer admin-tok")
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trail struct {
+		Entries []struct {
+			Actor, Action, Source string
+			Status                int
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&trail); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(trail.Entries) != 2 || trail.Entries[0].Status != http.StatusOK || trail.Entries[1].Status != http.StatusBadRequest {
+		t.Fatalf("audit trail: %+v", trail.Entries)
+	}
+	for _, e := range trail.Entries {
+		if e.Actor != "admin token 1" || e.Action != "POST /api/v1/reload" || !strings.HasPrefix(e.Source, "127.0.0.1:") {
+			t.Fatalf("audit entry: %+v", e)
+		}
+	}
+	if !strings.Contains(p.Log.String(), `"msg":"admin action"`) {
+		t.Fatalf("admin actions are not logged:\n%s", p.Log.String())
 	}
 }

@@ -37,6 +37,7 @@ type listeners struct {
 func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
 	rl := &reloader{path: path, log: log}
+	var audit obs.AuditLog // in memory unless a broker's database keeps it
 	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil {
 		return errors.New("no role is enabled: add a gateway, broker or stream section to the config (or use deskway up)")
 	}
@@ -125,6 +126,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		}
 		defer st.Close()
 		rl.broker = b
+		audit = storeAudit{st}
 		bln, err := listen("broker.listen", cfg.Broker.Listen)
 		if err != nil {
 			return err
@@ -157,7 +159,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		adminTokens = append(adminTokens, t.Value())
 	}
 	api = append(api, rl.adminHandler())
-	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api,
+	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api, Audit: audit,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil)}
 	serve = append(serve, func(ctx context.Context) error { return admin.Serve(ctx, aln, tc) })
 	closeAll = func() {} // the servers own their listeners from here

@@ -64,25 +64,30 @@ type Admin struct {
 	// Throttle counts wrong tokens per source address, as wrong passwords
 	// are counted: admin tokens are strings an operator chose.
 	Throttle *auth.Throttle
+	// Audit keeps every action taken through the API (nil: kept in
+	// memory); every action is also logged.
+	Audit AuditLog
 }
 
-func (a *Admin) authorized(r *http.Request) bool {
+// authorized says which admin token r carries: its place in Tokens,
+// counted from 1, or 0 for none.
+func (a *Admin) authorized(r *http.Request) int {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
-		return false
+		return 0
 	}
-	for _, t := range a.Tokens {
+	for i, t := range a.Tokens {
 		if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
-			return true
+			return i + 1
 		}
 	}
-	return false
+	return 0
 }
 
 // refuse answers a request without a valid admin token, counting a wrong
 // one against its address; past the throttle's limit the address gets 429
-// before its token is looked at.
-func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) bool {
+// before its token is looked at. Otherwise it returns the token's place.
+func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
 	from := ap.Addr()
 	w.Header().Set("Content-Type", "application/json")
@@ -91,11 +96,11 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) bool {
 			w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
 			w.WriteHeader(http.StatusTooManyRequests)
 			_ = json.NewEncoder(w).Encode(map[string]string{"error": "admin API refused: " + lk.Reason})
-			return true
+			return 0, true
 		}
 	}
-	if a.authorized(r) {
-		return false
+	if n := a.authorized(r); n > 0 {
+		return n, false
 	}
 	if a.Throttle != nil && r.Header.Get("Authorization") != "" {
 		a.Throttle.Fail("", from)
@@ -103,7 +108,7 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="deskway admin"`)
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = io.WriteString(w, `{"error":"admin API needs Authorization: Bearer <admin token>"}`+"\n")
-	return true
+	return 0, true
 }
 
 // Handler returns the admin mux.
@@ -123,20 +128,70 @@ func (a *Admin) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	if a.Audit == nil {
+		a.Audit = &MemoryAudit{Max: 10000}
+	}
 	protected := http.NewServeMux()
+	protected.HandleFunc("GET /api/v1/audit", a.listAudit)
 	protected.Handle("/api/", api)
 	protected.HandleFunc("/debug/pprof/", pprof.Index)
 	protected.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	protected.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.refuse(w, r) {
+		token, refused := a.refuse(w, r)
+		if refused {
 			return
 		}
-		protected.ServeHTTP(w, r)
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			protected.ServeHTTP(w, r)
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		protected.ServeHTTP(sw, r)
+		a.record(r, token, sw.status)
 	})
 	mux.Handle("/api/", guard)
 	mux.Handle("/debug/", guard)
 	return mux
+}
+
+// record writes an action to the audit trail and the log.
+func (a *Admin) record(r *http.Request, token, status int) {
+	if status == 0 {
+		status = http.StatusOK
+	}
+	e := AuditEntry{Time: time.Now().UTC(), Actor: fmt.Sprintf("admin token %d", token), Action: r.Method + " " + r.URL.Path,
+		Source: r.RemoteAddr, Status: status}
+	a.Log.Info("admin action", "actor", e.Actor, "action", e.Action, "source", e.Source, "status", e.Status)
+	// The request's context ends with its answer: the record must not.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	if err := a.Audit.Record(ctx, e); err != nil {
+		a.Log.Warn("could not write an admin action to the audit trail; the log line above keeps it", "error", err)
+	}
+}
+
+// listAudit answers GET /api/v1/audit?limit=N (default 100, at most 10,000).
+func (a *Admin) listAudit(w http.ResponseWriter, r *http.Request) {
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":"limit is a number from 1 to 10000"}`+"\n")
+			return
+		}
+		limit = n
+	}
+	entries, err := a.Audit.List(r.Context(), limit)
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"entries": entries})
 }
 
 // Serve runs the admin listener until ctx ends.

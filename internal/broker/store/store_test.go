@@ -438,3 +438,27 @@ func countLive(s *store.Store, n *int) error {
 	*n = len(live)
 	return err
 }
+
+// TestAuditTrail: actions are kept with who, what, when, from where and
+// the answer, and read newest first, on both databases.
+func TestAuditTrail(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func() *store.Store) {
+		s := open()
+		ctx := context.Background()
+		base := time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+		for i, a := range []string{"POST /api/v1/broker/hosts/h1/drain", "DELETE /api/v1/broker/hosts/h2", "POST /api/v1/reload"} {
+			if err := s.RecordAudit(ctx, store.AuditRecord{At: base.Add(time.Duration(i) * time.Second), Actor: "admin token 1",
+				Action: a, Source: "192.0.2.7:5100", Status: 200 + i}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.Audit(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 2 || got[0].Action != "POST /api/v1/reload" || got[0].Status != 202 || !got[0].At.Equal(base.Add(2*time.Second)) ||
+			got[1].Action != "DELETE /api/v1/broker/hosts/h2" || got[1].Actor != "admin token 1" || got[1].Source != "192.0.2.7:5100" {
+			t.Fatalf("audit trail: %+v", got)
+		}
+	})
+}
