@@ -1043,6 +1043,26 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
+	mux.HandleFunc("DELETE /api/v1/broker/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		var live bool
+		var err error
+		if s.offlineFor(r, func() error { live, err = s.store.EndSession(r.Context(), id, s.now()); return err }) {
+			s.fail(w, r, http.StatusServiceUnavailable, "ending a session record needs the database, which is unreachable: try again when it returns")
+			return
+		}
+		if errors.Is(err, store.ErrNotFound) || err == nil && !live {
+			s.fail(w, r, http.StatusNotFound, "no live session with id %q", id)
+			return
+		}
+		if err != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		s.cache.end(id)
+		s.log.Info("session record ended by administrator", "session", id)
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("DELETE /api/v1/broker/hosts/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		var err error

@@ -303,6 +303,28 @@ func cutTornLine(f *os.File) error {
 	return f.Truncate(0)
 }
 
+// end forgets the live session with id, which the database ended.
+func (c *localCache) end(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, s := range c.live {
+		if s.ID != id {
+			continue
+		}
+		if h, ok := c.hosts[s.Host]; ok {
+			if s.State == store.Launching && h.Pending > 0 {
+				h.Pending--
+			}
+			if h.Sessions > 0 {
+				h.Sessions--
+			}
+			c.hosts[s.Host] = h
+		}
+		delete(c.live, k)
+		return
+	}
+}
+
 // drain sets a host's admin drain, as the database did.
 func (c *localCache) drain(host string, drain bool) {
 	c.mu.Lock()
