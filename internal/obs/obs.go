@@ -90,9 +90,9 @@ func (a *Admin) authorized(r *http.Request) int {
 func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
 	from := ap.Addr()
-	w.Header().Set("Content-Type", "application/json")
 	if a.Throttle != nil {
 		if lk := a.Throttle.Check("", from); lk != nil {
+			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
 			w.WriteHeader(http.StatusTooManyRequests)
 			_ = json.NewEncoder(w).Encode(map[string]string{"error": "admin API refused: " + lk.Reason})
@@ -106,6 +106,7 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 		a.Throttle.Fail("", from)
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="deskway admin"`)
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = io.WriteString(w, `{"error":"admin API needs Authorization: Bearer <admin token>"}`+"\n")
 	return 0, true
