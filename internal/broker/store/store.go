@@ -514,8 +514,10 @@ func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
 // recorded, launches unseen past the logon grace end as failed.
 func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 	now := r.Now.UnixMilli()
+	// last_seen never goes back: a report written back after an outage
+	// is older than the ones that came since.
 	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET cpu = $2, mem = $3, disk_idle = $4, disk_latency = $5, mem_pressure = $6,
-		unhealthy = $7, agent_drain = $8, last_seen = $9 WHERE name = $1 AND registration = $10`,
+		unhealthy = $7, agent_drain = $8, last_seen = CASE WHEN last_seen > $9 THEN last_seen ELSE $9 END WHERE name = $1 AND registration = $10`,
 		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now, r.Registration)
 	if err != nil {
 		return fmt.Errorf("store: heartbeat %s: %w", r.Host, err)
