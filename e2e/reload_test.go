@@ -156,4 +156,24 @@ func TestReloadWithoutRestart(t *testing.T) {
 	if !strings.Contains(p.Log.String(), `"msg":"admin action"`) {
 		t.Fatalf("admin actions are not logged:\n%s", p.Log.String())
 	}
+	// A request with a wrong token is refused, and the log says so.
+	req, _ = http.NewRequest("POST", fmt.Sprintf("https://127.0.0.1:%d/api/v1/reload", adminPort), nil)
+	req.Header.Set("Authorization", "Bearer guess")
+	if resp, err = client.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("reload with a wrong token: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	waitLog("admin API refused a request", 1)
+	// A changed admin token takes a restart: the reload is refused, not
+	// reported done while the old token goes on working.
+	if err := os.WriteFile(cfg, []byte(strings.Replace(fmt.Sprintf(reloadConfig, filepath.Join(dir, "state"), adminPort, gwPort, brokerPort, ""), "tokens: [admin-tok]", "tokens: [new-tok]", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(p.Cmd.Process.Pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("configuration reload refused", 3) // after the SIGHUP and the admin API refusals above
+	if !strings.Contains(p.Log.String(), "admin.tokens changed, which takes a restart") {
+		t.Fatalf("the refusal does not say the token needs a restart:\n%s", p.Log.String())
+	}
 }

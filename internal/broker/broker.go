@@ -706,15 +706,11 @@ func (s *Server) agent(w http.ResponseWriter, r *http.Request) (*auth.AgentClaim
 }
 
 // sameHost checks that a report names the host its credential is for.
-// The database checks the registration too; while it is away, the local
-// host cache does.
+// Where the report is applied, the database (or the local host cache while
+// it is away) checks the credential's registration too.
 func (s *Server) sameHost(w http.ResponseWriter, r *http.Request, c *auth.AgentClaims, host string) bool {
 	if c.Subject != host {
 		s.fail(w, r, http.StatusForbidden, "this credential is for host %q, not %q", c.Subject, host)
-		return false
-	}
-	if s.offline.Load() && !s.cache.registered(host, c.Registration) {
-		s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", host)
 		return false
 	}
 	return true
@@ -878,7 +874,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	}
 	err = s.applyReport(r.Context(), rep)
 	if errors.Is(err, store.ErrNotFound) {
-		s.fail(w, r, http.StatusNotFound, "host %q is not registered: register again with a join token", hb.Host)
+		s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", hb.Host)
 		return
 	}
 	if err != nil {

@@ -428,6 +428,9 @@ func (c *localCache) offlineEvent(e store.Event) error {
 	if !c.offline.Load() {
 		return errBackOnline
 	}
+	if h, ok := c.hosts[e.Host]; !ok || h.Registration != e.Registration {
+		return store.ErrNotFound // as the database answers
+	}
 	if err := c.append(journalEntry{Event: &e}); err != nil {
 		return err
 	}
@@ -477,14 +480,6 @@ func (c *localCache) register(h store.Host) {
 	c.hosts[h.Name] = h
 }
 
-// registered reports whether host is in the cache as registration.
-func (c *localCache) registered(host, registration string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	h, ok := c.hosts[host]
-	return ok && h.Registration == registration
-}
-
 // remove forgets a host an administrator removed.
 func (c *localCache) remove(name string) {
 	c.mu.Lock()
@@ -523,8 +518,8 @@ func (c *localCache) offlineHeartbeat(r store.Report) error {
 	if !c.offline.Load() {
 		return errBackOnline
 	}
-	if _, ok := c.hosts[r.Host]; !ok {
-		return nil
+	if h, ok := c.hosts[r.Host]; !ok || h.Registration != r.Registration {
+		return store.ErrNotFound // as the database answers
 	}
 	sig := reportSignature(r)
 	if c.reported[r.Host] != sig || c.wouldReconcile(r) {

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -121,4 +122,31 @@ func offline() *atomic.Bool {
 	var b atomic.Bool
 	b.Store(true)
 	return &b
+}
+
+// TestOfflineReportsNeedTheHostsRegistration: while the database is away
+// the cache checks a report's registration as the database would, so a
+// removed host's credential cannot drain the host that joined under its
+// name (or invent its sessions), even in the moment the outage begins.
+func TestOfflineReportsNeedTheHostsRegistration(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j")
+	c := newLocalCache(path, path+".cache", offline())
+	c.load([]store.Host{{Name: "h", Group: "g", Registration: "new", Weight: 1, SessionLimit: 5, LogonLimit: 5, DiskIdle: 1, LastSeen: time.Now()}}, nil, true)
+	old := store.Report{Host: "h", Registration: "old", Drain: true, DiskIdle: 1, Now: time.Now(), Sessions: map[string]string{"mallory": store.Active}}
+	if err := c.offlineHeartbeat(old); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a removed host's heartbeat: %v, want ErrNotFound", err)
+	}
+	if err := c.offlineEvent(store.Event{Host: "h", Registration: "old", Users: []string{"mallory"}, State: store.Active, Now: time.Now()}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a removed host's event: %v, want ErrNotFound", err)
+	}
+	if h := c.snapshot("g")[0]; h.AgentDrain {
+		t.Fatal("the removed host's credential drained the new host")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the refused reports were journaled: %v", err)
+	}
+	old.Registration, old.Drain = "new", false
+	if err := c.offlineHeartbeat(old); err != nil {
+		t.Fatalf("the new host's own heartbeat: %v", err)
+	}
 }

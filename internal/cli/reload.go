@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/deskway/deskway/internal/auth"
@@ -28,9 +30,14 @@ type reloader struct {
 	log     *slog.Logger
 	gateway *gateway.Server // nil when the role does not run
 	broker  *broker.Server
+
+	mu      sync.Mutex     // one reload at a time
+	running *config.Config // what is in force
 }
 
 func (r *reloader) reload(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	err := r.apply(ctx)
 	if err != nil {
 		r.log.Error("configuration reload refused; the running configuration stays", "file", r.path, "error", err)
@@ -47,6 +54,11 @@ func (r *reloader) apply(ctx context.Context) error {
 	}
 	if (r.gateway != nil) != (next.Gateway != nil) || (r.broker != nil) != (next.Broker != nil) {
 		return errors.New("the file adds or removes the gateway or broker section: roles change only at a restart")
+	}
+	// Keys and tokens change only at a restart; a reload that seemed to
+	// revoke a leaked one, and did not, would be worse than a refusal.
+	if what := changedSecrets(r.running, next); what != "" {
+		return fmt.Errorf("%s changed, which takes a restart (nothing was reloaded)", what)
 	}
 	users, err := auth.NewUsers(next.Auth.Users)
 	if err != nil {
@@ -67,7 +79,30 @@ func (r *reloader) apply(ctx context.Context) error {
 	if r.gateway != nil {
 		r.gateway.Reload(users, pol)
 	}
+	r.running = next
 	return nil
+}
+
+// changedSecrets names the keys and tokens that differ between a and b.
+func changedSecrets(a, b *config.Config) string {
+	values := func(ss []config.Secret) string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.Value())
+		}
+		return strings.Join(out, "\x00")
+	}
+	var changed []string
+	if a.Auth.TokenKey.Value() != b.Auth.TokenKey.Value() {
+		changed = append(changed, "auth.token_key")
+	}
+	if values(a.Admin.Tokens) != values(b.Admin.Tokens) {
+		changed = append(changed, "admin.tokens")
+	}
+	if a.Broker != nil && b.Broker != nil && values(a.Broker.FrontendTokens) != values(b.Broker.FrontendTokens) {
+		changed = append(changed, "broker.frontend_tokens")
+	}
+	return strings.Join(changed, ", ")
 }
 
 // watchSIGHUP starts taking SIGHUP now (its default is to end the

@@ -36,7 +36,7 @@ type listeners struct {
 // fails to start. SIGHUP and POST /api/v1/reload re-read path.
 func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
-	rl := &reloader{path: path, log: log}
+	rl := &reloader{path: path, log: log, running: cfg}
 	var audit obs.AuditLog // in memory unless a broker's database keeps it
 	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil {
 		return errors.New("no role is enabled: add a gateway, broker or stream section to the config (or use deskway up)")

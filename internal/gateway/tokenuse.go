@@ -11,7 +11,9 @@ import (
 // is not a bearer anyone who sees it may replay: it opens at most max
 // tunnels in its lifetime (one, unless reconnects are allowed), the
 // reconnects only from the address of its first use, and never two at
-// once. A farm shares one record; a gateway alone keeps it in memory.
+// once. The record is kept in memory, so each node of a farm counts the
+// uses it saw: a token opens one tunnel per node until the nodes share a
+// store.
 type TokenUses interface {
 	// Begin records that token id (valid until expires) opens a tunnel
 	// from source, or says why it may not; end is called when the tunnel

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/deskway/deskway/internal/admission"
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/httpguard"
 	"golang.org/x/term"
@@ -67,6 +68,8 @@ type Admin struct {
 	// Audit keeps every action taken through the API (nil: kept in
 	// memory); every action is also logged.
 	Audit AuditLog
+
+	refused admission.Refusals // wrong or missing tokens, logged at most once a second
 }
 
 // authorized says which admin token r carries: its place in Tokens,
@@ -92,6 +95,7 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 	from := ap.Addr()
 	if a.Throttle != nil {
 		if lk := a.Throttle.Check("", from); lk != nil {
+			a.refused.Log(a.Log, "admin API refused a request", from, lk.Reason)
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -102,9 +106,14 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 	if n := a.authorized(r); n > 0 {
 		return n, false
 	}
-	if a.Throttle != nil && r.Header.Get("Authorization") != "" {
-		a.Throttle.Fail("", from)
+	why := "no admin token"
+	if r.Header.Get("Authorization") != "" {
+		why = "a wrong admin token"
+		if a.Throttle != nil {
+			a.Throttle.Fail("", from)
+		}
 	}
+	a.refused.Log(a.Log, "admin API refused a request", from, why+" for "+r.Method+" "+r.URL.Path)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="deskway admin"`)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusUnauthorized)

@@ -45,6 +45,9 @@ type bootRecord struct {
 	Key     string    `json:"key"`
 	Version int       `json:"version,omitempty"`
 	Time    time.Time `json:"time"` // when the boot started
+	// Lost is when a lost boot's cache went: its retention counts from
+	// here, not from the start (a boot may have run for weeks).
+	Lost time.Time `json:"lost,omitzero"`
 	// Why a lost boot's cache is gone, when not because the server
 	// stopped: it was discarded after its client did not come back.
 	Why string `json:"why,omitempty"`
@@ -76,11 +79,15 @@ func openBootLog(path string, keep func(key string) bool, now time.Time) (*bootL
 			continue
 		}
 		delete(l.live, k)
-		r.Op = "lost"
+		r.Op, r.Lost = "lost", now.UTC()
 		l.lost[k] = r
 	}
 	for k, r := range l.lost {
-		if now.Sub(r.Time) > lostRetention {
+		at := r.Lost
+		if at.IsZero() { // written before losses were dated
+			at = r.Time
+		}
+		if now.Sub(at) > lostRetention {
 			delete(l.lost, k)
 		}
 	}
@@ -122,6 +129,9 @@ func (l *bootLog) read() error {
 			delete(l.live, r.Key)
 			delete(l.lost, r.Key)
 		case "lost":
+			// An expiry follows its boot's start in the file: the boot is
+			// lost for the reason it gives, not live.
+			delete(l.live, r.Key)
 			l.lost[r.Key] = r
 		}
 	}
@@ -199,7 +209,7 @@ func (l *bootLog) expire(key, why string) {
 		return
 	}
 	delete(l.live, key)
-	r.Op, r.Why = "lost", why
+	r.Op, r.Why, r.Lost = "lost", why, time.Now().UTC()
 	l.lost[key] = r
 	l.appendLocked(r)
 }

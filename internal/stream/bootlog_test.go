@@ -111,3 +111,51 @@ func TestBootLogGroupCommit(t *testing.T) {
 	r.close()
 	l.close()
 }
+
+// TestBootLogRetentionFromLoss: a boot that ran for longer than the
+// retention before it was lost is remembered from its loss, and an expiry
+// keeps its reason across a restart.
+func TestBootLogRetentionFromLoss(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "boots.log")
+	now := time.Now()
+	week := now.Add(-8 * 24 * time.Hour).UTC().Format(time.RFC3339Nano)
+	lines := fmt.Sprintf("{\"op\":\"start\",\"key\":\"g/old/1\",\"time\":%q}\n{\"op\":\"start\",\"key\":\"g/idle/1\",\"time\":%q}\n", week, week)
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A shared store kept g/idle/1's cache; then its client did not come
+	// back in time. g/old/1, eight days old, was lost at this start.
+	l, err := openBootLog(path, func(k string) bool { return k == "g/idle/1" }, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.expire("g/idle/1", "no client reconnected within 2m0s")
+	l.close()
+	l, err = openBootLog(path, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, lost := l.lostAt("g/old/1"); !lost {
+		t.Fatal("a boot that started over a week before it was lost is forgotten at once")
+	}
+	if r, lost := l.lostAt("g/idle/1"); !lost || r.Why != "no client reconnected within 2m0s" {
+		t.Fatalf("the expired boot after a restart: %+v %v", r, lost)
+	}
+	l.close()
+	// Six days on, both are still remembered; past the retention, neither.
+	for _, c := range []struct {
+		after time.Duration
+		lost  bool
+	}{{6 * 24 * time.Hour, true}, {lostRetention + time.Hour, false}} {
+		l, err = openBootLog(path, nil, now.Add(c.after))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"g/old/1", "g/idle/1"} {
+			if _, lost := l.lostAt(k); lost != c.lost {
+				t.Fatalf("%s %s after its loss: lost %v, want %v", k, c.after, lost, c.lost)
+			}
+		}
+		l.close()
+	}
+}

@@ -401,9 +401,11 @@ func (s *Server) admit(c net.Conn) (netip.Prefix, string) {
 // another server serves that boot.
 func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot, error) {
 	// The stage is part of the boot: golden@v0/pc/b1 and golden/pc/b1 are
-	// two boots over two images, never one cache over either.
+	// two boots over two images, never one cache over either. Spellings
+	// of one stage name one boot: golden@production is golden, and
+	// @v00 or @v+0 is @v0.
 	disk := vd.name
-	if stage != "" {
+	if stage = canonicalStage(stage); stage != "" {
 		disk += "@" + stage
 	}
 	key := disk + "/" + client + "/" + id
@@ -500,6 +502,17 @@ func (s *Server) ownStoreCache(b *boot) (*storeCache, error) {
 		return nil, err
 	}
 	return sc, nil
+}
+
+// canonicalStage is the one spelling of a stage that boot keys use.
+func canonicalStage(stage string) string {
+	if stage == StageProduction {
+		return ""
+	}
+	if n, err := strconv.Atoi(strings.TrimPrefix(stage, "v")); err == nil && strings.HasPrefix(stage, "v") {
+		return "v" + strconv.Itoa(n)
+	}
+	return stage
 }
 
 // record makes b's start durable before any of its connections is

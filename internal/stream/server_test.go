@@ -580,3 +580,12 @@ func TestShutdownWithFullSocket(t *testing.T) {
 		t.Fatal("Serve did not return with a client's socket full")
 	}
 }
+
+func TestCanonicalStage(t *testing.T) {
+	for in, want := range map[string]string{"": "", "production": "", "test": "test", "maintenance": "maintenance",
+		"v0": "v0", "v00": "v0", "v+0": "v0", "v12": "v12", "v012": "v12", "vx": "vx"} {
+		if got := canonicalStage(in); got != want {
+			t.Errorf("canonicalStage(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
