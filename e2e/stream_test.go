@@ -751,6 +751,16 @@ print("still connected")
 		t.Fatalf("write:\n%s", out)
 	}
 	expectMismatch(t, r.uri+"/golden@v0/stage/b1", "read -P 0x61 0 4096", "golden@v0/stage/b1 reads golden/stage/b1's write")
+	// ...but spellings of one stage name one boot: golden@production is
+	// golden, and golden@v00 is golden@v0.
+	for _, same := range [][2]string{{"golden/stage/b1", "golden@production/stage/b1"}, {"golden@v0/stage/b2", "golden@v00/stage/b2"}} {
+		if ok, out := qemuIO(t, r.uri+"/"+same[0], false, "write -P 0x62 8192 4096", "sigraise 9"); ok || !strings.Contains(out, "wrote 4096/4096") {
+			t.Fatalf("write to %s:\n%s", same[0], out)
+		}
+		if ok, out := qemuIO(t, r.uri+"/"+same[1], true, "read -P 0x62 8192 4096"); !ok {
+			t.Fatalf("%s does not read %s's write:\n%s", same[1], same[0], out)
+		}
+	}
 }
 
 // TestStreamBootCapInAll: many client names together cannot make the
