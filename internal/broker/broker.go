@@ -928,65 +928,59 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// applyReport stores a heartbeat in the database and the local host
-// cache or, while the database is away, in the cache and the journal of
-// the outage, which takes it to the database in its turn when it returns.
-func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
+// viaDatabase runs online while the database answers, and offline (the
+// local host cache and the journal of the outage, which takes it to the
+// database in its turn when it returns) while it is away; wasOffline says
+// which did. A request that finds the database back just as it was to be
+// journaled goes to the database.
+func (s *Server) viaDatabase(ctx context.Context, online, offline func() error) (wasOffline bool, err error) {
 	for {
 		if !s.offline.Load() {
-			err := s.store.Heartbeat(ctx, rep)
-			if err == nil {
-				s.cache.heartbeat(rep)
-				return nil
-			}
-			if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
-				return err
-			}
-		}
-		if err := s.cache.offlineHeartbeat(rep); !errors.Is(err, errBackOnline) {
-			return err
-		}
-	}
-}
-
-// applyEvent is applyReport for session events; changed says whether the
-// database changed a session (false while it is away).
-func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, err error) {
-	for {
-		if !s.offline.Load() {
-			changed, err = s.store.Event(ctx, e)
-			if err == nil {
-				s.cache.event(e)
-				return changed, nil
-			}
-			if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
+			err := online()
+			if err == nil || errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
 				return false, err
 			}
 		}
-		if err := s.cache.offlineEvent(e); !errors.Is(err, errBackOnline) {
-			return false, err
-		}
-	}
-}
-
-// applyDrain is applyReport for an administrator's drain; offline says
-// the database was away and the drain is journaled.
-func (s *Server) applyDrain(ctx context.Context, host string, drain bool) (offline bool, err error) {
-	for {
-		if !s.offline.Load() {
-			err := s.store.SetAdminDrain(ctx, host, drain)
-			if err == nil {
-				s.cache.drain(host, drain)
-				return false, nil
-			}
-			if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
-				return false, err
-			}
-		}
-		if err := s.cache.offlineDrain(host, drain); !errors.Is(err, errBackOnline) {
+		if err := offline(); !errors.Is(err, errBackOnline) {
 			return true, err
 		}
 	}
+}
+
+// applyReport stores a heartbeat, through viaDatabase.
+func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
+	_, err := s.viaDatabase(ctx, func() error {
+		err := s.store.Heartbeat(ctx, rep)
+		if err == nil {
+			s.cache.heartbeat(rep)
+		}
+		return err
+	}, func() error { return s.cache.offlineHeartbeat(rep) })
+	return err
+}
+
+// applyEvent stores session events, through viaDatabase; changed says
+// whether the database changed a session (false while it is away).
+func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, err error) {
+	_, err = s.viaDatabase(ctx, func() error {
+		var err error
+		if changed, err = s.store.Event(ctx, e); err == nil {
+			s.cache.event(e)
+		}
+		return err
+	}, func() error { changed = false; return s.cache.offlineEvent(e) })
+	return changed, err
+}
+
+// applyDrain stores an administrator's drain, through viaDatabase.
+func (s *Server) applyDrain(ctx context.Context, host string, drain bool) (offline bool, err error) {
+	return s.viaDatabase(ctx, func() error {
+		err := s.store.SetAdminDrain(ctx, host, drain)
+		if err == nil {
+			s.cache.drain(host, drain)
+		}
+		return err
+	}, func() error { return s.cache.offlineDrain(host, drain) })
 }
 
 // AdminHandler serves the broker's part of the admin API.

@@ -425,16 +425,26 @@ func (c *localCache) event(e store.Event) {
 func (c *localCache) offlineEvent(e store.Event) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.offline.Load() {
-		return errBackOnline
-	}
-	if h, ok := c.hosts[e.Host]; !ok || h.Registration != e.Registration {
-		return store.ErrNotFound // as the database answers
+	if err := c.admitLocked(e.Host, e.Registration); err != nil {
+		return err
 	}
 	if err := c.append(journalEntry{Event: &e}); err != nil {
 		return err
 	}
 	c.eventLocked(e)
+	return nil
+}
+
+// admitLocked lets an agent's report be journaled: only while the
+// database is away, and only from the registration the host has now, as
+// the database would check it.
+func (c *localCache) admitLocked(host, registration string) error {
+	if !c.offline.Load() {
+		return errBackOnline
+	}
+	if h, ok := c.hosts[host]; !ok || h.Registration != registration {
+		return store.ErrNotFound
+	}
 	return nil
 }
 
@@ -515,11 +525,8 @@ func (c *localCache) loadLocked(r store.Report) bool {
 func (c *localCache) offlineHeartbeat(r store.Report) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.offline.Load() {
-		return errBackOnline
-	}
-	if h, ok := c.hosts[r.Host]; !ok || h.Registration != r.Registration {
-		return store.ErrNotFound // as the database answers
+	if err := c.admitLocked(r.Host, r.Registration); err != nil {
+		return err
 	}
 	sig := reportSignature(r)
 	if c.reported[r.Host] != sig || c.wouldReconcile(r) {
