@@ -193,7 +193,7 @@ func renewLocalAgent(cfg *config.Config) error {
 	}
 	cred, err := tk.RenewAgent(strings.TrimSpace(string(old)), broker.AgentCredentialTTL)
 	if err != nil {
-		return fmt.Errorf("up: the local agent's credential in %s: %w", path, err)
+		return fmt.Errorf("up: the local agent's credential in %s is not one this config's auth.token_key signed (was the key changed?): delete the file and remove the host (deskway host remove) to register it again: %w", path, err)
 	}
 	if err := os.WriteFile(path+".new", []byte(cred+"\n"), 0o600); err != nil {
 		return fmt.Errorf("up: %w", err)
