@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,7 +18,9 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker/store"
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/testkit"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
@@ -315,5 +318,47 @@ func TestRenewLocalAgent(t *testing.T) {
 	}
 	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
 		t.Fatalf("credential file mode %v", st.Mode())
+	}
+}
+
+// outageStore is the broker's real store, unreachable while down is set.
+type outageStore struct {
+	*store.Store
+	down bool
+}
+
+func (o *outageStore) RecordAudit(ctx context.Context, a store.AuditRecord) error {
+	if o.down {
+		return errors.New("database unreachable")
+	}
+	return o.Store.RecordAudit(ctx, a)
+}
+
+// TestAuditOutlivesAnOutage: an admin action taken while the database is
+// away (a drain in an outage) reaches the trail once it answers, in its
+// place by time.
+func TestAuditOutlivesAnOutage(t *testing.T) {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "b.db"), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	o := &outageStore{Store: st, down: true}
+	a := &storeAudit{st: o}
+	ctx := context.Background()
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	if err := a.Record(ctx, obs.AuditEntry{Time: t0, Actor: "admin token 1", Action: "POST /api/v1/broker/hosts/h1/drain", Status: 200}); err == nil {
+		t.Fatal("a write to an unreachable database reported no error")
+	}
+	o.down = false
+	if err := a.Record(ctx, obs.AuditEntry{Time: t0.Add(time.Second), Actor: "admin token 1", Action: "POST /api/v1/reload", Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.List(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Action != "POST /api/v1/reload" || got[1].Action != "POST /api/v1/broker/hosts/h1/drain" || !got[1].Time.Equal(t0) {
+		t.Fatalf("trail after the outage: %+v", got)
 	}
 }

@@ -126,7 +126,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		}
 		defer st.Close()
 		rl.broker = b
-		audit = storeAudit{st}
+		audit = &storeAudit{st: st}
 		bln, err := listen("broker.listen", cfg.Broker.Listen)
 		if err != nil {
 			return err
