@@ -55,81 +55,9 @@ agent:
 // it, the agent reports the logon, then the disconnect, and a relaunch
 // returns the same session on the same host, which xfreerdp reconnects to.
 func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
-	r, rdpPort := newRDPRig(t)
-	dir := t.TempDir()
-	_, _, cert, key := testkit.TLS(t)
-	gwPort, brokerPort, adminPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
-	r.gw = fmt.Sprintf("127.0.0.1:%d", gwPort)
-	r.cfg = filepath.Join(dir, "deskway.yaml")
-	write := func(join string) {
-		body := fmt.Sprintf(brokerConfig, dir, adminPort, cert, key, gwPort, rdpPort, r.xrdp.User, r.xrdp.Password, brokerPort, join)
-		if err := os.WriteFile(r.cfg, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("placeholder")
-	out, err := exec.Command(r.bin, "token", "join", "-c", r.cfg, "--group", "desk", "--ttl", "1h").CombinedOutput()
-	if err != nil {
-		t.Fatalf("deskway token join: %v %s", err, out)
-	}
-	write(strings.TrimSpace(string(out)))
-	r.gwLog = testkit.Start(t, nil, r.bin, "run", "-c", r.cfg)
-	// The gateway listens before the broker has migrated its store: wait for both.
-	for _, addr := range []string{r.gw, fmt.Sprintf("127.0.0.1:%d", brokerPort)} {
-		if err := testkit.WaitPort(addr, 20*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	broker := fmt.Sprintf("https://127.0.0.1:%d", brokerPort)
-	launch := func() brokerapi.LaunchResponse {
-		t.Helper()
-		for deadline := time.Now().Add(15 * time.Second); ; {
-			req, _ := http.NewRequest("POST", broker+"/api/v1/launch", strings.NewReader(`{"delivery_group":"desk"}`))
-			req.SetBasicAuth(r.xrdp.User, r.xrdp.Password)
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := hc.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				var lr brokerapi.LaunchResponse
-				if err := json.Unmarshal(body, &lr); err != nil {
-					t.Fatal(err)
-				}
-				return lr
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("launch: %d %s\n%s", resp.StatusCode, body, lastLines(r.gwLog.Log.String(), 20))
-			}
-			time.Sleep(300 * time.Millisecond) // the agent is still registering
-		}
-	}
-	sessionState := func() string {
-		req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d/api/v1/broker/sessions?user=%s", adminPort, r.xrdp.User), nil)
-		req.Header.Set("Authorization", "Bearer e2e-admin-token")
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var ss []map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&ss); err != nil || len(ss) == 0 {
-			return fmt.Sprintf("none (%v)", err)
-		}
-		return fmt.Sprint(ss[0]["state"])
-	}
-	waitState := func(want string) {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); sessionState() != want; {
-			if time.Now().After(deadline) {
-				t.Fatalf("session state %s, want %s\n%s", sessionState(), want, lastLines(r.gwLog.Log.String(), 30))
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
+	b := newBrokerRig(t)
+	r, dir, rdpPort := b.rig, b.dir, b.rdpPort
+	launch, sessionState, waitState := b.launch, b.sessionState, b.waitState
 	first := launch()
 	if first.Host != "xrdp-host" || first.Reconnect || first.Port != rdpPort {
 		t.Fatalf("first launch = %+v", first)
@@ -167,6 +95,103 @@ func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 	waitState("disconnected")
 	if now := userProcs(t, r.xrdp.User, "xterm"); len(now) != 1 || now[0] != desk[0] {
 		t.Fatalf("after the reconnect %s runs xterms %v, want the first session's %v: the reconnect started a new session", r.xrdp.User, now, desk)
+	}
+}
+
+// brokerRig is deskway (gateway, broker and agent) in front of a real
+// xrdp host, the agent reading its sessions.
+type brokerRig struct {
+	*rig
+	t                              *testing.T
+	dir                            string
+	rdpPort, brokerPort, adminPort int
+	hc                             *http.Client
+}
+
+func newBrokerRig(t *testing.T) *brokerRig {
+	r, rdpPort := newRDPRig(t)
+	dir := t.TempDir()
+	_, _, cert, key := testkit.TLS(t)
+	gwPort, brokerPort, adminPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	r.gw = fmt.Sprintf("127.0.0.1:%d", gwPort)
+	r.cfg = filepath.Join(dir, "deskway.yaml")
+	write := func(join string) {
+		body := fmt.Sprintf(brokerConfig, dir, adminPort, cert, key, gwPort, rdpPort, r.xrdp.User, r.xrdp.Password, brokerPort, join)
+		if err := os.WriteFile(r.cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("placeholder")
+	out, err := exec.Command(r.bin, "token", "join", "-c", r.cfg, "--group", "desk", "--ttl", "1h").CombinedOutput()
+	if err != nil {
+		t.Fatalf("deskway token join: %v %s", err, out)
+	}
+	write(strings.TrimSpace(string(out)))
+	r.gwLog = testkit.Start(t, nil, r.bin, "run", "-c", r.cfg)
+	// The gateway listens before the broker has migrated its store: wait for both.
+	for _, addr := range []string{r.gw, fmt.Sprintf("127.0.0.1:%d", brokerPort)} {
+		if err := testkit.WaitPort(addr, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	return &brokerRig{rig: r, t: t, dir: dir, rdpPort: rdpPort, brokerPort: brokerPort, adminPort: adminPort, hc: hc}
+}
+
+// launch asks the broker for the test user's desktop, waiting while the
+// agent registers.
+func (b *brokerRig) launch() brokerapi.LaunchResponse {
+	t := b.t
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		req, _ := http.NewRequest("POST", fmt.Sprintf("https://127.0.0.1:%d/api/v1/launch", b.brokerPort), strings.NewReader(`{"delivery_group":"desk"}`))
+		req.SetBasicAuth(b.xrdp.User, b.xrdp.Password)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := b.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			var lr brokerapi.LaunchResponse
+			if err := json.Unmarshal(body, &lr); err != nil {
+				t.Fatal(err)
+			}
+			return lr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("launch: %d %s\n%s", resp.StatusCode, body, lastLines(b.gwLog.Log.String(), 20))
+		}
+		time.Sleep(300 * time.Millisecond) // the agent is still registering
+	}
+}
+
+// sessionState is the broker's state of the test user's live session.
+func (b *brokerRig) sessionState() string {
+	t := b.t
+	req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d/api/v1/broker/sessions?user=%s", b.adminPort, b.xrdp.User), nil)
+	req.Header.Set("Authorization", "Bearer e2e-admin-token")
+	resp, err := b.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ss []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&ss); err != nil || len(ss) == 0 {
+		return fmt.Sprintf("none (%v)", err)
+	}
+	return fmt.Sprint(ss[0]["state"])
+}
+
+func (b *brokerRig) waitState(want string) {
+	t := b.t
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); b.sessionState() != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("session state %s, want %s\n%s", b.sessionState(), want, lastLines(b.gwLog.Log.String(), 30))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -28,6 +28,9 @@ type Deps struct {
 	Sessions func() ([]brokerapi.Session, error)
 	// Proc is the /proc to read counters from.
 	Proc string
+	// Control carries out session commands; nil answers each that this
+	// host's sessions are not controlled.
+	Control Controller
 	// CredentialFile keeps the credential the broker gave this host, so
 	// a restarted agent re-registers with it: a join token only ever
 	// registers new hosts. Empty keeps it in memory only.
@@ -199,20 +202,54 @@ func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []broker
 	if hb.Sessions == nil {
 		hb.Sessions = []brokerapi.Session{}
 	}
-	err = a.d.Client.Heartbeat(ctx, a.cred, hb)
+	cmds, err := a.d.Client.Heartbeat(ctx, a.cred, hb)
 	var se *brokerclient.StatusError
 	if errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusUnauthorized) {
 		a.d.Logger.Info("broker asks to register again", "reason", se.Message)
 		if err := a.register(ctx); err != nil {
 			return err
 		}
-		err = a.d.Client.Heartbeat(ctx, a.cred, hb)
+		cmds, err = a.d.Client.Heartbeat(ctx, a.cred, hb)
+	}
+	for _, c := range cmds {
+		go a.carryOut(ctx, a.cred, c)
 	}
 	if err != nil && !permanent(err) {
 		a.d.Logger.Warn("heartbeat failed", "error", err)
 		return nil
 	}
 	return err
+}
+
+// carryOut runs one session command and answers the broker with the
+// outcome. Commands run beside the heartbeats: a logoff waits for the
+// session's programs to quit.
+func (a *Agent) carryOut(ctx context.Context, cred string, c brokerapi.Command) {
+	log := a.d.Logger.With("command", c.ID, "kind", c.Kind, "user", c.User, "session", c.SessionID)
+	log.Info("session command")
+	var err error
+	switch {
+	case a.d.Control == nil:
+		err = errors.New("this host's agent does not control sessions (agent.sessions is none)")
+	case c.Kind == brokerapi.Logoff:
+		err = a.d.Control.Logoff(ctx, c.User)
+	case c.Kind == brokerapi.Disconnect:
+		err = a.d.Control.Disconnect(ctx, c.User)
+	case c.Kind == brokerapi.Message:
+		err = a.d.Control.Message(ctx, c.User, c.Text)
+	default:
+		err = fmt.Errorf("this agent knows no session command %q", c.Kind)
+	}
+	res := brokerapi.CommandResult{Host: a.cfg.Name}
+	if err != nil {
+		res.Error = err.Error()
+		log.Warn("session command failed", "error", err)
+	} else {
+		log.Info("session command carried out")
+	}
+	if err := a.d.Client.CommandResult(ctx, cred, c.ID, res); err != nil {
+		log.Warn("could not tell the broker a command's outcome", "error", err)
+	}
 }
 
 // Diff turns two readings of a host's sessions into events: a new user is

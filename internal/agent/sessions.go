@@ -21,21 +21,44 @@ import (
 // xrdp records no utmp entries and needs no logind, so this is what tells
 // the session state on a plain Debian host.
 func XRDPSessions(root string) ([]brokerapi.Session, error) {
+	found, err := scanXRDP(root)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]brokerapi.Session, 0, len(found))
+	for _, s := range found {
+		state := "disconnected"
+		if s.connected {
+			state = "active"
+		}
+		out = append(out, brokerapi.Session{User: s.user, State: state})
+	}
+	return out, nil
+}
+
+// xrdpSession is one xrdp session as /proc shows it.
+type xrdpSession struct {
+	user      string
+	uid       string
+	display   string // N of :N
+	xserver   int    // the X server's pid
+	sesman    int    // the xrdp-sesman process that started it
+	connected bool
+}
+
+// scanXRDP lists the xrdp sessions under root, sorted by user.
+func scanXRDP(root string) ([]xrdpSession, error) {
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	type xs struct {
-		uid     string
-		display string
-	}
-	var servers []xs
+	var out []xrdpSession
 	for _, e := range ents {
-		pid := e.Name()
-		if _, err := strconv.Atoi(pid); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
-		args, err := os.ReadFile(filepath.Join(root, pid, "cmdline"))
+		args, err := os.ReadFile(filepath.Join(root, e.Name(), "cmdline"))
 		if err != nil {
 			continue
 		}
@@ -47,7 +70,7 @@ func XRDPSessions(root string) ([]brokerapi.Session, error) {
 		if prog != "Xorg" && prog != "Xvnc" {
 			continue
 		}
-		status, err := os.ReadFile(filepath.Join(root, pid, "status"))
+		status, err := os.ReadFile(filepath.Join(root, e.Name(), "status"))
 		if err != nil {
 			continue
 		}
@@ -56,9 +79,10 @@ func XRDPSessions(root string) ([]brokerapi.Session, error) {
 		if strings.TrimSpace(string(parent)) != "xrdp-sesman" {
 			continue
 		}
+		sesman, _ := strconv.Atoi(ppid)
 		for _, a := range argv[1:] {
 			if strings.HasPrefix(a, ":") {
-				servers = append(servers, xs{uid: uid, display: a[1:]})
+				out = append(out, xrdpSession{uid: uid, display: a[1:], xserver: pid, sesman: sesman})
 				break
 			}
 		}
@@ -68,19 +92,14 @@ func XRDPSessions(root string) ([]brokerapi.Session, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	connected := connectedXRDPDisplays(unix)
-	var out []brokerapi.Session
-	for _, s := range servers {
-		name := s.uid
-		if u, err := user.LookupId(s.uid); err == nil {
-			name = u.Username
+	for i := range out {
+		out[i].user = out[i].uid
+		if u, err := user.LookupId(out[i].uid); err == nil {
+			out[i].user = u.Username
 		}
-		state := "disconnected"
-		if connected[s.display] {
-			state = "active"
-		}
-		out = append(out, brokerapi.Session{User: name, State: state})
+		out[i].connected = connected[out[i].display]
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	sort.Slice(out, func(i, j int) bool { return out[i].user < out[j].user })
 	return out, nil
 }
 

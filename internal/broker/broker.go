@@ -397,6 +397,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v1/agent/register", s.register)
 	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
 	mux.HandleFunc("POST /api/v1/agent/events", s.events)
+	mux.HandleFunc("POST /api/v1/agent/commands/{id}", s.commandResult)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusNotFound, "no such broker API path %s %s (see docs/broker-openapi.yaml)", r.Method, r.URL.Path)
@@ -882,7 +883,121 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.m.heartbeats.Inc()
+	var cmds []store.Command
+	if !s.offline.Load() {
+		if cmds, err = s.store.TakeCommands(r.Context(), hb.Host, s.now(), commandTTL); err != nil {
+			// They stay queued for the next heartbeat.
+			s.log.Warn("could not hand a host its commands", "host", hb.Host, "error", err)
+		}
+	}
+	if len(cmds) == 0 {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	resp := brokerapi.HeartbeatResponse{}
+	for _, c := range cmds {
+		resp.Commands = append(resp.Commands, brokerapi.Command{ID: c.ID, SessionID: c.SessionID, User: c.User, Kind: c.Kind, Text: c.Text})
+		s.log.Info("session command sent to host", "command", c.ID, "kind", c.Kind, "host", hb.Host, "user", c.User, "session", c.SessionID)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// commandTTL is how long a session command waits for its host's agent to
+// take it and answer; past it, the command reads as expired.
+const commandTTL = 2 * time.Minute
+
+// maxCommandText bounds a message and an agent's failure reason.
+const maxCommandText = 1000
+
+// commandResult records an agent's answer to a command it was sent.
+func (s *Server) commandResult(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.agent(w, r)
+	if !ok {
+		return
+	}
+	var res brokerapi.CommandResult
+	if err := decode(w, r, &res); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if !s.sameHost(w, r, c, res.Host) {
+		return
+	}
+	if len(res.Error) > maxCommandText {
+		res.Error = res.Error[:maxCommandText]
+	}
+	id := r.PathValue("id")
+	err := s.store.FinishCommand(r.Context(), res.Host, id, res.Error, s.now())
+	if errors.Is(err, store.ErrNotFound) {
+		s.fail(w, r, http.StatusNotFound, "host %q was sent no command %q that waits for an answer", res.Host, id)
+		return
+	}
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	if res.Error != "" {
+		s.log.Warn("session command failed on host", "command", id, "host", res.Host, "error", res.Error)
+	} else {
+		s.log.Info("session command carried out", "command", id, "host", res.Host)
+	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// commandStatus is a command as the admin API shows it.
+func commandStatus(c store.Command) brokerapi.CommandStatus {
+	return brokerapi.CommandStatus{Command: brokerapi.Command{ID: c.ID, SessionID: c.SessionID, User: c.User, Kind: c.Kind, Text: c.Text},
+		Host: c.Host, State: c.State, Error: c.Error}
+}
+
+// queueCommand is the admin API's logoff, disconnect and message.
+func (s *Server) queueCommand(w http.ResponseWriter, r *http.Request) {
+	id, kind := r.PathValue("id"), r.PathValue("kind")
+	if kind != brokerapi.Logoff && kind != brokerapi.Disconnect && kind != brokerapi.Message {
+		s.fail(w, r, http.StatusNotFound, "no session command %q: logoff, disconnect or message", kind)
+		return
+	}
+	var req brokerapi.CommandRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			s.fail(w, r, http.StatusBadRequest, "%v", err)
+			return
+		}
+	}
+	switch {
+	case kind == brokerapi.Message && strings.TrimSpace(req.Text) == "":
+		s.fail(w, r, http.StatusBadRequest, `a message needs {"text": "..."}`)
+		return
+	case kind != brokerapi.Message && req.Text != "":
+		s.fail(w, r, http.StatusBadRequest, "%s takes no text; send a message for that", kind)
+		return
+	case len(req.Text) > maxCommandText:
+		s.fail(w, r, http.StatusBadRequest, "the message is %d bytes; at most %d", len(req.Text), maxCommandText)
+		return
+	case strings.ContainsFunc(req.Text, func(c rune) bool { return c < ' ' && c != '\n' || c == 0x7f }):
+		s.fail(w, r, http.StatusBadRequest, "the message holds control characters; only newlines may break it")
+		return
+	}
+	var c store.Command
+	var err error
+	if s.offlineFor(r, func() error { c, err = s.store.QueueCommand(r.Context(), id, kind, req.Text, s.now()); return err }) {
+		s.fail(w, r, http.StatusServiceUnavailable, "session commands need the database, which is unreachable: try again when it returns")
+		return
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		s.fail(w, r, http.StatusNotFound, "no session with id %q (deskway session ls)", id)
+		return
+	case errors.Is(err, store.ErrSessionEnded):
+		s.fail(w, r, http.StatusConflict, "session %q has ended", id)
+		return
+	case err != nil:
+		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	s.log.Info("session command queued", "command", c.ID, "kind", kind, "session", id, "host", c.Host, "user", c.User)
+	w.Header().Set("Location", "/api/v1/broker/commands/"+c.ID)
+	writeJSON(w, http.StatusAccepted, commandStatus(c))
 }
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
@@ -1052,6 +1167,27 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.cache.end(id)
 		s.log.Info("session record ended by administrator", "session", id)
 		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /api/v1/broker/sessions/{id}/{kind}", s.queueCommand)
+	mux.HandleFunc("GET /api/v1/broker/commands/{id}", func(w http.ResponseWriter, r *http.Request) {
+		var c store.Command
+		var err error
+		if s.offlineFor(r, func() error {
+			c, err = s.store.CommandByID(r.Context(), r.PathValue("id"), s.now(), commandTTL)
+			return err
+		}) {
+			s.fail(w, r, http.StatusServiceUnavailable, "session commands are kept in the database, which is unreachable: try again when it returns")
+			return
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			s.fail(w, r, http.StatusNotFound, "no command %q", r.PathValue("id"))
+			return
+		}
+		if err != nil {
+			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		writeJSON(w, http.StatusOK, commandStatus(c))
 	})
 	mux.HandleFunc("DELETE /api/v1/broker/hosts/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")

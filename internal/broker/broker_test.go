@@ -118,7 +118,7 @@ func (r *rig) agent(name, group, zone string) string {
 func (r *rig) beat(host, cred string, hb brokerapi.Heartbeat) {
 	r.t.Helper()
 	hb.Host = host
-	if err := r.client.Heartbeat(context.Background(), cred, hb); err != nil {
+	if _, err := r.client.Heartbeat(context.Background(), cred, hb); err != nil {
 		r.t.Fatal(err)
 	}
 }

@@ -376,7 +376,7 @@ func TestRemovedHostCredentialCannotTakeOverItsReplacement(t *testing.T) {
 	if _, err := r.register(old, brokerapi.RegisterRequest{Name: "hostA", Address: "attacker.example.test"}); status(err) != http.StatusNotFound {
 		t.Fatalf("the removed host's credential re-registered the new hostA: %v, want 404", err)
 	}
-	err := r.client.Heartbeat(ctx, old, brokerapi.Heartbeat{Host: "hostA", DiskIdle: 0.9, Drain: true,
+	_, err := r.client.Heartbeat(ctx, old, brokerapi.Heartbeat{Host: "hostA", DiskIdle: 0.9, Drain: true,
 		Sessions: []brokerapi.Session{{User: "bob", State: "active"}}})
 	if status(err) != http.StatusNotFound {
 		t.Fatalf("the removed host's credential sent a heartbeat for the new hostA: %v, want 404", err)
@@ -398,7 +398,7 @@ func TestRemovedHostCredentialCannotTakeOverItsReplacement(t *testing.T) {
 	labOld := r.agent("hostC", "lab", "")
 	remove("hostC")
 	r.agent("hostC", "lab", "")
-	if err := r.client.Heartbeat(ctx, labOld, brokerapi.Heartbeat{Host: "hostC", Drain: true}); status(err) != http.StatusNotFound {
+	if _, err := r.client.Heartbeat(ctx, labOld, brokerapi.Heartbeat{Host: "hostC", Drain: true}); status(err) != http.StatusNotFound {
 		t.Fatalf("a removed lab host's credential reached the lab host that replaced it: %v", err)
 	}
 }

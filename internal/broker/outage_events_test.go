@@ -75,7 +75,7 @@ func (w *world) beat(t *testing.T, h string, states map[string]string) {
 			hb.Sessions = append(hb.Sessions, brokerapi.Session{User: u, State: states[u]})
 		}
 	}
-	if err := w.r.client.Heartbeat(context.Background(), w.creds[h], hb); err != nil {
+	if _, err := w.r.client.Heartbeat(context.Background(), w.creds[h], hb); err != nil {
 		t.Fatalf("%s: heartbeat of %s: %v", w.name, h, err)
 	}
 }

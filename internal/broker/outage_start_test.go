@@ -100,7 +100,7 @@ func TestBrokerStartsDuringAnOutage(t *testing.T) {
 	if !strings.Contains(b2.logs.String(), "database unreachable at start") {
 		t.Fatalf("the outage start is not logged:\n%s", b2.logs.String())
 	}
-	if err := b2.client.Heartbeat(context.Background(), cred, brokerapi.Heartbeat{Host: "h1", DiskIdle: 0.9}); err != nil {
+	if _, err := b2.client.Heartbeat(context.Background(), cred, brokerapi.Heartbeat{Host: "h1", DiskIdle: 0.9}); err != nil {
 		t.Fatalf("heartbeat during the outage: %v", err)
 	}
 	if again := launch(b2.client, "u1"); !again.Reconnect || again.SessionID != first.SessionID {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/store"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -177,7 +179,7 @@ func hostCmd() *cobra.Command {
 func sessionCmd() *cobra.Command {
 	var cfgPath, user string
 	var all bool
-	c := &cobra.Command{Use: "session", Short: "Sessions the broker placed: list, end a stale record (through the admin API)"}
+	c := &cobra.Command{Use: "session", Short: "Sessions the broker placed: list, log off, disconnect, message, end a stale record (through the admin API)"}
 	c.PersistentFlags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -232,6 +234,80 @@ func sessionCmd() *cobra.Command {
 			return nil
 		},
 	}
-	c.AddCommand(ls, end)
+	c.AddCommand(ls, end, commandStatusCmd(&cfgPath),
+		commandCmd(&cfgPath, brokerapi.Logoff, "logoff ID", "Log a session's user off: the host's agent ends the session's programs", cobra.ExactArgs(1)),
+		commandCmd(&cfgPath, brokerapi.Disconnect, "disconnect ID", "Disconnect a session's user; the session runs on and the next launch reconnects it", cobra.ExactArgs(1)),
+		commandCmd(&cfgPath, brokerapi.Message, "message ID TEXT", "Show a message in a session", cobra.ExactArgs(2)))
 	return c
+}
+
+// commandCmd is deskway session logoff, disconnect or message: it queues
+// the command for the session's host and waits for its agent's answer.
+func commandCmd(cfgPath *string, kind, use, short string, args cobra.PositionalArgs) *cobra.Command {
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  args,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := newAdminClient(*cfgPath)
+			if err != nil {
+				return err
+			}
+			req := brokerapi.CommandRequest{}
+			if kind == brokerapi.Message {
+				req.Text = args[1]
+			}
+			var st brokerapi.CommandStatus
+			if err := a.call(cmd.Context(), "POST", "/api/v1/broker/sessions/"+url.PathEscape(args[0])+"/"+kind, req, &st); err != nil {
+				return err
+			}
+			for deadline := time.Now().Add(wait); st.State == store.CommandPending || st.State == store.CommandSent; {
+				if !time.Now().Before(deadline) {
+					fmt.Fprintf(cmd.OutOrStdout(), "session %s: %s %s on %s; see deskway session command %s\n", args[0], kind, st.State, st.Host, st.ID)
+					return nil
+				}
+				select {
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				case <-time.After(250 * time.Millisecond):
+				}
+				if err := a.call(cmd.Context(), "GET", "/api/v1/broker/commands/"+url.PathEscape(st.ID), nil, &st); err != nil {
+					return err
+				}
+			}
+			if st.State != store.CommandDone {
+				return fmt.Errorf("session %s: %s %s on %s: %s", args[0], kind, st.State, st.Host, st.Error)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "session %s: %s done on %s\n", args[0], kind, st.Host)
+			return nil
+		},
+	}
+	c.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the host's agent to carry it out (0: queue it and return)")
+	return c
+}
+
+// commandStatusCmd is deskway session command: where a command stands.
+func commandStatusCmd(cfgPath *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "command ID",
+		Short: "Show where a logoff, disconnect or message stands",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := newAdminClient(*cfgPath)
+			if err != nil {
+				return err
+			}
+			var st brokerapi.CommandStatus
+			if err := a.call(cmd.Context(), "GET", "/api/v1/broker/commands/"+url.PathEscape(args[0]), nil, &st); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s of session %s (%s on %s): %s", st.ID, st.Kind, st.SessionID, st.User, st.Host, st.State)
+			if st.Error != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), ": %s", st.Error)
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return nil
+		},
+	}
 }

@@ -219,7 +219,7 @@ func (h *simHost) run(ctx context.Context, c *brokerclient.Client, every, beat t
 			h.mu.Lock()
 			ss := append([]brokerapi.Session{}, h.sessions...)
 			h.mu.Unlock()
-			err := c.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: h.name, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9,
+			_, err := c.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: h.name, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9,
 				DiskLatencyMS: 4, Sessions: ss})
 			if err != nil && ctx.Err() == nil {
 				log.Warn("simulated host: heartbeat", "host", h.name, "error", err)
@@ -311,7 +311,7 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 				return
 			}
 			h := &simHost{name: name, cred: r.Credential}
-			if err := client.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: name, DiskIdle: 0.9, Sessions: []brokerapi.Session{}}); err != nil {
+			if _, err := client.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: name, DiskIdle: 0.9, Sessions: []brokerapi.Session{}}); err != nil {
 				regErr <- err
 				return
 			}

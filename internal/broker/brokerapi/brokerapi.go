@@ -100,3 +100,56 @@ type Event struct {
 type DrainRequest struct {
 	Drain bool `json:"drain"`
 }
+
+// Session control commands an administrator sends to a session through
+// the host's agent.
+const (
+	// Logoff ends the session: its programs are asked to quit, then stopped.
+	Logoff = "logoff"
+	// Disconnect drops the user's connection; the session runs on.
+	Disconnect = "disconnect"
+	// Message shows Text in the session.
+	Message = "message"
+)
+
+// HeartbeatResponse carries the commands waiting for the host; a
+// heartbeat with none is answered 204 No Content.
+type HeartbeatResponse struct {
+	Commands []Command `json:"commands"`
+}
+
+// Command is one session control command for the agent to carry out and
+// answer with a CommandResult.
+type Command struct {
+	ID        string `json:"id"`
+	SessionID string `json:"session_id"`
+	User      string `json:"user"`
+	// Kind is logoff, disconnect or message.
+	Kind string `json:"kind"`
+	// Text is the message to show (message only).
+	Text string `json:"text,omitempty"`
+}
+
+// CommandResult is the agent's answer to a command.
+type CommandResult struct {
+	Host string `json:"host"`
+	// Error is empty when the command was carried out, else why not.
+	Error string `json:"error,omitempty"`
+}
+
+// CommandRequest is an administrator's logoff, disconnect or message
+// for a session (Text for message only).
+type CommandRequest struct {
+	Text string `json:"text,omitempty"`
+}
+
+// CommandStatus is a command as the broker knows it.
+type CommandStatus struct {
+	Command
+	Host string `json:"host"`
+	// State is pending (waiting for the host's next heartbeat), sent (its
+	// agent has it), done, failed, or expired (no agent answered in time).
+	State string `json:"state"`
+	// Error is the agent's reason for failed, or why expired.
+	Error string `json:"error,omitempty"`
+}

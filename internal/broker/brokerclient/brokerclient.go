@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -91,7 +92,7 @@ func (c *Client) do(ctx context.Context, path string, cred Credentials, in, out 
 		}
 		return se
 	}
-	if out == nil {
+	if out == nil || len(b) == 0 {
 		return nil
 	}
 	if err := json.Unmarshal(b, out); err != nil {
@@ -133,8 +134,16 @@ func (c *Client) Register(ctx context.Context, joinToken string, req brokerapi.R
 }
 
 // Heartbeat reports a host's load, health and sessions.
-func (c *Client) Heartbeat(ctx context.Context, credential string, hb brokerapi.Heartbeat) error {
-	return c.do(ctx, "/api/v1/agent/heartbeat", Bearer(credential), hb, nil)
+// The answer holds the session control commands waiting for the host.
+func (c *Client) Heartbeat(ctx context.Context, credential string, hb brokerapi.Heartbeat) ([]brokerapi.Command, error) {
+	var res brokerapi.HeartbeatResponse
+	err := c.do(ctx, "/api/v1/agent/heartbeat", Bearer(credential), hb, &res)
+	return res.Commands, err
+}
+
+// CommandResult answers a command the broker handed this host.
+func (c *Client) CommandResult(ctx context.Context, credential, id string, res brokerapi.CommandResult) error {
+	return c.do(ctx, "/api/v1/agent/commands/"+url.PathEscape(id), Bearer(credential), res, nil)
 }
 
 // Events reports session changes.

@@ -395,6 +395,10 @@ func (s *Store) RemoveHost(ctx context.Context, name string) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE host_name = $1`, name); err != nil {
 		return fmt.Errorf("store: remove host %s: %w", name, err)
 	}
+	// A replacement joining under the name must not inherit its commands.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM host_commands WHERE host_name = $1`, name); err != nil {
+		return fmt.Errorf("store: remove host %s: %w", name, err)
+	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM hosts WHERE name = $1`, name)
 	if err != nil {
 		return fmt.Errorf("store: remove host %s: %w", name, err)

@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Command states. A command is pending until its host's next heartbeat
+// takes it, sent until the agent answers, then done or failed. One that
+// no agent took or answered within its time to live reads as expired.
+const (
+	CommandPending = "pending"
+	CommandSent    = "sent"
+	CommandDone    = "done"
+	CommandFailed  = "failed"
+	CommandExpired = "expired"
+)
+
+// ErrSessionEnded means a command was asked for a session that has ended.
+var ErrSessionEnded = errors.New("store: the session has ended")
+
+// Command is a session control command for a host's agent.
+type Command struct {
+	ID        string
+	Host      string
+	SessionID string
+	User      string
+	Kind      string
+	Text      string
+	State     string
+	Error     string
+	CreatedAt time.Time
+}
+
+// QueueCommand queues kind for the live session id on its host, for the
+// host's agent to take with its next heartbeat.
+func (s *Store) QueueCommand(ctx context.Context, sessionID, kind, text string, now time.Time) (Command, error) {
+	c := Command{ID: NewID(), SessionID: sessionID, Kind: kind, Text: text, State: CommandPending, CreatedAt: now}
+	var state string
+	err := s.db.QueryRowContext(ctx, `SELECT host_name, user_name, state FROM sessions WHERE id = $1`, sessionID).Scan(&c.Host, &c.User, &state)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Command{}, ErrNotFound
+	}
+	if err != nil {
+		return Command{}, fmt.Errorf("store: queue %s: %w", kind, err)
+	}
+	if state == Ended {
+		return Command{}, ErrSessionEnded
+	}
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO host_commands (id, host_name, session_id, user_name, kind, text, state, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7)`, c.ID, c.Host, c.SessionID, c.User, kind, text, now.UnixMilli()); err != nil {
+		return Command{}, fmt.Errorf("store: queue %s: %w", kind, err)
+	}
+	return c, nil
+}
+
+// TakeCommands hands host's agent the commands queued for it since
+// now-ttl, marking them sent: each is handed out once.
+func (s *Store) TakeCommands(ctx context.Context, host string, now time.Time, ttl time.Duration) ([]Command, error) {
+	rows, err := s.db.QueryContext(ctx, `UPDATE host_commands SET state = 'sent', sent_at = $2
+		WHERE host_name = $1 AND state = 'pending' AND created_at > $3
+		RETURNING id, session_id, user_name, kind, text, created_at`, host, now.UnixMilli(), now.Add(-ttl).UnixMilli())
+	if err != nil {
+		return nil, fmt.Errorf("store: commands for %s: %w", host, err)
+	}
+	defer rows.Close()
+	var out []Command
+	for rows.Next() {
+		c := Command{Host: host, State: CommandSent}
+		var created int64
+		if err := rows.Scan(&c.ID, &c.SessionID, &c.User, &c.Kind, &c.Text, &created); err != nil {
+			return nil, fmt.Errorf("store: commands for %s: %w", host, err)
+		}
+		c.CreatedAt = time.UnixMilli(created).UTC()
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: commands for %s: %w", host, err)
+	}
+	return out, nil
+}
+
+// FinishCommand records host's agent's answer to a command it was sent:
+// done when failure is empty, else failed with it. ErrNotFound when host
+// was not sent such a command, or has answered it already.
+func (s *Store) FinishCommand(ctx context.Context, host, id, failure string, now time.Time) error {
+	state := CommandDone
+	if failure != "" {
+		state = CommandFailed
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE host_commands SET state = $3, error = $4, done_at = $5
+		WHERE id = $1 AND host_name = $2 AND state = 'sent'`, id, host, state, failure, now.UnixMilli())
+	if err != nil {
+		return fmt.Errorf("store: finish command %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// CommandByID returns a command; one pending or sent for longer than ttl
+// reads as expired.
+func (s *Store) CommandByID(ctx context.Context, id string, now time.Time, ttl time.Duration) (Command, error) {
+	var c Command
+	var created int64
+	err := s.db.QueryRowContext(ctx, `SELECT id, host_name, session_id, user_name, kind, text, state, error, created_at
+		FROM host_commands WHERE id = $1`, id).Scan(&c.ID, &c.Host, &c.SessionID, &c.User, &c.Kind, &c.Text, &c.State, &c.Error, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Command{}, ErrNotFound
+	}
+	if err != nil {
+		return Command{}, fmt.Errorf("store: command %s: %w", id, err)
+	}
+	c.CreatedAt = time.UnixMilli(created).UTC()
+	if (c.State == CommandPending || c.State == CommandSent) && now.Sub(c.CreatedAt) > ttl {
+		if c.State == CommandPending {
+			c.Error = "the host's agent did not ask for it: the host is down or not reporting"
+		} else {
+			c.Error = "the host's agent took it but never answered"
+		}
+		c.State = CommandExpired
+	}
+	return c, nil
+}
