@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/deskway/deskway/internal/bench/report"
@@ -201,7 +202,7 @@ func runBench(t *testing.T, out, name string, args ...string) report.Result {
 // and checks the result's shape and that every launch was placed.
 func TestBrokerBenchSmoke(t *testing.T) {
 	out := t.TempDir()
-	res := runBench(t, out, "broker", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
+	res := runBench(t, out, "broker", "--mode", "placement", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
 	if res.Bench != "broker" || res.Command == "" {
 		t.Fatalf("header: %+v", res)
 	}
@@ -238,5 +239,53 @@ func TestBrokerBenchSmoke(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s missing or empty", f)
 		}
+	}
+}
+
+// TestBrokerBenchEndToEnd runs a small `deskway bench broker --mode e2e`:
+// sessions take a logon time to appear, users relaunch and log off, and
+// the bench itself fails unless the database ends holding exactly the
+// hosts' sessions. It checks the summary keys and that every relaunch
+// came back to its session.
+func TestBrokerBenchEndToEnd(t *testing.T) {
+	out := t.TempDir()
+	res := runBench(t, out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
+		"--e2e-rtt", "10ms", "--logon-median", "1s", "--relaunch-share", "0.2", "--logoff-share", "0.1")
+	for _, k := range []string{"e2e_rtt10_c60_launches_per_s", "e2e_median_ms"} {
+		if res.Summary[k] <= 0 {
+			t.Errorf("summary %s = %v", k, res.Summary[k])
+		}
+	}
+	if b := res.SummaryText["e2e_bottleneck"]; b != "logon limit" {
+		// 4 hosts × 5 logon slots ÷ 1 s logons allow about 17 launches/s;
+		// 60 launches in flight 10 ms from the database allow 6,000.
+		t.Errorf("e2e_bottleneck = %q, want logon limit", b)
+	}
+	if _, ok := res.Summary["rtt10_c60_launches_per_s"]; ok {
+		t.Error("placement summary present though placement was not measured")
+	}
+	n := 0
+	for _, p := range res.Points {
+		if p.Scenario != "launch-storm-e2e" {
+			t.Errorf("point of scenario %s in an e2e run", p.Scenario)
+			continue
+		}
+		n++
+		m := p.Metrics
+		if m["launches"] != 160 || m["errors"] != 0 || m["relaunches"] < 5 || m["reconnects"] != m["relaunches"] || m["logoffs"] < 1 ||
+			m["new_users"]+m["relaunches"] != 160 || m["busy_waits"]+m["retries"] == 0 {
+			t.Errorf("point %v: %v", p.Params, m)
+		}
+		// Time to desktop includes the 1 s median logon.
+		if m["desktop_median_s"] < 0.5 {
+			t.Errorf("desktop_median_s = %v", m["desktop_median_s"])
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d end-to-end points, want 1", n)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "result.md"))
+	if err != nil || !strings.Contains(string(md), "| Bottleneck | logon limit |") {
+		t.Errorf("result.md lacks the end-to-end table: %v\n%s", err, md)
 	}
 }

@@ -267,8 +267,9 @@ func benchThroughputCmd() *cobra.Command {
 
 func benchBrokerCmd() *cobra.Command {
 	var (
-		out, conc, rtts, systems string
-		o                        brokerbench.Options
+		out, conc, rtts, systems, modes string
+		e2eConc, e2eRTTs                string
+		o                               brokerbench.Options
 	)
 	c := &cobra.Command{
 		Use:   "broker",
@@ -279,16 +280,19 @@ func benchBrokerCmd() *cobra.Command {
 			if o.Concurrency, err = counts("--concurrency", conc); err != nil {
 				return err
 			}
-			for _, s := range strings.Split(rtts, ",") {
-				if s = strings.TrimSpace(s); s == "" {
-					continue
-				}
-				d, err := time.ParseDuration(s)
-				if err != nil || d < 0 {
-					return fmt.Errorf("bench: --rtt: %q is not a duration like 45ms", s)
-				}
-				o.RTTs = append(o.RTTs, d)
+			if o.RTTs, err = durations("--rtt", rtts); err != nil {
+				return err
 			}
+			if o.E2E.Concurrency, err = counts("--e2e-concurrency", e2eConc); err != nil {
+				return err
+			}
+			if o.E2E.RTTs, err = durations("--e2e-rtt", e2eRTTs); err != nil {
+				return err
+			}
+			if o.E2E.RelaunchShare < 0 || o.E2E.RelaunchShare >= 1 || o.E2E.LogoffShare < 0 || o.E2E.LogoffShare >= 1 {
+				return errors.New("bench: --relaunch-share and --logoff-share are fractions from 0 to below 1")
+			}
+			o.Modes = strings.Split(modes, ",")
 			if systems != "" {
 				o.Systems = strings.Split(systems, ",")
 			}
@@ -309,14 +313,42 @@ func benchBrokerCmd() *cobra.Command {
 	c.Flags().StringVar(&rtts, "rtt", "10ms,45ms,90ms,160ms,250ms", "broker-to-PostgreSQL round trips, comma-separated")
 	c.Flags().StringVar(&systems, "systems", "postgres,sqlite", "databases: postgres (over each RTT), sqlite (embedded)")
 	c.Flags().IntVar(&o.LogonLimit, "logon-limit", 5, "per-host launches not yet logged on")
-	c.Flags().DurationVar(&o.LogonAfter, "logon-after", 100*time.Millisecond, "how often a simulated host reports logons")
+	c.Flags().DurationVar(&o.LogonAfter, "logon-after", 100*time.Millisecond, "placement mode: how often a simulated host reports logons")
+	c.Flags().StringVar(&modes, "mode", "placement,e2e", "placement (sessions log on at once, the paper's setting), e2e (real logon times, hosts that fill, relaunches, logoffs)")
+	c.Flags().IntVar(&o.E2E.Launches, "e2e-launches", 1500, "e2e mode: launches per point")
+	c.Flags().StringVar(&e2eConc, "e2e-concurrency", "12,60", "e2e mode: launches in flight, comma-separated")
+	c.Flags().StringVar(&e2eRTTs, "e2e-rtt", "10ms,250ms", "e2e mode: broker-to-PostgreSQL round trips, comma-separated")
+	c.Flags().DurationVar(&o.E2E.LogonMedian, "logon-median", 20*time.Second, "e2e mode: median logon time (log-normal)")
+	c.Flags().Float64Var(&o.E2E.LogonSigma, "logon-sigma", 0.35, "e2e mode: σ of the logon time's logarithm")
+	c.Flags().DurationVar(&o.E2E.SessionPoll, "session-poll", time.Second, "e2e mode: how often each host's agent reads its sessions (agent.session_poll)")
+	c.Flags().Float64Var(&o.E2E.RelaunchShare, "relaunch-share", 0.10, "e2e mode: share of launches that are users launching again while their session runs")
+	c.Flags().Float64Var(&o.E2E.LogoffShare, "logoff-share", 0.05, "e2e mode: share of new sessions that log off soon after logon")
 	return c
+}
+
+// durations parses a comma-separated list of non-negative durations.
+func durations(flag, list string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("bench: %s: %q is not a duration like 45ms", flag, s)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // printSummary prints a bench's headline figures and where its results went.
 func printSummary(cmd *cobra.Command, res *report.Result, out string) {
 	for k, v := range res.Summary {
 		fmt.Fprintf(cmd.OutOrStdout(), "%s\t%g\n", k, v)
+	}
+	for k, v := range res.SummaryText {
+		fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", k, v)
 	}
 	if out != "" {
 		fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)

@@ -53,6 +53,11 @@ type Options struct {
 	// LogonAfter is how often a simulated host reports the logons of the
 	// sessions placed on it: the paper's simulated sessions log on at once.
 	LogonAfter time.Duration
+	// Modes are what is measured: placement (every launch's session logs
+	// on at once, the paper's setting) and e2e (real logon times).
+	Modes []string
+	// E2E configures the end-to-end mode.
+	E2E E2E
 	// BrokerLog receives the broker's own log (default: warnings and up
 	// to Log), so a launch storm does not log every launch.
 	BrokerLog *slog.Logger
@@ -86,6 +91,10 @@ func (o *Options) defaults() {
 	if o.LogonAfter == 0 {
 		o.LogonAfter = 100 * time.Millisecond
 	}
+	if len(o.Modes) == 0 {
+		o.Modes = []string{"placement", "e2e"}
+	}
+	o.E2E.defaults()
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -113,8 +122,37 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if err := tlsconf.SelfSigned(filepath.Join(tmp, "tls.crt"), filepath.Join(tmp, "tls.key"), nil); err != nil {
 		return nil, err
 	}
+	placement, e2e := false, false
+	for _, m := range o.Modes {
+		switch m {
+		case "placement":
+			placement = true
+		case "e2e":
+			e2e = true
+		default:
+			return nil, fmt.Errorf("brokerbench: unknown mode %q (placement, e2e)", m)
+		}
+	}
 	var pg *pgcluster.Cluster
+	startPG := func() error {
+		if pg != nil {
+			return nil
+		}
+		// A durable server, as production runs it: commits wait for the WAL.
+		var err error
+		pg, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, MaxConnections: 400})
+		return err
+	}
+	defer func() {
+		if pg != nil {
+			pg.Stop()
+		}
+	}()
+	n := 0
 	for _, sys := range o.Systems {
+		if !placement {
+			break
+		}
 		switch sys {
 		case "postgres":
 			if !pgcluster.Available() {
@@ -122,12 +160,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 					Metrics: map[string]float64{}, Skipped: "PostgreSQL is not installed (apt-get install postgresql)"})
 				continue
 			}
-			// A durable server, as production runs it: commits wait for the WAL.
-			if pg, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, MaxConnections: 400}); err != nil {
+			if err := startPG(); err != nil {
 				return nil, err
 			}
-			defer pg.Stop()
-			n := 0
 			for _, rtt := range o.RTTs {
 				for _, c := range o.Concurrency {
 					n++
@@ -154,9 +189,33 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			return nil, fmt.Errorf("brokerbench: unknown system %q (postgres, sqlite)", sys)
 		}
 	}
-	res.Points = append(res.Points, paperPoints()...)
+	if e2e && !pgcluster.Available() {
+		res.Points = append(res.Points, report.Point{Scenario: "launch-storm-e2e", System: "deskway-postgres",
+			Metrics: map[string]float64{}, Skipped: "PostgreSQL is not installed (apt-get install postgresql)"})
+	} else if e2e {
+		if err := startPG(); err != nil {
+			return nil, err
+		}
+		for _, rtt := range o.E2E.RTTs {
+			for _, c := range o.E2E.Concurrency {
+				n++
+				dsn, err := pg.CreateDB(ctx, fmt.Sprintf("bench%d", n), "")
+				if err != nil {
+					return nil, err
+				}
+				p, err := o.e2ePoint(ctx, tmp, dsn, pg.Addr(), rtt, c)
+				if err != nil {
+					return nil, err
+				}
+				res.Points = append(res.Points, p)
+			}
+		}
+	}
+	if placement {
+		res.Points = append(res.Points, paperPoints()...)
+	}
 	summarize(res)
-	res.Notes = notes(o)
+	res.Notes = notes(o, placement, e2e)
 	if o.Out != "" {
 		if err := write(res, o.Out); err != nil {
 			return nil, err
@@ -228,18 +287,31 @@ func (h *simHost) run(ctx context.Context, c *brokerclient.Client, every, beat t
 	}
 }
 
-// point runs one storm: a fresh database, a broker, the simulated hosts,
-// then Launches launches at concurrency c.
-func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, rtt time.Duration, c int) (report.Point, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
+// farm is one point's broker, its database and the session hosts
+// registered with it through the agent API.
+type farm struct {
+	client *brokerclient.Client
+	creds  map[string]string // host name → credential
+	st     *store.Store
+	reg    *prometheus.Registry
+	cfg    *config.Config
+	hc     *http.Client
+}
+
+func (f *farm) close() {
+	f.hc.CloseIdleConnections()
+	f.st.Close()
+}
+
+// startFarm starts, until ctx ends, a broker on a fresh database (through
+// a latency proxy of rtt when one is given) and registers o.Hosts hosts
+// at once, as a farm's agents do when the broker starts. Its goroutines
+// join wg.
+func (o *Options) startFarm(ctx context.Context, wg *sync.WaitGroup, tmp, dsn, pgAddr string, rtt time.Duration, c, sessionLimit, logonLimit int) (*farm, error) {
 	if rtt > 0 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return report.Point{}, err
+			return nil, err
 		}
 		px := &latency.Proxy{Target: pgAddr, OneWay: rtt / 2}
 		wg.Add(1)
@@ -249,54 +321,56 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 	cfg := &config.Config{StateDir: tmp, Auth: config.Auth{TokenKey: config.NewSecret(tokenKey)},
 		Broker: &config.Broker{Database: dsn, Gateway: "gateway.bench:443", MaxDBConnections: 2*c + 40,
 			FrontendTokens: []config.Secret{config.NewSecret(frontendToken)},
-			DeliveryGroups: []config.DeliveryGrp{{Name: group, Groups: []string{group}, SessionLimit: o.SessionLimit, LogonLimit: o.LogonLimit}}}}
+			DeliveryGroups: []config.DeliveryGrp{{Name: group, Groups: []string{group}, SessionLimit: sessionLimit, LogonLimit: logonLimit}}}}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
 	st, err := store.Open(ctx, dsn, cfg.Broker.MaxDBConnections)
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
-	defer st.Close()
+	f := &farm{st: st, cfg: cfg, reg: prometheus.NewRegistry(), creds: map[string]string{}}
+	ok := false
+	defer func() {
+		if !ok {
+			st.Close()
+		}
+	}()
 	tokens, err := auth.NewTokens([]byte(tokenKey), nil)
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
 	users, _ := auth.NewUsers(nil)
-	reg := prometheus.NewRegistry()
-	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Registry: reg, Users: users,
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Registry: f.reg, Users: users,
 		Tokens: tokens, Store: st, StateDir: tmp})
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
 	if err := b.Start(ctx); err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
 	tc, err := tlsconf.Load(filepath.Join(tmp, "tls.crt"), filepath.Join(tmp, "tls.key"), tmp, nil)
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = b.Serve(ctx, ln, tc) }()
 	ctc, err := trust(filepath.Join(tmp, "tls.crt"))
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
-	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{TLSClientConfig: ctc,
+	f.hc = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{TLSClientConfig: ctc,
 		MaxIdleConnsPerHost: 2*c + o.Hosts, MaxIdleConns: 2*c + o.Hosts}}
-	defer hc.CloseIdleConnections()
-	client := &brokerclient.Client{Base: "https://" + ln.Addr().String(), HTTP: hc, MaxRetries: 1000}
+	f.client = &brokerclient.Client{Base: "https://" + ln.Addr().String(), HTTP: f.hc, MaxRetries: 1000}
 	join, err := tokens.MintJoin(group, "", time.Hour, 0)
 	if err != nil {
-		return report.Point{}, err
+		return nil, err
 	}
-	// Hosts register at once, as a farm's agents do when the broker starts.
-	hosts := map[string]*simHost{}
 	var mu sync.Mutex
 	var joined sync.WaitGroup
 	regErr := make(chan error, o.Hosts)
@@ -305,29 +379,53 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		go func() {
 			defer joined.Done()
 			name := fmt.Sprintf("vda%03d", i+1)
-			r, err := client.Register(ctx, join, brokerapi.RegisterRequest{Name: name, Address: name + ".bench", Port: 3389})
+			r, err := f.client.Register(ctx, join, brokerapi.RegisterRequest{Name: name, Address: name + ".bench", Port: 3389})
 			if err != nil {
 				regErr <- fmt.Errorf("brokerbench: register %s: %w", name, err)
 				return
 			}
-			h := &simHost{name: name, cred: r.Credential}
-			if _, err := client.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: name, DiskIdle: 0.9, Sessions: []brokerapi.Session{}}); err != nil {
+			if _, err := f.client.Heartbeat(ctx, r.Credential, brokerapi.Heartbeat{Host: name, DiskIdle: 0.9, Sessions: []brokerapi.Session{}}); err != nil {
 				regErr <- err
 				return
 			}
 			mu.Lock()
-			hosts[name] = h
+			f.creds[name] = r.Credential
 			mu.Unlock()
 		}()
 	}
 	joined.Wait()
 	close(regErr)
 	if err := <-regErr; err != nil {
+		return nil, err
+	}
+	ok = true
+	return f, nil
+}
+
+// point runs one storm: a fresh database, a broker, the simulated hosts,
+// then Launches launches at concurrency c.
+func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, rtt time.Duration, c int) (report.Point, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var f *farm
+	defer func() {
+		cancel()
+		wg.Wait()
+		if f != nil {
+			f.close()
+		}
+	}()
+	f, err := o.startFarm(ctx, &wg, tmp, dsn, pgAddr, rtt, c, o.SessionLimit, o.LogonLimit)
+	if err != nil {
 		return report.Point{}, err
 	}
-	for _, h := range hosts {
+	client, st, reg := f.client, f.st, f.reg
+	hosts := map[string]*simHost{}
+	for name, cred := range f.creds {
+		h := &simHost{name: name, cred: cred}
+		hosts[name] = h
 		wg.Add(1)
-		go func() { defer wg.Done(); h.run(ctx, client, o.LogonAfter, cfg.Broker.HeartbeatInterval.D(), o.Log) }()
+		go func() { defer wg.Done(); h.run(ctx, client, o.LogonAfter, f.cfg.Broker.HeartbeatInterval.D(), o.Log) }()
 	}
 	launch := func(user string) (time.Duration, int, error) {
 		start := time.Now()
@@ -481,17 +579,24 @@ func processCPU() time.Duration {
 
 var errNoPoint = errors.New("no such point")
 
-// find returns the metrics of system at rtt and concurrency.
+// find returns the metrics of system's placement point at rtt and
+// concurrency.
 func find(res *report.Result, system string, rtt int64, c int) (map[string]float64, error) {
+	p, err := findPoint(res, "launch-storm", system, rtt, c)
+	return p.Metrics, err
+}
+
+// findPoint returns scenario's point of system at rtt and concurrency.
+func findPoint(res *report.Result, scenario, system string, rtt int64, c int) (report.Point, error) {
 	for _, p := range res.Points {
-		if p.System != system || p.Skipped != "" {
+		if p.Scenario != scenario || p.System != system || p.Skipped != "" {
 			continue
 		}
 		if toInt64(p.Params["rtt_ms"]) == rtt && int(toInt64(p.Params["concurrency"])) == c {
-			return p.Metrics, nil
+			return p, nil
 		}
 	}
-	return nil, errNoPoint
+	return report.Point{}, errNoPoint
 }
 
 func toInt64(v any) int64 {
@@ -513,6 +618,14 @@ func summarize(res *report.Result) {
 	if m, err := find(res, "deskway-postgres", 250, 60); err == nil {
 		res.Summary["rtt250_c60_launches_per_s"] = round(m["launches_per_s"])
 		res.Summary["rtt250_c60_median_ms"] = round(m["median_ms"])
+	}
+	if p, err := findPoint(res, "launch-storm-e2e", "deskway-postgres", 10, 60); err == nil {
+		res.Summary["e2e_rtt10_c60_launches_per_s"] = round(p.Metrics["launches_per_s"])
+		res.Summary["e2e_median_ms"] = round(p.Metrics["median_ms"])
+		res.SummaryText = map[string]string{"e2e_bottleneck": fmt.Sprint(p.Params["bottleneck"])}
+	}
+	if p, err := findPoint(res, "launch-storm-e2e", "deskway-postgres", 250, 60); err == nil {
+		res.Summary["e2e_rtt250_c60_launches_per_s"] = round(p.Metrics["launches_per_s"])
 	}
 	worst := 0.0
 	for _, p := range res.Points {

@@ -53,7 +53,26 @@ func paperPoints() []report.Point {
 	return out
 }
 
-func notes(o Options) []string {
+func notes(o Options, placement, e2e bool) []string {
+	var out []string
+	if placement {
+		out = append(out, placementNotes(o)...)
+	}
+	if e2e {
+		e := o.E2E
+		out = append(out,
+			fmt.Sprintf("End to end (launch-storm-e2e): %d hosts sized to fill (session limit %d, %.0f %% over the distinct users), logon limit %d; %d launches at each concurrency. A launch's session appears on its host a log-normal logon time after the broker's answer (median %s, σ %.2f: a Windows or xrdp logon), and the host's agent loop (the real agent.Diff every %s, heartbeats every 5 s) reports it, so a logon slot stays taken for the whole logon.",
+				o.Hosts, e.sessionLimit(o.Hosts), 100*(e.Headroom-1), o.LogonLimit, e.Launches, e.LogonMedian, e.LogonSigma, e.SessionPoll),
+			fmt.Sprintf("%.0f %% of launches are users launching again while their session runs (their client dropped; the host shows the session disconnected): each must come back to its own session, which shows active again %s later. %.0f %% of new sessions log off %s to %s after their logon, freeing their slot.",
+				100*e.RelaunchShare, e.Reconnect, 100*e.LogoffShare, e.LogonMedian/4, e.LogonMedian*3/2),
+			"Response time is the launch request's, waits for a host with a free logon slot included (the broker waits up to broker.busy_wait inside, then answers 503 with Retry-After and the client retries); time to desktop adds the session's drawn logon time (or reconnect time) to it. After each point the bench waits for the last logon and logoff to be reported and checks that the database holds exactly the sessions the hosts have, user by user, host and state.",
+			"Bottleneck: hosts that were full when no host answered; otherwise the lower of the rates the logon limit allows (hosts × logon limit ÷ mean logon) and the database round trip allows (concurrency ÷ RTT), or the CPU when the bench's processes kept every core busy below both.",
+			"The paper's figures time the brokering request with simulated VDA sessions that log on at once; they compare with the placement tables, and the end-to-end table shows what decides a storm of real logons.")
+	}
+	return out
+}
+
+func placementNotes(o Options) []string {
 	return []string{
 		fmt.Sprintf("Each point: a fresh database, a deskway broker in this process serving HTTPS on loopback, %d simulated session hosts registered through the agent API (join token, heartbeats every 5 s, logons reported in batches every %s as a real agent does), then %d launches by distinct users from a front end at fixed concurrency; untimed warm-up launches (one per worker) fill the connection pool first.", o.Hosts, o.LogonAfter, o.Launches),
 		"PostgreSQL 15 from Debian runs durable (fsync and synchronous commit on) and is reached through deskway's latency proxy, which delays every byte by RTT/2 each way; the broker and the proxy, the clients and the database share this 2-core machine.",
@@ -89,7 +108,11 @@ func write(res *report.Result, dir string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Brokering under database latency: deskway beside the paper\n\n`%s`\n\nMeasured %s on %d CPUs, %.0f GiB, Linux %s, %s.\n\n",
 		res.Command, res.Started.Format(time.RFC3339), res.Machine.CPUs, float64(res.Machine.MemBytes)/(1<<30), res.Machine.Kernel, res.Machine.Go)
-	fmt.Fprintf(&b, "Summary: %v\n\n", res.Summary)
+	fmt.Fprintf(&b, "Summary: %v", res.Summary)
+	if len(res.SummaryText) > 0 {
+		fmt.Fprintf(&b, " %v", res.SummaryText)
+	}
+	b.WriteString("\n\n")
 	rtts, cs := axes(res)
 	for _, rtt := range rtts {
 		if rtt == 0 {
@@ -151,6 +174,9 @@ func write(res *report.Result, dir string) error {
 			fmt.Fprintf(&b, "- %s skipped: %s\n", p.System, p.Skipped)
 		}
 	}
+	if hasScenario(res, "launch-storm-e2e") {
+		b.WriteString(e2eTable(res))
+	}
 	b.WriteString("\n## How it was measured\n\n")
 	for _, n := range res.Notes {
 		b.WriteString("- " + n + "\n")
@@ -206,7 +232,7 @@ func hasSystem(res *report.Result, sys string) bool {
 func axes(res *report.Result) ([]int64, []int) {
 	rs, cs := map[int64]bool{}, map[int]bool{}
 	for _, p := range res.Points {
-		if strings.HasPrefix(p.System, "deskway") && p.Skipped == "" {
+		if p.Scenario == "launch-storm" && strings.HasPrefix(p.System, "deskway") && p.Skipped == "" {
 			rs[toInt64(p.Params["rtt_ms"])] = true
 			cs[int(toInt64(p.Params["concurrency"]))] = true
 		}
@@ -222,4 +248,73 @@ func axes(res *report.Result) ([]int64, []int) {
 	sort.Slice(r, func(i, j int) bool { return r[i] < r[j] })
 	sort.Ints(c)
 	return r, c
+}
+
+func hasScenario(res *report.Result, scenario string) bool {
+	for _, p := range res.Points {
+		if p.Scenario == scenario && p.Skipped == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// e2eTable is the end-to-end mode's table: a column per point.
+func e2eTable(res *report.Result) string {
+	var pts []report.Point
+	for _, p := range res.Points {
+		if p.Scenario == "launch-storm-e2e" && p.Skipped == "" {
+			pts = append(pts, p)
+		}
+	}
+	sort.SliceStable(pts, func(i, j int) bool {
+		ri, rj := toInt64(pts[i].Params["rtt_ms"]), toInt64(pts[j].Params["rtt_ms"])
+		if ri != rj {
+			return ri < rj
+		}
+		return toInt64(pts[i].Params["concurrency"]) < toInt64(pts[j].Params["concurrency"])
+	})
+	t := report.Table{Title: "End to end: real logon times, hosts that fill, relaunches and logoffs (PostgreSQL)", Head: []string{"RTT / concurrent requests"}}
+	for _, p := range pts {
+		t.Head = append(t.Head, fmt.Sprintf("%d ms / %d", toInt64(p.Params["rtt_ms"]), toInt64(p.Params["concurrency"])))
+	}
+	rows := []struct {
+		label, key, f string
+	}{
+		{"Launches (new users + relaunches)", "", ""},
+		{"Brokering requests per second", "launches_per_s", "%.1f"},
+		{"Median response time (ms)", "median_ms", "%.0f"},
+		{"p90 response time (ms)", "p90_ms", "%.0f"},
+		{"Median time to desktop (s)", "desktop_median_s", "%.1f"},
+		{"p90 time to desktop (s)", "desktop_p90_s", "%.1f"},
+		{"Reconnections to a running session", "reconnects", "%.0f"},
+		{"Logoffs", "logoffs", "%.0f"},
+		{"Errors (%)", "error_pct", "%.2f"},
+		{"Busy waits in the broker", "busy_waits", "%.0f"},
+		{"Client retries (503 + Retry-After)", "retries", "%.0f"},
+		{"Rate the logon limit allows (/s)", "bound_logon_per_s", "%.1f"},
+		{"Rate the database round trip allows (/s)", "bound_database_per_s", "%.0f"},
+		{"Bench CPU (% of all cores)", "bench_cpu_pct", "%.0f"},
+		{"Bottleneck", "", ""},
+	}
+	for _, r := range rows {
+		row := []string{r.label}
+		for _, p := range pts {
+			m := p.Metrics
+			switch {
+			case r.label == "Bottleneck":
+				row = append(row, fmt.Sprint(p.Params["bottleneck"]))
+			case r.key == "":
+				row = append(row, fmt.Sprintf("%.0f (%.0f + %.0f)", m["launches"], m["new_users"], m["relaunches"]))
+			default:
+				if v, ok := m[r.key]; ok {
+					row = append(row, fmt.Sprintf(r.f, v))
+				} else {
+					row = append(row, "–")
+				}
+			}
+		}
+		t.Rows = append(t.Rows, row)
+	}
+	return t.Markdown()
 }

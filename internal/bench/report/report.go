@@ -40,9 +40,57 @@ type Result struct {
 	Started time.Time          `json:"started"`
 	Machine Machine            `json:"machine"`
 	Points  []Point            `json:"points"`
-	Summary map[string]float64 `json:"summary"`
+	Summary map[string]float64 `json:"-"`
+	// SummaryText holds the headline figures that are names, not
+	// numbers (what limited a result); result.json keeps them in
+	// "summary" beside the numbers.
+	SummaryText map[string]string `json:"-"`
 	// Notes say what limited a result and how it was measured.
 	Notes []string `json:"notes,omitempty"`
+}
+
+// resultJSON is Result with the two summaries as one object.
+type resultJSON struct {
+	resultFields
+	Summary map[string]any `json:"summary"`
+}
+
+// resultFields is Result without its methods, so that marshaling it
+// does not recurse.
+type resultFields Result
+
+// MarshalJSON writes Summary and SummaryText as one "summary" object.
+func (r Result) MarshalJSON() ([]byte, error) {
+	sum := map[string]any{}
+	for k, v := range r.Summary {
+		sum[k] = v
+	}
+	for k, v := range r.SummaryText {
+		sum[k] = v
+	}
+	return json.Marshal(resultJSON{resultFields: resultFields(r), Summary: sum})
+}
+
+// UnmarshalJSON reads "summary" into Summary (numbers) and SummaryText
+// (strings).
+func (r *Result) UnmarshalJSON(b []byte) error {
+	var in resultJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*r = Result(in.resultFields)
+	r.Summary, r.SummaryText = map[string]float64{}, map[string]string{}
+	for k, v := range in.Summary {
+		switch x := v.(type) {
+		case float64:
+			r.Summary[k] = x
+		case string:
+			r.SummaryText[k] = x
+		default:
+			return fmt.Errorf("report: summary %s is neither a number nor a name: %v", k, v)
+		}
+	}
+	return nil
 }
 
 // ThisMachine reads the machine's description.
