@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"runtime"
@@ -195,7 +195,10 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 		h := &e2eHost{name: name, cred: cred, sessions: map[string]*simSession{}}
 		hosts[name] = h
 		wg.Add(1)
-		go func() { defer wg.Done(); h.run(ctx, f.client, e.SessionPoll, f.cfg.Broker.HeartbeatInterval.D(), o.Log) }()
+		go func() {
+			defer wg.Done()
+			h.run(ctx, f.client, e.SessionPoll, f.cfg.Broker.HeartbeatInterval.D(), o.Log)
+		}()
 	}
 	rng := rand.New(rand.NewPCG(e.Seed, uint64(c)*1000+uint64(rtt.Milliseconds())))
 	var rngMu sync.Mutex
