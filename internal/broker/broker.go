@@ -394,6 +394,7 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/launch", s.launch)
+	mux.HandleFunc("POST /api/v1/desktops", s.desktops)
 	mux.HandleFunc("POST /api/v1/agent/register", s.register)
 	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
 	mux.HandleFunc("POST /api/v1/agent/events", s.events)
@@ -517,6 +518,74 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (caller, b
 	return caller{user: u.Name, groups: u.Groups, zone: u.Zone}, true
 }
 
+// onBehalf settles whom a request is for: a front end names the user (and
+// the groups of a user the broker does not know); a user asking for
+// themself names nobody.
+func (s *Server) onBehalf(w http.ResponseWriter, r *http.Request, who caller, user string, groups []string) (caller, bool) {
+	switch {
+	case who.frontend && user == "":
+		s.fail(w, r, http.StatusBadRequest, "a front end acting on behalf of a user must name the user")
+		return who, false
+	case who.frontend:
+		if u, found := s.users.Lookup(user); found {
+			// A local account's groups and zone are the broker's to know.
+			who.user, who.groups, who.zone = u.Name, u.Groups, u.Zone
+		} else {
+			who.user, who.groups = user, groups
+		}
+	case user != "" || len(groups) > 0:
+		s.fail(w, r, http.StatusBadRequest, "user and groups are for front ends; a user asking for themself leaves them out")
+		return who, false
+	}
+	if !validUser(who.user) {
+		s.fail(w, r, http.StatusBadRequest, "user name %q is empty, too long or has control characters", who.user)
+		return who, false
+	}
+	return who, true
+}
+
+// desktops lists the delivery groups a user may launch, each with the
+// user's live session in it, if any: what a portal shows.
+func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
+	who, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	var req brokerapi.DesktopsRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if who, ok = s.onBehalf(w, r, who, req.User, req.Groups); !ok {
+		return
+	}
+	var live []store.Session
+	var err error
+	if s.offlineFor(r, func() error { live, err = s.store.Sessions(r.Context(), who.user, false, 100); return err }) {
+		live, err = s.cache.sessions(who.user), nil
+	}
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	out := []brokerapi.Desktop{}
+	for _, g := range s.groups.Load().list {
+		if !entitled(&g, who.user, who.groups) {
+			continue
+		}
+		d := brokerapi.Desktop{DeliveryGroup: g.Name, Kind: g.Kind}
+		for _, ss := range live {
+			// Newest first: the session a launch would reconnect to.
+			if ss.Group == g.Name && ss.User == who.user && !ss.Unverified {
+				d.Session = &brokerapi.UserSession{ID: ss.ID, Host: ss.Host, State: ss.State, Since: ss.UpdatedAt}
+				break
+			}
+		}
+		out = append(out, d)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
 // entitled reports whether the user or one of their groups may launch g.
 func entitled(g *config.DeliveryGrp, user string, groups []string) bool {
 	for _, u := range g.Users {
@@ -560,23 +629,8 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
-	switch {
-	case who.frontend && req.User == "":
-		s.fail(w, r, http.StatusBadRequest, "a front end launching on behalf of a user must name the user")
-		return
-	case who.frontend:
-		if u, found := s.users.Lookup(req.User); found {
-			// A local account's groups and zone are the broker's to know.
-			who.user, who.groups, who.zone = u.Name, u.Groups, u.Zone
-		} else {
-			who.user, who.groups = req.User, req.Groups
-		}
-	case req.User != "" || len(req.Groups) > 0:
-		s.fail(w, r, http.StatusBadRequest, "user and groups are for front ends; a user launching for themself leaves them out")
-		return
-	}
-	if !validUser(who.user) {
-		s.fail(w, r, http.StatusBadRequest, "user name %q is empty, too long or has control characters", who.user)
+	if who, ok = s.onBehalf(w, r, who, req.User, req.Groups); !ok {
+		s.m.launches.WithLabelValues("bad_request").Inc()
 		return
 	}
 	g, found := s.groups.Load().byName[req.DeliveryGroup]

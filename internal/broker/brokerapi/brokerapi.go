@@ -3,6 +3,8 @@
 // docs/broker-openapi.yaml.
 package brokerapi
 
+import "time"
+
 // LaunchRequest asks for a desktop in a delivery group.
 type LaunchRequest struct {
 	DeliveryGroup string `json:"delivery_group"`
@@ -13,6 +15,32 @@ type LaunchRequest struct {
 	Groups []string `json:"groups,omitempty"`
 	// Zone is where the request came from, when the front end knows.
 	Zone string `json:"zone,omitempty"`
+}
+
+// DesktopsRequest asks which delivery groups a user may launch. A front
+// end names the user (and the groups of a user the broker does not
+// know); a user asking for themself authenticates with HTTP Basic and
+// sends {}.
+type DesktopsRequest struct {
+	User   string   `json:"user,omitempty"`
+	Groups []string `json:"groups,omitempty"`
+}
+
+// Desktop is a delivery group the user may launch, with the session a
+// launch would return to.
+type Desktop struct {
+	DeliveryGroup string `json:"delivery_group"`
+	// Kind is pooled or personal.
+	Kind    string       `json:"kind"`
+	Session *UserSession `json:"session,omitempty"`
+}
+
+// UserSession is a user's live session as the user may see it.
+type UserSession struct {
+	ID    string    `json:"id"`
+	Host  string    `json:"host"`
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
 }
 
 // LaunchResponse says where the session runs and how to reach it.

@@ -124,6 +124,16 @@ func (c *Client) Launch(ctx context.Context, cred Credentials, req brokerapi.Lau
 	}
 }
 
+// Desktops lists the delivery groups a user may launch, with their
+// sessions.
+func (c *Client) Desktops(ctx context.Context, cred Credentials, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error) {
+	var out []brokerapi.Desktop
+	if err := c.do(ctx, "/api/v1/desktops", cred, req, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Register joins a host to the delivery group of joinToken.
 func (c *Client) Register(ctx context.Context, joinToken string, req brokerapi.RegisterRequest) (*brokerapi.RegisterResponse, error) {
 	var out brokerapi.RegisterResponse
