@@ -104,8 +104,8 @@ func TestSessionControlOnXRDP(t *testing.T) {
 	if o := must("session", "logoff", lr.SessionID); !strings.Contains(o, "logoff done on xrdp-host") {
 		t.Fatalf("session logoff said:\n%s", o)
 	}
-	if left, _ := exec.Command("pgrep", "-a", "-u", b.xrdp.User).Output(); len(left) > 0 {
-		t.Fatalf("after the logoff %s still runs:\n%s", b.xrdp.User, left)
+	if left := running(t, b.xrdp.User); len(left) > 0 {
+		t.Fatalf("after the logoff %s still runs:\n%s", b.xrdp.User, strings.Join(left, "\n"))
 	}
 	b.waitState("none (<nil>)")
 	if o := must("session", "ls", "--all", "--user", b.xrdp.User); !regexp.MustCompile(lr.SessionID + `\s.*\sended\s`).MatchString(o) {
@@ -132,4 +132,18 @@ func sessionDisplay(t *testing.T, user string) string {
 		t.Fatalf("no display in %q", o)
 	}
 	return m[1]
+}
+
+// running lists user's processes that run (a zombie, whose end is only
+// not yet collected by its parent, has ended).
+func running(t *testing.T, user string) []string {
+	t.Helper()
+	out, _ := exec.Command("ps", "-u", user, "-o", "pid=,stat=,args=").Output()
+	var left []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && !strings.HasPrefix(f[1], "Z") {
+			left = append(left, line)
+		}
+	}
+	return left
 }

@@ -225,6 +225,10 @@ func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []broker
 // outcome. Commands run beside the heartbeats: a logoff waits for the
 // session's programs to quit.
 func (a *Agent) carryOut(ctx context.Context, cred string, c brokerapi.Command) {
+	// A command runs to its end even when the agent is stopping: a logoff
+	// cut short would skip its grace and kill the session outright.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commandTimeout)
+	defer cancel()
 	log := a.d.Logger.With("command", c.ID, "kind", c.Kind, "user", c.User, "session", c.SessionID)
 	log.Info("session command")
 	var err error
@@ -247,10 +251,26 @@ func (a *Agent) carryOut(ctx context.Context, cred string, c brokerapi.Command) 
 	} else {
 		log.Info("session command carried out")
 	}
-	if err := a.d.Client.CommandResult(ctx, cred, c.ID, res); err != nil {
-		log.Warn("could not tell the broker a command's outcome", "error", err)
+	for wait := time.Second; ; wait *= 2 {
+		err := a.d.Client.CommandResult(ctx, cred, c.ID, res)
+		if err == nil {
+			return
+		}
+		if permanent(err) || wait > 8*time.Second {
+			log.Warn("could not tell the broker a command's outcome", "error", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			log.Warn("could not tell the broker a command's outcome", "error", err)
+			return
+		case <-time.After(wait):
+		}
 	}
 }
+
+// commandTimeout bounds one session command and the answer to it.
+const commandTimeout = 2 * time.Minute
 
 // Diff turns two readings of a host's sessions into events: a new user is
 // a logon, active to disconnected a disconnect, back a reconnect, a user

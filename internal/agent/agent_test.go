@@ -86,6 +86,11 @@ func TestXRDPSessionsFromProc(t *testing.T) {
 		_ = os.WriteFile(filepath.Join(dir, "comm"), []byte(comm+"\n"), 0o644)
 		_ = os.WriteFile(filepath.Join(dir, "cmdline"), []byte(cmdline), 0o644)
 		_ = os.WriteFile(filepath.Join(dir, "status"), []byte("Name:\t"+comm+"\nPPid:\t"+ppid+"\nUid:\t"+uid+"\t"+uid+"\t"+uid+"\t"+uid+"\n"), 0o644)
+		exe := "/usr/bin/" + comm
+		if comm == "xrdp-sesman" {
+			exe = "/usr/sbin/xrdp-sesman"
+		}
+		_ = os.Symlink(exe, filepath.Join(dir, "exe"))
 	}
 	proc("100", "xrdp-sesman", "xrdp-sesman\x00--nodaemon\x00", "1", "0")
 	proc("101", "xrdp-sesman", "xrdp-sesman\x00--nodaemon\x00", "100", "0")
@@ -93,6 +98,14 @@ func TestXRDPSessionsFromProc(t *testing.T) {
 	proc("201", "xrdp-sesman", "xrdp-sesman\x00--nodaemon\x00", "100", "0")
 	proc("202", "Xorg", "/usr/lib/xorg/Xorg\x00:12\x00-auth\x00.Xauthority\x00", "201", "65534")
 	proc("300", "Xorg", "/usr/lib/xorg/Xorg\x00:0\x00", "1", "0") // a console X server: not a session
+	// A user's decoy: a script named xrdp-sesman starting a program named
+	// Xorg. Neither the parent's executable nor its owner is xrdp-sesman's.
+	proc("400", "xrdp-sesman", "/bin/bash\x00./xrdp-sesman\x00", "1", "65534")
+	_ = os.Remove(filepath.Join(root, "400", "exe"))
+	_ = os.Symlink("/usr/bin/bash", filepath.Join(root, "400", "exe"))
+	proc("401", "Xorg", "Xorg\x00:77\x00", "400", "65534")
+	proc("500", "xrdp-sesman", "xrdp-sesman\x00", "1", "65534") // the real program, run by a user
+	proc("501", "Xorg", "Xorg\x00:78\x00", "500", "65534")
 	_ = os.MkdirAll(filepath.Join(root, "net"), 0o755)
 	unix := "Num       RefCount Protocol Flags    Type St Inode Path\n" +
 		"00000000d1f94aff: 00000002 00000000 00010000 0001 01 52396 /run/xrdp/sockdir/xrdp_display_11\n" +

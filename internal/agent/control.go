@@ -56,43 +56,57 @@ func (x *XRDP) find(name string) (xrdpSession, error) {
 	if err != nil {
 		return xrdpSession{}, err
 	}
+	var mine []xrdpSession
 	for _, s := range all {
 		if s.user == name {
-			return s, nil
+			mine = append(mine, s)
 		}
 	}
-	return xrdpSession{}, fmt.Errorf("user %q has no xrdp session on this host", name)
+	switch len(mine) {
+	case 0:
+		return xrdpSession{}, fmt.Errorf("user %q has no xrdp session on this host", name)
+	case 1:
+		return mine[0], nil
+	}
+	// xrdp gives a user one session; more means a policy allowing several,
+	// and acting on a guess could end the wrong one.
+	return xrdpSession{}, fmt.Errorf("user %q has %d xrdp sessions on this host; act on it there", name, len(mine))
 }
 
 // Logoff ends name's session: its window manager gets SIGTERM, as at a
 // shutdown, and xrdp-sesman then stops the X server and the channel
 // server. Programs still running after the grace get SIGTERM, then
 // SIGKILL; so do programs that left the session's process tree but kept
-// its display (daemons a desktop starts).
+// its display (daemons a desktop starts). A program that left both (a
+// daemon started without the display) is not found.
 func (x *XRDP) Logoff(ctx context.Context, name string) error {
 	s, err := x.find(name)
 	if err != nil {
 		return err
 	}
-	tree := x.descendants(s.sesman)
-	var wm []int
-	for _, pid := range x.children(s.sesman) {
-		if pid != s.xserver && x.comm(pid) != "xrdp-chansrv" {
-			wm = append(wm, pid)
+	// Only the session user's own processes are ever signalled (never the
+	// root session manager or a set-uid child), each by its pid and start
+	// time, so a pid reused meanwhile is left alone.
+	tree := x.owned(x.descendants(s.sesman), s.uid)
+	xs := x.ident(s.xserver)
+	var wm []proc
+	for _, p := range x.owned(x.children(s.sesman), s.uid) {
+		if p.pid != s.xserver && x.comm(p.pid) != "xrdp-chansrv" {
+			wm = append(wm, p)
 		}
 	}
 	if len(wm) == 0 {
-		wm = []int{s.xserver} // no window manager left: the X server ends the session
+		wm = []proc{xs} // no window manager left: the X server ends the session
 	}
-	signal(wm, syscall.SIGTERM)
-	if x.waitGone(ctx, []int{s.xserver}, x.grace()) {
+	x.signal(wm, syscall.SIGTERM)
+	if x.waitGone(ctx, []proc{xs}, x.grace()) {
 		x.sweep(ctx, s, tree)
 		return nil
 	}
-	rest := append(x.descendants(s.sesman), s.xserver)
-	signal(rest, syscall.SIGTERM)
+	rest := append(x.owned(x.descendants(s.sesman), s.uid), xs)
+	x.signal(rest, syscall.SIGTERM)
 	if !x.waitGone(ctx, rest, 5*time.Second) {
-		signal(rest, syscall.SIGKILL)
+		x.signal(rest, syscall.SIGKILL)
 		if !x.waitGone(ctx, rest, 5*time.Second) {
 			return fmt.Errorf("the X server of %s's session (pid %d) survived SIGKILL", name, s.xserver)
 		}
@@ -101,13 +115,60 @@ func (x *XRDP) Logoff(ctx context.Context, name string) error {
 	return nil
 }
 
+// proc is a process by its pid and start time (field 22 of its stat).
+type proc struct {
+	pid   int
+	start string
+}
+
+// ident is pid with its start time now.
+func (x *XRDP) ident(pid int) proc { return proc{pid: pid, start: x.startTime(pid)} }
+
+// startTime is pid's start time in clock ticks since boot, "" if gone.
+func (x *XRDP) startTime(pid int) string {
+	b, err := os.ReadFile(filepath.Join(x.proc(), strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// owned keeps the processes of pids that run as uid.
+func (x *XRDP) owned(pids []int, uid string) []proc {
+	var out []proc
+	for _, pid := range pids {
+		if x.uidOf(pid) == uid {
+			out = append(out, x.ident(pid))
+		}
+	}
+	return out
+}
+
+// same reports whether p still runs as the process it was.
+func (x *XRDP) same(p proc) bool {
+	return p.start != "" && x.startTime(p.pid) == p.start && x.alive(p.pid)
+}
+
+func (x *XRDP) signal(ps []proc, sig syscall.Signal) {
+	for _, p := range ps {
+		if x.same(p) {
+			_ = syscall.Kill(p.pid, sig)
+		}
+	}
+}
+
 // sweep stops the user's programs that outlived the session: those of
 // its process tree, and any other with the session's display.
-func (x *XRDP) sweep(ctx context.Context, s xrdpSession, tree []int) {
-	var left []int
-	for _, pid := range tree {
-		if x.alive(pid) && x.uidOf(pid) == s.uid {
-			left = append(left, pid)
+func (x *XRDP) sweep(ctx context.Context, s xrdpSession, tree []proc) {
+	var left []proc
+	for _, p := range tree {
+		if x.same(p) {
+			left = append(left, p)
 		}
 	}
 	ents, _ := os.ReadDir(x.proc())
@@ -119,7 +180,7 @@ func (x *XRDP) sweep(ctx context.Context, s xrdpSession, tree []int) {
 		env, _ := os.ReadFile(filepath.Join(x.proc(), e.Name(), "environ"))
 		for _, kv := range bytes.Split(env, []byte{0}) {
 			if d, ok := bytes.CutPrefix(kv, []byte("DISPLAY=:")); ok && strings.Split(string(d), ".")[0] == s.display {
-				left = append(left, pid)
+				left = append(left, x.ident(pid))
 				break
 			}
 		}
@@ -127,9 +188,9 @@ func (x *XRDP) sweep(ctx context.Context, s xrdpSession, tree []int) {
 	if len(left) == 0 {
 		return
 	}
-	signal(left, syscall.SIGTERM)
+	x.signal(left, syscall.SIGTERM)
 	if !x.waitGone(ctx, left, 3*time.Second) {
-		signal(left, syscall.SIGKILL)
+		x.signal(left, syscall.SIGKILL)
 	}
 }
 
@@ -314,12 +375,12 @@ func (x *XRDP) alive(pid int) bool {
 	return err == nil && !strings.HasPrefix(statusField(st, "State:"), "Z")
 }
 
-// waitGone waits up to d for every pid to end.
-func (x *XRDP) waitGone(ctx context.Context, pids []int, d time.Duration) bool {
+// waitGone waits up to d for every process to end.
+func (x *XRDP) waitGone(ctx context.Context, ps []proc, d time.Duration) bool {
 	for deadline := time.Now().Add(d); ; {
 		left := false
-		for _, p := range pids {
-			if x.alive(p) {
+		for _, p := range ps {
+			if x.same(p) {
 				left = true
 				break
 			}
@@ -334,8 +395,3 @@ func (x *XRDP) waitGone(ctx context.Context, pids []int, d time.Duration) bool {
 	}
 }
 
-func signal(pids []int, sig syscall.Signal) {
-	for _, p := range pids {
-		_ = syscall.Kill(p, sig)
-	}
-}

@@ -75,8 +75,7 @@ func scanXRDP(root string) ([]xrdpSession, error) {
 			continue
 		}
 		ppid, uid := statusField(status, "PPid:"), statusField(status, "Uid:")
-		parent, _ := os.ReadFile(filepath.Join(root, ppid, "comm"))
-		if strings.TrimSpace(string(parent)) != "xrdp-sesman" {
+		if !isSesman(root, ppid) {
 			continue
 		}
 		sesman, _ := strconv.Atoi(ppid)
@@ -101,6 +100,19 @@ func scanXRDP(root string) ([]xrdpSession, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].user < out[j].user })
 	return out, nil
+}
+
+// isSesman reports whether pid is xrdp's session manager: its executable
+// is xrdp-sesman and it runs as root. A process's name and command line
+// are its user's to choose; neither is.
+func isSesman(root, pid string) bool {
+	exe, err := os.Readlink(filepath.Join(root, pid, "exe"))
+	// An upgrade leaves running copies on a deleted file.
+	if err != nil || filepath.Base(strings.TrimSuffix(exe, " (deleted)")) != "xrdp-sesman" {
+		return false
+	}
+	st, err := os.ReadFile(filepath.Join(root, pid, "status"))
+	return err == nil && statusField(st, "Uid:") == "0"
 }
 
 // statusField returns the first value of a /proc/PID/status line.

@@ -26,6 +26,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -347,8 +348,22 @@ func (s *Server) Maintain(ctx context.Context) {
 		if err := s.refresh(ctx, recovered || tick%sessionRefreshTicks == 0); err != nil && ctx.Err() == nil {
 			s.log.Warn("local host cache refresh failed", "error", err)
 		}
+		if tick%commandPruneTicks == 0 {
+			if n, err := s.store.PruneCommands(ctx, s.now().Add(-commandRetention)); err != nil {
+				s.log.Warn("pruning old session commands failed", "error", err)
+			} else if n > 0 {
+				s.log.Info("pruned old session commands", "count", n)
+			}
+		}
 	}
 }
+
+// Session commands are kept a week (the audit table keeps who sent them
+// for good), pruned once an hour.
+const (
+	commandRetention  = 7 * 24 * time.Hour
+	commandPruneTicks = int(time.Hour / cacheRefresh)
+)
 
 // dbDown reports whether the database is unreachable after cause, and if
 // so switches to placing from the local host cache.
@@ -939,7 +954,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	s.m.heartbeats.Inc()
 	var cmds []store.Command
 	if !s.offline.Load() {
-		if cmds, err = s.store.TakeCommands(r.Context(), hb.Host, s.now(), commandTTL); err != nil {
+		if cmds, err = s.store.TakeCommands(r.Context(), hb.Host, s.now(), s.commandTTL()); err != nil {
 			// They stay queued for the next heartbeat.
 			s.log.Warn("could not hand a host its commands", "host", hb.Host, "error", err)
 		}
@@ -957,8 +972,11 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 // commandTTL is how long a session command waits for its host's agent to
-// take it and answer; past it, the command reads as expired.
-const commandTTL = 2 * time.Minute
+// take it and answer (two minutes, or four heartbeats if longer); past
+// it, the command reads as expired.
+func (s *Server) commandTTL() time.Duration {
+	return max(2*time.Minute, 4*s.cfg.HeartbeatInterval.D())
+}
 
 // maxCommandText bounds a message and an agent's failure reason.
 const maxCommandText = 1000
@@ -981,7 +999,7 @@ func (s *Server) commandResult(w http.ResponseWriter, r *http.Request) {
 		res.Error = res.Error[:maxCommandText]
 	}
 	id := r.PathValue("id")
-	err := s.store.FinishCommand(r.Context(), res.Host, id, res.Error, s.now())
+	err := s.store.FinishCommand(r.Context(), res.Host, c.Registration, id, res.Error, s.now())
 	if errors.Is(err, store.ErrNotFound) {
 		s.fail(w, r, http.StatusNotFound, "host %q was sent no command %q that waits for an answer", res.Host, id)
 		return
@@ -1028,8 +1046,8 @@ func (s *Server) queueCommand(w http.ResponseWriter, r *http.Request) {
 	case len(req.Text) > maxCommandText:
 		s.fail(w, r, http.StatusBadRequest, "the message is %d bytes; at most %d", len(req.Text), maxCommandText)
 		return
-	case strings.ContainsFunc(req.Text, func(c rune) bool { return c < ' ' && c != '\n' || c == 0x7f }):
-		s.fail(w, r, http.StatusBadRequest, "the message holds control characters; only newlines may break it")
+	case strings.ContainsFunc(req.Text, func(c rune) bool { return c != '\n' && (unicode.IsControl(c) || unicode.Is(unicode.Bidi_Control, c)) }):
+		s.fail(w, r, http.StatusBadRequest, "the message holds control or text-direction characters; only newlines may break it")
 		return
 	}
 	var c store.Command
@@ -1227,7 +1245,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		var c store.Command
 		var err error
 		if s.offlineFor(r, func() error {
-			c, err = s.store.CommandByID(r.Context(), r.PathValue("id"), s.now(), commandTTL)
+			c, err = s.store.CommandByID(r.Context(), r.PathValue("id"), s.now(), s.commandTTL())
 			return err
 		}) {
 			s.fail(w, r, http.StatusServiceUnavailable, "session commands are kept in the database, which is unreachable: try again when it returns")

@@ -264,8 +264,11 @@ func commandCmd(cfgPath *string, kind, use, short string, args cobra.PositionalA
 			}
 			for deadline := time.Now().Add(wait); st.State == store.CommandPending || st.State == store.CommandSent; {
 				if !time.Now().Before(deadline) {
-					fmt.Fprintf(cmd.OutOrStdout(), "session %s: %s %s on %s; see deskway session command %s\n", args[0], kind, st.State, st.Host, st.ID)
-					return nil
+					if wait == 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "session %s: %s %s on %s; see deskway session command %s\n", args[0], kind, st.State, st.Host, st.ID)
+						return nil
+					}
+					return fmt.Errorf("session %s: %s still %s on %s after %s; see deskway session command %s", args[0], kind, st.State, st.Host, wait, st.ID)
 				}
 				select {
 				case <-cmd.Context().Done():
@@ -283,7 +286,7 @@ func commandCmd(cfgPath *string, kind, use, short string, args cobra.PositionalA
 			return nil
 		},
 	}
-	c.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the host's agent to carry it out (0: queue it and return)")
+	c.Flags().DurationVar(&wait, "wait", time.Minute, "how long to wait for the host's agent to carry it out, failing past it (0: queue it and return)")
 	return c
 }
 

@@ -33,6 +33,7 @@ type Config struct {
 	Stream  *Stream  `yaml:"stream"`
 	Broker  *Broker  `yaml:"broker"`
 	Agent   *Agent   `yaml:"agent"`
+	Web     *Web     `yaml:"web"`
 }
 
 // Log configures log/slog.
@@ -537,6 +538,9 @@ func (c *Config) ApplyDefaults() {
 	if a := c.Agent; a != nil {
 		c.agentDefaults(a)
 	}
+	if w := c.Web; w != nil {
+		c.webDefaults(w)
+	}
 	if g := c.Gateway; g != nil {
 		setDefault(&g.Listen, ":8443")
 		if len(g.AuthMethods) == 0 {
@@ -623,6 +627,9 @@ func (c *Config) Validate() error {
 	}
 	if a := c.Agent; a != nil {
 		validateAgent(a, bad)
+	}
+	if w := c.Web; w != nil {
+		validateWeb(w, bad)
 	}
 	return errors.Join(errs...)
 }

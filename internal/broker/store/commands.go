@@ -58,24 +58,36 @@ func (s *Store) QueueCommand(ctx context.Context, sessionID, kind, text string, 
 }
 
 // TakeCommands hands host's agent the commands queued for it since
-// now-ttl, marking them sent: each is handed out once.
+// now-ttl, marking them sent: each is handed out once, and only while its
+// session lives (the agent finds a session by its user, who may have
+// logged on again since). A command whose session has ended fails.
 func (s *Store) TakeCommands(ctx context.Context, host string, now time.Time, ttl time.Duration) ([]Command, error) {
-	rows, err := s.db.QueryContext(ctx, `UPDATE host_commands SET state = 'sent', sent_at = $2
-		WHERE host_name = $1 AND state = 'pending' AND created_at > $3
-		RETURNING id, session_id, user_name, kind, text, created_at`, host, now.UnixMilli(), now.Add(-ttl).UnixMilli())
+	// One statement, as every heartbeat runs it: a command whose session
+	// has ended (or moved) fails instead of being sent.
+	rows, err := s.db.QueryContext(ctx, `UPDATE host_commands SET
+		state = CASE WHEN live THEN 'sent' ELSE 'failed' END,
+		sent_at = CAST($2 AS BIGINT),
+		done_at = CASE WHEN live THEN NULL ELSE CAST($2 AS BIGINT) END,
+		error = CASE WHEN live THEN '' ELSE 'the session ended before its host took the command' END
+		FROM (SELECT c.id AS cid, EXISTS (SELECT 1 FROM sessions s WHERE s.id = c.session_id AND s.state <> 'ended' AND s.host_name = $1) AS live
+			FROM host_commands c WHERE c.host_name = $1 AND c.state = 'pending' AND c.created_at > $3) AS due
+		WHERE host_commands.id = due.cid
+		RETURNING id, session_id, user_name, kind, text, created_at, state`, host, now.UnixMilli(), now.Add(-ttl).UnixMilli())
 	if err != nil {
 		return nil, fmt.Errorf("store: commands for %s: %w", host, err)
 	}
 	defer rows.Close()
 	var out []Command
 	for rows.Next() {
-		c := Command{Host: host, State: CommandSent}
+		c := Command{Host: host}
 		var created int64
-		if err := rows.Scan(&c.ID, &c.SessionID, &c.User, &c.Kind, &c.Text, &created); err != nil {
+		if err := rows.Scan(&c.ID, &c.SessionID, &c.User, &c.Kind, &c.Text, &created, &c.State); err != nil {
 			return nil, fmt.Errorf("store: commands for %s: %w", host, err)
 		}
 		c.CreatedAt = time.UnixMilli(created).UTC()
-		out = append(out, c)
+		if c.State == CommandSent {
+			out = append(out, c)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: commands for %s: %w", host, err)
@@ -85,14 +97,18 @@ func (s *Store) TakeCommands(ctx context.Context, host string, now time.Time, tt
 
 // FinishCommand records host's agent's answer to a command it was sent:
 // done when failure is empty, else failed with it. ErrNotFound when host
-// was not sent such a command, or has answered it already.
-func (s *Store) FinishCommand(ctx context.Context, host, id, failure string, now time.Time) error {
+// (in its registration) was not sent such a command, or has answered it
+// already.
+func (s *Store) FinishCommand(ctx context.Context, host, registration, id, failure string, now time.Time) error {
 	state := CommandDone
 	if failure != "" {
 		state = CommandFailed
 	}
+	// Only the host's current registration answers: a removed host's
+	// credential outlives it.
 	res, err := s.db.ExecContext(ctx, `UPDATE host_commands SET state = $3, error = $4, done_at = $5
-		WHERE id = $1 AND host_name = $2 AND state = 'sent'`, id, host, state, failure, now.UnixMilli())
+		WHERE id = $1 AND host_name = $2 AND state = 'sent'
+		AND EXISTS (SELECT 1 FROM hosts h WHERE h.name = $2 AND h.registration = $6)`, id, host, state, failure, now.UnixMilli(), registration)
 	if err != nil {
 		return fmt.Errorf("store: finish command %s: %w", id, err)
 	}
@@ -125,4 +141,15 @@ func (s *Store) CommandByID(ctx context.Context, id string, now time.Time, ttl t
 		c.State = CommandExpired
 	}
 	return c, nil
+}
+
+// PruneCommands deletes the commands created before before; it returns
+// how many went.
+func (s *Store) PruneCommands(ctx context.Context, before time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM host_commands WHERE created_at < $1`, before.UnixMilli())
+	if err != nil {
+		return 0, fmt.Errorf("store: prune commands: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
 }

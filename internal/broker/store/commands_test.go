@@ -39,16 +39,19 @@ func TestCommandLifecycle(t *testing.T) {
 		if again, _ := s.TakeCommands(ctx, p.Host, t0.Add(2*time.Second), ttl); len(again) != 0 {
 			t.Fatalf("a command was handed out twice: %+v", again)
 		}
-		if err := s.FinishCommand(ctx, other, c.ID, "", t0); !errors.Is(err, store.ErrNotFound) {
+		if err := s.FinishCommand(ctx, other, "", c.ID, "", t0); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("another host answered the command: %v", err)
 		}
 		if st, _ := s.CommandByID(ctx, c.ID, t0.Add(3*time.Minute), ttl); st.State != store.CommandExpired || st.Error == "" {
 			t.Fatalf("a command sent and never answered reads %+v past its time", st)
 		}
-		if err := s.FinishCommand(ctx, p.Host, c.ID, "no session", t0.Add(5*time.Second)); err != nil {
+		if err := s.FinishCommand(ctx, p.Host, "an-earlier-registration", c.ID, "", t0); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a removed registration of the host answered its command: %v", err)
+		}
+		if err := s.FinishCommand(ctx, p.Host, "", c.ID, "no session", t0.Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.FinishCommand(ctx, p.Host, c.ID, "", t0.Add(6*time.Second)); !errors.Is(err, store.ErrNotFound) {
+		if err := s.FinishCommand(ctx, p.Host, "", c.ID, "", t0.Add(6*time.Second)); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("a command was answered twice: %v", err)
 		}
 		if st, _ := s.CommandByID(ctx, c.ID, t0.Add(time.Hour), ttl); st.State != store.CommandFailed || st.Error != "no session" {
@@ -62,11 +65,26 @@ func TestCommandLifecycle(t *testing.T) {
 		if got, _ := s.TakeCommands(ctx, p.Host, t0.Add(3*time.Minute), ttl); len(got) != 0 {
 			t.Fatalf("an expired command was handed out: %+v", got)
 		}
+		// A logoff queued for a session that then ends is not handed out
+		// to end the user's next session on that host.
+		stale, err := s.QueueCommand(ctx, p.SessionID, "logoff", "", t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.s.Heartbeat(ctx, store.Report{Host: p.Host, Now: t0.Add(10 * time.Minute), LogonGrace: time.Minute, DiskIdle: 0.9}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.launch("alice", func(l *store.Launch) { l.Now = t0.Add(10 * time.Minute) }); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.TakeCommands(ctx, p.Host, t0.Add(10*time.Minute), time.Hour); len(got) != 0 {
+			t.Fatalf("a logoff for an ended session was handed out: %+v", got)
+		}
+		if st, _ := s.CommandByID(ctx, stale.ID, t0.Add(10*time.Minute), time.Hour); st.State != store.CommandFailed || st.Error == "" {
+			t.Fatalf("a command whose session ended reads %+v", st)
+		}
 		if _, err := s.QueueCommand(ctx, "no-such-session", "logoff", "", t0); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("queue for an unknown session: %v", err)
-		}
-		if _, err := s.EndSession(ctx, p.SessionID, t0); err != nil {
-			t.Fatal(err)
 		}
 		if _, err := s.QueueCommand(ctx, p.SessionID, "logoff", "", t0); !errors.Is(err, store.ErrSessionEnded) {
 			t.Fatalf("queue for an ended session: %v", err)
