@@ -394,4 +394,3 @@ func (x *XRDP) waitGone(ctx context.Context, ps []proc, d time.Duration) bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
