@@ -954,7 +954,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	s.m.heartbeats.Inc()
 	var cmds []store.Command
 	if !s.offline.Load() {
-		if cmds, err = s.store.TakeCommands(r.Context(), hb.Host, s.now(), s.commandTTL()); err != nil {
+		if cmds, err = s.store.TakeCommands(r.Context(), hb.Host, s.now(), s.commandTTL()); err != nil && r.Context().Err() == nil {
 			// They stay queued for the next heartbeat.
 			s.log.Warn("could not hand a host its commands", "host", hb.Host, "error", err)
 		}
