@@ -588,7 +588,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		if !entitled(&g, who.user, who.groups) {
 			continue
 		}
-		d := brokerapi.Desktop{DeliveryGroup: g.Name, Kind: g.Kind}
+		d := brokerapi.Desktop{DeliveryGroup: g.Name, Kind: g.Kind, Description: g.Description}
 		for _, ss := range live {
 			// Newest first: the session a launch would reconnect to.
 			if ss.Group == g.Name && ss.User == who.user && !ss.Unverified {

@@ -28,7 +28,7 @@ import (
 // listeners are the addresses each started role listens on, for the
 // banner deskway up prints.
 type listeners struct {
-	Gateway, Stream, Broker, Admin net.Addr
+	Gateway, Stream, Broker, Admin, Web net.Addr
 }
 
 // runRoles starts every role cfg (read from path) enables plus the admin
@@ -38,8 +38,8 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
 	rl := &reloader{path: path, log: log, running: cfg}
 	var audit obs.AuditLog // in memory unless a broker's database keeps it
-	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil {
-		return errors.New("no role is enabled: add a gateway, broker or stream section to the config (or use deskway up)")
+	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil && cfg.Web == nil {
+		return errors.New("no role is enabled: add a gateway, broker, stream or web section to the config (or use deskway up)")
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
@@ -134,6 +134,18 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		lns.Broker = bln.Addr()
 		serve = append(serve, func(ctx context.Context) error { return b.Serve(ctx, bln, tc) })
 		api = append(api, b.AdminHandler())
+	}
+	if cfg.Web != nil {
+		wb, err := newWeb(cfg, log, reg)
+		if err != nil {
+			return err
+		}
+		wln, err := listen("web.listen", cfg.Web.Listen)
+		if err != nil {
+			return err
+		}
+		lns.Web = wln.Addr()
+		serve = append(serve, func(ctx context.Context) error { return wb.Serve(ctx, wln, tc) })
 	}
 	if cfg.Agent != nil {
 		a, err := newAgent(cfg.Agent, cfg.StateDir, log.With("role", "agent"))

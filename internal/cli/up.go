@@ -48,6 +48,8 @@ gateway:
     ports: [3389]
 broker:
   listen: "%[9]s"
+  # The portal (web) launches on behalf of the users who sign in to it.
+  frontend_tokens: [%[13]s]
   delivery_groups:
   - name: desktops
     description: this machine's RDP server
@@ -61,6 +63,8 @@ agent:
   join_token: %[10]s
   address: 127.0.0.1
   port: 3389
+web:
+  listen: "%[14]s"
 stream:
   listen: "%[7]s"
   vdisks:
@@ -75,7 +79,7 @@ stream:
 const credentialsFile = "credentials"
 
 func upCmd() *cobra.Command {
-	var stateDir, bind, listen, adminListen, streamListen, brokerListen string
+	var stateDir, bind, listen, adminListen, streamListen, brokerListen, webListen string
 	var public bool
 	c := &cobra.Command{
 		Use:   "up",
@@ -98,7 +102,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 				if host != "" && net.ParseIP(host) == nil {
 					return fmt.Errorf("up: --bind %q is not an IP address", bind)
 				}
-				addrs := map[string]*string{"--listen": &listen, "--broker-listen": &brokerListen, "--stream-listen": &streamListen}
+				addrs := map[string]*string{"--listen": &listen, "--broker-listen": &brokerListen, "--stream-listen": &streamListen, "--web-listen": &webListen}
 				for flag, a := range addrs {
 					h, p, err := net.SplitHostPort(*a)
 					if err != nil {
@@ -127,7 +131,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 					return err
 				}
 				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo,
-					brokerListen, join, gport, bport)
+					brokerListen, join, gport, bport, random(24), webListen)
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -155,6 +159,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port (or HOST:PORT), written into the config on first start")
 	c.Flags().StringVar(&brokerListen, "broker-listen", ":8444", "broker port (or HOST:PORT), written into the config on first start")
 	c.Flags().StringVar(&streamListen, "stream-listen", ":10809", "NBD port (or HOST:PORT) of the stream role, written into the config on first start")
+	c.Flags().StringVar(&webListen, "web-listen", ":8446", "user portal port (or HOST:PORT), written into the config on first start")
 	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c
 }
@@ -243,6 +248,10 @@ func printUp(out io.Writer, cfg *config.Config, l listeners, path, creds string)
 Connect through the gateway to this machine's RDP server as one of its users (HOSTUSER, HOSTPASSWORD):
   xfreerdp /v:127.0.0.1 /u:HOSTUSER /p:HOSTPASSWORD /g:localhost:%[3]s /gu:demo /gp:%[5]s /gt:http /cert:ignore
 `, path, creds, gport, l.Admin, pw)
+	if l.Web != nil {
+		fmt.Fprintf(out, `  portal       https://localhost:%[1]s  (sign in as demo, press Launch, open the downloaded file: xfreerdp desktops.rdp /u:HOSTUSER /p:HOSTPASSWORD /cert:ignore)
+`, port(l.Web, "8446"))
+	}
 	if l.Broker != nil {
 		fmt.Fprintf(out, `A desktop from the broker, as an .rdp file, opened with xfreerdp:
   curl -sk -u demo:%[2]s -H 'Accept: application/x-rdp' -H 'Content-Type: application/json' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp

@@ -494,6 +494,16 @@ func (c *Config) resolveSecrets() error {
 			}
 		}
 	}
+	if c.Web != nil {
+		// web.frontend_token may be a copy of broker.frontend_tokens[0],
+		// made before either was resolved.
+		if err := c.Web.FrontendToken.Resolve(); err != nil {
+			return fmt.Errorf("web.frontend_token: %w", err)
+		}
+		if err := c.Web.CookieKey.Resolve(); err != nil {
+			return fmt.Errorf("web.cookie_key: %w", err)
+		}
+	}
 	if c.Gateway != nil && c.Gateway.RADIUS != nil {
 		if err := c.Gateway.RADIUS.Secret.Resolve(); err != nil {
 			return fmt.Errorf("gateway.radius.secret: %w", err)

@@ -318,7 +318,13 @@ func (o *Options) startFarm(ctx context.Context, wg *sync.WaitGroup, tmp, dsn, p
 		go func() { defer wg.Done(); _ = px.Serve(ctx, ln) }()
 		dsn = strings.Replace(dsn, pgAddr, ln.Addr().String(), 1)
 	}
-	cfg := &config.Config{StateDir: tmp, Auth: config.Auth{TokenKey: config.NewSecret(tokenKey)},
+	// Each point's broker keeps its own cache and journal: a journal left
+	// by one point's teardown must not be written into the next's database.
+	stateDir, err := os.MkdirTemp(tmp, "point-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := &config.Config{StateDir: stateDir, Auth: config.Auth{TokenKey: config.NewSecret(tokenKey)},
 		Broker: &config.Broker{Database: dsn, Gateway: "gateway.bench:443", MaxDBConnections: 2*c + 40,
 			FrontendTokens: []config.Secret{config.NewSecret(frontendToken)},
 			DeliveryGroups: []config.DeliveryGrp{{Name: group, Groups: []string{group}, SessionLimit: sessionLimit, LogonLimit: logonLimit}}}}
@@ -343,7 +349,7 @@ func (o *Options) startFarm(ctx context.Context, wg *sync.WaitGroup, tmp, dsn, p
 	}
 	users, _ := auth.NewUsers(nil)
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: o.BrokerLog.With("role", "broker"), Registry: f.reg, Users: users,
-		Tokens: tokens, Store: st, StateDir: tmp})
+		Tokens: tokens, Store: st, StateDir: stateDir})
 	if err != nil {
 		return nil, err
 	}
@@ -420,12 +426,17 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 		return report.Point{}, err
 	}
 	client, st, reg := f.client, f.st, f.reg
+	// The hosts stop before the broker and the database's proxy do, so
+	// that a point's end is no database outage to the broker.
+	hctx, hcancel := context.WithCancel(ctx)
+	var hw sync.WaitGroup
+	defer func() { hcancel(); hw.Wait() }()
 	hosts := map[string]*simHost{}
 	for name, cred := range f.creds {
 		h := &simHost{name: name, cred: cred}
 		hosts[name] = h
-		wg.Add(1)
-		go func() { defer wg.Done(); h.run(ctx, client, o.LogonAfter, f.cfg.Broker.HeartbeatInterval.D(), o.Log) }()
+		hw.Add(1)
+		go func() { defer hw.Done(); h.run(hctx, client, o.LogonAfter, f.cfg.Broker.HeartbeatInterval.D(), o.Log) }()
 	}
 	launch := func(user string) (time.Duration, int, error) {
 		start := time.Now()

@@ -190,14 +190,19 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	if err != nil {
 		return report.Point{}, err
 	}
+	// The hosts stop before the broker and the database's proxy do, so
+	// that a point's end is no database outage to the broker.
+	hctx, hcancel := context.WithCancel(ctx)
+	var hw sync.WaitGroup
+	defer func() { hcancel(); hw.Wait() }()
 	hosts := map[string]*e2eHost{}
 	for name, cred := range f.creds {
 		h := &e2eHost{name: name, cred: cred, sessions: map[string]*simSession{}}
 		hosts[name] = h
-		wg.Add(1)
+		hw.Add(1)
 		go func() {
-			defer wg.Done()
-			h.run(ctx, f.client, e.SessionPoll, f.cfg.Broker.HeartbeatInterval.D(), o.Log)
+			defer hw.Done()
+			h.run(hctx, f.client, e.SessionPoll, f.cfg.Broker.HeartbeatInterval.D(), o.Log)
 		}()
 	}
 	rng := rand.New(rand.NewPCG(e.Seed, uint64(c)*1000+uint64(rtt.Milliseconds())))

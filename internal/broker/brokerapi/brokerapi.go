@@ -31,8 +31,9 @@ type DesktopsRequest struct {
 type Desktop struct {
 	DeliveryGroup string `json:"delivery_group"`
 	// Kind is pooled or personal.
-	Kind    string       `json:"kind"`
-	Session *UserSession `json:"session,omitempty"`
+	Kind        string       `json:"kind"`
+	Description string       `json:"description,omitempty"`
+	Session     *UserSession `json:"session,omitempty"`
 }
 
 // UserSession is a user's live session as the user may see it.

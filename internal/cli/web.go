@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/web"
+)
+
+// webCookieKeyFile keeps the portal's cookie key when the config names
+// none, so sign-ins survive a restart.
+const webCookieKeyFile = "web-cookie.key"
+
+// newWeb builds the portal from the config: its users, its broker (this
+// deskway's unless web.broker names another) and its cookie key.
+func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*web.Server, error) {
+	w := cfg.Web
+	users, err := auth.NewUsers(cfg.Auth.Users)
+	if err != nil {
+		return nil, err
+	}
+	ca := w.BrokerCA
+	if ca == "" {
+		ca = cfg.TLS.Cert
+		if ca == "" {
+			ca = filepath.Join(cfg.StateDir, "tls.crt") // the certificate deskway made
+		}
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, fmt.Errorf("web.broker_ca: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("web.broker_ca: %s holds no PEM certificate", ca)
+	}
+	key := []byte(w.CookieKey.Value())
+	if !w.CookieKey.IsSet() {
+		if key, err = stateKey(filepath.Join(cfg.StateDir, webCookieKeyFile)); err != nil {
+			return nil, err
+		}
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}}
+	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
+		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
+		Broker:   &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}, FrontendToken: w.FrontendToken.Value(), CookieKey: key})
+}
+
+// stateKey reads a 32-byte key from path, making it (0600) on first use.
+func stateKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err == nil && len(b) >= 32 {
+		return b, nil
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("web cookie key: %w", err)
+	}
+	b = make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return nil, fmt.Errorf("web cookie key: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,348 @@
+// Package web is the user portal: people sign in with the organisation's
+// accounts, see the desktops they may launch (with a session to return
+// to, if they have one) and download an .rdp file that reaches it through
+// the gateway with a signed token, so the gateway asks no password. It is
+// a front end of the broker, over the broker's own API, and serves its
+// pages, styles and nothing else from the binary.
+package web
+
+import (
+	"context"
+	"crypto/tls"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/config"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// cookieName is the sign-in cookie's; the __Host- prefix makes browsers
+// refuse it unless it is Secure, for the whole site and no other domain.
+const cookieName = "__Host-deskway"
+
+// Deps are what the portal needs from outside.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	// Users are the local accounts people sign in with.
+	Users *auth.Users
+	// Throttle locks out users and addresses after repeated bad passwords.
+	Throttle *auth.Throttle
+	// Broker is the broker the portal asks, as a front end with
+	// FrontendToken, for a user's desktops and launches.
+	Broker        *brokerclient.Client
+	FrontendToken string
+	// CookieKey signs sign-in cookies (32 bytes or more).
+	CookieKey []byte
+	Now       func() time.Time
+}
+
+// Server is the portal.
+type Server struct {
+	cfg      *config.Web
+	d        Deps
+	codec    cookieCodec
+	pages    map[string]*template.Template
+	signins  *prometheus.CounterVec
+	launches *prometheus.CounterVec
+}
+
+// New builds the portal.
+func New(cfg *config.Web, d Deps) (*Server, error) {
+	if d.Logger == nil || d.Users == nil || d.Broker == nil || d.FrontendToken == "" {
+		return nil, errors.New("web: logger, users, broker and front-end token are required")
+	}
+	if len(d.CookieKey) < 32 {
+		return nil, errors.New("web: the cookie key must be at least 32 bytes")
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Throttle == nil {
+		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
+	}
+	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{},
+		signins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_signins_total",
+			Help: "Portal sign-ins by result: ok, wrong (user or password), throttled."}, []string{"result"}),
+		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_launches_total",
+			Help: "Launches through the portal by result: ok, refused (by the broker), error."}, []string{"result"}),
+	}
+	if d.Registry != nil {
+		d.Registry.MustRegister(s.signins, s.launches)
+	}
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since}).ParseFS(assets, "templates/layout.html")
+	if err != nil {
+		return nil, fmt.Errorf("web: %w", err)
+	}
+	for _, page := range []string{"signin.html", "desktops.html"} {
+		t, err := template.Must(layout.Clone()).ParseFS(assets, "templates/"+page)
+		if err != nil {
+			return nil, fmt.Errorf("web: %w", err)
+		}
+		s.pages[page] = t
+	}
+	return s, nil
+}
+
+// Handler serves the portal. Every request that changes something must
+// come from the portal's own pages: the browser's cross-origin check
+// (Sec-Fetch-Site, Origin) and the sign-in's CSRF token both hold.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(assets, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /signin", s.signinPage)
+	mux.HandleFunc("POST /signin", s.signin)
+	mux.HandleFunc("POST /signout", s.signout)
+	mux.HandleFunc("POST /launch", s.launch)
+	mux.HandleFunc("GET /{$}", s.desktops)
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.d.Logger.Warn("cross-site request refused", "method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"), "remote", r.RemoteAddr)
+		http.Error(w, "cross-site request refused: use the portal's own pages", http.StatusForbidden)
+	}))
+	return headers(cop.Handler(mux))
+}
+
+// headers sets what every answer carries: no framing, no sniffing, no
+// scripts or styles from elsewhere, nothing cached.
+func headers(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("Referrer-Policy", "same-origin")
+		hd.Set("Strict-Transport-Security", "max-age=31536000")
+		if !isStatic(r.URL.Path) {
+			hd.Set("Cache-Control", "no-store")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func isStatic(p string) bool { return strings.HasPrefix(p, "/static/") }
+
+// Serve serves the portal over TLS on ln until ctx ends, then lets
+// requests in flight finish.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
+	srv := &http.Server{Handler: s.Handler(), TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 32 << 10, ErrorLog: slog.NewLogLogger(s.d.Logger.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+// current returns the request's sign-in, renewing its idle time.
+func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) {
+	c, err := r.Cookie(cookieName)
+	if err != nil {
+		return signIn{}, false
+	}
+	now := s.d.Now()
+	si, err := s.codec.decode(c.Value, now, s.cfg.SessionIdle.D(), s.cfg.SessionMax.D())
+	if err != nil {
+		s.clearCookie(w)
+		return signIn{}, false
+	}
+	// Renew at most once a minute, so that a page's requests do not each
+	// set a cookie.
+	if now.Unix()-si.Seen >= 60 {
+		si.Seen = now.Unix()
+		s.setCookie(w, si)
+	}
+	return si, true
+}
+
+func (s *Server) setCookie(w http.ResponseWriter, si signIn) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.codec.encode(si), Path: "/", Secure: true, HttpOnly: true,
+		SameSite: http.SameSiteLaxMode, MaxAge: int(s.cfg.SessionMax.D().Seconds())})
+}
+
+func (s *Server) clearCookie(w http.ResponseWriter) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", Secure: true, HttpOnly: true,
+		SameSite: http.SameSiteLaxMode, MaxAge: -1})
+}
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	User     string
+	CSRF     string
+	Error    string
+	Notice   string
+	Name     string // the user name typed, kept on a failed sign-in
+	Desktops []brokerapi.Desktop
+}
+
+func (s *Server) render(w http.ResponseWriter, status int, name string, p page) {
+	p.Title = s.cfg.Title
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	if err := s.pages[name].ExecuteTemplate(w, "layout.html", p); err != nil {
+		s.d.Logger.Warn("rendering a page", "page", name, "error", err)
+	}
+}
+
+func (s *Server) signinPage(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.current(w, r); ok {
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
+	s.render(w, http.StatusOK, "signin.html", page{})
+}
+
+func remoteAddr(r *http.Request) netip.Addr {
+	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
+	return ap.Addr()
+}
+
+func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		s.render(w, http.StatusBadRequest, "signin.html", page{Error: "The form could not be read; try again."})
+		return
+	}
+	name, pw := r.PostFormValue("user"), r.PostFormValue("password")
+	from := remoteAddr(r)
+	if lk := s.d.Throttle.Check(name, from); lk != nil {
+		s.signins.WithLabelValues("throttled").Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+		s.render(w, http.StatusTooManyRequests, "signin.html", page{Name: name,
+			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))})
+		return
+	}
+	u, found := s.d.Users.Lookup(name)
+	if !found || !u.CheckPassword(pw) {
+		s.d.Throttle.Fail(name, from)
+		s.signins.WithLabelValues("wrong").Inc()
+		s.d.Logger.Info("portal sign-in refused", "user", name, "remote", r.RemoteAddr)
+		s.render(w, http.StatusUnauthorized, "signin.html", page{Name: name, Error: "Wrong user name or password."})
+		return
+	}
+	s.d.Throttle.Succeed(u.Name, from)
+	now := s.d.Now().Unix()
+	s.setCookie(w, signIn{ID: newID(), User: u.Name, Groups: u.Groups, Issued: now, Seen: now})
+	s.signins.WithLabelValues("ok").Inc()
+	s.d.Logger.Info("portal sign-in", "user", u.Name, "remote", r.RemoteAddr)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
+	si, ok := s.current(w, r)
+	if ok && !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
+		http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+		return
+	}
+	s.clearCookie(w)
+	if ok {
+		s.d.Logger.Info("portal sign-out", "user", si.User)
+	}
+	http.Redirect(w, r, "/signin", http.StatusSeeOther)
+}
+
+func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
+	si, ok := s.current(w, r)
+	if !ok {
+		http.Redirect(w, r, "/signin", http.StatusSeeOther)
+		return
+	}
+	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: r.URL.Query().Get("notice")}
+	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups})
+	if err != nil {
+		s.d.Logger.Warn("listing a user's desktops", "user", si.User, "error", err)
+		p.Error = "Your desktops cannot be listed right now: " + brokerMessage(err)
+		s.render(w, http.StatusBadGateway, "desktops.html", p)
+		return
+	}
+	p.Desktops = ds
+	s.render(w, http.StatusOK, "desktops.html", p)
+}
+
+// brokerMessage is what a person can read of a broker's refusal.
+func brokerMessage(err error) string {
+	var se *brokerclient.StatusError
+	if errors.As(err, &se) {
+		return se.Message
+	}
+	return "the broker does not answer."
+}
+
+var fileName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
+	si, ok := s.current(w, r)
+	if !ok {
+		http.Redirect(w, r, "/signin", http.StatusSeeOther)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
+		http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+		return
+	}
+	group := r.PostFormValue("delivery_group")
+	res, _, err := s.d.Broker.Launch(r.Context(), brokerclient.Bearer(s.d.FrontendToken),
+		brokerapi.LaunchRequest{DeliveryGroup: group, User: si.User, Groups: si.Groups})
+	if err != nil {
+		result := "error"
+		var se *brokerclient.StatusError
+		if errors.As(err, &se) {
+			result = "refused"
+		}
+		s.launches.WithLabelValues(result).Inc()
+		s.d.Logger.Warn("portal launch failed", "user", si.User, "delivery_group", group, "error", err)
+		p := page{User: si.User, CSRF: s.codec.csrf(si), Error: fmt.Sprintf("%s could not start: %s", group, brokerMessage(err))}
+		if ds, derr := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups}); derr == nil {
+			p.Desktops = ds
+		}
+		s.render(w, http.StatusBadGateway, "desktops.html", p)
+		return
+	}
+	s.launches.WithLabelValues("ok").Inc()
+	s.d.Logger.Info("portal launch", "user", si.User, "delivery_group", group, "host", res.Host, "reconnect", res.Reconnect)
+	w.Header().Set("Content-Type", "application/x-rdp")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+fileName.ReplaceAllString(group, "_")+`.rdp"`)
+	_, _ = w.Write([]byte(res.RDP))
+}
+
+// since says how long ago t was, for a person.
+func since(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return "just now"
+	case d < time.Hour:
+		return fmt.Sprintf("%d min ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%d h ago", int(d.Hours()))
+	}
+	return t.Local().Format("2 Jan 15:04")
+}
