@@ -108,7 +108,10 @@ type brokerRig struct {
 	hc                             *http.Client
 }
 
-func newBrokerRig(t *testing.T) *brokerRig {
+func newBrokerRig(t *testing.T) *brokerRig { return newBrokerRigWith(t, nil) }
+
+// newBrokerRigWith is newBrokerRig with its config changed by edit.
+func newBrokerRigWith(t *testing.T, edit func(string) string) *brokerRig {
 	r, rdpPort := newRDPRig(t)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
@@ -117,6 +120,9 @@ func newBrokerRig(t *testing.T) *brokerRig {
 	r.cfg = filepath.Join(dir, "deskway.yaml")
 	write := func(join string) {
 		body := fmt.Sprintf(brokerConfig, dir, adminPort, cert, key, gwPort, rdpPort, r.xrdp.User, r.xrdp.Password, brokerPort, join)
+		if edit != nil {
+			body = edit(body)
+		}
 		if err := os.WriteFile(r.cfg, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}

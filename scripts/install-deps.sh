@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   xrdp xorgxrdp freerdp2-x11 xvfb xterm imagemagick   # RDP host, client, display, screenshots
   x11-utils                                            # xmessage for session messages, xwininfo to see them
+  chromium                                             # the portal tested in a real browser (chromedp)
   freeradius freeradius-utils                          # central policy (RADIUS) tests
   haproxy                                              # baseline relay for benchmarks
   libnbd-bin python3-libnbd qemu-utils                 # NBD clients for the vDisk streaming tests (nbdinfo, nbdcopy, nbdsh)
