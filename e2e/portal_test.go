@@ -184,3 +184,40 @@ func TestPortalSignInLaunchAndConnect(t *testing.T) {
 		t.Fatalf("after sign-out / went to %s", url)
 	}
 }
+
+// portalLaunch signs in to the portal at base in a browser as user and
+// presses Launch on group, leaving the downloaded GROUP.rdp in dir.
+func portalLaunch(t *testing.T, base, user, password, group, dir string) {
+	t.Helper()
+	ctx := newBrowser(t)
+	events := true
+	if _, err := chromedp.Call(ctx, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+		Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: dir, EventsEnabled: &events}); err != nil {
+		t.Fatal(err)
+	}
+	card := chromedp.CSS("li.desktop[data-group='" + group + "']")
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.ID("user")),
+		chromedp.SendKeys(chromedp.ID("user"), user),
+		chromedp.SendKeys(chromedp.ID("password"), password),
+		chromedp.Click(chromedp.CSS("form[action='/signin'] button")),
+		chromedp.WaitVisible(card),
+	); err != nil {
+		t.Fatalf("signing in to %s as %s: %v", base, user, err)
+	}
+	shot(t, ctx, filepath.Join("artifacts", t.Name()), "desktops")
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='"+group+"'] button"))); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, group+".rdp")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if st, err := os.Stat(file); err == nil && st.Size() > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			ents, _ := os.ReadDir(dir)
+			t.Fatalf("no %s.rdp downloaded; the folder holds %v", group, ents)
+		}
+	}
+}

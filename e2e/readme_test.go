@@ -40,7 +40,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
 	blocks := readmeBlocks(t)
-	for _, name := range []string{"run", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
+	for _, name := range []string{"run", "portal", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
 		if blocks[name] == "" {
 			t.Fatalf("README.md has no block marked <!-- e2e: %s -->", name)
 		}
@@ -52,7 +52,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, port := range []string{"8443", "8444", "9443", "10809", "3389"} {
+	for _, port := range []string{"8443", "8444", "8446", "9443", "10809", "3389"} {
 		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second); err == nil {
 			c.Close()
 			t.Fatalf("port %s is taken; the README's commands use it", port)
@@ -90,11 +90,28 @@ func TestREADMEQuickstart(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// The portal, as the README tells a person to use it: sign in as demo
+	// in a browser and press Launch; the browser saves desktops.rdp, and the
+	// README's line opens it in the folder it went to.
+	downloads := t.TempDir()
+	t.Run("portal-browser", func(t *testing.T) {
+		password := ""
+		for _, line := range strings.Split(string(creds), "\n") {
+			if v, ok := strings.CutPrefix(line, "demo password: "); ok {
+				password = v
+			}
+		}
+		portalLaunch(t, "https://localhost:8446", "demo", password, "desktops", downloads)
+	})
 	tunnels := 0
-	for _, name := range []string{"gateway-password", "gateway-token", "broker-rdp"} {
+	for _, name := range []string{"portal", "gateway-password", "gateway-token", "broker-rdp"} {
 		t.Run(name, func(t *testing.T) {
 			script := filepath.Join(t.TempDir(), name+".sh")
-			body := "set -e\ncd " + t.TempDir() + "\n" + fill(blocks[name])
+			dir := t.TempDir()
+			if name == "portal" {
+				dir = downloads
+			}
+			body := "set -e\ncd " + dir + "\n" + fill(blocks[name])
 			// ./bin/deskway is the README's path from the repository; bin is
 			// not on the PATH, so a bare deskway in the README fails here.
 			body = strings.ReplaceAll(body, "./bin/deskway", filepath.Join(repo, "bin", "deskway"))
