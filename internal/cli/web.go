@@ -56,9 +56,22 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*w
 	}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}}
+	var oc *http.Client
+	if o := w.OIDC; o != nil && o.CA != "" {
+		pem, err := os.ReadFile(o.CA)
+		if err != nil {
+			return nil, fmt.Errorf("web.oidc.ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("web.oidc.ca: %s holds no PEM certificate", o.CA)
+		}
+		oc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	}
 	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		Broker:   &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}, FrontendToken: w.FrontendToken.Value(), CookieKey: key})
+		Broker:   &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}, FrontendToken: w.FrontendToken.Value(), CookieKey: key,
+		OIDCClient: oc})
 }
 
 // stateKey reads a 32-byte key from path, making it (0600) on first use.

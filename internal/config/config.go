@@ -503,6 +503,11 @@ func (c *Config) resolveSecrets() error {
 		if err := c.Web.CookieKey.Resolve(); err != nil {
 			return fmt.Errorf("web.cookie_key: %w", err)
 		}
+		if c.Web.OIDC != nil {
+			if err := c.Web.OIDC.ClientSecret.Resolve(); err != nil {
+				return fmt.Errorf("web.oidc.client_secret: %w", err)
+			}
+		}
 	}
 	if c.Gateway != nil && c.Gateway.RADIUS != nil {
 		if err := c.Gateway.RADIUS.Secret.Resolve(); err != nil {

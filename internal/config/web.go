@@ -29,10 +29,44 @@ type Web struct {
 	// SessionMax ends it that long after sign-in, whatever happens.
 	SessionIdle Duration `yaml:"session_idle"`
 	SessionMax  Duration `yaml:"session_max"`
+	// PublicURL is where people reach the portal (https://host[:port]);
+	// an identity provider sends them back under it.
+	PublicURL string `yaml:"public_url"`
+	// OIDC signs people in through an OpenID Connect provider, beside
+	// the local users.
+	OIDC *OIDC `yaml:"oidc"`
+}
+
+// OIDC is an OpenID Connect provider the portal signs people in with
+// (authorization code with PKCE). Its groups claim gives the groups that
+// entitlements and gateway policies name.
+type OIDC struct {
+	Issuer       string `yaml:"issuer"`
+	ClientID     string `yaml:"client_id"`
+	ClientSecret Secret `yaml:"client_secret"`
+	// CA is a PEM file the provider's certificate is checked against;
+	// empty means the system's roots.
+	CA string `yaml:"ca"`
+	// Scopes asked for beside openid.
+	Scopes []string `yaml:"scopes"`
+	// UsernameClaim and GroupsClaim name the claims read from the ID
+	// token (or, when absent there, from the userinfo endpoint).
+	UsernameClaim string `yaml:"username_claim"`
+	GroupsClaim   string `yaml:"groups_claim"`
+	// Label is the sign-in button's text.
+	Label string `yaml:"label"`
 }
 
 func (c *Config) webDefaults(w *Web) {
 	setDefault(&w.Listen, ":8446")
+	if o := w.OIDC; o != nil {
+		if o.Scopes == nil {
+			o.Scopes = []string{"profile", "email", "groups"}
+		}
+		setDefault(&o.UsernameClaim, "preferred_username")
+		setDefault(&o.GroupsClaim, "groups")
+		setDefault(&o.Label, "Sign in with your organisation")
+	}
 	setDefault(&w.Title, "Deskway")
 	setDefault(&w.SessionIdle, Duration(30*time.Minute))
 	setDefault(&w.SessionMax, Duration(12*time.Hour))
@@ -64,6 +98,17 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 	}
 	if w.CookieKey.IsSet() && len(w.CookieKey.Value()) < 32 {
 		bad("web.cookie_key", "is %d bytes; use at least 32 random bytes", len(w.CookieKey.Value()))
+	}
+	if o := w.OIDC; o != nil {
+		if u, err := url.Parse(o.Issuer); err != nil || u.Scheme != "https" || u.Host == "" {
+			bad("web.oidc.issuer", "%q is not an https:// URL", o.Issuer)
+		}
+		if o.ClientID == "" {
+			bad("web.oidc.client_id", "is empty: the client id the provider gave this portal")
+		}
+		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			bad("web.public_url", "%q is not https://HOST[:PORT]: OIDC needs it for the address the provider sends people back to (PUBLIC_URL/oidc/callback)", w.PublicURL)
+		}
 	}
 	if w.SessionIdle.D() <= 0 || w.SessionMax.D() < w.SessionIdle.D() {
 		bad("web.session_idle", "%s must be positive and no longer than web.session_max %s", w.SessionIdle.D(), w.SessionMax.D())

@@ -23,6 +23,8 @@ type signIn struct {
 	// Issued and Seen are Unix seconds.
 	Issued int64 `json:"iat"`
 	Seen   int64 `json:"seen"`
+	// Via is how they signed in: "" (a local account) or "oidc".
+	Via string `json:"via,omitempty"`
 }
 
 // cookieCodec signs and checks sign-in cookies and CSRF tokens.

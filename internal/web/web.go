@@ -52,7 +52,9 @@ type Deps struct {
 	FrontendToken string
 	// CookieKey signs sign-in cookies (32 bytes or more).
 	CookieKey []byte
-	Now       func() time.Time
+	// OIDCClient is the HTTP client for the OIDC provider (its CA).
+	OIDCClient *http.Client
+	Now        func() time.Time
 }
 
 // Server is the portal.
@@ -63,6 +65,7 @@ type Server struct {
 	pages    map[string]*template.Template
 	signins  *prometheus.CounterVec
 	launches *prometheus.CounterVec
+	oidc     *oidcLogin // nil without web.oidc
 }
 
 // New builds the portal.
@@ -81,12 +84,19 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{},
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_signins_total",
-			Help: "Portal sign-ins by result: ok, wrong (user or password), throttled."}, []string{"result"}),
+			Help: "Portal sign-ins by result: ok (local account), oidc, wrong (user or password), throttled, oidc_refused."}, []string{"result"}),
 		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_launches_total",
 			Help: "Launches through the portal by result: ok, refused (by the broker), error."}, []string{"result"}),
 	}
 	if d.Registry != nil {
 		d.Registry.MustRegister(s.signins, s.launches)
+	}
+	if cfg.OIDC != nil {
+		hc := d.OIDCClient
+		if hc == nil {
+			hc = &http.Client{Timeout: 30 * time.Second}
+		}
+		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc)
 	}
 	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
@@ -113,6 +123,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /signin", s.signinPage)
 	mux.HandleFunc("POST /signin", s.signin)
 	mux.HandleFunc("POST /signout", s.signout)
+	if s.oidc != nil {
+		mux.HandleFunc("GET /oidc/login", s.oidcStart)
+		mux.HandleFunc("GET /oidc/callback", s.oidcCallback)
+	}
 	mux.HandleFunc("POST /launch", s.launch)
 	mux.HandleFunc("GET /{$}", s.desktops)
 	cop := http.NewCrossOriginProtection()
@@ -200,6 +214,16 @@ type page struct {
 	Notice   string
 	Name     string // the user name typed, kept on a failed sign-in
 	Desktops []brokerapi.Desktop
+	// OIDCLabel is the provider's sign-in button, when there is one.
+	OIDCLabel string
+}
+
+// signinData adds what the sign-in page shows beside the form.
+func (s *Server) signinData(p page) page {
+	if s.oidc != nil {
+		p.OIDCLabel = s.oidc.cfg.Label
+	}
+	return p
 }
 
 func (s *Server) render(w http.ResponseWriter, status int, name string, p page) {
@@ -216,7 +240,7 @@ func (s *Server) signinPage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
-	s.render(w, http.StatusOK, "signin.html", page{})
+	s.render(w, http.StatusOK, "signin.html", s.signinData(page{}))
 }
 
 func remoteAddr(r *http.Request) netip.Addr {
@@ -227,7 +251,7 @@ func remoteAddr(r *http.Request) netip.Addr {
 func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	if err := r.ParseForm(); err != nil {
-		s.render(w, http.StatusBadRequest, "signin.html", page{Error: "The form could not be read; try again."})
+		s.render(w, http.StatusBadRequest, "signin.html", s.signinData(page{Error: "The form could not be read; try again."}))
 		return
 	}
 	name, pw := r.PostFormValue("user"), r.PostFormValue("password")
@@ -235,8 +259,8 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	if lk := s.d.Throttle.Check(name, from); lk != nil {
 		s.signins.WithLabelValues("throttled").Inc()
 		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
-		s.render(w, http.StatusTooManyRequests, "signin.html", page{Name: name,
-			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))})
+		s.render(w, http.StatusTooManyRequests, "signin.html", s.signinData(page{Name: name,
+			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
 		return
 	}
 	u, found := s.d.Users.Lookup(name)
@@ -244,7 +268,7 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		s.d.Throttle.Fail(name, from)
 		s.signins.WithLabelValues("wrong").Inc()
 		s.d.Logger.Info("portal sign-in refused", "user", name, "remote", r.RemoteAddr)
-		s.render(w, http.StatusUnauthorized, "signin.html", page{Name: name, Error: "Wrong user name or password."})
+		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
 		return
 	}
 	s.d.Throttle.Succeed(u.Name, from)
@@ -264,6 +288,12 @@ func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
 	s.clearCookie(w)
 	if ok {
 		s.d.Logger.Info("portal sign-out", "user", si.User)
+	}
+	if ok && si.Via == "oidc" && s.oidc != nil {
+		if to := s.oidc.endSession(r.Context(), s.cfg.PublicURL); to != "" {
+			http.Redirect(w, r, to, http.StatusSeeOther)
+			return
+		}
 	}
 	http.Redirect(w, r, "/signin", http.StatusSeeOther)
 }

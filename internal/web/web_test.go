@@ -42,8 +42,15 @@ type portal struct {
 
 // newPortal starts a real broker (SQLite, one registered host) and the
 // portal in front of it.
-func newPortal(t *testing.T) *portal {
+func newPortal(t *testing.T) *portal { return newPortalWith(t, nil) }
+
+// newPortalWith is newPortal with an identity provider: oidc gets the
+// portal's public URL and returns the provider's config and a client
+// that trusts it.
+func newPortalWith(t *testing.T, oidc func(publicURL string) (*config.OIDC, *http.Client)) *portal {
 	t.Helper()
+	srv := httptest.NewUnstartedServer(nil)
+	publicURL := "https://" + srv.Listener.Addr().String()
 	cfg := &config.Config{StateDir: t.TempDir(),
 		Auth: config.Auth{TokenKey: config.NewSecret(tokenKey), Users: []config.User{
 			{Name: "alice", Password: config.NewSecret("Alice-Pass-1"), Groups: []string{"staff"}},
@@ -52,7 +59,11 @@ func newPortal(t *testing.T) *portal {
 		Broker: &config.Broker{Database: filepath.Join(t.TempDir(), "b.db"), Gateway: "gw.example.test:443",
 			FrontendTokens: []config.Secret{config.NewSecret("portal-frontend-token")},
 			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Description: "Office desktop", Groups: []string{"staff"}}}},
-		Web: &config.Web{},
+		Web: &config.Web{PublicURL: publicURL},
+	}
+	var oidcClient *http.Client
+	if oidc != nil {
+		cfg.Web.OIDC, oidcClient = oidc(publicURL)
 	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -87,11 +98,12 @@ func newPortal(t *testing.T) *portal {
 	}
 	c := &clock{t: time.Now()}
 	p, err := web.New(cfg.Web, web.Deps{Logger: log, Users: users, Broker: bc, FrontendToken: cfg.Web.FrontendToken.Value(),
-		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), Now: c.now})
+		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), OIDCClient: oidcClient, Now: c.now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewTLSServer(p.Handler())
+	srv.Config.Handler = p.Handler()
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return &portal{t: t, srv: srv, clock: c}
 }

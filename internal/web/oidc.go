@@ -1,0 +1,232 @@
+package web
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-oidc/v3/oidc"
+	"golang.org/x/oauth2"
+
+	"github.com/deskway/deskway/internal/config"
+)
+
+// flowCookie carries one sign-in through the provider: the state that
+// ties the callback to this browser, the nonce the ID token must echo,
+// and the PKCE verifier. It lives ten minutes.
+const (
+	flowCookie   = "__Host-deskway-oidc"
+	flowLifetime = 10 * time.Minute
+)
+
+// oidcLogin signs people in through an OpenID Connect provider. The
+// provider is discovered on first use, and again after a failure, so a
+// provider that is down at start does not stop the portal.
+type oidcLogin struct {
+	cfg      *config.OIDC
+	client   *http.Client
+	redirect string
+
+	mu       sync.Mutex
+	provider *oidc.Provider
+	logout   string // the provider's end_session_endpoint, if any
+}
+
+func newOIDCLogin(cfg *config.OIDC, publicURL string, client *http.Client) *oidcLogin {
+	return &oidcLogin{cfg: cfg, client: client, redirect: strings.TrimSuffix(publicURL, "/") + "/oidc/callback"}
+}
+
+func (o *oidcLogin) ctx(ctx context.Context) context.Context {
+	return oidc.ClientContext(ctx, o.client)
+}
+
+// discover returns the provider, fetching its configuration when it has
+// not been fetched yet.
+func (o *oidcLogin) discover(ctx context.Context) (*oidc.Provider, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.provider != nil {
+		return o.provider, nil
+	}
+	dctx, cancel := context.WithTimeout(o.ctx(ctx), 10*time.Second)
+	defer cancel()
+	p, err := oidc.NewProvider(dctx, o.cfg.Issuer)
+	if err != nil {
+		return nil, fmt.Errorf("the identity provider %s: %w", o.cfg.Issuer, err)
+	}
+	var extra struct {
+		EndSession string `json:"end_session_endpoint"`
+	}
+	_ = p.Claims(&extra)
+	o.provider, o.logout = p, extra.EndSession
+	return p, nil
+}
+
+func (o *oidcLogin) oauth(p *oidc.Provider) *oauth2.Config {
+	return &oauth2.Config{ClientID: o.cfg.ClientID, ClientSecret: o.cfg.ClientSecret.Value(), Endpoint: p.Endpoint(),
+		RedirectURL: o.redirect, Scopes: append([]string{oidc.ScopeOpenID}, o.cfg.Scopes...)}
+}
+
+// flow is what the flow cookie holds.
+type flow struct {
+	State    string `json:"s"`
+	Nonce    string `json:"n"`
+	Verifier string `json:"v"`
+	Issued   int64  `json:"iat"`
+}
+
+func (s *Server) oidcStart(w http.ResponseWriter, r *http.Request) {
+	p, err := s.oidc.discover(r.Context())
+	if err != nil {
+		s.d.Logger.Warn("OIDC discovery failed", "error", err)
+		s.render(w, http.StatusBadGateway, "signin.html", s.signinData(page{Error: "The identity provider does not answer; try again later, or sign in with a local account."}))
+		return
+	}
+	f := flow{State: newID(), Nonce: newID(), Verifier: oauth2.GenerateVerifier(), Issued: s.d.Now().Unix()}
+	b, _ := json.Marshal(f)
+	body := base64.RawURLEncoding.EncodeToString(b)
+	http.SetCookie(w, &http.Cookie{Name: flowCookie, Value: body + "." + base64.RawURLEncoding.EncodeToString(s.codec.mac("oidc-flow", body)),
+		Path: "/", Secure: true, HttpOnly: true, SameSite: http.SameSiteLaxMode, MaxAge: int(flowLifetime.Seconds())})
+	http.Redirect(w, r, s.oidc.oauth(p).AuthCodeURL(f.State, oidc.Nonce(f.Nonce), oauth2.S256ChallengeOption(f.Verifier)), http.StatusSeeOther)
+}
+
+// readFlow returns the request's flow cookie, checked.
+func (s *Server) readFlow(r *http.Request) (flow, error) {
+	c, err := r.Cookie(flowCookie)
+	if err != nil {
+		return flow{}, errors.New("no sign-in in progress in this browser (it may have taken over ten minutes)")
+	}
+	body, sig, _ := strings.Cut(c.Value, ".")
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil || subtle.ConstantTimeCompare(got, s.codec.mac("oidc-flow", body)) != 1 {
+		return flow{}, errors.New("the sign-in cookie is not this portal's")
+	}
+	b, _ := base64.RawURLEncoding.DecodeString(body)
+	var f flow
+	if err := json.Unmarshal(b, &f); err != nil || s.d.Now().Sub(time.Unix(f.Issued, 0)) > flowLifetime {
+		return flow{}, errors.New("the sign-in took over ten minutes")
+	}
+	return f, nil
+}
+
+func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
+	fail := func(status int, why string, err error) {
+		s.signins.WithLabelValues("oidc_refused").Inc()
+		s.d.Logger.Warn("OIDC sign-in refused", "reason", why, "error", err, "remote", r.RemoteAddr)
+		s.render(w, status, "signin.html", s.signinData(page{Error: why}))
+	}
+	http.SetCookie(w, &http.Cookie{Name: flowCookie, Value: "", Path: "/", Secure: true, HttpOnly: true, SameSite: http.SameSiteLaxMode, MaxAge: -1})
+	q := r.URL.Query()
+	if e := q.Get("error"); e != "" {
+		fail(http.StatusUnauthorized, "The identity provider did not sign you in: "+firstLine(e+" "+q.Get("error_description")), nil)
+		return
+	}
+	f, err := s.readFlow(r)
+	if err != nil {
+		fail(http.StatusBadRequest, "Sign-in failed: "+err.Error()+". Start again.", err)
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(f.State)) != 1 {
+		fail(http.StatusBadRequest, "Sign-in failed: the answer is not for this browser's sign-in. Start again.", nil)
+		return
+	}
+	p, err := s.oidc.discover(r.Context())
+	if err != nil {
+		fail(http.StatusBadGateway, "The identity provider does not answer; try again later.", err)
+		return
+	}
+	ctx := s.oidc.ctx(r.Context())
+	oc := s.oidc.oauth(p)
+	tok, err := oc.Exchange(ctx, q.Get("code"), oauth2.VerifierOption(f.Verifier))
+	if err != nil {
+		fail(http.StatusBadGateway, "Sign-in failed: the identity provider refused the code.", err)
+		return
+	}
+	raw, _ := tok.Extra("id_token").(string)
+	idt, err := p.Verifier(&oidc.Config{ClientID: s.oidc.cfg.ClientID, Now: s.d.Now}).Verify(ctx, raw)
+	if err != nil {
+		fail(http.StatusBadGateway, "Sign-in failed: the identity provider's ID token is not valid.", err)
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(f.Nonce)) != 1 {
+		fail(http.StatusBadRequest, "Sign-in failed: the ID token is not for this sign-in. Start again.", nil)
+		return
+	}
+	claims := map[string]any{}
+	if err := idt.Claims(&claims); err != nil {
+		fail(http.StatusBadGateway, "Sign-in failed: the ID token's claims cannot be read.", err)
+		return
+	}
+	if _, ok := claims[s.oidc.cfg.GroupsClaim]; !ok || claims[s.oidc.cfg.UsernameClaim] == nil {
+		// Providers that keep the ID token small give the rest at userinfo.
+		if ui, err := p.UserInfo(ctx, oc.TokenSource(ctx, tok)); err == nil {
+			more := map[string]any{}
+			if ui.Claims(&more) == nil && more["sub"] == idt.Subject {
+				for k, v := range more {
+					if _, ok := claims[k]; !ok {
+						claims[k] = v
+					}
+				}
+			}
+		}
+	}
+	user, _ := claims[s.oidc.cfg.UsernameClaim].(string)
+	if user == "" || len(user) > 256 || strings.ContainsFunc(user, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider gave no usable user name (claim %q).", s.oidc.cfg.UsernameClaim), nil)
+		return
+	}
+	groups := stringList(claims[s.oidc.cfg.GroupsClaim])
+	now := s.d.Now().Unix()
+	s.setCookie(w, signIn{ID: newID(), User: user, Groups: groups, Issued: now, Seen: now, Via: "oidc"})
+	s.signins.WithLabelValues("oidc").Inc()
+	s.d.Logger.Info("portal sign-in", "user", user, "via", "oidc", "groups", groups, "remote", r.RemoteAddr)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// endSession is where sign-out sends a person who signed in through the
+// provider, so that they are signed out there too; "" when the provider
+// offers no logout.
+func (o *oidcLogin) endSession(ctx context.Context, publicURL string) string {
+	if _, err := o.discover(ctx); err != nil || o.logout == "" {
+		return ""
+	}
+	q := url.Values{"client_id": {o.cfg.ClientID}, "post_logout_redirect_uri": {strings.TrimSuffix(publicURL, "/") + "/signin"}}
+	sep := "?"
+	if strings.Contains(o.logout, "?") {
+		sep = "&"
+	}
+	return o.logout + sep + q.Encode()
+}
+
+// stringList reads a claim that is a list of strings (or one string).
+func stringList(v any) []string {
+	switch x := v.(type) {
+	case string:
+		return []string{x}
+	case []any:
+		var out []string
+		for _, e := range x {
+			if s, ok := e.(string); ok && s != "" {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}

@@ -1,0 +1,136 @@
+package web_test
+
+import (
+	"crypto/tls"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// oidcPortal is a portal signing people in through a real OpenID
+// provider (zitadel/oidc's op) with three users: alice (staff), nora (no
+// group) and the wrong password of each.
+func oidcPortal(t *testing.T) (*portal, *testkit.OIDCProvider, *http.Client) {
+	var prov *testkit.OIDCProvider
+	p := newPortalWith(t, func(publicURL string) (*config.OIDC, *http.Client) {
+		prov = testkit.StartOIDC(t, "deskway-portal", "portal-secret", []string{publicURL + "/oidc/callback"}, []testkit.OIDCUser{
+			{Username: "alice.oidc", Password: "Alice-OIDC-1", Groups: []string{"staff"}},
+			{Username: "nora", Password: "Nora-OIDC-1"},
+		})
+		o := &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret")}
+		w := &config.Web{OIDC: o}
+		(&config.Config{Web: w}).ApplyDefaults()
+		return o, prov.Client
+	})
+	// A browser: it trusts both servers and keeps cookies.
+	roots := prov.Client.Transport.(*http.Transport).TLSClientConfig.RootCAs.Clone()
+	roots.AddCert(p.srv.Certificate())
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	return p, prov, browser
+}
+
+var authRequestID = regexp.MustCompile(`name="id" value="([^"]+)"`)
+
+// signInOIDC goes from the portal's button through the provider's login
+// page and back, as a browser does, and returns the last page.
+func signInOIDC(t *testing.T, p *portal, browser *http.Client, user, password string) (*http.Response, string) {
+	t.Helper()
+	resp, err := browser.Get(p.srv.URL + "/oidc/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := authRequestID.FindStringSubmatch(string(body))
+	if m == nil {
+		t.Fatalf("the provider's login page (%s) has no auth request id:\n%s", resp.Request.URL, body)
+	}
+	login := *resp.Request.URL
+	login.Path, login.RawQuery = "/login/username", ""
+	resp, err = browser.PostForm(login.String(), url.Values{"username": {user}, "password": {password}, "id": {m[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(body)
+}
+
+func TestOIDCSignIn(t *testing.T) {
+	p, prov, browser := oidcPortal(t)
+	if body := read(p.do("GET", "/signin", nil, nil, nil)); !strings.Contains(body, `href="/oidc/login"`) || !strings.Contains(body, "Sign in with your organisation") {
+		t.Fatalf("the sign-in page offers no provider:\n%s", body)
+	}
+	// A wrong password stays at the provider: no portal sign-in.
+	resp, body := signInOIDC(t, p, browser, "alice.oidc", "wrong")
+	if strings.HasPrefix(resp.Request.URL.String(), p.srv.URL) || !strings.Contains(body, "Login") {
+		t.Fatalf("a wrong password at the provider ended at %s:\n%s", resp.Request.URL, body)
+	}
+	u, _ := url.Parse(p.srv.URL)
+	for _, c := range browser.Jar.Cookies(u) {
+		if c.Name == "__Host-deskway" {
+			t.Fatal("a wrong password at the provider signed in to the portal")
+		}
+	}
+	// The right one: back at the portal, signed in with the staff group.
+	resp, body = signInOIDC(t, p, browser, "alice.oidc", "Alice-OIDC-1")
+	if resp.Request.URL.String() != p.srv.URL+"/" || !strings.Contains(body, "Signed in as <strong>alice.oidc</strong>") || !strings.Contains(body, "<h2>desk</h2>") {
+		t.Fatalf("after signing in at the provider: %s %s\n%s", resp.Status, resp.Request.URL, body)
+	}
+	// Sign-out goes on to the provider's logout.
+	csrf := csrfField.FindStringSubmatch(body)[1]
+	nf := &http.Client{Jar: browser.Jar, Transport: browser.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest("POST", p.srv.URL+"/signout", strings.NewReader(url.Values{"csrf": {csrf}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	out, err := nf.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Body.Close()
+	if loc := out.Header.Get("Location"); !strings.HasPrefix(loc, prov.Issuer+"/") || !strings.Contains(loc, "post_logout_redirect_uri="+url.QueryEscape(p.srv.URL+"/signin")) {
+		t.Fatalf("sign-out of an OIDC sign-in goes to %q", loc)
+	}
+	// A user in no group signs in and is told what to do.
+	_, body = signInOIDC(t, p, browser, "nora", "Nora-OIDC-1")
+	if !strings.Contains(body, "Signed in as <strong>nora</strong>") || !strings.Contains(body, "You may launch no desktop") {
+		t.Fatalf("nora's page:\n%s", body)
+	}
+}
+
+func TestOIDCCallbackChecksStateAndFlow(t *testing.T) {
+	p, _, browser := oidcPortal(t)
+	// A callback with no sign-in started in this browser.
+	r := p.do("GET", "/oidc/callback?code=x&state=y", nil, nil, nil)
+	if body := read(r); r.StatusCode != http.StatusBadRequest || !strings.Contains(body, "no sign-in in progress") {
+		t.Fatalf("callback without a flow: %s\n%s", r.Status, body)
+	}
+	// A callback whose state is not the browser's (a login CSRF).
+	resp, err := browser.Get(p.srv.URL + "/oidc/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	resp, err = browser.Get(p.srv.URL + "/oidc/callback?code=attacker-code&state=attacker-state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "not for this browser") {
+		t.Fatalf("callback with another state: %s\n%s", resp.Status, body)
+	}
+	// The provider's refusal is shown, not a sign-in.
+	r = p.do("GET", "/oidc/callback?error=access_denied&error_description=no+consent", nil, nil, nil)
+	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "access_denied no consent") {
+		t.Fatalf("callback with an error: %s\n%s", r.Status, body)
+	}
+}
