@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,6 +59,31 @@ func (s *groupsStorage) SetUserinfoFromToken(ctx context.Context, ui *oidc.UserI
 		ui.AppendClaims("groups", s.groups[subject])
 	}
 	return nil
+}
+
+// logoutClient is the example web client with post-logout redirect URIs,
+// which the example's constructor cannot set.
+type logoutClient struct {
+	op.Client
+	postLogout []string
+}
+
+func (c logoutClient) PostLogoutRedirectURIs() []string { return c.postLogout }
+
+// GetClientByClientID gives the client its post-logout URIs: each
+// redirect URI's origin + "/signin".
+func (s *groupsStorage) GetClientByClientID(ctx context.Context, id string) (op.Client, error) {
+	c, err := s.Storage.GetClientByClientID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range c.RedirectURIs() {
+		if u, err := url.Parse(r); err == nil {
+			out = append(out, u.Scheme+"://"+u.Host+"/signin")
+		}
+	}
+	return logoutClient{Client: c, postLogout: out}, nil
 }
 
 // StartOIDC starts an OpenID provider on loopback over TLS with one web

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -134,15 +135,25 @@ func (s *Server) Handler() http.Handler {
 		s.d.Logger.Warn("cross-site request refused", "method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"), "remote", r.RemoteAddr)
 		http.Error(w, "cross-site request refused: use the portal's own pages", http.StatusForbidden)
 	}))
-	return headers(cop.Handler(mux))
+	formAction := "'self'"
+	if s.oidc != nil {
+		// Sign-out posts to the portal, which sends the browser on to the
+		// provider's logout: a redirect the form-action rule covers.
+		if u, err := url.Parse(s.oidc.cfg.Issuer); err == nil {
+			formAction += " " + u.Scheme + "://" + u.Host
+		}
+	}
+	return headers(cop.Handler(mux), formAction)
 }
 
 // headers sets what every answer carries: no framing, no sniffing, no
-// scripts or styles from elsewhere, nothing cached.
-func headers(h http.Handler) http.Handler {
+// scripts or styles from elsewhere, forms only to formAction, nothing
+// cached.
+func headers(h http.Handler, formAction string) http.Handler {
+	csp := "default-src 'self'; frame-ancestors 'none'; form-action " + formAction + "; base-uri 'none'"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hd := w.Header()
-		hd.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		hd.Set("Content-Security-Policy", csp)
 		hd.Set("X-Content-Type-Options", "nosniff")
 		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("Strict-Transport-Security", "max-age=31536000")
