@@ -13,11 +13,13 @@ import (
 	"github.com/deskway/deskway/internal/testkit"
 )
 
-// TestPortalOIDCInBrowser signs in to a running deskway's portal through
-// an OpenID provider in chromium: the provider's login page, a wrong
-// password there, the right one, back at the portal with the desktops the
-// provider's groups entitle; then a user in no group, told what to do.
-func TestPortalOIDCInBrowser(t *testing.T) {
+// TestPortalProvidersInBrowser signs in to a running deskway's portal
+// through an OpenID provider in chromium: the provider's login page, a
+// wrong password there, the right one, back at the portal with the
+// desktops the provider's groups entitle; then a user in no group, told
+// what to do. Then through a real slapd directory, whose nested group
+// entitles its user.
+func TestPortalProvidersInBrowser(t *testing.T) {
 	ctx := newBrowser(t)
 	bin := build(t)
 	dir := t.TempDir()
@@ -27,6 +29,8 @@ func TestPortalOIDCInBrowser(t *testing.T) {
 		{Username: "olga", Password: "Olga-OIDC-1", Groups: []string{"staff"}},
 		{Username: "nora", Password: "Nora-OIDC-1"},
 	})
+	dirsrv := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "lara", Password: "Lara-LDAP-1", Groups: []string{"ops"}}},
+		[]testkit.LDAPGroup{{CN: "staff"}, {CN: "ops", Groups: []string{"staff"}}})
 	web := fmt.Sprintf(`web:
   listen: "127.0.0.1:%d"
   public_url: %s
@@ -36,7 +40,12 @@ func TestPortalOIDCInBrowser(t *testing.T) {
     client_secret: portal-secret
     ca: %s
     label: Sign in with Example IdP
-`, webPort, public, op.Issuer, op.CAFile)
+  ldap:
+    url: %s
+    bind_dn: %s
+    bind_password: %s
+    base_dn: %s
+`, webPort, public, op.Issuer, op.CAFile, dirsrv.URL, dirsrv.BindDN, dirsrv.BindPW, dirsrv.BaseDN)
 	body := fmt.Sprintf(reloadConfig, filepath.Join(dir, "state"), adminPort, gwPort, brokerPort, "")
 	body = strings.Replace(body, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1) + web
 	cfg := filepath.Join(dir, "deskway.yaml")
@@ -112,4 +121,27 @@ func TestPortalOIDCInBrowser(t *testing.T) {
 	if !strings.Contains(p.Log.String(), `"msg":"portal sign-in","role":"web","user":"olga","via":"oidc"`) {
 		t.Fatalf("the portal did not log olga's provider sign-in:\n%s", lastLines(p.Log.String(), 20))
 	}
+	// The directory: lara's staff comes through ops.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("form.signout button"))); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if u := read(chromedp.Location()); strings.HasPrefix(u, op.Issuer+"/logged-out") || u == public+"/signin" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second sign-out did not end")
+		}
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(public+"/signin"),
+		chromedp.WaitVisible(chromedp.ID("user")),
+		chromedp.SendKeys(chromedp.ID("user"), "lara"),
+		chromedp.SendKeys(chromedp.ID("password"), "Lara-LDAP-1"),
+		chromedp.Click(chromedp.CSS("form[action='/signin'] button")),
+		chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk']")),
+	); err != nil {
+		t.Fatalf("lara's directory sign-in: %v\n%s", err, lastLines(p.Log.String(), 20))
+	}
+	shot(t, ctx, art, "5-directory-user-nested-group")
 }

@@ -7,6 +7,7 @@ packages=(
   xrdp xorgxrdp freerdp2-x11 xvfb xterm imagemagick   # RDP host, client, display, screenshots
   x11-utils                                            # xmessage for session messages, xwininfo to see them
   chromium                                             # the portal tested in a real browser (chromedp)
+  slapd ldap-utils                                     # a real LDAP directory for the portal's sign-in (tests start their own)
   freeradius freeradius-utils                          # central policy (RADIUS) tests
   haproxy                                              # baseline relay for benchmarks
   libnbd-bin python3-libnbd qemu-utils                 # NBD clients for the vDisk streaming tests (nbdinfo, nbdcopy, nbdsh)
@@ -39,7 +40,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts these on install; tests start their own on loopback.
-  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server postgresql; do
+  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server postgresql slapd; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
   done
   pkill -x xrdp-sesman 2>/dev/null || true

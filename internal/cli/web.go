@@ -68,10 +68,22 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*w
 		}
 		oc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	}
+	var ltc *tls.Config
+	if l := w.LDAP; l != nil && l.CA != "" {
+		pem, err := os.ReadFile(l.CA)
+		if err != nil {
+			return nil, fmt.Errorf("web.ldap.ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("web.ldap.ca: %s holds no PEM certificate", l.CA)
+		}
+		ltc = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
 	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Broker:   &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}, FrontendToken: w.FrontendToken.Value(), CookieKey: key,
-		OIDCClient: oc})
+		OIDCClient: oc, LDAPTLS: ltc})
 }
 
 // stateKey reads a 32-byte key from path, making it (0600) on first use.

@@ -508,6 +508,11 @@ func (c *Config) resolveSecrets() error {
 				return fmt.Errorf("web.oidc.client_secret: %w", err)
 			}
 		}
+		if c.Web.LDAP != nil {
+			if err := c.Web.LDAP.BindPassword.Resolve(); err != nil {
+				return fmt.Errorf("web.ldap.bind_password: %w", err)
+			}
+		}
 	}
 	if c.Gateway != nil && c.Gateway.RADIUS != nil {
 		if err := c.Gateway.RADIUS.Secret.Resolve(); err != nil {

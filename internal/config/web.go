@@ -3,6 +3,7 @@ package config
 import (
 	"net"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -35,6 +36,39 @@ type Web struct {
 	// OIDC signs people in through an OpenID Connect provider, beside
 	// the local users.
 	OIDC *OIDC `yaml:"oidc"`
+	// LDAP checks the passwords of people who are not local users
+	// against a directory (OpenLDAP, Active Directory), whose groups,
+	// nested ones included, become theirs.
+	LDAP *LDAP `yaml:"ldap"`
+}
+
+// LDAP is a directory the portal signs people in against: it finds the
+// user with a reader account, binds as the user to check the password,
+// then collects the groups whose members hold the user, and the groups
+// holding those.
+type LDAP struct {
+	// URL is ldap://HOST[:389] or ldaps://HOST[:636].
+	URL string `yaml:"url"`
+	// StartTLS upgrades an ldap:// connection before any bind.
+	StartTLS bool `yaml:"start_tls"`
+	// CA is a PEM file the directory's certificate is checked against.
+	CA           string `yaml:"ca"`
+	BindDN       string `yaml:"bind_dn"`
+	BindPassword Secret `yaml:"bind_password"`
+	BaseDN       string `yaml:"base_dn"`
+	// UserFilter finds the user; {user} is the name typed, escaped.
+	// Active Directory: (sAMAccountName={user}).
+	UserFilter string `yaml:"user_filter"`
+	// GroupBaseDN is where groups are searched (default: base_dn).
+	GroupBaseDN string `yaml:"group_base_dn"`
+	// GroupFilter finds the groups with a member; {dn} is the member's
+	// DN, escaped. Active Directory: (&(objectClass=group)(member={dn})).
+	GroupFilter string `yaml:"group_filter"`
+	// GroupNameAttribute is the group's name as entitlements use it.
+	GroupNameAttribute string `yaml:"group_name_attribute"`
+	// UsernameAttribute is the user's name as the portal shows it and
+	// the broker keys sessions by (default: the name typed).
+	UsernameAttribute string `yaml:"username_attribute"`
 }
 
 // OIDC is an OpenID Connect provider the portal signs people in with
@@ -59,6 +93,12 @@ type OIDC struct {
 
 func (c *Config) webDefaults(w *Web) {
 	setDefault(&w.Listen, ":8446")
+	if l := w.LDAP; l != nil {
+		setDefault(&l.UserFilter, "(&(objectClass=person)(uid={user}))")
+		setDefault(&l.GroupBaseDN, l.BaseDN)
+		setDefault(&l.GroupFilter, "(&(objectClass=groupOfNames)(member={dn}))")
+		setDefault(&l.GroupNameAttribute, "cn")
+	}
 	if o := w.OIDC; o != nil {
 		if o.Scopes == nil {
 			o.Scopes = []string{"profile", "email", "groups"}
@@ -108,6 +148,20 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("web.public_url", "%q is not https://HOST[:PORT]: OIDC needs it for the address the provider sends people back to (PUBLIC_URL/oidc/callback)", w.PublicURL)
+		}
+	}
+	if l := w.LDAP; l != nil {
+		if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "ldap" && u.Scheme != "ldaps") || u.Host == "" {
+			bad("web.ldap.url", "%q is not ldap://HOST[:PORT] or ldaps://HOST[:PORT]", l.URL)
+		}
+		if l.BaseDN == "" {
+			bad("web.ldap.base_dn", "is empty: where users are searched, e.g. dc=example,dc=com")
+		}
+		if !strings.Contains(l.UserFilter, "{user}") {
+			bad("web.ldap.user_filter", "%q does not name {user}", l.UserFilter)
+		}
+		if !strings.Contains(l.GroupFilter, "{dn}") {
+			bad("web.ldap.group_filter", "%q does not name {dn}", l.GroupFilter)
 		}
 	}
 	if w.SessionIdle.D() <= 0 || w.SessionMax.D() < w.SessionIdle.D() {

@@ -23,7 +23,7 @@ type signIn struct {
 	// Issued and Seen are Unix seconds.
 	Issued int64 `json:"iat"`
 	Seen   int64 `json:"seen"`
-	// Via is how they signed in: "" (a local account) or "oidc".
+	// Via is how they signed in: "" (a local account), "ldap" or "oidc".
 	Via string `json:"via,omitempty"`
 }
 

@@ -19,15 +19,13 @@ import (
 // group) and the wrong password of each.
 func oidcPortal(t *testing.T) (*portal, *testkit.OIDCProvider, *http.Client) {
 	var prov *testkit.OIDCProvider
-	p := newPortalWith(t, func(publicURL string) (*config.OIDC, *http.Client) {
+	p := newPortalWith(t, func(publicURL string, w *config.Web) *http.Client {
 		prov = testkit.StartOIDC(t, "deskway-portal", "portal-secret", []string{publicURL + "/oidc/callback"}, []testkit.OIDCUser{
 			{Username: "alice.oidc", Password: "Alice-OIDC-1", Groups: []string{"staff"}},
 			{Username: "nora", Password: "Nora-OIDC-1"},
 		})
-		o := &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret")}
-		w := &config.Web{OIDC: o}
-		(&config.Config{Web: w}).ApplyDefaults()
-		return o, prov.Client
+		w.OIDC = &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret")}
+		return prov.Client
 	})
 	// A browser: it trusts both servers and keeps cookies.
 	roots := prov.Client.Transport.(*http.Transport).TLSClientConfig.RootCAs.Clone()

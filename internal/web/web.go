@@ -55,6 +55,8 @@ type Deps struct {
 	CookieKey []byte
 	// OIDCClient is the HTTP client for the OIDC provider (its CA).
 	OIDCClient *http.Client
+	// LDAPTLS checks the directory's certificate (web.ldap).
+	LDAPTLS *tls.Config
 	Now        func() time.Time
 }
 
@@ -67,6 +69,7 @@ type Server struct {
 	signins  *prometheus.CounterVec
 	launches *prometheus.CounterVec
 	oidc     *oidcLogin // nil without web.oidc
+	ldap     *ldapLogin // nil without web.ldap
 }
 
 // New builds the portal.
@@ -85,12 +88,19 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{},
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_signins_total",
-			Help: "Portal sign-ins by result: ok (local account), oidc, wrong (user or password), throttled, oidc_refused."}, []string{"result"}),
+			Help: "Portal sign-ins by result: ok (local account), ldap, oidc, wrong (user or password), throttled, oidc_refused, ldap_unreachable."}, []string{"result"}),
 		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_launches_total",
 			Help: "Launches through the portal by result: ok, refused (by the broker), error."}, []string{"result"}),
 	}
 	if d.Registry != nil {
 		d.Registry.MustRegister(s.signins, s.launches)
+	}
+	if cfg.LDAP != nil {
+		tc := d.LDAPTLS
+		if tc == nil {
+			tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc}
 	}
 	if cfg.OIDC != nil {
 		hc := d.OIDCClient
@@ -274,19 +284,51 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
 		return
 	}
-	u, found := s.d.Users.Lookup(name)
-	if !found || !u.CheckPassword(pw) {
+	refuse := func() {
 		s.d.Throttle.Fail(name, from)
 		s.signins.WithLabelValues("wrong").Inc()
 		s.d.Logger.Info("portal sign-in refused", "user", name, "remote", r.RemoteAddr)
 		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
+	}
+	// A local account is checked here; any other name, in the directory.
+	var user, via string
+	var groups []string
+	if u, found := s.d.Users.Lookup(name); found {
+		if !u.CheckPassword(pw) {
+			refuse()
+			return
+		}
+		user, groups, via = u.Name, u.Groups, ""
+	} else if s.ldap != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+		var err error
+		user, groups, err = s.ldap.authenticate(ctx, name, pw)
+		cancel()
+		if errors.Is(err, errWrongPassword) {
+			refuse()
+			return
+		}
+		if err != nil {
+			s.signins.WithLabelValues("ldap_unreachable").Inc()
+			s.d.Logger.Warn("the directory could not check a sign-in", "user", name, "error", err)
+			s.render(w, http.StatusServiceUnavailable, "signin.html", s.signinData(page{Name: name,
+				Error: "The directory does not answer, so your password cannot be checked; try again later."}))
+			return
+		}
+		via = "ldap"
+	} else {
+		refuse()
 		return
 	}
-	s.d.Throttle.Succeed(u.Name, from)
+	s.d.Throttle.Succeed(user, from)
 	now := s.d.Now().Unix()
-	s.setCookie(w, signIn{ID: newID(), User: u.Name, Groups: u.Groups, Issued: now, Seen: now})
-	s.signins.WithLabelValues("ok").Inc()
-	s.d.Logger.Info("portal sign-in", "user", u.Name, "remote", r.RemoteAddr)
+	s.setCookie(w, signIn{ID: newID(), User: user, Groups: groups, Issued: now, Seen: now, Via: via})
+	result := via
+	if result == "" {
+		result = "ok"
+	}
+	s.signins.WithLabelValues(result).Inc()
+	s.d.Logger.Info("portal sign-in", "user", user, "via", result, "groups", groups, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 

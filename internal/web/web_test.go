@@ -44,10 +44,10 @@ type portal struct {
 // portal in front of it.
 func newPortal(t *testing.T) *portal { return newPortalWith(t, nil) }
 
-// newPortalWith is newPortal with an identity provider: oidc gets the
-// portal's public URL and returns the provider's config and a client
-// that trusts it.
-func newPortalWith(t *testing.T, oidc func(publicURL string) (*config.OIDC, *http.Client)) *portal {
+// newPortalWith is newPortal with identity providers: setup gets the
+// portal's public URL and web section to add them to, and returns a
+// client that trusts the OIDC provider, if there is one.
+func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *http.Client) *portal {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	publicURL := "https://" + srv.Listener.Addr().String()
@@ -62,8 +62,8 @@ func newPortalWith(t *testing.T, oidc func(publicURL string) (*config.OIDC, *htt
 		Web: &config.Web{PublicURL: publicURL},
 	}
 	var oidcClient *http.Client
-	if oidc != nil {
-		cfg.Web.OIDC, oidcClient = oidc(publicURL)
+	if setup != nil {
+		oidcClient = setup(publicURL, cfg.Web)
 	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {

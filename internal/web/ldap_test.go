@@ -1,0 +1,69 @@
+package web_test
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// ldapPortal signs people in against a real slapd: lara is in ops,
+// which is in staff (entitled to desk); nina is in no group; alice is a
+// local user and a directory user both, with different passwords.
+func ldapPortal(t *testing.T) (*portal, *testkit.LDAP) {
+	var dir *testkit.LDAP
+	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		dir = testkit.StartSlapd(t, []testkit.LDAPUser{
+			{UID: "lara", Password: "Lara-LDAP-1", Groups: []string{"ops"}},
+			{UID: "nina", Password: "Nina-LDAP-1"},
+			{UID: "alice", Password: "Alice-LDAP-1", Groups: []string{"ops"}},
+		}, []testkit.LDAPGroup{{CN: "staff"}, {CN: "ops", Groups: []string{"staff"}}})
+		w.LDAP = &config.LDAP{URL: dir.URL, BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
+		return nil
+	})
+	return p, dir
+}
+
+func TestLDAPSignInWithNestedGroups(t *testing.T) {
+	p, _ := ldapPortal(t)
+	// lara's groups: ops directly, staff through ops; staff launches desk.
+	body := read(p.do("GET", "/", nil, p.signIn("lara", "Lara-LDAP-1"), nil))
+	if !strings.Contains(body, "Signed in as <strong>lara</strong>") || !strings.Contains(body, "<h2>desk</h2>") {
+		t.Fatalf("lara's page:\n%s", body)
+	}
+	for _, bad := range []struct{ user, pw string }{
+		{"lara", "wrong"},
+		{"lara", ""},              // an unauthenticated bind checks nothing
+		{"nobody", "Lara-LDAP-1"}, // no such user
+		{"*", "Lara-LDAP-1"},      // a filter, not a name
+		{"lara)(uid=*", "Lara-LDAP-1"},
+	} {
+		r := p.do("POST", "/signin", url.Values{"user": {bad.user}, "password": {bad.pw}}, nil, nil)
+		if b := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(b, "Wrong user name or password") {
+			t.Errorf("sign-in as %q with %q: %s", bad.user, bad.pw, r.Status)
+		}
+	}
+	// A user in no group signs in and is told what to do.
+	if body := read(p.do("GET", "/", nil, p.signIn("nina", "Nina-LDAP-1"), nil)); !strings.Contains(body, "You may launch no desktop") {
+		t.Fatalf("nina's page:\n%s", body)
+	}
+	// A local user is the local account: the directory's password for the
+	// same name does not sign in.
+	if r := p.do("POST", "/signin", url.Values{"user": {"alice"}, "password": {"Alice-LDAP-1"}}, nil, nil); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the directory's password signed in local user alice: %s", r.Status)
+	}
+}
+
+func TestLDAPDownSaysSo(t *testing.T) {
+	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		w.LDAP = &config.LDAP{URL: "ldap://127.0.0.1:1", BaseDN: "dc=example,dc=test"}
+		return nil
+	})
+	r := p.do("POST", "/signin", url.Values{"user": {"lara"}, "password": {"Lara-LDAP-1"}}, nil, nil)
+	if b := read(r); r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(b, "The directory does not answer") {
+		t.Fatalf("sign-in with the directory down: %s\n%s", r.Status, b)
+	}
+}
