@@ -57,7 +57,7 @@ type Deps struct {
 	OIDCClient *http.Client
 	// LDAPTLS checks the directory's certificate (web.ldap).
 	LDAPTLS *tls.Config
-	Now        func() time.Time
+	Now     func() time.Time
 }
 
 // Server is the portal.
