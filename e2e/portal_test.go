@@ -150,6 +150,22 @@ func TestPortalSignInLaunchAndConnect(t *testing.T) {
 		t.Fatalf("after the session the desktop reads %q", text)
 	}
 	shot(t, ctx, b.artifacts, "portal-5-disconnected")
+	// Log off from the page: the agent ends the session on the host.
+	must(chromedp.Click(chromedp.CSS("li.desktop[data-group='desk'] form.logoff button")),
+		chromedp.WaitVisible(chromedp.CSS(".notice")))
+	text = read(chromedp.Text(chromedp.CSS(".notice")))
+	if !strings.Contains(text, "Logging off desk") {
+		t.Fatalf("after Log off the page says %q", text)
+	}
+	shot(t, ctx, b.artifacts, "portal-5b-logging-off")
+	b.waitState("none (<nil>)")
+	if left := running(t, b.xrdp.User); len(left) > 0 {
+		t.Fatalf("after the portal's Log off %s still runs:\n%s", b.xrdp.User, strings.Join(left, "\n"))
+	}
+	must(chromedp.Navigate(portal+"/"), chromedp.WaitVisible(desk))
+	if text = read(chromedp.Text(desk)); !strings.Contains(text, "Not running.") {
+		t.Fatalf("after the logoff the desktop reads %q", text)
+	}
 	// A page elsewhere that posts to the portal is refused, signed in or not.
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

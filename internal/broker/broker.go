@@ -410,6 +410,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/launch", s.launch)
 	mux.HandleFunc("POST /api/v1/desktops", s.desktops)
+	mux.HandleFunc("POST /api/v1/sessions/{id}/logoff", s.userLogoff)
 	mux.HandleFunc("POST /api/v1/agent/register", s.register)
 	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
 	mux.HandleFunc("POST /api/v1/agent/events", s.events)
@@ -599,6 +600,53 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		out = append(out, d)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// userLogoff is a user (or a front end on their behalf) logging their
+// own session off: the same command an administrator's logoff queues.
+func (s *Server) userLogoff(w http.ResponseWriter, r *http.Request) {
+	who, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	var req brokerapi.DesktopsRequest
+	if err := decode(w, r, &req); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if who, ok = s.onBehalf(w, r, who, req.User, req.Groups); !ok {
+		return
+	}
+	id := r.PathValue("id")
+	var mine bool
+	var c store.Command
+	var err error
+	if s.offlineFor(r, func() error {
+		var live []store.Session
+		if live, err = s.store.Sessions(r.Context(), who.user, false, 100); err != nil {
+			return err
+		}
+		mine = slices.ContainsFunc(live, func(ss store.Session) bool { return ss.ID == id && ss.User == who.user })
+		if !mine {
+			return nil
+		}
+		c, err = s.store.QueueCommand(r.Context(), id, brokerapi.Logoff, "", s.now())
+		return err
+	}) {
+		s.fail(w, r, http.StatusServiceUnavailable, "logging off needs the broker's database, which is unreachable: try again in a moment")
+		return
+	}
+	switch {
+	case err == nil && !mine, errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrSessionEnded):
+		// Another user's session and no session read the same.
+		s.fail(w, r, http.StatusNotFound, "you have no live session %q", id)
+		return
+	case err != nil:
+		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	s.log.Info("user logoff queued", "command", c.ID, "session", id, "user", who.user, "host", c.Host)
+	writeJSON(w, http.StatusAccepted, commandStatus(c))
 }
 
 // entitled reports whether the user or one of their groups may launch g.

@@ -57,3 +57,32 @@ func TestDesktopsListsEntitlementsAndSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestUsersLogOffTheirOwnSessionsOnly: a user (or a front end for them)
+// queues a logoff of their own session; another user's session reads as
+// none of theirs.
+func TestUsersLogOffTheirOwnSessionsOnly(t *testing.T) {
+	r := newRig(t, "", nil)
+	ctx := context.Background()
+	r.agent("h1", "desk", "")
+	alice := brokerclient.Basic("alice", "Alice-Pass-1")
+	lr, err := r.launch(alice, brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	erin := brokerclient.Basic("erin", "Erin-Pass-1")
+	if _, err := r.client.Logoff(ctx, erin, lr.SessionID, brokerapi.DesktopsRequest{}); status(err) != http.StatusNotFound {
+		t.Fatalf("erin logged off alice's session: %v", err)
+	}
+	fe := brokerclient.Bearer("frontend-token")
+	if _, err := r.client.Logoff(ctx, fe, lr.SessionID, brokerapi.DesktopsRequest{User: "erin"}); status(err) != http.StatusNotFound {
+		t.Fatalf("a front end logged off alice's session for erin: %v", err)
+	}
+	st, err := r.client.Logoff(ctx, alice, lr.SessionID, brokerapi.DesktopsRequest{})
+	if err != nil || st.Kind != "logoff" || st.Host != "h1" || st.User != "alice" || st.State != "pending" {
+		t.Fatalf("alice's own logoff = %+v, %v", st, err)
+	}
+	if _, err := r.client.Logoff(ctx, fe, lr.SessionID, brokerapi.DesktopsRequest{User: "alice"}); err != nil {
+		t.Fatalf("a front end's logoff for alice: %v", err)
+	}
+}

@@ -139,6 +139,7 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /oidc/callback", s.oidcCallback)
 	}
 	mux.HandleFunc("POST /launch", s.launch)
+	mux.HandleFunc("POST /logoff", s.logoff)
 	mux.HandleFunc("GET /{$}", s.desktops)
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -414,6 +415,34 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-rdp")
 	w.Header().Set("Content-Disposition", `attachment; filename="`+fileName.ReplaceAllString(group, "_")+`.rdp"`)
 	_, _ = w.Write([]byte(res.RDP))
+}
+
+// logoff logs the user's own session off, through its host's agent.
+func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
+	si, ok := s.current(w, r)
+	if !ok {
+		http.Redirect(w, r, "/signin", http.StatusSeeOther)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
+		http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+		return
+	}
+	group := r.PostFormValue("delivery_group")
+	_, err := s.d.Broker.Logoff(r.Context(), brokerclient.Bearer(s.d.FrontendToken), r.PostFormValue("session"),
+		brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups})
+	if err != nil {
+		s.d.Logger.Warn("portal logoff failed", "user", si.User, "error", err)
+		p := page{User: si.User, CSRF: s.codec.csrf(si), Error: "Your session could not be logged off: " + brokerMessage(err)}
+		if ds, derr := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups}); derr == nil {
+			p.Desktops = ds
+		}
+		s.render(w, http.StatusBadGateway, "desktops.html", p)
+		return
+	}
+	s.d.Logger.Info("portal logoff", "user", si.User, "delivery_group", group)
+	http.Redirect(w, r, "/?notice="+url.QueryEscape("Logging off "+group+": its programs are being closed."), http.StatusSeeOther)
 }
 
 // since says how long ago t was, for a person.

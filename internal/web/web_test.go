@@ -200,6 +200,11 @@ func TestSignInListLaunchSignOut(t *testing.T) {
 	if body := read(p.do("GET", "/", nil, c, nil)); !strings.Contains(body, "Starting on h1.") || !strings.Contains(body, "Reconnect") {
 		t.Fatalf("after the launch the page shows:\n%s", body)
 	}
+	// The session is logged off from the page; the host's agent is asked.
+	page2 := read(p.do("GET", "/", nil, c, nil))
+	if strings.Contains(page2, `action="/logoff"`) {
+		t.Fatalf("a session still launching offers Log off:\n%s", page2)
+	}
 	// Another sign-in's token does not pass for this one.
 	other := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, p.signIn("alice", "Alice-Pass-1"), nil)))[1]
 	if r := p.do("POST", "/launch", url.Values{"delivery_group": {"desk"}, "csrf": {other}}, c, nil); r.StatusCode != http.StatusForbidden {

@@ -134,6 +134,16 @@ func (c *Client) Desktops(ctx context.Context, cred Credentials, req brokerapi.D
 	return out, nil
 }
 
+// Logoff asks for the user's own session id to be logged off (req names
+// the user when cred is a front end's).
+func (c *Client) Logoff(ctx context.Context, cred Credentials, id string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error) {
+	var out brokerapi.CommandStatus
+	if err := c.do(ctx, "/api/v1/sessions/"+url.PathEscape(id)+"/logoff", cred, req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Register joins a host to the delivery group of joinToken.
 func (c *Client) Register(ctx context.Context, joinToken string, req brokerapi.RegisterRequest) (*brokerapi.RegisterResponse, error) {
 	var out brokerapi.RegisterResponse
