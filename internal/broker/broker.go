@@ -1248,15 +1248,29 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /api/v1/broker/sessions", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
+		sq := store.SessionQuery{User: q.Get("user"), Host: q.Get("host"), All: q.Get("all") == "1", Limit: 1000}
+		for key, dst := range map[string]*int{"limit": &sq.Limit, "offset": &sq.Offset} {
+			if v := q.Get(key); v != "" {
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 0 || key == "limit" && (n < 1 || n > 1000) {
+					s.fail(w, r, http.StatusBadRequest, "%s %q: limit is 1 to 1000, offset 0 or more", key, v)
+					return
+				}
+				*dst = n
+			}
+		}
 		var ss []store.Session
+		var total int
 		var err error
 		if s.offlineFor(r, func() error {
-			ss, err = s.store.Sessions(r.Context(), q.Get("user"), q.Get("all") == "1", 1000)
+			ss, total, err = s.store.SessionPage(r.Context(), sq)
 			return err
 		}) {
 			ss, err = s.cache.sessions(q.Get("user")), nil
+			total = len(ss)
 			fromCache(w)
 		}
+		w.Header().Set("Deskway-Total", strconv.Itoa(total))
 		if err != nil {
 			s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
 			return

@@ -68,6 +68,21 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*w
 		}
 		oc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	}
+	var admin *http.Client
+	if cn := w.Console; cn != nil {
+		pool := roots
+		if cn.APICA != "" {
+			pem, err := os.ReadFile(cn.APICA)
+			if err != nil {
+				return nil, fmt.Errorf("web.console.api_ca: %w", err)
+			}
+			pool = x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("web.console.api_ca: %s holds no PEM certificate", cn.APICA)
+			}
+		}
+		admin = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	}
 	var ltc *tls.Config
 	if l := w.LDAP; l != nil && l.CA != "" {
 		pem, err := os.ReadFile(l.CA)
@@ -83,7 +98,7 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*w
 	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Broker:   &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}, FrontendToken: w.FrontendToken.Value(), CookieKey: key,
-		OIDCClient: oc, LDAPTLS: ltc})
+		OIDCClient: oc, LDAPTLS: ltc, AdminAPI: admin})
 }
 
 // stateKey reads a 32-byte key from path, making it (0600) on first use.

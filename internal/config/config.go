@@ -508,6 +508,11 @@ func (c *Config) resolveSecrets() error {
 				return fmt.Errorf("web.oidc.client_secret: %w", err)
 			}
 		}
+		if c.Web.Console != nil {
+			if err := c.Web.Console.Token.Resolve(); err != nil {
+				return fmt.Errorf("web.console.token: %w", err)
+			}
+		}
 		if c.Web.LDAP != nil {
 			if err := c.Web.LDAP.BindPassword.Resolve(); err != nil {
 				return fmt.Errorf("web.ldap.bind_password: %w", err)

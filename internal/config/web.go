@@ -36,10 +36,31 @@ type Web struct {
 	// OIDC signs people in through an OpenID Connect provider, beside
 	// the local users.
 	OIDC *OIDC `yaml:"oidc"`
+	// Console is the admin console at /admin: who may use it, and the
+	// admin API it acts through.
+	Console *Console `yaml:"console"`
 	// LDAP checks the passwords of people who are not local users
 	// against a directory (OpenLDAP, Active Directory), whose groups,
 	// nested ones included, become theirs.
 	LDAP *LDAP `yaml:"ldap"`
+}
+
+// Console is the admin console. People sign in as to the portal; the
+// groups they are in give their role: admins may do everything, helpdesk
+// may read and control sessions, readonly may read.
+type Console struct {
+	Admins   []string `yaml:"admins"`
+	Helpdesk []string `yaml:"helpdesk"`
+	ReadOnly []string `yaml:"readonly"`
+	// API is the admin API's URL; empty means this config's admin.listen.
+	API string `yaml:"api"`
+	// APICA is the PEM file its certificate is checked against; empty
+	// means this deskway's own certificate.
+	APICA string `yaml:"api_ca"`
+	// Token is the admin token the console acts with; empty means this
+	// config's first admin.tokens entry. Every action is audited as the
+	// token's and the person's.
+	Token Secret `yaml:"token"`
 }
 
 // LDAP is a directory the portal signs people in against: it finds the
@@ -93,6 +114,19 @@ type OIDC struct {
 
 func (c *Config) webDefaults(w *Web) {
 	setDefault(&w.Listen, ":8446")
+	if cn := w.Console; cn != nil {
+		if cn.API == "" {
+			if host, port, err := net.SplitHostPort(c.Admin.Listen); err == nil {
+				if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+					host = "127.0.0.1"
+				}
+				cn.API = "https://" + net.JoinHostPort(host, port)
+			}
+		}
+		if !cn.Token.IsSet() && len(c.Admin.Tokens) > 0 {
+			cn.Token = c.Admin.Tokens[0]
+		}
+	}
 	if l := w.LDAP; l != nil {
 		setDefault(&l.UserFilter, "(&(objectClass=person)(uid={user}))")
 		setDefault(&l.GroupBaseDN, l.BaseDN)
@@ -148,6 +182,17 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("web.public_url", "%q is not https://HOST[:PORT]: OIDC needs it for the address the provider sends people back to (PUBLIC_URL/oidc/callback)", w.PublicURL)
+		}
+	}
+	if cn := w.Console; cn != nil {
+		if len(cn.Admins)+len(cn.Helpdesk)+len(cn.ReadOnly) == 0 {
+			bad("web.console", "names no group in admins, helpdesk or readonly: nobody could use it")
+		}
+		if u, err := url.Parse(cn.API); err != nil || u.Scheme != "https" || u.Host == "" {
+			bad("web.console.api", "%q is not an https:// URL (leave it empty for this config's admin listener)", cn.API)
+		}
+		if !cn.Token.IsSet() {
+			bad("web.console.token", "is empty: set it, or add admin.tokens to this config")
 		}
 	}
 	if l := w.LDAP; l != nil {

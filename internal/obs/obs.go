@@ -170,7 +170,11 @@ func (a *Admin) record(r *http.Request, token, status int) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	e := AuditEntry{Time: time.Now().UTC(), Actor: fmt.Sprintf("admin token %d", token), Action: r.Method + " " + r.URL.Path,
+	actor := fmt.Sprintf("admin token %d", token)
+	if on := onBehalfOf(r); on != "" {
+		actor += " for " + on
+	}
+	e := AuditEntry{Time: time.Now().UTC(), Actor: actor, Action: r.Method + " " + r.URL.Path,
 		Source: r.RemoteAddr, Status: status}
 	a.Log.Info("admin action", "actor", e.Actor, "action", e.Action, "source", e.Source, "status", e.Status)
 	// The request's context ends with its answer: the record must not.
@@ -179,6 +183,24 @@ func (a *Admin) record(r *http.Request, token, status int) {
 	if err := a.Audit.Record(ctx, e); err != nil {
 		a.Log.Warn("could not write an admin action to the audit trail; the log line above keeps it", "error", err)
 	}
+}
+
+// ActorHeader names, in a request with an admin token, the person a front
+// end (the web console) acts for; the audit trail records both.
+const ActorHeader = "Deskway-Actor"
+
+// onBehalfOf is the request's ActorHeader, cut to 128 printable bytes.
+func onBehalfOf(r *http.Request) string {
+	v := strings.Map(func(c rune) rune {
+		if c < ' ' || c == 0x7f {
+			return -1
+		}
+		return c
+	}, r.Header.Get(ActorHeader))
+	if len(v) > 128 {
+		v = v[:128]
+	}
+	return v
 }
 
 // listAudit answers GET /api/v1/audit?limit=N (default 100, at most 10,000).

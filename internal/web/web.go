@@ -57,6 +57,9 @@ type Deps struct {
 	OIDCClient *http.Client
 	// LDAPTLS checks the directory's certificate (web.ldap).
 	LDAPTLS *tls.Config
+	// AdminAPI is the client the console calls the admin API with (it
+	// trusts the admin listener's certificate).
+	AdminAPI *http.Client
 	Now     func() time.Time
 }
 
@@ -70,6 +73,7 @@ type Server struct {
 	launches *prometheus.CounterVec
 	oidc     *oidcLogin // nil without web.oidc
 	ldap     *ldapLogin // nil without web.ldap
+	console  *console   // nil without web.console
 }
 
 // New builds the portal.
@@ -95,6 +99,13 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	if d.Registry != nil {
 		d.Registry.MustRegister(s.signins, s.launches)
 	}
+	if cfg.Console != nil {
+		hc := d.AdminAPI
+		if hc == nil {
+			hc = &http.Client{Timeout: 30 * time.Second}
+		}
+		s.console = &console{cfg: cfg.Console, client: hc}
+	}
 	if cfg.LDAP != nil {
 		tc := d.LDAPTLS
 		if tc == nil {
@@ -109,11 +120,11 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		}
 		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc)
 	}
-	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since}).ParseFS(assets, "templates/layout.html")
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}
-	for _, page := range []string{"signin.html", "desktops.html"} {
+	for _, page := range []string{"signin.html", "desktops.html", "console.html"} {
 		t, err := template.Must(layout.Clone()).ParseFS(assets, "templates/"+page)
 		if err != nil {
 			return nil, fmt.Errorf("web: %w", err)
@@ -134,6 +145,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /signin", s.signinPage)
 	mux.HandleFunc("POST /signin", s.signin)
 	mux.HandleFunc("POST /signout", s.signout)
+	if s.console != nil {
+		s.consoleRoutes(mux)
+	}
 	if s.oidc != nil {
 		mux.HandleFunc("GET /oidc/login", s.oidcStart)
 		mux.HandleFunc("GET /oidc/callback", s.oidcCallback)
@@ -238,6 +252,10 @@ type page struct {
 	Desktops []brokerapi.Desktop
 	// OIDCLabel is the provider's sign-in button, when there is one.
 	OIDCLabel string
+	// Console is the admin console's page, when this is one.
+	Console *consoleData
+	// ConsoleLink shows the way to the console to those with a role.
+	ConsoleLink bool
 }
 
 // signinData adds what the sign-in page shows beside the form.
@@ -250,6 +268,9 @@ func (s *Server) signinData(p page) page {
 
 func (s *Server) render(w http.ResponseWriter, status int, name string, p page) {
 	p.Title = s.cfg.Title
+	if p.Console != nil {
+		p.ConsoleLink = true
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
 	if err := s.pages[name].ExecuteTemplate(w, "layout.html", p); err != nil {
@@ -359,6 +380,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: r.URL.Query().Get("notice")}
+	p.ConsoleLink = s.console != nil && s.console.role(si) != ""
 	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups})
 	if err != nil {
 		s.d.Logger.Warn("listing a user's desktops", "user", si.User, "error", err)
@@ -443,6 +465,22 @@ func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
 	}
 	s.d.Logger.Info("portal logoff", "user", si.User, "delivery_group", group)
 	http.Redirect(w, r, "/?notice="+url.QueryEscape("Logging off "+group+": its programs are being closed."), http.StatusSeeOther)
+}
+
+// pct shows a 0-1 fraction as a percentage.
+func pct(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
+
+// humanBytes shows a byte count with a unit.
+func humanBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // since says how long ago t was, for a person.

@@ -660,6 +660,31 @@ func (s *Store) Sessions(ctx context.Context, user string, all bool, limit int) 
 	return scanSessions(rows)
 }
 
+// SessionQuery selects a page of sessions, newest first.
+type SessionQuery struct {
+	User, Host string // empty: any
+	All        bool   // ended ones too
+	Limit      int
+	Offset     int
+}
+
+// SessionPage returns the sessions q selects and how many there are in
+// all, for a list that pages.
+func (s *Store) SessionPage(ctx context.Context, q SessionQuery) ([]Session, int, error) {
+	where := `($1 = '' OR user_name = $1) AND ($2 = '' OR host_name = $2) AND ($3 OR state <> 'ended')`
+	var total int
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE `+where, q.User, q.Host, q.All).Scan(&total); err != nil {
+		return nil, 0, fmt.Errorf("store: sessions: %w", err)
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
+		FROM sessions WHERE `+where+` ORDER BY created_at DESC, id LIMIT $4 OFFSET $5`, q.User, q.Host, q.All, q.Limit, q.Offset)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: sessions: %w", err)
+	}
+	ss, err := scanSessions(rows)
+	return ss, total, err
+}
+
 // Hosts lists the hosts of group, or of every group when group is empty.
 func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,

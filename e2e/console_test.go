@@ -1,0 +1,179 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// TestConsoleInBrowser is an administrator and a helpdesk agent at the
+// admin console in chromium, with a real xrdp session open through the
+// gateway: the dashboard counts it, the admin drains the host and
+// disconnects the tunnel (both visible in the admin API and in the audit
+// trail under the admin's name), and the helpdesk agent sees no drain
+// and is refused one.
+func TestConsoleInBrowser(t *testing.T) {
+	ctx := newBrowser(t)
+	webPort := testkit.FreePort(t)
+	b := newBrokerRigWith(t, func(cfg string) string {
+		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
+		cfg = strings.Replace(cfg, "  users:\n", "  users:\n  - {name: ada, password: \"Ada-Admin-1\", groups: [admins]}\n  - {name: hal, password: \"Hal-Help-1\", groups: [helpdesk]}\n", 1)
+		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  console: {admins: [admins], helpdesk: [helpdesk]}\n", webPort)
+	})
+	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
+	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", webPort), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// A user's session through the gateway, left open.
+	lr := b.launch()
+	rdp := filepath.Join(b.dir, "desk.rdp")
+	if err := os.WriteFile(rdp, []byte(lr.RDP), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := exec.CommandContext(cctx, "xfreerdp", rdp, "/cert:ignore", "/u:"+b.xrdp.User, "/p:"+b.xrdp.Password, "/size:800x600", "/gt:http")
+	client.Env = append(os.Environ(), "DISPLAY="+b.display)
+	client.Stdin = strings.NewReader("y\n")
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- client.Wait() }()
+	b.waitState("active")
+
+	api := func(path string, out any) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d%s", b.adminPort, path), nil)
+		req.Header.Set("Authorization", "Bearer e2e-admin-token")
+		resp, err := b.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(a chromedp.Action[string]) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	must := func(steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%v\n%s", err, lastLines(b.gwLog.Log.String(), 20))
+		}
+	}
+	signIn := func(user, pw string) {
+		t.Helper()
+		must(chromedp.Navigate(portal+"/signin"), chromedp.WaitVisible(chromedp.ID("user")),
+			chromedp.SendKeys(chromedp.ID("user"), user), chromedp.SendKeys(chromedp.ID("password"), pw),
+			chromedp.Click(chromedp.CSS("form[action='/signin'] button")), chromedp.WaitVisible(chromedp.CSS("header nav")),
+			chromedp.Navigate(portal+"/admin/"), chromedp.WaitVisible(chromedp.CSS(".counts")))
+	}
+
+	signIn("ada", "Ada-Admin-1")
+	counts := strings.Join(strings.Fields(read(chromedp.Text(chromedp.CSS(".counts")))), " ")
+	if !strings.Contains(counts, "1 tunnels") || !strings.Contains(counts, "1 live sessions") || !strings.Contains(counts, "1 hosts") {
+		t.Fatalf("the dashboard counts %q", counts)
+	}
+	shot(t, ctx, b.artifacts, "console-1-dashboard")
+	// Drain the host.
+	must(chromedp.Navigate(portal+"/admin/hosts"), chromedp.WaitVisible(chromedp.CSS("tr[data-host='xrdp-host']")))
+	shot(t, ctx, b.artifacts, "console-2-hosts")
+	must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/drain'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "xrdp-host: drained") {
+		t.Fatalf("after Drain the page says %q", n)
+	}
+	if st := read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.status"))); !strings.Contains(st, "drain") {
+		t.Fatalf("the drained host's status reads %q", st)
+	}
+	shot(t, ctx, b.artifacts, "console-3-host-drained")
+	var hosts []map[string]any
+	api("/api/v1/broker/hosts", &hosts)
+	if len(hosts) != 1 || hosts[0]["admin_drain"] != true {
+		t.Fatalf("the admin API shows hosts %v after the console's drain", hosts)
+	}
+	// Disconnect the tunnel: the client ends.
+	must(chromedp.Navigate(portal+"/admin/tunnels"), chromedp.WaitVisible(chromedp.CSS("tr[data-tunnel]")))
+	shot(t, ctx, b.artifacts, "console-4-tunnels")
+	must(chromedp.Click(chromedp.CSS("tr[data-tunnel] form button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("xfreerdp still runs 15 s after the console disconnected its tunnel")
+	}
+	var tl struct{ Tunnels []map[string]any }
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		api("/api/v1/gateway/tunnels", &tl)
+		if len(tl.Tunnels) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tunnels after the console's disconnect: %v", tl.Tunnels)
+		}
+	}
+	// The audit trail names the admin, in the API and on the page.
+	var al struct{ Entries []map[string]any }
+	api("/api/v1/audit?limit=50", &al)
+	found := map[string]bool{}
+	for _, e := range al.Entries {
+		if strings.Contains(fmt.Sprint(e["actor"]), "ada (admin, web console)") {
+			found[fmt.Sprint(e["action"])] = true
+		}
+	}
+	if !found["POST /api/v1/broker/hosts/xrdp-host/drain"] || len(found) != 2 {
+		t.Fatalf("the audit trail under ada's name: %v\n%v", found, al.Entries)
+	}
+	must(chromedp.Navigate(portal+"/admin/audit"), chromedp.WaitVisible(chromedp.CSS("table")))
+	if page := read(chromedp.Text(chromedp.CSS("table"))); !strings.Contains(page, "POST /api/v1/broker/hosts/xrdp-host/drain") {
+		t.Fatalf("the audit page lacks the drain:\n%s", page)
+	}
+	shot(t, ctx, b.artifacts, "console-5-audit")
+	// Helpdesk: sessions yes, drain no.
+	must(chromedp.Navigate(portal+"/"), chromedp.WaitVisible(chromedp.CSS("form.signout button")),
+		chromedp.Click(chromedp.CSS("form.signout button")), chromedp.WaitVisible(chromedp.ID("user")))
+	signIn("hal", "Hal-Help-1")
+	must(chromedp.Navigate(portal+"/admin/hosts"), chromedp.WaitVisible(chromedp.CSS("tr[data-host='xrdp-host']")))
+	nodes, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSS("tr[data-host='xrdp-host'] button"), chromedp.AtLeast(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 0 {
+		t.Fatalf("helpdesk sees %d buttons on a host", len(nodes))
+	}
+	shot(t, ctx, b.artifacts, "console-6-helpdesk-hosts")
+	// A drain posted by hand (a form the page does not offer) is refused.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](`(() => { const f = document.createElement("form"); f.method = "post"; f.action = "/admin/hosts/xrdp-host/undrain";
+		const c = document.createElement("input"); c.name = "csrf"; c.value = document.querySelector("input[name=csrf]").value; f.appendChild(c);
+		document.body.appendChild(f); f.submit(); })()`)); err != nil {
+		t.Fatal(err)
+	}
+	must(chromedp.WaitVisible(chromedp.CSS(".error")))
+	if e := read(chromedp.Text(chromedp.CSS(".error"))); !strings.Contains(e, "Your role (helpdesk) may not undrain hosts") {
+		t.Fatalf("helpdesk's undrain: %q", e)
+	}
+	api("/api/v1/broker/hosts", &hosts)
+	if hosts[0]["admin_drain"] != true {
+		t.Fatal("helpdesk undrained the host")
+	}
+	must(chromedp.Navigate(portal+"/admin/sessions"), chromedp.WaitVisible(chromedp.CSS("table")))
+	shot(t, ctx, b.artifacts, "console-7-helpdesk-sessions")
+}
+

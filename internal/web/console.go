@@ -1,0 +1,378 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/obs"
+)
+
+// Console roles, from the least to the most allowed.
+const (
+	roleReadOnly = "readonly"
+	roleHelpdesk = "helpdesk"
+	roleAdmin    = "admin"
+)
+
+// consolePageSize is how many rows a console list shows at once; the
+// admin API pages on the server, so a farm's 10,000 sessions stay fast.
+const consolePageSize = 50
+
+// console is the admin console: pages over the admin API, which it calls
+// with an admin token, naming the person it acts for.
+type console struct {
+	cfg    *config.Console
+	client *http.Client
+}
+
+// role is what si may do in the console, "" for nothing.
+func (c *console) role(si signIn) string {
+	in := func(groups []string) bool {
+		return slices.ContainsFunc(groups, func(g string) bool {
+			return slices.ContainsFunc(si.Groups, func(h string) bool { return strings.EqualFold(g, h) })
+		})
+	}
+	switch {
+	case in(c.cfg.Admins):
+		return roleAdmin
+	case in(c.cfg.Helpdesk):
+		return roleHelpdesk
+	case in(c.cfg.ReadOnly):
+		return roleReadOnly
+	}
+	return ""
+}
+
+// apiError is the admin API's refusal, in its words.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+// call sends method path to the admin API for si and decodes the answer
+// into out; hdr, when given, receives the answer's headers.
+func (c *console) call(ctx context.Context, si signIn, role, method, path string, body, out any, hdr *http.Header) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.cfg.API, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.cfg.Token.Value())
+	req.Header.Set(obs.ActorHeader, fmt.Sprintf("%s (%s, web console)", si.User, role))
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("the admin API does not answer: %w", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	if hdr != nil {
+		*hdr = resp.Header
+	}
+	if resp.StatusCode >= 300 {
+		var e struct{ Error string }
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = resp.Status
+		}
+		return &apiError{status: resp.StatusCode, msg: e.Error}
+	}
+	if out != nil && len(b) > 0 {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// The admin API's rows, as the console reads them.
+type (
+	consoleHost struct {
+		Name          string    `json:"name"`
+		DeliveryGroup string    `json:"delivery_group"`
+		Address       string    `json:"address"`
+		Port          int       `json:"port"`
+		Sessions      int       `json:"sessions"`
+		SessionLimit  int       `json:"session_limit"`
+		CPU           float64   `json:"cpu"`
+		Memory        float64   `json:"memory"`
+		Unhealthy     string    `json:"unhealthy"`
+		AdminDrain    bool      `json:"admin_drain"`
+		AgentDrain    bool      `json:"agent_drain"`
+		LastSeen      time.Time `json:"last_seen"`
+		Status        string    `json:"status"`
+	}
+	consoleSession struct {
+		ID            string    `json:"id"`
+		User          string    `json:"user"`
+		DeliveryGroup string    `json:"delivery_group"`
+		Host          string    `json:"host"`
+		State         string    `json:"state"`
+		Updated       time.Time `json:"updated"`
+	}
+	consoleTunnel struct {
+		ID        uint32    `json:"id"`
+		User      string    `json:"user"`
+		Client    string    `json:"client_address"`
+		Target    string    `json:"target"`
+		Transport string    `json:"transport"`
+		BytesUp   uint64    `json:"bytes_up"`
+		BytesDown uint64    `json:"bytes_down"`
+		Started   time.Time `json:"started"`
+		Open      bool      `json:"channel_open"`
+	}
+	consoleAudit struct {
+		Time   time.Time `json:"time"`
+		Actor  string    `json:"actor"`
+		Action string    `json:"action"`
+		Source string    `json:"source"`
+		Status int       `json:"status"`
+	}
+)
+
+// consoleData is what a console page shows.
+type consoleData struct {
+	Role, Tab string
+	Hosts     []consoleHost
+	Sessions  []consoleSession
+	Tunnels   []consoleTunnel
+	Audit     []consoleAudit
+	// Problems need a person: unhealthy, unreachable or draining hosts,
+	// the broker's database away.
+	Problems []string
+	// Counts on the dashboard.
+	TunnelCount, SessionCount, HostCount int
+	// Paging and filters of the sessions list.
+	User, Host            string
+	Page, Pages, Total    int
+	PrevPage, NextPage    int
+	CanControl, CanManage bool
+}
+
+// consoleAccess returns the sign-in and role of a console request, or
+// answers it (sign-in page, or refusal) and returns false.
+func (s *Server) consoleAccess(w http.ResponseWriter, r *http.Request) (signIn, string, bool) {
+	si, ok := s.current(w, r)
+	if !ok {
+		http.Redirect(w, r, "/signin", http.StatusSeeOther)
+		return si, "", false
+	}
+	role := s.console.role(si)
+	if role == "" {
+		s.render(w, http.StatusForbidden, "console.html", page{User: si.User, CSRF: s.codec.csrf(si),
+			Error: "Your account has no console role: an administrator adds one of your groups to web.console."})
+		return si, "", false
+	}
+	return si, role, true
+}
+
+func (s *Server) consolePage(w http.ResponseWriter, si signIn, status int, d consoleData, errMsg, notice string) {
+	d.CanControl = d.Role == roleAdmin || d.Role == roleHelpdesk
+	d.CanManage = d.Role == roleAdmin
+	s.render(w, status, "console.html", page{User: si.User, CSRF: s.codec.csrf(si), Console: &d, Error: errMsg, Notice: notice})
+}
+
+func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	d := consoleData{Role: role, Tab: "dashboard"}
+	var errs []string
+	var hdr http.Header
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, &hdr); err != nil {
+		errs = append(errs, "hosts: "+err.Error())
+	} else if hdr.Get("Deskway-Source") != "" {
+		d.Problems = append(d.Problems, "The broker's database does not answer: launches are placed from its local host cache.")
+	}
+	d.HostCount = len(d.Hosts)
+	for _, h := range d.Hosts {
+		if h.Status != "ok" {
+			d.Problems = append(d.Problems, fmt.Sprintf("Host %s: %s", h.Name, h.Status))
+		}
+	}
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?limit=1", nil, nil, &hdr); err != nil {
+		errs = append(errs, "sessions: "+err.Error())
+	} else {
+		d.SessionCount, _ = strconv.Atoi(hdr.Get("Deskway-Total"))
+	}
+	var tl struct{ Tunnels []consoleTunnel }
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err == nil {
+		d.TunnelCount = len(tl.Tunnels)
+	}
+	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), r.URL.Query().Get("notice"))
+}
+
+func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	d := consoleData{Role: role, Tab: "sessions", User: q.Get("user"), Host: q.Get("host"), Page: 1}
+	if n, err := strconv.Atoi(q.Get("page")); err == nil && n > 1 {
+		d.Page = n
+	}
+	v := url.Values{"limit": {strconv.Itoa(consolePageSize)}, "offset": {strconv.Itoa((d.Page - 1) * consolePageSize)}}
+	if d.User != "" {
+		v.Set("user", d.User)
+	}
+	if d.Host != "" {
+		v.Set("host", d.Host)
+	}
+	var hdr http.Header
+	errMsg := ""
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?"+v.Encode(), nil, &d.Sessions, &hdr); err != nil {
+		errMsg = "The sessions cannot be listed: " + err.Error()
+	}
+	d.Total, _ = strconv.Atoi(hdr.Get("Deskway-Total"))
+	d.Pages = max(1, (d.Total+consolePageSize-1)/consolePageSize)
+	if d.Page > 1 {
+		d.PrevPage = d.Page - 1
+	}
+	if d.Page < d.Pages {
+		d.NextPage = d.Page + 1
+	}
+	s.consolePage(w, si, http.StatusOK, d, errMsg, q.Get("notice"))
+}
+
+func (s *Server) consoleHosts(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	d := consoleData{Role: role, Tab: "hosts"}
+	errMsg := ""
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, nil); err != nil {
+		errMsg = "The hosts cannot be listed: " + err.Error()
+	}
+	s.consolePage(w, si, http.StatusOK, d, errMsg, r.URL.Query().Get("notice"))
+}
+
+func (s *Server) consoleTunnels(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	d := consoleData{Role: role, Tab: "tunnels"}
+	var tl struct{ Tunnels []consoleTunnel }
+	errMsg := ""
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err != nil {
+		errMsg = "The tunnels cannot be listed: " + err.Error()
+	}
+	d.Tunnels = tl.Tunnels
+	s.consolePage(w, si, http.StatusOK, d, errMsg, r.URL.Query().Get("notice"))
+}
+
+func (s *Server) consoleAudit(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	d := consoleData{Role: role, Tab: "audit"}
+	var al struct{ Entries []consoleAudit }
+	errMsg := ""
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/audit?limit=200", nil, &al, nil); err != nil {
+		errMsg = "The audit trail cannot be read: " + err.Error()
+	}
+	d.Audit = al.Entries
+	s.consolePage(w, si, http.StatusOK, d, errMsg, "")
+}
+
+// consoleAction is one console form: who may post it, and the admin API
+// call it makes.
+type consoleAction struct {
+	need   string // roleHelpdesk or roleAdmin
+	what   string // for people: "drain hosts"
+	back   string // the page to return to
+	method string
+	path   func(r *http.Request) string
+	body   func(r *http.Request) any
+	done   func(r *http.Request) string
+}
+
+func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		si, role, ok := s.consoleAccess(w, r)
+		if !ok {
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+		if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
+			http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+			return
+		}
+		if a.need == roleAdmin && role != roleAdmin || a.need == roleHelpdesk && role == roleReadOnly {
+			s.d.Logger.Warn("console action refused for the role", "user", si.User, "role", role, "action", a.what)
+			s.consolePage(w, si, http.StatusForbidden, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
+				fmt.Sprintf("Your role (%s) may not %s.", role, a.what), "")
+			return
+		}
+		var body any
+		if a.body != nil {
+			body = a.body(r)
+		}
+		if err := s.console.call(r.Context(), si, role, a.method, a.path(r), body, nil, nil); err != nil {
+			s.consolePage(w, si, http.StatusBadGateway, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
+				"Not done: "+err.Error(), "")
+			return
+		}
+		s.d.Logger.Info("console action", "user", si.User, "role", role, "action", a.what, "path", a.path(r))
+		http.Redirect(w, r, a.back+"?notice="+url.QueryEscape(a.done(r)), http.StatusSeeOther)
+	}
+}
+
+// consoleRoutes adds the console's pages and actions to mux.
+func (s *Server) consoleRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /admin/{$}", s.consoleDashboard)
+	mux.HandleFunc("GET /admin/sessions", s.consoleSessions)
+	mux.HandleFunc("GET /admin/hosts", s.consoleHosts)
+	mux.HandleFunc("GET /admin/tunnels", s.consoleTunnels)
+	mux.HandleFunc("GET /admin/audit", s.consoleAudit)
+	pv := func(name string) func(*http.Request) string {
+		return func(r *http.Request) string { return url.PathEscape(r.PathValue(name)) }
+	}
+	for _, kind := range []string{"logoff", "disconnect", "message"} {
+		mux.HandleFunc("POST /admin/sessions/{id}/"+kind, s.consoleAct(consoleAction{need: roleHelpdesk, what: kind + " sessions",
+			back: "/admin/sessions", method: "POST",
+			path: func(r *http.Request) string { return "/api/v1/broker/sessions/" + pv("id")(r) + "/" + kind },
+			body: func(r *http.Request) any {
+				if kind == "message" {
+					return map[string]string{"text": r.PostFormValue("text")}
+				}
+				return nil
+			},
+			done: func(r *http.Request) string { return kind + " of session " + r.PathValue("id") + " sent to its host" }}))
+	}
+	for _, on := range []bool{true, false} {
+		verb := map[bool]string{true: "drain", false: "undrain"}[on]
+		mux.HandleFunc("POST /admin/hosts/{name}/"+verb, s.consoleAct(consoleAction{need: roleAdmin, what: verb + " hosts",
+			back: "/admin/hosts", method: "POST",
+			path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) + "/drain" },
+			body: func(*http.Request) any { return map[string]bool{"drain": on} },
+			done: func(r *http.Request) string { return r.PathValue("name") + ": " + verb + "ed" }}))
+	}
+	mux.HandleFunc("POST /admin/hosts/{name}/remove", s.consoleAct(consoleAction{need: roleAdmin, what: "remove hosts",
+		back: "/admin/hosts", method: "DELETE",
+		path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) },
+		done: func(r *http.Request) string { return r.PathValue("name") + ": removed" }}))
+	mux.HandleFunc("POST /admin/tunnels/{id}/disconnect", s.consoleAct(consoleAction{need: roleAdmin, what: "disconnect tunnels",
+		back: "/admin/tunnels", method: "DELETE",
+		path: func(r *http.Request) string { return "/api/v1/gateway/tunnels/" + pv("id")(r) },
+		done: func(r *http.Request) string { return "tunnel " + r.PathValue("id") + " disconnected" }}))
+}
