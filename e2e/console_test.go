@@ -176,4 +176,3 @@ func TestConsoleInBrowser(t *testing.T) {
 	must(chromedp.Navigate(portal+"/admin/sessions"), chromedp.WaitVisible(chromedp.CSS("table")))
 	shot(t, ctx, b.artifacts, "console-7-helpdesk-sessions")
 }
-

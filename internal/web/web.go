@@ -60,7 +60,7 @@ type Deps struct {
 	// AdminAPI is the client the console calls the admin API with (it
 	// trusts the admin listener's certificate).
 	AdminAPI *http.Client
-	Now     func() time.Time
+	Now      func() time.Time
 }
 
 // Server is the portal.
