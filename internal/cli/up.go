@@ -35,6 +35,10 @@ auth:
   - name: demo
     password: %[4]s
     groups: [users]
+  # The admin console's administrator (web console at /admin).
+  - name: admin
+    password: %[15]s
+    groups: [admins]
 gateway:
   listen: "%[6]s"
   public_name: localhost:%[11]s
@@ -65,6 +69,8 @@ agent:
   port: 3389
 web:
   listen: "%[14]s"
+  console:
+    admins: [admins]
 stream:
   listen: "%[7]s"
   vdisks:
@@ -131,7 +137,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 					return err
 				}
 				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo,
-					brokerListen, join, gport, bport, random(24), webListen)
+					brokerListen, join, gport, bport, random(24), webListen, random(12))
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -241,7 +247,7 @@ func printUp(out io.Writer, cfg *config.Config, l listeners, path, creds string)
 	gport := port(l.Gateway, "8443")
 	pw := fmt.Sprintf(`"$(sed -n 's/^demo password: //p' %s)"`, creds)
 	fmt.Fprintf(out, `deskway is up (config: %[1]s)
-  credentials  %[2]s  (the demo user's password and the admin token, mode 0600)
+  credentials  %[2]s  (the demo and admin users' passwords and the admin token, mode 0600)
   gateway      https://localhost:%[3]s  (RD Gateway: MS-TSGU over websocket and RDG_IN/OUT_DATA)
   admin API    https://%[4]s/api/v1/gateway/tunnels  (Authorization: Bearer <admin token>)
   metrics      https://%[4]s/metrics
@@ -250,6 +256,7 @@ Connect through the gateway to this machine's RDP server as one of its users (HO
 `, path, creds, gport, l.Admin, pw)
 	if l.Web != nil {
 		fmt.Fprintf(out, `  portal       https://localhost:%[1]s  (sign in as demo, press Launch, open the downloaded file: xfreerdp desktops.rdp /u:HOSTUSER /p:HOSTPASSWORD /cert:ignore)
+  console      https://localhost:%[1]s/admin/  (sign in as admin)
 `, port(l.Web, "8446"))
 	}
 	if l.Broker != nil {
