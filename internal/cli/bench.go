@@ -15,6 +15,7 @@ import (
 
 	"github.com/deskway/deskway/internal/bench/bootstorm"
 	"github.com/deskway/deskway/internal/bench/brokerbench"
+	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
 	"github.com/deskway/deskway/internal/bench/nbdfloor"
@@ -25,7 +26,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd())
+	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd())
 	return c
 }
 
@@ -340,6 +341,32 @@ func durations(flag, list string) ([]time.Duration, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+func benchPortalCmd() *cobra.Command {
+	var out string
+	var o portalbench.Options
+	c := &cobra.Command{
+		Use:   "portal",
+		Short: "Launches through the portal beside the bare broker API (same broker, taking turns), and console pages with 10,000 sessions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			res, err := portalbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			printSummary(cmd, res, out)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
+	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")
+	c.Flags().IntVar(&o.Sessions, "sessions", 10000, "sessions the storms leave for the console (users per run and system: this ÷ 2 ÷ runs)")
+	c.Flags().IntVar(&o.Concurrency, "concurrency", 16, "launches in flight")
+	c.Flags().IntVar(&o.ConsoleRequests, "console-requests", 300, "timed requests per console page")
+	return c
 }
 
 // printSummary prints a bench's headline figures and where its results went.
