@@ -15,10 +15,10 @@ import (
 
 	"github.com/deskway/deskway/internal/bench/bootstorm"
 	"github.com/deskway/deskway/internal/bench/brokerbench"
-	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
 	"github.com/deskway/deskway/internal/bench/nbdfloor"
+	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"

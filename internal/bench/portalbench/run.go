@@ -53,7 +53,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			first += o.Users
 			rates[sys] = rate
 			res.Points = append(res.Points, report.Point{Scenario: "launch", System: sys,
-				Params: map[string]any{"run": run, "users": o.Users, "concurrency": o.Concurrency},
+				Params:  map[string]any{"run": run, "users": o.Users, "concurrency": o.Concurrency},
 				Metrics: map[string]float64{"launches_per_s": rate, "median_ms": ms(lat[len(lat)/2]), "p99_ms": ms(lat[len(lat)*99/100])}})
 			o.Log.Info("launches", "system", sys, "run", run, "launches_per_s", round(rate), "median_ms", round(ms(lat[len(lat)/2])))
 		}
