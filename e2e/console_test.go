@@ -134,7 +134,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	api("/api/v1/audit?limit=50", &al)
 	found := map[string]bool{}
 	for _, e := range al.Entries {
-		if strings.Contains(fmt.Sprint(e["actor"]), "ada (admin, web console)") {
+		if strings.Contains(fmt.Sprint(e["actor"]), "admin, web console: ada") {
 			found[fmt.Sprint(e["action"])] = true
 		}
 	}

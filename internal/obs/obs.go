@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -189,7 +190,7 @@ func (a *Admin) record(r *http.Request, token, status int) {
 // end (the web console) acts for; the audit trail records both.
 const ActorHeader = "Deskway-Actor"
 
-// onBehalfOf is the request's ActorHeader, cut to 128 printable bytes.
+// onBehalfOf is the request's ActorHeader, cut to 128 printable characters.
 func onBehalfOf(r *http.Request) string {
 	v := strings.Map(func(c rune) rune {
 		if c < ' ' || c == 0x7f {
@@ -197,10 +198,10 @@ func onBehalfOf(r *http.Request) string {
 		}
 		return c
 	}, r.Header.Get(ActorHeader))
-	if len(v) > 128 {
-		v = v[:128]
+	if utf8.RuneCountInString(v) > 128 {
+		v = string([]rune(v)[:128])
 	}
-	return v
+	return strings.ToValidUTF8(v, "?")
 }
 
 // listAudit answers GET /api/v1/audit?limit=N (default 100, at most 10,000).

@@ -22,6 +22,8 @@ type LDAP struct {
 type LDAPUser struct {
 	UID, Password string
 	Groups        []string
+	// CN is the entry's common name (default: the uid).
+	CN string
 }
 
 // LDAPGroup is a groupOfNames under ou=groups; Groups are the groups it
@@ -74,8 +76,12 @@ access to *
 	fmt.Fprintf(&b, "dn: ou=groups,%s\nobjectClass: organizationalUnit\nou: groups\n\n", l.BaseDN)
 	members := map[string][]string{}
 	for _, u := range users {
+		cn := u.CN
+		if cn == "" {
+			cn = u.UID
+		}
 		fmt.Fprintf(&b, "dn: uid=%s,ou=people,%s\nobjectClass: inetOrgPerson\nuid: %s\ncn: %s\nsn: %s\nuserPassword: %s\n\n",
-			u.UID, l.BaseDN, u.UID, u.UID, u.UID, u.Password)
+			u.UID, l.BaseDN, u.UID, cn, u.UID, u.Password)
 		for _, g := range u.Groups {
 			members[g] = append(members[g], fmt.Sprintf("uid=%s,ou=people,%s", u.UID, l.BaseDN))
 		}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/obs"
@@ -74,7 +75,12 @@ func (c *console) call(ctx context.Context, si signIn, role, method, path string
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.cfg.Token.Value())
-	req.Header.Set(obs.ActorHeader, fmt.Sprintf("%s (%s, web console)", si.User, role))
+	// The role first: a long name must not push it out of the record.
+	name := si.User
+	if utf8.RuneCountInString(name) > 64 {
+		name = string([]rune(name)[:64]) + "…"
+	}
+	req.Header.Set(obs.ActorHeader, fmt.Sprintf("%s, web console: %s", role, name))
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -215,7 +221,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err == nil {
 		d.TunnelCount = len(tl.Tunnels)
 	}
-	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), r.URL.Query().Get("notice"))
+	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), s.notice(r))
 }
 
 func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
@@ -248,7 +254,7 @@ func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
 	if d.Page < d.Pages {
 		d.NextPage = d.Page + 1
 	}
-	s.consolePage(w, si, http.StatusOK, d, errMsg, q.Get("notice"))
+	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
 func (s *Server) consoleHosts(w http.ResponseWriter, r *http.Request) {
@@ -261,7 +267,7 @@ func (s *Server) consoleHosts(w http.ResponseWriter, r *http.Request) {
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, nil); err != nil {
 		errMsg = "The hosts cannot be listed: " + err.Error()
 	}
-	s.consolePage(w, si, http.StatusOK, d, errMsg, r.URL.Query().Get("notice"))
+	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
 func (s *Server) consoleTunnels(w http.ResponseWriter, r *http.Request) {
@@ -276,7 +282,7 @@ func (s *Server) consoleTunnels(w http.ResponseWriter, r *http.Request) {
 		errMsg = "The tunnels cannot be listed: " + err.Error()
 	}
 	d.Tunnels = tl.Tunnels
-	s.consolePage(w, si, http.StatusOK, d, errMsg, r.URL.Query().Get("notice"))
+	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
 func (s *Server) consoleAudit(w http.ResponseWriter, r *http.Request) {
@@ -333,7 +339,7 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 			return
 		}
 		s.d.Logger.Info("console action", "user", si.User, "role", role, "action", a.what, "path", a.path(r))
-		http.Redirect(w, r, a.back+"?notice="+url.QueryEscape(a.done(r)), http.StatusSeeOther)
+		http.Redirect(w, r, s.withNotice(a.back, a.done(r)), http.StatusSeeOther)
 	}
 }
 

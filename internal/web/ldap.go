@@ -26,7 +26,14 @@ var errWrongPassword = errors.New("web: wrong user name or password")
 type ldapLogin struct {
 	cfg *config.LDAP
 	tls *tls.Config
+	// slots bounds the sign-ins talking to the directory at once: a slow
+	// directory must not gather every sign-in's goroutine and connection.
+	slots chan struct{}
 }
+
+// errDirectoryBusy is a sign-in turned away while every slot waits on
+// the directory.
+var errDirectoryBusy = errors.New("web: too many sign-ins are waiting for the directory")
 
 // dial connects (and upgrades with StartTLS when asked), bounded by ctx.
 func (l *ldapLogin) dial(ctx context.Context) (*ldap.Conn, error) {
@@ -59,11 +66,20 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (st
 	if user == "" || password == "" {
 		return "", nil, errWrongPassword
 	}
+	select {
+	case l.slots <- struct{}{}:
+		defer func() { <-l.slots }()
+	default:
+		return "", nil, errDirectoryBusy
+	}
 	conn, err := l.dial(ctx)
 	if err != nil {
 		return "", nil, err
 	}
 	defer conn.Close()
+	// Each operation has its own timeout; ctx bounds them all.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
 	reader := func() error {
 		if l.cfg.BindDN == "" {
 			return nil
@@ -105,7 +121,7 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (st
 	if err := reader(); err != nil {
 		return "", nil, err
 	}
-	groups, err := l.groups(conn, entry.DN)
+	groups, err := l.groups(ctx, conn, entry.DN)
 	if err != nil {
 		return "", nil, err
 	}
@@ -114,13 +130,16 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (st
 
 // groups collects the groups holding dn, then the groups holding those,
 // breadth first.
-func (l *ldapLogin) groups(conn *ldap.Conn, dn string) ([]string, error) {
+func (l *ldapLogin) groups(ctx context.Context, conn *ldap.Conn, dn string) ([]string, error) {
 	seen := map[string]bool{}
 	var names []string
 	frontier := []string{dn}
 	for depth := 0; depth < maxGroupDepth && len(frontier) > 0; depth++ {
 		var next []string
 		for _, member := range frontier {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("the directory: reading groups took too long: %w", err)
+			}
 			filter := strings.ReplaceAll(l.cfg.GroupFilter, "{dn}", ldap.EscapeFilter(member))
 			res, err := conn.Search(ldap.NewSearchRequest(l.cfg.GroupBaseDN, ldap.ScopeWholeSubtree, ldap.NeverDerefAliases, 1000, 10, false,
 				filter, []string{l.cfg.GroupNameAttribute}, nil))

@@ -50,6 +50,12 @@ func TestLDAPSignInWithNestedGroups(t *testing.T) {
 	if body := read(p.do("GET", "/", nil, p.signIn("nina", "Nina-LDAP-1"), nil)); !strings.Contains(body, "You may launch no desktop") {
 		t.Fatalf("nina's page:\n%s", body)
 	}
+	// Spaces a directory ignores do not make a second name.
+	for _, typed := range []string{"lara ", " lara"} {
+		if r := p.do("POST", "/signin", url.Values{"user": {typed}, "password": {"Lara-LDAP-1"}}, nil, nil); r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("sign-in as %q: %s", typed, r.Status)
+		}
+	}
 	// A local user is the local account: the directory's password for the
 	// same name does not sign in.
 	if r := p.do("POST", "/signin", url.Values{"user": {"alice"}, "password": {"Alice-LDAP-1"}}, nil, nil); r.StatusCode != http.StatusUnauthorized {
@@ -65,5 +71,29 @@ func TestLDAPDownSaysSo(t *testing.T) {
 	r := p.do("POST", "/signin", url.Values{"user": {"lara"}, "password": {"Lara-LDAP-1"}}, nil, nil)
 	if b := read(r); r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(b, "The directory does not answer") {
 		t.Fatalf("sign-in with the directory down: %s\n%s", r.Status, b)
+	}
+}
+
+// TestLDAPNameThatResolvesToALocalAccount: with username_attribute, a
+// directory entry whose attribute holds a local account's name does not
+// sign in as that account.
+func TestLDAPNameThatResolvesToALocalAccount(t *testing.T) {
+	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		dir := testkit.StartSlapd(t, []testkit.LDAPUser{
+			{UID: "mallory", Password: "Mallory-LDAP-1", CN: "Alice", Groups: []string{"ops"}},
+			{UID: "lara", Password: "Lara-LDAP-1", CN: "lara.m"},
+		}, []testkit.LDAPGroup{{CN: "ops"}})
+		w.LDAP = &config.LDAP{URL: dir.URL, BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN,
+			UsernameAttribute: "cn"}
+		return nil
+	})
+	r := p.do("POST", "/signin", url.Values{"user": {"mallory"}, "password": {"Mallory-LDAP-1"}}, nil, nil)
+	if b := read(r); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a directory entry named Alice signed in: %s\n%s", r.Status, b)
+	}
+	// The attribute names the sign-in otherwise.
+	body := read(p.do("GET", "/", nil, p.signIn("lara", "Lara-LDAP-1"), nil))
+	if !strings.Contains(body, "Signed in as <strong>lara.m</strong>") {
+		t.Fatalf("lara's page:\n%s", body)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +39,12 @@ type oidcLogin struct {
 	mu       sync.Mutex
 	provider *oidc.Provider
 	logout   string // the provider's end_session_endpoint, if any
+	failedAt time.Time
+	failure  error
 }
+
+// discoveryBackoff is how long a failed discovery stands.
+const discoveryBackoff = 15 * time.Second
 
 func newOIDCLogin(cfg *config.OIDC, publicURL string, client *http.Client) *oidcLogin {
 	return &oidcLogin{cfg: cfg, client: client, redirect: strings.TrimSuffix(publicURL, "/") + "/oidc/callback"}
@@ -56,11 +62,17 @@ func (o *oidcLogin) discover(ctx context.Context) (*oidc.Provider, error) {
 	if o.provider != nil {
 		return o.provider, nil
 	}
+	// A provider that just failed is not asked again for a while: sign-ins
+	// meanwhile are told at once instead of queueing behind its timeout.
+	if time.Since(o.failedAt) < discoveryBackoff {
+		return nil, o.failure
+	}
 	dctx, cancel := context.WithTimeout(o.ctx(ctx), 10*time.Second)
 	defer cancel()
 	p, err := oidc.NewProvider(dctx, o.cfg.Issuer)
 	if err != nil {
-		return nil, fmt.Errorf("the identity provider %s: %w", o.cfg.Issuer, err)
+		o.failedAt, o.failure = time.Now(), fmt.Errorf("the identity provider %s: %w", o.cfg.Issuer, err)
+		return nil, o.failure
 	}
 	var extra struct {
 		EndSession string `json:"end_session_endpoint"`
@@ -126,7 +138,13 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: flowCookie, Value: "", Path: "/", Secure: true, HttpOnly: true, SameSite: http.SameSiteLaxMode, MaxAge: -1})
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
-		fail(http.StatusUnauthorized, "The identity provider did not sign you in: "+firstLine(e+" "+q.Get("error_description")), nil)
+		// Anyone can send a browser here with words of their choosing:
+		// only the error's code, when it is one, is shown.
+		code := "error"
+		if errorCode.MatchString(e) {
+			code = e
+		}
+		fail(http.StatusUnauthorized, "The identity provider did not sign you in ("+code+").", errors.New(firstLine(e+" "+q.Get("error_description"))))
 		return
 	}
 	f, err := s.readFlow(r)
@@ -179,8 +197,13 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	user, _ := claims[s.oidc.cfg.UsernameClaim].(string)
-	if user == "" || len(user) > 256 || strings.ContainsFunc(user, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+	if user == "" || len(user) > 256 || user != strings.TrimSpace(user) || strings.ContainsFunc(user, func(c rune) bool { return c < ' ' || c == 0x7f }) {
 		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider gave no usable user name (claim %q).", s.oidc.cfg.UsernameClaim), nil)
+		return
+	}
+	if s.isLocal(user) {
+		// Names at a provider are often the user's to choose.
+		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: %q is the name of a local account of this portal; an administrator renames one of the two.", user), nil)
 		return
 	}
 	groups := stringList(claims[s.oidc.cfg.GroupsClaim])
@@ -205,6 +228,9 @@ func (o *oidcLogin) endSession(ctx context.Context, publicURL string) string {
 	}
 	return o.logout + sep + q.Encode()
 }
+
+// errorCode is what an OAuth error code looks like (access_denied).
+var errorCode = regexp.MustCompile(`^[a-z_]{1,40}$`)
 
 // stringList reads a claim that is a list of strings (or one string).
 func stringList(v any) []string {

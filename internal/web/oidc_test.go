@@ -23,6 +23,7 @@ func oidcPortal(t *testing.T) (*portal, *testkit.OIDCProvider, *http.Client) {
 		prov = testkit.StartOIDC(t, "deskway-portal", "portal-secret", []string{publicURL + "/oidc/callback"}, []testkit.OIDCUser{
 			{Username: "alice.oidc", Password: "Alice-OIDC-1", Groups: []string{"staff"}},
 			{Username: "nora", Password: "Nora-OIDC-1"},
+			{Username: "ALICE@evil.example", Password: "Mallory-1"},
 		})
 		w.OIDC = &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret")}
 		return prov.Client
@@ -97,6 +98,12 @@ func TestOIDCSignIn(t *testing.T) {
 	if loc := out.Header.Get("Location"); !strings.HasPrefix(loc, prov.Issuer+"/") || !strings.Contains(loc, "post_logout_redirect_uri="+url.QueryEscape(p.srv.URL+"/signin")) {
 		t.Fatalf("sign-out of an OIDC sign-in goes to %q", loc)
 	}
+	// A provider user whose name is a local account's (any case, any
+	// domain) is refused, not made that account.
+	_, body = signInOIDC(t, p, browser, "ALICE@evil.example", "Mallory-1")
+	if !strings.Contains(body, "is the name of a local account") || strings.Contains(body, "<h2>desk</h2>") {
+		t.Fatalf("a provider user named like local alice:\n%s", body)
+	}
 	// A user in no group signs in and is told what to do.
 	_, body = signInOIDC(t, p, browser, "nora", "Nora-OIDC-1")
 	if !strings.Contains(body, "Signed in as <strong>nora</strong>") || !strings.Contains(body, "You may launch no desktop") {
@@ -126,9 +133,14 @@ func TestOIDCCallbackChecksStateAndFlow(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "not for this browser") {
 		t.Fatalf("callback with another state: %s\n%s", resp.Status, body)
 	}
-	// The provider's refusal is shown, not a sign-in.
-	r = p.do("GET", "/oidc/callback?error=access_denied&error_description=no+consent", nil, nil, nil)
-	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "access_denied no consent") {
+	// The provider's refusal is shown by its code, not a sign-in; words
+	// from the link are not put on the page.
+	r = p.do("GET", "/oidc/callback?error=access_denied&error_description=Call+0800+FRAUD+now", nil, nil, nil)
+	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "(access_denied)") || strings.Contains(body, "FRAUD") {
 		t.Fatalf("callback with an error: %s\n%s", r.Status, body)
+	}
+	r = p.do("GET", "/oidc/callback?error=Your+account+is+locked.+Call+0800", nil, nil, nil)
+	if body := read(r); strings.Contains(body, "0800") {
+		t.Fatalf("a made-up error code reached the page:\n%s", body)
 	}
 }

@@ -8,8 +8,10 @@ package web
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/tls"
 	"embed"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -74,6 +76,7 @@ type Server struct {
 	oidc     *oidcLogin // nil without web.oidc
 	ldap     *ldapLogin // nil without web.ldap
 	console  *console   // nil without web.console
+	revoked  *revocations
 }
 
 // New builds the portal.
@@ -90,7 +93,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	if d.Throttle == nil {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
-	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{},
+	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{}, revoked: &revocations{},
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_signins_total",
 			Help: "Portal sign-ins by result: ok (local account), ldap, oidc, wrong (user or password), throttled, oidc_refused, ldap_unreachable."}, []string{"result"}),
 		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_launches_total",
@@ -111,7 +114,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		if tc == nil {
 			tc = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc}
+		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc, slots: make(chan struct{}, 32)}
 	}
 	if cfg.OIDC != nil {
 		hc := d.OIDCClient
@@ -218,6 +221,18 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 	}
 	now := s.d.Now()
 	si, err := s.codec.decode(c.Value, now, s.cfg.SessionIdle.D(), s.cfg.SessionMax.D())
+	if err == nil && s.revoked.has(si.ID, now) {
+		err = errors.New("web: signed out")
+	}
+	if err == nil && si.Via == "" {
+		// A local account is read afresh: one removed, or moved out of a
+		// group, loses what it gave at once, not at the cookie's end.
+		if u, found := s.d.Users.Lookup(si.User); found && u.Name == si.User {
+			si.Groups = u.Groups
+		} else {
+			err = errors.New("web: the local account is gone")
+		}
+	}
 	if err != nil {
 		s.clearCookie(w)
 		return signIn{}, false
@@ -256,6 +271,14 @@ type page struct {
 	Console *consoleData
 	// ConsoleLink shows the way to the console to those with a role.
 	ConsoleLink bool
+}
+
+// isLocal reports whether name, as the broker would read it (any case,
+// with or without a domain), is a local account's: a name from a provider
+// or a directory must not become that account.
+func (s *Server) isLocal(name string) bool {
+	_, found := s.d.Users.Lookup(name)
+	return found
 }
 
 // signinData adds what the sign-in page shows beside the form.
@@ -322,10 +345,20 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		}
 		user, groups, via = u.Name, u.Groups, ""
 	} else if s.ldap != nil {
+		if name != strings.TrimSpace(name) || strings.ContainsFunc(name, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+			// A directory ignores the spaces, and "alice " would be a
+			// second name for alice, with a lockout of its own.
+			refuse()
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 		var err error
 		user, groups, err = s.ldap.authenticate(ctx, name, pw)
 		cancel()
+		if err == nil && s.isLocal(user) {
+			s.d.Logger.Warn("a directory sign-in resolved to a local account's name; refused", "typed", name, "user", user)
+			err = errWrongPassword
+		}
 		if errors.Is(err, errWrongPassword) {
 			refuse()
 			return
@@ -362,6 +395,8 @@ func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
 	}
 	s.clearCookie(w)
 	if ok {
+		// A copy of the cookie kept elsewhere no longer signs in here.
+		s.revoked.add(si.ID, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now())
 		s.d.Logger.Info("portal sign-out", "user", si.User)
 	}
 	if ok && si.Via == "oidc" && s.oidc != nil {
@@ -379,7 +414,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/signin", http.StatusSeeOther)
 		return
 	}
-	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: r.URL.Query().Get("notice")}
+	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: s.notice(r)}
 	p.ConsoleLink = s.console != nil && s.console.role(si) != ""
 	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups})
 	if err != nil {
@@ -464,7 +499,24 @@ func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.d.Logger.Info("portal logoff", "user", si.User, "delivery_group", group)
-	http.Redirect(w, r, "/?notice="+url.QueryEscape("Logging off "+group+": its programs are being closed."), http.StatusSeeOther)
+	http.Redirect(w, r, s.withNotice("/", "Logging off "+group+": its programs are being closed."), http.StatusSeeOther)
+}
+
+// withNotice is path with a notice for the page to show, signed so that a
+// link from elsewhere cannot put its own words on the portal's pages.
+func (s *Server) withNotice(path, text string) string {
+	return path + "?" + url.Values{"notice": {text}, "n": {base64.RawURLEncoding.EncodeToString(s.codec.mac("notice", text))}}.Encode()
+}
+
+// notice is the request's notice, if the portal signed it.
+func (s *Server) notice(r *http.Request) string {
+	q := r.URL.Query()
+	text := q.Get("notice")
+	sig, err := base64.RawURLEncoding.DecodeString(q.Get("n"))
+	if text == "" || err != nil || !hmac.Equal(sig, s.codec.mac("notice", text)) {
+		return ""
+	}
+	return text
 }
 
 // pct shows a 0-1 fraction as a percentage.

@@ -217,6 +217,20 @@ func TestSignInListLaunchSignOut(t *testing.T) {
 	if cs := out.Cookies(); len(cs) != 1 || cs[0].MaxAge >= 0 {
 		t.Fatalf("sign-out left the cookie: %+v", cs)
 	}
+	// A copy of the cookie kept from before the sign-out no longer works.
+	if r := p.do("GET", "/", nil, c, nil); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("the signed-out cookie still opens the page: %s", r.Status)
+	}
+}
+
+// TestNoticesAreThePortals: a link from elsewhere cannot put its words on
+// the portal's pages.
+func TestNoticesAreThePortals(t *testing.T) {
+	p := newPortal(t)
+	c := p.signIn("alice", "Alice-Pass-1")
+	if body := read(p.do("GET", "/?notice=Your+account+is+locked.+Call+0800", nil, c, nil)); strings.Contains(body, "0800") {
+		t.Fatalf("an unsigned notice reached the page:\n%s", body)
+	}
 }
 
 func TestUserWithNoDesktopsIsToldWhatToDo(t *testing.T) {
