@@ -651,13 +651,48 @@ func scanSessions(rows *sql.Rows) ([]Session, error) {
 // Sessions lists sessions, newest first: live only unless all is set, of
 // one user when user is not empty, at most limit.
 func (s *Store) Sessions(ctx context.Context, user string, all bool, limit int) ([]Session, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
-		FROM sessions WHERE ($1 = '' OR user_name = $1) AND ($2 OR state <> 'ended')
-		ORDER BY created_at DESC, id LIMIT $3`, user, all, limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: sessions: %w", err)
+	ss, _, err := s.sessionRows(ctx, SessionQuery{User: user, All: all, Limit: limit}, false)
+	return ss, err
+}
+
+// sessionRows reads the sessions q selects, and their count when asked.
+// The conditions are written out rather than "$1 = ” OR user_name = $1",
+// which neither database can answer from an index.
+func (s *Store) sessionRows(ctx context.Context, q SessionQuery, count bool) ([]Session, int, error) {
+	var conds []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		conds = append(conds, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
 	}
-	return scanSessions(rows)
+	if q.User != "" {
+		add("user_name = ?", q.User)
+	}
+	if q.Host != "" {
+		add("host_name = ?", q.Host)
+	}
+	if !q.All {
+		conds = append(conds, "state <> 'ended'")
+	}
+	where := ""
+	if len(conds) > 0 {
+		where = " WHERE " + strings.Join(conds, " AND ")
+	}
+	total := 0
+	if count {
+		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sessions`+where, args...).Scan(&total); err != nil {
+			return nil, 0, fmt.Errorf("store: sessions: %w", err)
+		}
+	}
+	n := len(args)
+	args = append(args, q.Limit, q.Offset)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
+		FROM sessions`+where+fmt.Sprintf(` ORDER BY created_at DESC, id LIMIT $%d OFFSET $%d`, n+1, n+2), args...)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: sessions: %w", err)
+	}
+	ss, err := scanSessions(rows)
+	return ss, total, err
 }
 
 // SessionQuery selects a page of sessions, newest first.
@@ -671,18 +706,7 @@ type SessionQuery struct {
 // SessionPage returns the sessions q selects and how many there are in
 // all, for a list that pages.
 func (s *Store) SessionPage(ctx context.Context, q SessionQuery) ([]Session, int, error) {
-	where := `($1 = '' OR user_name = $1) AND ($2 = '' OR host_name = $2) AND ($3 OR state <> 'ended')`
-	var total int
-	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE `+where, q.User, q.Host, q.All).Scan(&total); err != nil {
-		return nil, 0, fmt.Errorf("store: sessions: %w", err)
-	}
-	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
-		FROM sessions WHERE `+where+` ORDER BY created_at DESC, id LIMIT $4 OFFSET $5`, q.User, q.Host, q.All, q.Limit, q.Offset)
-	if err != nil {
-		return nil, 0, fmt.Errorf("store: sessions: %w", err)
-	}
-	ss, err := scanSessions(rows)
-	return ss, total, err
+	return s.sessionRows(ctx, q, true)
 }
 
 // Hosts lists the hosts of group, or of every group when group is empty.
