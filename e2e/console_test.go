@@ -25,8 +25,16 @@ import (
 // and is refused one.
 func TestConsoleInBrowser(t *testing.T) {
 	ctx := newBrowser(t)
-	webPort := testkit.FreePort(t)
+	webPort, streamPort := testkit.FreePort(t), testkit.FreePort(t)
+	base := filepath.Join(t.TempDir(), "golden.img")
+	if err := os.WriteFile(base, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(base, 16<<20); err != nil {
+		t.Fatal(err)
+	}
 	b := newBrokerRigWith(t, func(cfg string) string {
+		cfg += fmt.Sprintf("stream:\n  listen: \"127.0.0.1:%d\"\n  vdisks:\n  - {name: golden, base: %s, description: the office image}\n", streamPort, base)
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "  users:\n", "  users:\n  - {name: ada, password: \"Ada-Admin-1\", groups: [admins]}\n  - {name: hal, password: \"Hal-Help-1\", groups: [helpdesk]}\n", 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  console: {admins: [admins], helpdesk: [helpdesk]}\n", webPort)
@@ -146,6 +154,32 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the audit page lacks the drain:\n%s", page)
 	}
 	shot(t, ctx, b.artifacts, "console-5-audit")
+	// Delivery groups with their entitlements, and the vDisks with a
+	// version made for maintenance, which the admin promotes.
+	must(chromedp.Navigate(portal+"/admin/groups"), chromedp.WaitVisible(chromedp.CSS("tr[data-group='desk']")))
+	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "staff") {
+		t.Fatalf("the desk group reads %q", g)
+	}
+	req, _ := http.NewRequest("POST", fmt.Sprintf("https://127.0.0.1:%d/api/v1/stream/vdisks/golden/versions", b.adminPort), strings.NewReader(`{"note":"patch Tuesday"}`))
+	req.Header.Set("Authorization", "Bearer e2e-admin-token")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := b.hc.Do(req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("new vDisk version: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	must(chromedp.Navigate(portal+"/admin/vdisks"), chromedp.WaitVisible(chromedp.CSS("section[data-vdisk='golden'] table")))
+	shot(t, ctx, b.artifacts, "console-5a-vdisks")
+	must(chromedp.Click(chromedp.CSS("form[action='/admin/vdisks/golden/versions/1/promote'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	var vs struct{ Versions []map[string]any }
+	api("/api/v1/stream/vdisks/golden/versions", &vs)
+	promoted := false
+	for _, v := range vs.Versions {
+		promoted = promoted || fmt.Sprint(v["version"]) == "1" && v["stage"] == "test"
+	}
+	if !promoted {
+		t.Fatalf("after the console's promote (maintenance to test) the versions are %v", vs.Versions)
+	}
 	// Helpdesk: sessions yes, drain no.
 	must(chromedp.Navigate(portal+"/"), chromedp.WaitVisible(chromedp.CSS("form.signout button")),
 		chromedp.Click(chromedp.CSS("form.signout button")), chromedp.WaitVisible(chromedp.ID("user")))

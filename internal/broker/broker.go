@@ -1302,6 +1302,15 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.log.Info("session record ended by administrator", "session", id)
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("GET /api/v1/broker/groups", func(w http.ResponseWriter, _ *http.Request) {
+		gs := s.groups.Load().list
+		out := make([]map[string]any, 0, len(gs))
+		for _, g := range gs {
+			out = append(out, map[string]any{"name": g.Name, "description": g.Description, "kind": g.Kind, "spread": g.Spread,
+				"users": g.Users, "groups": g.Groups, "session_limit": g.SessionLimit, "logon_limit": g.LogonLimit})
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
 	mux.HandleFunc("POST /api/v1/broker/sessions/{id}/{kind}", s.queueCommand)
 	mux.HandleFunc("GET /api/v1/broker/commands/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var c store.Command

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -142,6 +143,37 @@ type (
 		Started   time.Time `json:"started"`
 		Open      bool      `json:"channel_open"`
 	}
+	consoleGroup struct {
+		Name         string   `json:"name"`
+		Description  string   `json:"description"`
+		Kind         string   `json:"kind"`
+		Users        []string `json:"users"`
+		Groups       []string `json:"groups"`
+		SessionLimit int      `json:"session_limit"`
+		LogonLimit   int      `json:"logon_limit"`
+	}
+	consoleVersion struct {
+		Version int       `json:"version"`
+		Stage   string    `json:"stage"`
+		Created time.Time `json:"created"`
+		Note    string    `json:"note"`
+	}
+	consoleVDisk struct {
+		Name        string `json:"name"`
+		Mode        string `json:"mode"`
+		Description string `json:"description"`
+		Size        uint64 `json:"size"`
+		Versions    []consoleVersion
+	}
+	consoleBoot struct {
+		VDisk       string    `json:"vdisk"`
+		Client      string    `json:"client"`
+		Boot        string    `json:"boot"`
+		Connections int       `json:"connections"`
+		Started     time.Time `json:"started"`
+		CacheRAM    uint64    `json:"cache_ram_bytes"`
+		CacheSpill  uint64    `json:"cache_spill_bytes"`
+	}
 	consoleAudit struct {
 		Time   time.Time `json:"time"`
 		Actor  string    `json:"actor"`
@@ -158,6 +190,9 @@ type consoleData struct {
 	Sessions  []consoleSession
 	Tunnels   []consoleTunnel
 	Audit     []consoleAudit
+	Groups    []consoleGroup
+	VDisks    []consoleVDisk
+	Boots     []consoleBoot
 	// Problems need a person: unhealthy, unreachable or draining hosts,
 	// the broker's database away.
 	Problems []string
@@ -285,6 +320,48 @@ func (s *Server) consoleTunnels(w http.ResponseWriter, r *http.Request) {
 	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
+func (s *Server) consoleGroups(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	d := consoleData{Role: role, Tab: "groups"}
+	errMsg := ""
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/groups", nil, &d.Groups, nil); err != nil {
+		errMsg = "The delivery groups cannot be listed: " + err.Error()
+	}
+	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
+}
+
+func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
+	si, role, ok := s.consoleAccess(w, r)
+	if !ok {
+		return
+	}
+	d := consoleData{Role: role, Tab: "vdisks"}
+	var vl struct{ VDisks []consoleVDisk }
+	var bl struct{ Boots []consoleBoot }
+	errMsg := ""
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/vdisks", nil, &vl, nil); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) && ae.status == http.StatusNotFound {
+			errMsg = "This deskway runs no stream role: there are no vDisks to show."
+		} else {
+			errMsg = "The vDisks cannot be listed: " + err.Error()
+		}
+	} else {
+		for i := range vl.VDisks {
+			var vs struct{ Versions []consoleVersion }
+			if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/vdisks/"+url.PathEscape(vl.VDisks[i].Name)+"/versions", nil, &vs, nil); err == nil {
+				vl.VDisks[i].Versions = vs.Versions
+			}
+		}
+		_ = s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/boots", nil, &bl, nil)
+	}
+	d.VDisks, d.Boots = vl.VDisks, bl.Boots
+	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
+}
+
 func (s *Server) consoleAudit(w http.ResponseWriter, r *http.Request) {
 	si, role, ok := s.consoleAccess(w, r)
 	if !ok {
@@ -345,14 +422,28 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 
 // consoleRoutes adds the console's pages and actions to mux.
 func (s *Server) consoleRoutes(mux *http.ServeMux) {
+	pv := func(name string) func(*http.Request) string {
+		return func(r *http.Request) string { return url.PathEscape(r.PathValue(name)) }
+	}
 	mux.HandleFunc("GET /admin/{$}", s.consoleDashboard)
 	mux.HandleFunc("GET /admin/sessions", s.consoleSessions)
 	mux.HandleFunc("GET /admin/hosts", s.consoleHosts)
 	mux.HandleFunc("GET /admin/tunnels", s.consoleTunnels)
 	mux.HandleFunc("GET /admin/audit", s.consoleAudit)
-	pv := func(name string) func(*http.Request) string {
-		return func(r *http.Request) string { return url.PathEscape(r.PathValue(name)) }
-	}
+	mux.HandleFunc("GET /admin/groups", s.consoleGroups)
+	mux.HandleFunc("GET /admin/vdisks", s.consoleVDisks)
+	mux.HandleFunc("POST /admin/vdisks/{name}/versions/{n}/promote", s.consoleAct(consoleAction{need: roleAdmin, what: "promote vDisk versions",
+		back: "/admin/vdisks", method: "POST",
+		path: func(r *http.Request) string {
+			return "/api/v1/stream/vdisks/" + pv("name")(r) + "/versions/" + pv("n")(r) + "/promote"
+		},
+		done: func(r *http.Request) string {
+			return r.PathValue("name") + ": version " + r.PathValue("n") + " promoted"
+		}}))
+	mux.HandleFunc("POST /admin/vdisks/{name}/merge", s.consoleAct(consoleAction{need: roleAdmin, what: "merge vDisk versions",
+		back: "/admin/vdisks", method: "POST",
+		path: func(r *http.Request) string { return "/api/v1/stream/vdisks/" + pv("name")(r) + "/merge" },
+		done: func(r *http.Request) string { return r.PathValue("name") + ": versions merged into a new base" }}))
 	for _, kind := range []string{"logoff", "disconnect", "message"} {
 		mux.HandleFunc("POST /admin/sessions/{id}/"+kind, s.consoleAct(consoleAction{need: roleHelpdesk, what: kind + " sessions",
 			back: "/admin/sessions", method: "POST",
