@@ -35,6 +35,7 @@ const consolePageSize = 50
 type console struct {
 	cfg    *config.Console
 	client *http.Client
+	charts sampler
 }
 
 // role is what si may do in the console, "" for nothing.
@@ -196,8 +197,9 @@ type consoleData struct {
 	// Problems need a person: unhealthy, unreachable or draining hosts,
 	// the broker's database away.
 	Problems []string
-	// Counts on the dashboard.
+	// Counts and charts on the dashboard.
 	TunnelCount, SessionCount, HostCount int
+	Charts                               []chart
 	// Paging and filters of the sessions list.
 	User, Host            string
 	Page, Pages, Total    int
@@ -233,7 +235,8 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d := consoleData{Role: role, Tab: "dashboard"}
+	s.console.charts.fresh(r.Context(), 2*time.Second)
+	d := consoleData{Role: role, Tab: "dashboard", Charts: s.console.charts.charts()}
 	var errs []string
 	var hdr http.Header
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, &hdr); err != nil {

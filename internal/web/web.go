@@ -107,7 +107,8 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		if hc == nil {
 			hc = &http.Client{Timeout: 30 * time.Second}
 		}
-		s.console = &console{cfg: cfg.Console, client: hc}
+		s.console = &console{cfg: cfg.Console, client: hc,
+			charts: sampler{client: hc, url: strings.TrimSuffix(cfg.Console.API, "/") + "/metrics"}}
 	}
 	if cfg.LDAP != nil {
 		tc := d.LDAPTLS
@@ -202,6 +203,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) err
 		MaxHeaderBytes: 32 << 10, ErrorLog: slog.NewLogLogger(s.d.Logger.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	if s.console != nil {
+		go s.console.charts.run(ctx, s.console.charts.client, s.console.charts.url)
+	}
 	select {
 	case err := <-errc:
 		return err
