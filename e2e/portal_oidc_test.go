@@ -100,6 +100,17 @@ func TestPortalProvidersInBrowser(t *testing.T) {
 		t.Fatalf("signed in as %q", who)
 	}
 	shot(t, ctx, art, "3-desktops-after-provider")
+	// On a phone's width the page fits without scrolling sideways.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844), chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk']"))); err != nil {
+		t.Fatal(err)
+	}
+	if over, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth - window.innerWidth`)); err != nil || over > 0 {
+		t.Fatalf("at 390 px the page is %d px too wide (%v)", over, err)
+	}
+	shot(t, ctx, art, "3b-desktops-on-a-phone")
+	if err := chromedp.Do(ctx, chromedp.EmulateReset()); err != nil {
+		t.Fatal(err)
+	}
 	// Sign-out goes on to the provider's logout, which ends the chain.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("form.signout button"))); err != nil {
 		t.Fatal(err)

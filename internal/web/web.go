@@ -198,7 +198,8 @@ func isStatic(p string) bool { return strings.HasPrefix(p, "/static/") }
 // Serve serves the portal over TLS on ln until ctx ends, then lets
 // requests in flight finish.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
-	srv := &http.Server{Handler: s.Handler(), TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second,
+	// A copy: ServeTLS adds its protocols to the config, which other roles share.
+	srv := &http.Server{Handler: s.Handler(), TLSConfig: tc.Clone(), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 32 << 10, ErrorLog: slog.NewLogLogger(s.d.Logger.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
