@@ -560,19 +560,26 @@ func (s *Server) onBehalf(w http.ResponseWriter, r *http.Request, who caller, us
 	return who, true
 }
 
-// desktops lists the delivery groups a user may launch, each with the
-// user's live session in it, if any: what a portal shows.
-func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
+// user settles whom a user's own request is for: the user authenticated,
+// or the one a front end names in its DesktopsRequest body.
+func (s *Server) user(w http.ResponseWriter, r *http.Request) (caller, bool) {
 	who, ok := s.authenticate(w, r)
 	if !ok {
-		return
+		return who, false
 	}
 	var req brokerapi.DesktopsRequest
 	if err := decode(w, r, &req); err != nil {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
-		return
+		return who, false
 	}
-	if who, ok = s.onBehalf(w, r, who, req.User, req.Groups); !ok {
+	return s.onBehalf(w, r, who, req.User, req.Groups)
+}
+
+// desktops lists the delivery groups a user may launch, each with the
+// user's live session in it, if any: what a portal shows.
+func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
+	who, ok := s.user(w, r)
+	if !ok {
 		return
 	}
 	var live []store.Session
@@ -605,16 +612,8 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 // userLogoff is a user (or a front end on their behalf) logging their
 // own session off: the same command an administrator's logoff queues.
 func (s *Server) userLogoff(w http.ResponseWriter, r *http.Request) {
-	who, ok := s.authenticate(w, r)
+	who, ok := s.user(w, r)
 	if !ok {
-		return
-	}
-	var req brokerapi.DesktopsRequest
-	if err := decode(w, r, &req); err != nil {
-		s.fail(w, r, http.StatusBadRequest, "%v", err)
-		return
-	}
-	if who, ok = s.onBehalf(w, r, who, req.User, req.Groups); !ok {
 		return
 	}
 	id := r.PathValue("id")

@@ -295,45 +295,21 @@ func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
 	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
-func (s *Server) consoleHosts(w http.ResponseWriter, r *http.Request) {
-	si, role, ok := s.consoleAccess(w, r)
-	if !ok {
-		return
+// consoleList is a console page showing one admin API list: into gives
+// what the answer decodes into, in the page's data.
+func (s *Server) consoleList(tab, what, path string, into func(d *consoleData) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		si, role, ok := s.consoleAccess(w, r)
+		if !ok {
+			return
+		}
+		d := consoleData{Role: role, Tab: tab}
+		errMsg := ""
+		if err := s.console.call(r.Context(), si, role, "GET", path, nil, into(&d), nil); err != nil {
+			errMsg = "The " + what + " cannot be listed: " + err.Error()
+		}
+		s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 	}
-	d := consoleData{Role: role, Tab: "hosts"}
-	errMsg := ""
-	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, nil); err != nil {
-		errMsg = "The hosts cannot be listed: " + err.Error()
-	}
-	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
-}
-
-func (s *Server) consoleTunnels(w http.ResponseWriter, r *http.Request) {
-	si, role, ok := s.consoleAccess(w, r)
-	if !ok {
-		return
-	}
-	d := consoleData{Role: role, Tab: "tunnels"}
-	var tl struct{ Tunnels []consoleTunnel }
-	errMsg := ""
-	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err != nil {
-		errMsg = "The tunnels cannot be listed: " + err.Error()
-	}
-	d.Tunnels = tl.Tunnels
-	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
-}
-
-func (s *Server) consoleGroups(w http.ResponseWriter, r *http.Request) {
-	si, role, ok := s.consoleAccess(w, r)
-	if !ok {
-		return
-	}
-	d := consoleData{Role: role, Tab: "groups"}
-	errMsg := ""
-	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/groups", nil, &d.Groups, nil); err != nil {
-		errMsg = "The delivery groups cannot be listed: " + err.Error()
-	}
-	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
 func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
@@ -365,21 +341,6 @@ func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
 	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
 }
 
-func (s *Server) consoleAudit(w http.ResponseWriter, r *http.Request) {
-	si, role, ok := s.consoleAccess(w, r)
-	if !ok {
-		return
-	}
-	d := consoleData{Role: role, Tab: "audit"}
-	var al struct{ Entries []consoleAudit }
-	errMsg := ""
-	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/audit?limit=200", nil, &al, nil); err != nil {
-		errMsg = "The audit trail cannot be read: " + err.Error()
-	}
-	d.Audit = al.Entries
-	s.consolePage(w, si, http.StatusOK, d, errMsg, "")
-}
-
 // consoleAction is one console form: who may post it, and the admin API
 // call it makes.
 type consoleAction struct {
@@ -398,9 +359,7 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-		if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
-			http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+		if !s.checkForm(w, r, si) {
 			return
 		}
 		if a.need == roleAdmin && role != roleAdmin || a.need == roleHelpdesk && role == roleReadOnly {
@@ -430,10 +389,18 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 	}
 	mux.HandleFunc("GET /admin/{$}", s.consoleDashboard)
 	mux.HandleFunc("GET /admin/sessions", s.consoleSessions)
-	mux.HandleFunc("GET /admin/hosts", s.consoleHosts)
-	mux.HandleFunc("GET /admin/tunnels", s.consoleTunnels)
-	mux.HandleFunc("GET /admin/audit", s.consoleAudit)
-	mux.HandleFunc("GET /admin/groups", s.consoleGroups)
+	mux.HandleFunc("GET /admin/hosts", s.consoleList("hosts", "hosts", "/api/v1/broker/hosts", func(d *consoleData) any { return &d.Hosts }))
+	mux.HandleFunc("GET /admin/tunnels", s.consoleList("tunnels", "tunnels", "/api/v1/gateway/tunnels", func(d *consoleData) any {
+		return &struct {
+			Tunnels *[]consoleTunnel `json:"tunnels"`
+		}{&d.Tunnels}
+	}))
+	mux.HandleFunc("GET /admin/audit", s.consoleList("audit", "audit entries", "/api/v1/audit?limit=200", func(d *consoleData) any {
+		return &struct {
+			Entries *[]consoleAudit `json:"entries"`
+		}{&d.Audit}
+	}))
+	mux.HandleFunc("GET /admin/groups", s.consoleList("groups", "delivery groups", "/api/v1/broker/groups", func(d *consoleData) any { return &d.Groups }))
 	mux.HandleFunc("GET /admin/vdisks", s.consoleVDisks)
 	mux.HandleFunc("POST /admin/vdisks/{name}/versions/{n}/promote", s.consoleAct(consoleAction{need: roleAdmin, what: "promote vDisk versions",
 		back: "/admin/vdisks", method: "POST",

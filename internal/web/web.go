@@ -421,7 +421,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 	}
 	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: s.notice(r)}
 	p.ConsoleLink = s.console != nil && s.console.role(si) != ""
-	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups})
+	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("listing a user's desktops", "user", si.User, "error", err)
 		p.Error = "Your desktops cannot be listed right now: " + brokerMessage(err)
@@ -441,6 +441,31 @@ func brokerMessage(err error) string {
 	return "the broker does not answer."
 }
 
+// checkForm bounds a posted form and checks that it carries si's CSRF
+// token, answering 403 when it does not.
+func (s *Server) checkForm(w http.ResponseWriter, r *http.Request, si signIn) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
+		http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+		return false
+	}
+	return true
+}
+
+// forUser is the broker request body naming si's user and groups.
+func forUser(si signIn) brokerapi.DesktopsRequest {
+	return brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups}
+}
+
+// desktopsFailed shows the desktops page with what went wrong.
+func (s *Server) desktopsFailed(w http.ResponseWriter, r *http.Request, si signIn, msg string) {
+	p := page{User: si.User, CSRF: s.codec.csrf(si), Error: msg}
+	if ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), forUser(si)); err == nil {
+		p.Desktops = ds
+	}
+	s.render(w, http.StatusBadGateway, "desktops.html", p)
+}
+
 var fileName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
 func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
@@ -449,9 +474,7 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/signin", http.StatusSeeOther)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
-		http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+	if !s.checkForm(w, r, si) {
 		return
 	}
 	group := r.PostFormValue("delivery_group")
@@ -465,11 +488,7 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		}
 		s.launches.WithLabelValues(result).Inc()
 		s.d.Logger.Warn("portal launch failed", "user", si.User, "delivery_group", group, "error", err)
-		p := page{User: si.User, CSRF: s.codec.csrf(si), Error: fmt.Sprintf("%s could not start: %s", group, brokerMessage(err))}
-		if ds, derr := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups}); derr == nil {
-			p.Desktops = ds
-		}
-		s.render(w, http.StatusBadGateway, "desktops.html", p)
+		s.desktopsFailed(w, r, si, fmt.Sprintf("%s could not start: %s", group, brokerMessage(err)))
 		return
 	}
 	s.launches.WithLabelValues("ok").Inc()
@@ -486,21 +505,14 @@ func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/signin", http.StatusSeeOther)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	if !s.codec.checkCSRF(si, r.PostFormValue("csrf")) {
-		http.Error(w, "the form is stale: reload the page", http.StatusForbidden)
+	if !s.checkForm(w, r, si) {
 		return
 	}
 	group := r.PostFormValue("delivery_group")
-	_, err := s.d.Broker.Logoff(r.Context(), brokerclient.Bearer(s.d.FrontendToken), r.PostFormValue("session"),
-		brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups})
+	_, err := s.d.Broker.Logoff(r.Context(), brokerclient.Bearer(s.d.FrontendToken), r.PostFormValue("session"), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("portal logoff failed", "user", si.User, "error", err)
-		p := page{User: si.User, CSRF: s.codec.csrf(si), Error: "Your session could not be logged off: " + brokerMessage(err)}
-		if ds, derr := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), brokerapi.DesktopsRequest{User: si.User, Groups: si.Groups}); derr == nil {
-			p.Desktops = ds
-		}
-		s.render(w, http.StatusBadGateway, "desktops.html", p)
+		s.desktopsFailed(w, r, si, "Your session could not be logged off: "+brokerMessage(err))
 		return
 	}
 	s.d.Logger.Info("portal logoff", "user", si.User, "delivery_group", group)
