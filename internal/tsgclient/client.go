@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -72,13 +73,13 @@ func (e *HTTPError) Error() string {
 // Conn is an open channel through the gateway. Read returns bytes from the
 // host, Write sends bytes to it. Reads and writes may run concurrently.
 type Conn struct {
-	r       packetSource
+	r       *packetStream
 	w       packetSink
 	closers []io.Closer
 
-	pending []byte // unread part of the last data packet
-	wmu     sync.Mutex
-	wbuf    []byte
+	dataLeft int // payload bytes of the current data packet not yet read
+	wmu      sync.Mutex
+	wbuf     []byte
 
 	// ConsentMessage and ServiceMessage are what the gateway showed, if anything.
 	ConsentMessage string
@@ -89,7 +90,6 @@ type Conn struct {
 	CloseStatus tsgu.HRESULT
 }
 
-type packetSource interface{ next() ([]byte, error) }
 type packetSink interface{ send(p []byte) error }
 
 // Dial opens a tunnel and a channel to host:port.
@@ -228,21 +228,21 @@ func (c *Conn) handshake(cfg Config, host string, port uint16) error {
 	return nil
 }
 
-// Read returns payload bytes from the host. A close from the gateway is io.EOF.
+// Read returns payload bytes from the host. A close from the gateway is
+// io.EOF. Payload is read from the stream straight into b, so a bulk
+// transfer costs the client no copy beyond the one TLS makes.
 func (c *Conn) Read(b []byte) (int, error) {
-	for len(c.pending) == 0 {
-		p, err := c.r.next()
+	for c.dataLeft == 0 {
+		p, n, err := c.r.head()
 		if err != nil {
 			return 0, err
 		}
+		if p == nil {
+			c.dataLeft = n
+			continue
+		}
 		h, _ := tsgu.ParseHeader(p)
 		switch h.Type {
-		case tsgu.TypeData:
-			var d tsgu.Data
-			if err := d.Decode(p[tsgu.HeaderLen:]); err != nil {
-				return 0, err
-			}
-			c.pending = d.Payload
 		case tsgu.TypeKeepalive:
 		case tsgu.TypeCloseChannel:
 			var cc tsgu.CloseChannel
@@ -263,9 +263,12 @@ func (c *Conn) Read(b []byte) (int, error) {
 			}
 		}
 	}
-	n := copy(b, c.pending)
-	c.pending = c.pending[n:]
-	return n, nil
+	n, err := c.r.readRaw(b[:min(len(b), c.dataLeft)])
+	c.dataLeft -= n
+	if err == io.EOF && c.dataLeft > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }
 
 // Write sends b to the host in data packets of at most 64 KiB.
@@ -316,22 +319,73 @@ func (s *packetStream) next() ([]byte, error) {
 			s.off += n
 			return p, nil
 		}
-		if s.off > 0 {
-			copy(s.buf, s.buf[s.off:s.n])
-			s.n -= s.off
-			s.off = 0
-		}
-		if s.n == len(s.buf) {
-			nb := make([]byte, max(2*len(s.buf), 4096))
-			copy(nb, s.buf[:s.n])
-			s.buf = nb
-		}
-		m, err := s.r.Read(s.buf[s.n:])
-		s.n += m
-		if err != nil && m == 0 {
+		if err := s.fill(); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// head is next for a reader of payload: a data packet's header is
+// consumed and the length of its payload, still in the stream, returned
+// (p == nil); any other packet is returned whole.
+func (s *packetStream) head() (p []byte, dataLen int, err error) {
+	for {
+		buf := s.buf[s.off:s.n]
+		if len(buf) >= tsgu.DataHeaderLen {
+			h, err := tsgu.ParseHeader(buf)
+			if err != nil {
+				return nil, 0, err
+			}
+			if h.Type == tsgu.TypeData {
+				n := int(binary.LittleEndian.Uint16(buf[tsgu.HeaderLen:]))
+				if int(h.Length) != tsgu.DataHeaderLen+n {
+					return nil, 0, fmt.Errorf("tsgclient: data packet of %d bytes carries %d of payload", h.Length, n)
+				}
+				s.off += tsgu.DataHeaderLen
+				return nil, n, nil
+			}
+		}
+		if p, n, err := tsgu.Split(buf); err != nil {
+			return nil, 0, err
+		} else if n > 0 {
+			s.off += n
+			return p, 0, nil
+		}
+		if err := s.fill(); err != nil {
+			return nil, 0, err
+		}
+	}
+}
+
+// readRaw reads the stream's next bytes into b: what is buffered first,
+// then straight from the source.
+func (s *packetStream) readRaw(b []byte) (int, error) {
+	if s.off < s.n {
+		n := copy(b, s.buf[s.off:s.n])
+		s.off += n
+		return n, nil
+	}
+	return s.r.Read(b)
+}
+
+// fill reads more of the stream into buf, making room first.
+func (s *packetStream) fill() error {
+	if s.off > 0 {
+		copy(s.buf, s.buf[s.off:s.n])
+		s.n -= s.off
+		s.off = 0
+	}
+	if s.n == len(s.buf) {
+		nb := make([]byte, max(2*len(s.buf), 4096))
+		copy(nb, s.buf[:s.n])
+		s.buf = nb
+	}
+	m, err := s.r.Read(s.buf[s.n:])
+	s.n += m
+	if err != nil && m == 0 {
+		return err
+	}
+	return nil
 }
 
 // httpExchange sends one request on conn and reads the response head.
