@@ -177,4 +177,3 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
-
