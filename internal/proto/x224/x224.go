@@ -1,0 +1,180 @@
+// Package x224 reads the few parts of RDP's connection sequence a gateway
+// that terminates the host's TLS has to understand: TPKT framing (RFC
+// 1006), the X.224 Connection Request and Confirm with their RDP
+// negotiation fields (MS-RDPBCGR 2.2.1.1 and 2.2.1.2), and the Client Info
+// PDU's flags (2.2.1.11), where the gateway turns on auto-logon. It does
+// no I/O.
+package x224
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// TPKTHeaderLen is the length of a TPKT header: version 3, a reserved
+// byte and the big-endian length of the whole packet.
+const TPKTHeaderLen = 4
+
+// Negotiated security protocols (RDP_NEG_REQ/RSP requestedProtocols and
+// selectedProtocol).
+const (
+	ProtocolRDP      = 0x0
+	ProtocolSSL      = 0x1
+	ProtocolHybrid   = 0x2
+	ProtocolHybridEx = 0x8
+)
+
+// TPKTLen returns the length of the TPKT packet that starts buf, or 0
+// when fewer than TPKTHeaderLen bytes are there.
+func TPKTLen(buf []byte) (int, error) {
+	if len(buf) < TPKTHeaderLen {
+		return 0, nil
+	}
+	if buf[0] != 3 {
+		return 0, fmt.Errorf("x224: TPKT version %d, want 3", buf[0])
+	}
+	n := int(binary.BigEndian.Uint16(buf[2:]))
+	if n < TPKTHeaderLen+3 {
+		return 0, fmt.Errorf("x224: TPKT length %d too short for an X.224 header", n)
+	}
+	return n, nil
+}
+
+// tpdu checks that pkt is one whole TPKT packet holding an X.224 TPDU of
+// the given code and returns the TPDU's variable part, after its fixed
+// header of length indicator, code, references and class.
+func tpdu(pkt []byte, code byte, name string) ([]byte, error) {
+	n, err := TPKTLen(pkt)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 || n != len(pkt) {
+		return nil, fmt.Errorf("x224: %s: TPKT length %d, packet of %d bytes", name, n, len(pkt))
+	}
+	x := pkt[TPKTHeaderLen:]
+	li := int(x[0])
+	if li+1 != len(x) || li < 6 {
+		return nil, fmt.Errorf("x224: %s: length indicator %d in %d bytes", name, li, len(x))
+	}
+	if x[1]&0xf0 != code {
+		return nil, fmt.Errorf("x224: TPDU code 0x%02x, want %s (0x%02x)", x[1], name, code)
+	}
+	return x[7:], nil
+}
+
+// ConnectionRequest is what a gateway needs of a client's X.224
+// Connection Request.
+type ConnectionRequest struct {
+	// Protocols is RDP_NEG_REQ's requestedProtocols; HasNeg is false for
+	// an old client that sent none (standard RDP security only).
+	Protocols uint32
+	HasNeg    bool
+}
+
+// ParseConnectionRequest checks that pkt is one Connection Request.
+func ParseConnectionRequest(pkt []byte) (ConnectionRequest, error) {
+	v, err := tpdu(pkt, 0xe0, "Connection Request")
+	if err != nil {
+		return ConnectionRequest{}, err
+	}
+	// A routing token or cookie line, ended by CR LF, may come first.
+	for i := 0; i+1 < len(v); i++ {
+		if v[i] == '\r' && v[i+1] == '\n' {
+			v = v[i+2:]
+			break
+		}
+	}
+	var cr ConnectionRequest
+	switch {
+	case len(v) == 0:
+	case len(v) == 8 && v[0] == 0x01 && binary.LittleEndian.Uint16(v[2:]) == 8:
+		cr.HasNeg, cr.Protocols = true, binary.LittleEndian.Uint32(v[4:])
+	default:
+		return cr, fmt.Errorf("x224: Connection Request: %d bytes after the cookie are not an RDP_NEG_REQ", len(v))
+	}
+	return cr, nil
+}
+
+// ConnectionConfirm is the host's answer: the protocol it selected, or
+// why it refused.
+type ConnectionConfirm struct {
+	Protocol uint32
+	// Failure is RDP_NEG_FAILURE's code when the host refused every
+	// protocol the client offered (0 when it did not).
+	Failure uint32
+}
+
+// ParseConnectionConfirm checks that pkt is one Connection Confirm.
+func ParseConnectionConfirm(pkt []byte) (ConnectionConfirm, error) {
+	v, err := tpdu(pkt, 0xd0, "Connection Confirm")
+	if err != nil {
+		return ConnectionConfirm{}, err
+	}
+	var cc ConnectionConfirm
+	switch {
+	case len(v) == 0:
+		cc.Protocol = ProtocolRDP
+	case len(v) == 8 && binary.LittleEndian.Uint16(v[2:]) == 8 && v[0] == 0x02:
+		cc.Protocol = binary.LittleEndian.Uint32(v[4:])
+	case len(v) == 8 && binary.LittleEndian.Uint16(v[2:]) == 8 && v[0] == 0x03:
+		cc.Failure = binary.LittleEndian.Uint32(v[4:])
+		if cc.Failure == 0 {
+			return cc, errors.New("x224: RDP_NEG_FAILURE with code 0")
+		}
+	default:
+		return cc, fmt.Errorf("x224: Connection Confirm: %d bytes are not an RDP_NEG_RSP or RDP_NEG_FAILURE", len(v))
+	}
+	return cc, nil
+}
+
+// Client Info PDU fields.
+const (
+	secInfoPkt    = 0x0040 // TS_SECURITY_HEADER flags: a Client Info PDU
+	InfoAutoLogon = 0x0008 // TS_INFO_PACKET flags: log on with the credentials given
+)
+
+// SetAutoLogon looks at one whole TPKT packet from the client. If it is
+// the Client Info PDU (an MCS Send Data Request whose security header
+// says SEC_INFO_PKT), it turns on INFO_AUTOLOGON in place and reports
+// true. Any other packet is left as it is.
+func SetAutoLogon(pkt []byte) (bool, error) {
+	if n, err := TPKTLen(pkt); err != nil || n == 0 || n != len(pkt) {
+		return false, err
+	}
+	b := pkt[TPKTHeaderLen:]
+	// X.224 Data TPDU: length indicator 2, code 0xF0, EOT.
+	if len(b) < 3 || b[0] != 2 || b[1] != 0xf0 {
+		return false, nil
+	}
+	b = b[3:]
+	// MCS Send Data Request (T.125, PER): choice 25, initiator, channel,
+	// priority and segmentation, then the length of the user data.
+	if len(b) < 6 || b[0]>>2 != 25 {
+		return false, nil
+	}
+	b = b[6:]
+	if len(b) < 1 {
+		return false, nil
+	}
+	l := int(b[0])
+	if l&0x80 != 0 {
+		if len(b) < 2 {
+			return false, nil
+		}
+		l = (l&0x3f)<<8 | int(b[1])
+		b = b[2:]
+	} else {
+		b = b[1:]
+	}
+	if l != len(b) {
+		return false, fmt.Errorf("x224: MCS user data of %d bytes in a packet with %d", l, len(b))
+	}
+	// Security header, then TS_INFO_PACKET: CodePage, then flags.
+	if len(b) < 4+8 || binary.LittleEndian.Uint16(b)&secInfoPkt == 0 {
+		return false, nil
+	}
+	f := b[4+4:]
+	binary.LittleEndian.PutUint32(f, binary.LittleEndian.Uint32(f)|InfoAutoLogon)
+	return true, nil
+}

@@ -1,0 +1,174 @@
+package x224
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"strings"
+	"testing"
+)
+
+func unhex(t testing.TB, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(strings.Join(strings.Fields(s), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The Connection Request and Confirm of MS-RDPBCGR's annotated example
+// (4.1.1 and 4.1.2).
+const (
+	specRequest = `0300002c 27 e0 0000 0000 00 436f6f6b69653a206d737473686173683d656c746f6e730d0a 01 00 0800 00000000`
+	specConfirm = `03000013 0e d0 0000 1234 00 02 00 0800 00000000`
+)
+
+func TestConnectionRequest(t *testing.T) {
+	cr, err := ParseConnectionRequest(unhex(t, specRequest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cr.HasNeg || cr.Protocols != ProtocolRDP {
+		t.Errorf("got %+v", cr)
+	}
+	// What IronRDP's web client sends without CredSSP: TLS only, no cookie.
+	tlsOnly := unhex(t, `03000013 0e e0 0000 0000 00 01 00 0800 01000000`)
+	if cr, err := ParseConnectionRequest(tlsOnly); err != nil || cr.Protocols != ProtocolSSL {
+		t.Errorf("got %+v, %v", cr, err)
+	}
+	for name, bad := range map[string]string{
+		"a confirm":        specConfirm,
+		"length too long":  `03000014 0e e0 0000 0000 00 01 00 0800 01000000`,
+		"LI disagrees":     `03000013 0f e0 0000 0000 00 01 00 0800 01000000`,
+		"not TPKT":         `16030100 0e e0 0000 0000 00 01 00 0800 01000000`,
+		"garbage neg part": `03000010 0b e0 0000 0000 00 01 02 03 04`,
+	} {
+		if _, err := ParseConnectionRequest(unhex(t, bad)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestConnectionConfirm(t *testing.T) {
+	cc, err := ParseConnectionConfirm(unhex(t, specConfirm))
+	if err != nil || cc.Protocol != ProtocolRDP || cc.Failure != 0 {
+		t.Fatalf("got %+v, %v", cc, err)
+	}
+	cc, err = ParseConnectionConfirm(unhex(t, `03000013 0e d0 0000 1234 00 02 1f 0800 01000000`))
+	if err != nil || cc.Protocol != ProtocolSSL {
+		t.Fatalf("got %+v, %v", cc, err)
+	}
+	// SSL_NOT_ALLOWED_BY_SERVER (2).
+	cc, err = ParseConnectionConfirm(unhex(t, `03000013 0e d0 0000 1234 00 03 00 0800 02000000`))
+	if err != nil || cc.Failure != 2 {
+		t.Fatalf("got %+v, %v", cc, err)
+	}
+	if _, err := ParseConnectionConfirm(unhex(t, specRequest)); err == nil {
+		t.Error("a request parsed as a confirm")
+	}
+}
+
+func TestTPKTLen(t *testing.T) {
+	if n, err := TPKTLen([]byte{3, 0, 1}); n != 0 || err != nil {
+		t.Errorf("short header: %d, %v", n, err)
+	}
+	if n, err := TPKTLen([]byte{3, 0, 0x01, 0x02}); n != 258 || err != nil {
+		t.Errorf("got %d, %v", n, err)
+	}
+	if _, err := TPKTLen([]byte{3, 0, 0, 4}); err == nil {
+		t.Error("accepted a TPKT with room for no X.224 header")
+	}
+	if _, err := TPKTLen([]byte{0x44, 0, 0, 40}); err == nil {
+		t.Error("accepted a fast-path byte as TPKT")
+	}
+}
+
+// clientInfo builds a Client Info PDU as a client sends it under TLS:
+// TPKT, X.224 Data, MCS Send Data Request on the I/O channel, the basic
+// security header with SEC_INFO_PKT, then TS_INFO_PACKET.
+func clientInfo(flags uint32, extra int) []byte {
+	info := binary.LittleEndian.AppendUint32(nil, 0x0409)
+	info = binary.LittleEndian.AppendUint32(info, flags)
+	info = append(info, make([]byte, extra)...)
+	user := append([]byte{0x40, 0x00, 0x00, 0x00}, info...)
+	mcs := []byte{0x64, 0x00, 0x06, 0x03, 0xeb, 0x70}
+	if len(user) < 0x80 {
+		mcs = append(mcs, byte(len(user)))
+	} else {
+		mcs = append(mcs, 0x80|byte(len(user)>>8), byte(len(user)))
+	}
+	body := append(append([]byte{0x02, 0xf0, 0x80}, mcs...), user...)
+	return append([]byte{3, 0, byte((len(body) + 4) >> 8), byte(len(body) + 4)}, body...)
+}
+
+func TestSetAutoLogon(t *testing.T) {
+	for _, extra := range []int{0, 100, 600} {
+		pkt := clientInfo(0x00000100|0x00000002, extra)
+		ok, err := SetAutoLogon(pkt)
+		if err != nil || !ok {
+			t.Fatalf("extra %d: %v, %v", extra, ok, err)
+		}
+		want := clientInfo(0x00000100|0x00000002|InfoAutoLogon, extra)
+		if !bytes.Equal(pkt, want) {
+			t.Fatalf("extra %d: got\n%x\nwant\n%x", extra, pkt, want)
+		}
+	}
+	// A hand-checked vector: flags 0x00000133 become 0x0000013b.
+	pkt := unhex(t, `0300001a 02f080 64 0006 03eb 70 0c 40000000 09040000 33010000`)
+	if ok, err := SetAutoLogon(pkt); !ok || err != nil {
+		t.Fatalf("%v, %v", ok, err)
+	}
+	if want := unhex(t, `0300001a 02f080 64 0006 03eb 70 0c 40000000 09040000 3b010000`); !bytes.Equal(pkt, want) {
+		t.Fatalf("got %x", pkt)
+	}
+}
+
+func TestSetAutoLogonLeavesOthers(t *testing.T) {
+	for name, s := range map[string]string{
+		// Erect Domain Request and Attach User Request.
+		"erect domain": `0300000c 02f080 04 01 00 01 00`,
+		"attach user":  `03000008 02f080 28`,
+		// A Send Data Request without SEC_INFO_PKT (a Confirm Active's
+		// share control header instead).
+		"other data": `0300001a 02f080 64 0006 03eb 70 0c 13000000 09040000 33010000`,
+		"request":    specRequest,
+	} {
+		pkt := unhex(t, s)
+		orig := bytes.Clone(pkt)
+		if ok, err := SetAutoLogon(pkt); ok || err != nil || !bytes.Equal(pkt, orig) {
+			t.Errorf("%s: %v, %v, changed %v", name, ok, err, !bytes.Equal(pkt, orig))
+		}
+	}
+	// An MCS length that disagrees with the packet is an error.
+	pkt := unhex(t, `0300001a 02f080 64 0006 03eb 70 0d 40000000 09040000 33010000`)
+	if _, err := SetAutoLogon(pkt); err == nil {
+		t.Error("accepted an MCS length that disagrees with the packet")
+	}
+}
+
+// FuzzSetAutoLogon: whatever the packet, at most the one flag bit
+// changes, and only when SetAutoLogon says so.
+func FuzzSetAutoLogon(f *testing.F) {
+	f.Add(clientInfo(0x133, 0))
+	f.Add(clientInfo(0x133, 300))
+	f.Add(unhex(f, specRequest))
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		orig := bytes.Clone(pkt)
+		ok, err := SetAutoLogon(pkt)
+		diff := 0
+		for i := range pkt {
+			if pkt[i] != orig[i] {
+				diff++
+				if pkt[i]^orig[i] != InfoAutoLogon {
+					t.Fatalf("byte %d changed from %02x to %02x", i, orig[i], pkt[i])
+				}
+			}
+		}
+		if (err != nil || !ok) && diff > 0 {
+			t.Fatalf("changed %d bytes but returned %v, %v", diff, ok, err)
+		}
+		_, _ = ParseConnectionRequest(orig)
+		_, _ = ParseConnectionConfirm(orig)
+	})
+}
