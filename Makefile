@@ -8,12 +8,17 @@ STATE_DIR ?= /var/lib/deskway
 # deadline in go1.26 (golang/go#75804) and fails with no crasher.
 FUZZTIME ?= 20000x
 
-.PHONY: all build run deps test unit e2e fuzz lint clean
+.PHONY: all build run deps assets test unit e2e fuzz lint clean
 
 all: build
 
-build:
+build: assets
 	$(GO) build -o bin/deskway ./cmd/deskway
+
+# The browser RDP client (npm packages pinned in web/package-lock.json),
+# embedded in the binary; without it the portal offers no "open in browser".
+assets:
+	scripts/web-assets.sh
 
 run: build
 	./bin/deskway up --state-dir $(STATE_DIR)
@@ -27,18 +32,18 @@ lint:
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
 # e2e tests, ending with the line "N passed, N failed, N skipped".
-test: deps lint fuzz
+test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -timeout 20m -json ./... | $(GO) run ./tools/testsummary
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
-e2e: deps
+e2e: deps assets
 	$(GO) test -count=1 -v ./e2e/
 
 # Short coverage-guided runs of every fuzz target, seeded from testdata.
 fuzz:
-	@set -e; for pkg in ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/gateway ./internal/stream; do \
+	@set -e; for pkg in ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/gateway ./internal/stream; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$f"; \
 	    $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \

@@ -5,12 +5,14 @@ package config
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"runtime"
 	"strings"
@@ -131,6 +133,10 @@ type Gateway struct {
 	CAP            []CAP   `yaml:"connection_policies"`
 	RAP            []RAP   `yaml:"resource_policies"`
 	RADIUS         *RADIUS `yaml:"radius"`
+	// BrowserOrigins are the web origins (scheme://host[:port]) whose
+	// pages may open browser sessions on /rdp; empty turns browser
+	// sessions off.
+	BrowserOrigins []string `yaml:"browser_origins"`
 }
 
 // CAP is a connection authorization policy: who may connect, and how.
@@ -159,6 +165,13 @@ type RAP struct {
 	// the name the client asked for; addresses match what it resolved to.
 	Hosts []string `yaml:"hosts"`
 	Ports []int    `yaml:"ports"`
+	// HostCertSHA256 pins the certificates a browser session may find on
+	// these hosts (SHA-256 of the leaf certificate's DER, in hex). The
+	// gateway does TLS with the host itself for a browser, which cannot
+	// judge the host's certificate; HostCA trusts a CA bundle instead.
+	// With neither, the system's roots and the host's name decide.
+	HostCertSHA256 []string `yaml:"host_certificate_sha256"`
+	HostCA         string   `yaml:"host_certificate_ca"`
 }
 
 // RADIUS is the central policy server (Microsoft NPS, FreeRADIUS). When
@@ -742,6 +755,16 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 				bad(key+".ports", "%d is not a TCP port", port)
 			}
 		}
+		for _, pin := range p.HostCertSHA256 {
+			if _, err := ParseCertPin(pin); err != nil {
+				bad(key+".host_certificate_sha256", "%v", err)
+			}
+		}
+	}
+	for _, o := range g.BrowserOrigins {
+		if u, err := url.Parse(o); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.Path != "" || u.RawQuery != "" {
+			bad("gateway.browser_origins", "%q is not an origin such as https://portal.example.com", o)
+		}
 	}
 	if r := g.RADIUS; r != nil {
 		if _, _, err := net.SplitHostPort(r.Server); err != nil {
@@ -751,6 +774,19 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 			bad("gateway.radius.secret", "is required")
 		}
 	}
+}
+
+// ParseCertPin reads a SHA-256 certificate fingerprint written in hex,
+// with or without colons between the bytes.
+func ParseCertPin(s string) ([32]byte, error) {
+	var pin [32]byte
+	h := strings.ReplaceAll(strings.TrimPrefix(strings.ToLower(strings.TrimSpace(s)), "sha256:"), ":", "")
+	b, err := hex.DecodeString(h)
+	if err != nil || len(b) != len(pin) {
+		return pin, fmt.Errorf("%q is not a SHA-256 fingerprint (64 hex digits)", s)
+	}
+	copy(pin[:], b)
+	return pin, nil
 }
 
 func validateStream(st *Stream, bad func(string, string, ...any)) {

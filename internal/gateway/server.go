@@ -277,6 +277,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case "RDG_OUT_DATA", "RDG_IN_DATA":
 	default:
+		if r.URL.Path == browserPath && r.Method == http.MethodGet {
+			s.serveBrowser(w, r, cs)
+			return
+		}
 		if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
 			plain(w, http.StatusOK, "ok\n")
 			return
@@ -469,20 +473,31 @@ const websocketGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 // Sec-WebSocket-Key that is not base64, so any non-empty key is accepted and
 // the accept value is computed from it exactly as sent.
 func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs handshakeInfo) {
+	conn, in, ok := s.upgrade(w, r, hs)
+	if !ok {
+		return
+	}
+	s.runTunnel(newWSTransport(conn, hs.conns[0].raw, in, s.cfg.WriteTimeout.D()), hs, "websocket")
+}
+
+// upgrade answers a websocket upgrade request with 101 and hands back the
+// connection, and a reader that replays what the client pipelined behind
+// its request. It has answered the client itself when it returns false.
+func (s *Server) upgrade(w http.ResponseWriter, r *http.Request, hs handshakeInfo) (net.Conn, io.Reader, bool) {
 	key := r.Header.Get("Sec-WebSocket-Key")
 	if key == "" || !headerHasToken(r.Header, "Connection", "upgrade") {
 		plain(w, http.StatusBadRequest, "websocket upgrade needs Connection: Upgrade and Sec-WebSocket-Key\n")
-		return
+		return nil, nil, false
 	}
 	if v := r.Header.Get("Sec-WebSocket-Version"); v != "" && v != "13" {
 		w.Header().Set("Sec-WebSocket-Version", "13")
 		plain(w, http.StatusUpgradeRequired, "")
-		return
+		return nil, nil, false
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		s.log.Error("websocket hijack", "err", err)
-		return
+		return nil, nil, false
 	}
 	sum := sha1.Sum([]byte(key + websocketGUID))
 	resp := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
@@ -492,7 +507,7 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs hands
 	if _, err := conn.Write([]byte(resp)); err != nil {
 		conn.Close()
 		hs.conns[0].finish()
-		return
+		return nil, nil, false
 	}
 	// Drop net/http's 4 KiB read buffer: tls.Conn buffers a record already.
 	// Bytes the client pipelined behind its request are replayed first.
@@ -501,7 +516,7 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs hands
 		pre, _ := brw.Reader.Peek(n)
 		in = io.MultiReader(bytes.NewReader(bytes.Clone(pre)), conn)
 	}
-	s.runTunnel(newWSTransport(conn, hs.conns[0].raw, in, s.cfg.WriteTimeout.D()), hs, "websocket")
+	return conn, in, true
 }
 
 func headerHasToken(h http.Header, name, token string) bool {

@@ -70,8 +70,13 @@ type tunnel struct {
 	watchdog   atomic.Pointer[time.Timer]
 }
 
-// runTunnel registers the tunnel, runs it to the end and cleans up.
+// runTunnel registers an MS-TSGU tunnel, runs it to the end and cleans up.
 func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
+	s.runWith(t, hs, kind, (*tunnel).run)
+}
+
+// runWith registers a tunnel of any kind, runs it with run and cleans up.
+func (s *Server) runWith(t transport, hs handshakeInfo, kind string, run func(*tunnel) error) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -89,7 +94,7 @@ func (s *Server) runTunnel(t transport, hs handshakeInfo, kind string) {
 	}
 	defer s.wg.Done()
 
-	err := tn.run()
+	err := run(tn)
 	tn.stop("")
 	for _, c := range hs.conns {
 		c.finish()
@@ -345,30 +350,36 @@ func (tn *tunnel) handshake(m *tsgu.HandshakeRequest) (state, error) {
 	return stateTunnelCreate, nil
 }
 
-func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
+// authorize settles who the client is (its HTTP login, or the PAA token
+// in cookie) and which connection policy admits it, and counts the
+// tunnel against the gateway's and the user's caps. Refusals carry pkt,
+// the packet they answer.
+func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 	s := tn.srv
-	tn.clientCaps = m.Capabilities
 	id := policy.Identity{Method: tn.hs.method, Source: tn.hs.remote}
 	if tn.hs.user != nil {
 		id.User, id.Groups = tn.hs.user.Name, tn.hs.user.Groups
 	}
-	if tn.hs.method == policy.MethodPAA || m.PAACookie != nil && s.deps.Tokens != nil {
-		if m.PAACookie == nil {
-			return 0, &refusal{m.Type(), tsgu.EProxyCookieBadPacket, "PAA cookie missing"}
+	if tn.hs.method == policy.MethodPAA || cookie != nil && s.deps.Tokens != nil {
+		if cookie == nil {
+			return &refusal{pkt, tsgu.EProxyCookieBadPacket, "PAA cookie missing"}
 		}
-		c, err := s.deps.Tokens.Verify(strings.TrimSpace(m.CookieString()))
+		if s.deps.Tokens == nil {
+			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, "this gateway takes no tokens (auth.token_key is not set)"}
+		}
+		c, err := s.deps.Tokens.Verify(strings.TrimSpace(*cookie))
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "failed").Inc()
 			s.deps.Throttle.Fail("", tn.hs.remote)
-			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, err.Error()}
+			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, err.Error()}
 		}
 		if tn.hs.user != nil && !strings.EqualFold(tn.hs.user.Name, c.User()) {
-			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token is for %s, HTTP login is %s", c.User(), tn.hs.user.Name)}
+			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token is for %s, HTTP login is %s", c.User(), tn.hs.user.Name)}
 		}
 		end, err := s.deps.TokenUses.Begin(c.ID, c.ExpiresAt.Time, tn.hs.remote)
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "replayed").Inc()
-			return 0, &refusal{m.Type(), tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token of %s refused: %v", c.User(), err)}
+			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token of %s refused: %v", c.User(), err)}
 		}
 		tn.tokenEnd = end
 		s.metrics.auth.WithLabelValues(policy.MethodPAA, "ok").Inc()
@@ -388,7 +399,7 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 		// RADIUS may add groups, so it is asked before the CAPs when configured.
 		g, err := s.deps.Authorizer.Authorize(context.Background(), id)
 		if err != nil {
-			return 0, &refusal{m.Type(), tsgu.EProxyNAPAccessDenied, "central policy: " + err.Error()}
+			return &refusal{pkt, tsgu.EProxyNAPAccessDenied, "central policy: " + err.Error()}
 		}
 		tn.ident.Groups = mergeGroups(tn.ident.Groups, g)
 	}
@@ -396,25 +407,38 @@ func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 	if err != nil {
 		var d *policy.Denied
 		if errors.As(err, &d) {
-			return 0, &refusal{m.Type(), d.Code, d.Reason}
+			return &refusal{pkt, d.Code, d.Reason}
 		}
-		return 0, &refusal{m.Type(), tsgu.EProxyInternalError, err.Error()}
+		return &refusal{pkt, tsgu.EProxyInternalError, err.Error()}
 	}
 	tn.grant = grant
 	s.mu.Lock()
 	switch {
 	case s.open >= s.cfg.MaxTunnels:
 		s.mu.Unlock()
-		return 0, &refusal{m.Type(), tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("gateway holds its maximum of %d tunnels", s.cfg.MaxTunnels)}
+		return &refusal{pkt, tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("gateway holds its maximum of %d tunnels", s.cfg.MaxTunnels)}
 	case grant.MaxTunnelsPerUser > 0 && s.perUser[id.User] >= grant.MaxTunnelsPerUser:
 		s.mu.Unlock()
-		return 0, &refusal{m.Type(), tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("%s already has %d tunnels (policy %s allows %d)", id.User, s.perUser[id.User], grant.Policy, grant.MaxTunnelsPerUser)}
+		return &refusal{pkt, tsgu.EProxyMaxConnectionsReached, fmt.Sprintf("%s already has %d tunnels (policy %s allows %d)", id.User, s.perUser[id.User], grant.Policy, grant.MaxTunnelsPerUser)}
 	}
 	s.perUser[id.User]++
 	s.open++
 	tn.counted = true
 	s.mu.Unlock()
+	return nil
+}
 
+func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
+	tn.clientCaps = m.Capabilities
+	var cookie *string
+	if m.PAACookie != nil {
+		c := m.CookieString()
+		cookie = &c
+	}
+	if err := tn.authorize(m.Type(), cookie); err != nil {
+		return 0, err
+	}
+	s := tn.srv
 	resp := &tsgu.TunnelResponse{ServerVersion: 1, HasTunnelID: true, TunnelID: tn.id, HasCaps: true,
 		Capabilities: m.Capabilities & (tsgu.CapIdleTimeout | tsgu.CapMessagingConsentSign | tsgu.CapMessagingServiceMsg)}
 	if s.cfg.ConsentMessage != "" && m.Capabilities&tsgu.CapMessagingConsentSign != 0 {
@@ -463,53 +487,72 @@ func (tn *tunnel) tunnelAuth(m *tsgu.TunnelAuth) (state, error) {
 }
 
 func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
-	s := tn.srv
 	names := append(append([]string(nil), m.Resources...), m.AltResources...)
+	if err := tn.connect(m.Type(), names, m.Port); err != nil {
+		return 0, err
+	}
+	// Open before the client hears so: a shutdown that begins the
+	// moment the client has its channel must give it the grace period.
+	tn.open.Store(true)
+	if err := tn.send(&tsgu.ChannelResponse{HasChannelID: true, ChannelID: 1}); err != nil {
+		return 0, err
+	}
+	tn.opened()
+	return stateOpen, nil
+}
+
+// opened logs and counts a tunnel whose channel is open.
+func (tn *tunnel) opened() {
+	tg := tn.target
+	tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
+		"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method)
+	tn.srv.metrics.opened.Inc()
+}
+
+// connect finds the first of names (at port) that the token and the
+// resource policies allow and that answers, and connects to it: the
+// connection is tn.upstream, its target tn.target.
+func (tn *tunnel) connect(pkt tsgu.PacketType, names []string, port uint16) error {
+	s := tn.srv
 	var lastErr *refusal
 	for _, name := range names {
-		if c := tn.claims; c != nil && (!strings.EqualFold(strings.TrimSuffix(name, "."), c.Host) || int(m.Port) != c.Port) {
-			lastErr = &refusal{m.Type(), tsgu.EProxyRAPAccessDenied, fmt.Sprintf("token allows %s, client asked for %s",
-				net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), net.JoinHostPort(name, strconv.Itoa(int(m.Port))))}
+		if c := tn.claims; c != nil && (!strings.EqualFold(strings.TrimSuffix(name, "."), c.Host) || int(port) != c.Port) {
+			lastErr = &refusal{pkt, tsgu.EProxyRAPAccessDenied, fmt.Sprintf("token allows %s, client asked for %s",
+				net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), net.JoinHostPort(name, strconv.Itoa(int(port))))}
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout.D())
-		tg, err := s.policy.Load().Resource(ctx, tn.ident, name, m.Port)
+		tg, err := s.policy.Load().Resource(ctx, tn.ident, name, port)
 		if err != nil {
 			cancel()
 			var d *policy.Denied
 			if errors.As(err, &d) {
-				lastErr = &refusal{m.Type(), d.Code, d.Reason}
+				lastErr = &refusal{pkt, d.Code, d.Reason}
 			} else {
-				lastErr = &refusal{m.Type(), tsgu.EProxyInternalError, err.Error()}
+				lastErr = &refusal{pkt, tsgu.EProxyInternalError, err.Error()}
 			}
 			continue
 		}
 		conn, err := s.deps.Dial(ctx, "tcp", tg.Addr.String())
 		cancel()
 		if err != nil {
-			lastErr = &refusal{m.Type(), tsgu.EProxyTSConnectFailed, fmt.Sprintf("dial %s (%s): %v", name, tg.Addr, err)}
+			lastErr = &refusal{pkt, tsgu.EProxyTSConnectFailed, fmt.Sprintf("dial %s (%s): %v", name, tg.Addr, err)}
 			continue
 		}
 		if !tn.setHost(conn) {
-			return 0, net.ErrClosed
+			return net.ErrClosed
 		}
 		for _, c := range tn.hs.conns {
 			if !c.authorize() {
-				return 0, &refusal{m.Type(), tsgu.EProxySessionTimeout, fmt.Sprintf("no channel open within the handshake budget of %s", s.cfg.HandshakeTimeout.D())}
+				return &refusal{pkt, tsgu.EProxySessionTimeout, fmt.Sprintf("no channel open within the handshake budget of %s", s.cfg.HandshakeTimeout.D())}
 			}
 		}
 		tn.target = tg
 		tn.upstream = conn
-		// Open before the client hears so: a shutdown that begins the
-		// moment the client has its channel must give it the grace period.
-		tn.open.Store(true)
-		if err := tn.send(&tsgu.ChannelResponse{HasChannelID: true, ChannelID: 1}); err != nil {
-			return 0, err
-		}
-		tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
-			"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method)
-		s.metrics.opened.Inc()
-		return stateOpen, nil
+		return nil
 	}
-	return 0, lastErr
+	if lastErr == nil {
+		return &refusal{pkt, tsgu.EProxyRAPAccessDenied, "no resource named"}
+	}
+	return lastErr
 }

@@ -6,9 +6,14 @@ package policy
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -67,6 +72,7 @@ type rap struct {
 	config.RAP
 	prefixes []netip.Prefix
 	names    []string
+	cert     *HostCert
 }
 
 // New builds an engine from validated gateway config.
@@ -76,7 +82,24 @@ func New(g *config.Gateway, r Resolver) (*Engine, error) {
 	}
 	e := &Engine{caps: g.CAP, resolver: r, defaults: *g}
 	for _, p := range g.RAP {
-		rp := rap{RAP: p}
+		rp := rap{RAP: p, cert: &HostCert{policy: p.Name}}
+		for _, pin := range p.HostCertSHA256 {
+			sum, err := config.ParseCertPin(pin)
+			if err != nil {
+				return nil, fmt.Errorf("policy: resource policy %s: %w", p.Name, err)
+			}
+			rp.cert.pins = append(rp.cert.pins, sum)
+		}
+		if p.HostCA != "" {
+			pem, err := os.ReadFile(p.HostCA)
+			if err != nil {
+				return nil, fmt.Errorf("policy: resource policy %s: host_certificate_ca: %w", p.Name, err)
+			}
+			rp.cert.roots = x509.NewCertPool()
+			if !rp.cert.roots.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("policy: resource policy %s: host_certificate_ca %s holds no PEM certificate", p.Name, p.HostCA)
+			}
+		}
 		for _, h := range p.Hosts {
 			if pf, err := netip.ParsePrefix(h); err == nil {
 				rp.prefixes = append(rp.prefixes, pf.Masked())
@@ -174,6 +197,42 @@ type Target struct {
 	Name   string
 	Addr   netip.AddrPort
 	Policy string
+	// Cert checks the host's certificate where the gateway itself does
+	// TLS with the host.
+	Cert *HostCert
+}
+
+// HostCert is how a resource policy trusts its hosts' certificates:
+// pinned fingerprints, a CA bundle, or the system's roots.
+type HostCert struct {
+	policy string
+	pins   [][32]byte
+	roots  *x509.CertPool // nil: the system's
+}
+
+// Verify checks chain (leaf first), presented by the host the client
+// named name. Its errors say what to put in the policy to trust the host.
+func (h *HostCert) Verify(name string, chain []*x509.Certificate) error {
+	if len(chain) == 0 {
+		return errors.New("the host presented no certificate")
+	}
+	sum := sha256.Sum256(chain[0].Raw)
+	if len(h.pins) > 0 {
+		for _, p := range h.pins {
+			if subtle.ConstantTimeCompare(p[:], sum[:]) == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("the host's certificate (sha256 %x) is not among those resource policy %s pins in host_certificate_sha256", sum, h.policy)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{DNSName: name, Roots: h.roots, Intermediates: inter}); err != nil {
+		return fmt.Errorf("the host's certificate is not trusted (%v): pin it in resource policy %s with host_certificate_sha256: [%x], or give host_certificate_ca", err, h.policy, sum)
+	}
+	return nil
 }
 
 // Resource resolves name once and checks the RAPs against the name and the
@@ -205,12 +264,12 @@ func (e *Engine) Resource(ctx context.Context, id Identity, name string, port ui
 			continue
 		}
 		if slices.Contains(r.names, name) {
-			return &Target{Name: name, Addr: netip.AddrPortFrom(addrs[0], port), Policy: r.Name}, nil
+			return &Target{Name: name, Addr: netip.AddrPortFrom(addrs[0], port), Policy: r.Name, Cert: r.cert}, nil
 		}
 		for _, a := range addrs {
 			for _, p := range r.prefixes {
 				if p.Contains(a) {
-					return &Target{Name: name, Addr: netip.AddrPortFrom(a, port), Policy: r.Name}, nil
+					return &Target{Name: name, Addr: netip.AddrPortFrom(a, port), Policy: r.Name, Cert: r.cert}, nil
 				}
 			}
 		}

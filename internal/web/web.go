@@ -77,6 +77,10 @@ type Server struct {
 	ldap     *ldapLogin // nil without web.ldap
 	console  *console   // nil without web.console
 	revoked  *revocations
+	// browserClient is whether the binary embeds the browser RDP client;
+	// browserPage is the page that runs it.
+	browserClient bool
+	browserPage   *template.Template
 }
 
 // New builds the portal.
@@ -128,6 +132,13 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}
+	s.browserClient = browserClientBuilt()
+	if !s.browserClient {
+		d.Logger.Warn("the portal has no browser client: this binary was built without `make assets`, so desktops open only as .rdp files")
+	}
+	if s.browserPage, err = template.ParseFS(assets, "templates/browser.html"); err != nil {
+		return nil, fmt.Errorf("web: %w", err)
+	}
 	for _, page := range []string{"signin.html", "desktops.html", "console.html"} {
 		t, err := template.Must(layout.Clone()).ParseFS(assets, "templates/"+page)
 		if err != nil {
@@ -157,6 +168,7 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /oidc/callback", s.oidcCallback)
 	}
 	mux.HandleFunc("POST /launch", s.launch)
+	mux.HandleFunc("POST /browser", s.openInBrowser)
 	mux.HandleFunc("POST /logoff", s.logoff)
 	mux.HandleFunc("GET /{$}", s.desktops)
 	cop := http.NewCrossOriginProtection()
@@ -276,6 +288,8 @@ type page struct {
 	Console *consoleData
 	// ConsoleLink shows the way to the console to those with a role.
 	ConsoleLink bool
+	// Browser offers "Open in browser" beside Launch.
+	Browser bool
 }
 
 // isLocal reports whether name, as the broker would read it (any case,
@@ -421,6 +435,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 	}
 	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: s.notice(r)}
 	p.ConsoleLink = s.console != nil && s.console.role(si) != ""
+	p.Browser = s.browserClient
 	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("listing a user's desktops", "user", si.User, "error", err)
@@ -459,7 +474,7 @@ func forUser(si signIn) brokerapi.DesktopsRequest {
 
 // desktopsFailed shows the desktops page with what went wrong.
 func (s *Server) desktopsFailed(w http.ResponseWriter, r *http.Request, si signIn, msg string) {
-	p := page{User: si.User, CSRF: s.codec.csrf(si), Error: msg}
+	p := page{User: si.User, CSRF: s.codec.csrf(si), Error: msg, Browser: s.browserClient}
 	if ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), forUser(si)); err == nil {
 		p.Desktops = ds
 	}
@@ -478,6 +493,18 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	group := r.PostFormValue("delivery_group")
+	res, ok := s.startDesktop(w, r, si, group)
+	if !ok {
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-rdp")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+fileName.ReplaceAllString(group, "_")+`.rdp"`)
+	_, _ = w.Write([]byte(res.RDP))
+}
+
+// startDesktop asks the broker for a session of group for si's user. When
+// it fails it has shown the desktops page with the reason.
+func (s *Server) startDesktop(w http.ResponseWriter, r *http.Request, si signIn, group string) (*brokerapi.LaunchResponse, bool) {
 	res, _, err := s.d.Broker.Launch(r.Context(), brokerclient.Bearer(s.d.FrontendToken),
 		brokerapi.LaunchRequest{DeliveryGroup: group, User: si.User, Groups: si.Groups})
 	if err != nil {
@@ -489,13 +516,11 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		s.launches.WithLabelValues(result).Inc()
 		s.d.Logger.Warn("portal launch failed", "user", si.User, "delivery_group", group, "error", err)
 		s.desktopsFailed(w, r, si, fmt.Sprintf("%s could not start: %s", group, brokerMessage(err)))
-		return
+		return nil, false
 	}
 	s.launches.WithLabelValues("ok").Inc()
 	s.d.Logger.Info("portal launch", "user", si.User, "delivery_group", group, "host", res.Host, "reconnect", res.Reconnect)
-	w.Header().Set("Content-Type", "application/x-rdp")
-	w.Header().Set("Content-Disposition", `attachment; filename="`+fileName.ReplaceAllString(group, "_")+`.rdp"`)
-	_, _ = w.Write([]byte(res.RDP))
+	return res, true
 }
 
 // logoff logs the user's own session off, through its host's agent.

@@ -1,0 +1,293 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"image"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	cdpruntime "github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/cdproto/target"
+	"github.com/chromedp/chromedp"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// xrdpCertSHA256 is the fingerprint of the certificate xrdp presents
+// (xrdp.ini's default, /etc/xrdp/cert.pem), which the test's resource
+// policy pins for browser sessions.
+func xrdpCertSHA256(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/etc/xrdp/cert.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatal("/etc/xrdp/cert.pem holds no PEM block")
+	}
+	if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(blk.Bytes)
+	return hex.EncodeToString(sum[:])
+}
+
+// browserRig is the broker rig with the portal, browser sessions on, and
+// the xrdp certificate pinned; the session's xterm writes what is typed
+// into it to ~/typed.txt.
+type browserRig struct {
+	*brokerRig
+	portal string
+}
+
+func newBrowserRig(t *testing.T) *browserRig {
+	webPort := testkit.FreePort(t)
+	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
+	pin := xrdpCertSHA256(t)
+	b := newBrokerRigWith(t, func(cfg string) string {
+		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
+		cfg = strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_origins: [\""+portal+"\"]\n", 1)
+		cfg = strings.Replace(cfg, "hosts: [127.0.0.1], ports:", "hosts: [127.0.0.1], host_certificate_sha256: ["+pin+"], ports:", 1)
+		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)
+	})
+	// A shell in the xterm would echo; cat writes each typed line to a
+	// file, so the test reads what reached the session.
+	wm := "#!/bin/sh\nexec xterm -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; cat > $HOME/typed.txt'\n"
+	home := "/home/" + b.xrdp.User
+	_ = os.Remove(home + "/typed.txt")
+	if err := os.WriteFile(home+"/startwm.sh", []byte(wm), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := testkit.WaitPort(strings.TrimPrefix(portal, "https://"), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return &browserRig{brokerRig: b, portal: portal}
+}
+
+// signIn signs the test user in to the portal and waits for the desktop.
+func (b *browserRig) signIn(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(b.portal+"/"),
+		chromedp.WaitVisible(chromedp.ID("user")),
+		chromedp.SendKeys(chromedp.ID("user"), b.xrdp.User),
+		chromedp.SendKeys(chromedp.ID("password"), b.xrdp.Password),
+		chromedp.Click(chromedp.CSS("form[action='/signin'] button")),
+		chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk']")),
+	); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openInBrowser clicks "Open in browser" and returns the new tab.
+func (b *browserRig) openInBrowser(t *testing.T, ctx context.Context) context.Context {
+	t.Helper()
+	ch := chromedp.WaitNewTarget(ctx, func(i *target.Info) bool { return i.Type == "page" })
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='desk'] button[formaction='/browser']"))); err != nil {
+		t.Fatal(err)
+	}
+	var id target.ID
+	select {
+	case id = <-ch:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Open in browser opened no tab")
+	}
+	tab, cancel := chromedp.NewContext(ctx, chromedp.WithTargetID(id))
+	t.Cleanup(cancel)
+	var console testkit.Buffer
+	err := chromedp.Listen(tab, func(ev any) {
+		switch e := ev.(type) {
+		case *cdpruntime.EventExceptionThrown:
+			fmt.Fprintf(&console, "exception: %s %v\n", e.ExceptionDetails.Text, e.ExceptionDetails.Exception)
+		case *cdpruntime.EventConsoleAPICalled:
+			for _, a := range e.Args {
+				fmt.Fprintf(&console, "console.%s: %s\n", e.Type, a.Value)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the desktop page's console:\n%s", console.String())
+		}
+	})
+	wait, cancel2 := context.WithTimeout(tab, 30*time.Second)
+	defer cancel2()
+	if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.CSS("#browser[data-ready='true'] #password"))); err != nil {
+		t.Fatalf("the desktop page did not load its client: %v", err)
+	}
+	return tab
+}
+
+// canvasPNG is what the client's canvas shows.
+func canvasPNG(t *testing.T, ctx context.Context) image.Image {
+	t.Helper()
+	url, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas').toDataURL('image/png')`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(url, "data:image/png;base64,"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// TestBrowserDesktop is a person's path to a desktop in a browser tab:
+// sign in to the portal, Open in browser, the password, the xrdp desktop
+// drawn in the tab through the gateway's /rdp, typing that reaches the
+// session's xterm, and the canvas compared pixel by pixel with the
+// session's own screen.
+func TestBrowserDesktop(t *testing.T) {
+	ctx := newBrowser(t)
+	b := newBrowserRig(t)
+	b.signIn(t, ctx)
+	shot(t, ctx, b.artifacts, "browser-1-desktops")
+	mark := b.logMark()
+	tab := b.openInBrowser(t, ctx)
+	shot(t, tab, b.artifacts, "browser-2-password")
+	if err := chromedp.Do(tab,
+		chromedp.SendKeys(chromedp.ID("password"), b.xrdp.Password),
+		chromedp.Click(chromedp.CSS("#credentials button")),
+	); err != nil {
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(tab, 40*time.Second)
+	defer cancel()
+	if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.CSS("#browser[data-connected='true'] #toolbar"))); err != nil {
+		status, _ := chromedp.Run(tab, chromedp.Text(chromedp.ID("status")))
+		shot(t, tab, b.artifacts, "browser-failed")
+		t.Fatalf("the desktop did not connect: the page says %q\n%s", status, lastLines(b.gwLog.Log.String(), 30))
+	}
+	b.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"browser"`, `"target":"`+b.xrdp.Addr+`"`)
+	// The desktop: xrdp logged the user straight in (no login dialog), so
+	// the session's xterm runs.
+	for deadline := time.Now().Add(20 * time.Second); len(userProcs(t, b.xrdp.User, "xterm")) == 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			shot(t, tab, b.artifacts, "browser-no-session")
+			t.Fatal("no xterm runs in the user's session: the browser did not log on")
+		}
+	}
+	time.Sleep(2 * time.Second) // let the first frames arrive
+	shot(t, tab, b.artifacts, "browser-3-desktop")
+
+	// Typing: click into the desktop, type a line.
+	const line = "typed in chromium 42"
+	if err := chromedp.Do(tab,
+		chromedp.Click(chromedp.CSS("iron-remote-desktop")),
+		chromedp.KeyEvent(line+"\r"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	typed := "/home/" + b.xrdp.User + "/typed.txt"
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, _ := os.ReadFile(typed)
+		if strings.Contains(string(got), line) {
+			break
+		}
+		if time.Now().After(deadline) {
+			shot(t, tab, b.artifacts, "browser-typing")
+			t.Fatalf("the session's xterm got %q, want %q", got, line)
+		}
+	}
+	time.Sleep(time.Second)
+	shot(t, tab, b.artifacts, "browser-4-typed")
+
+	// Pixels: the canvas against the session's own screen.
+	canvas := canvasPNG(t, tab)
+	display := sessionDisplay(t, b.xrdp.User)
+	xshot := filepath.Join(b.artifacts, "browser-session-screen.png")
+	imp := exec.Command("import", "-display", display, "-window", "root", xshot)
+	imp.Env = append(os.Environ(), "XAUTHORITY=/home/"+b.xrdp.User+"/.Xauthority")
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("import: %v %s", err, out)
+	}
+	f, err := os.Open(xshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	screen, err := png.Decode(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	savePNG(t, filepath.Join(b.artifacts, "browser-canvas.png"), canvas)
+	if d := comparePixels(canvas, screen); d.sizeMismatch != "" || d.differentRows > 0 || d.share > 0.01 {
+		t.Fatalf("the canvas differs from the session's screen: %+v", d)
+	} else {
+		t.Logf("canvas against the session's screen: %+v", d)
+	}
+}
+
+func savePNG(t *testing.T, path string, img image.Image) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pixelDiff is how two screenshots of one screen differ.
+type pixelDiff struct {
+	sizeMismatch string
+	// share is the fraction of pixels whose colour differs by more than a
+	// codec's rounding; differentRows counts rows where over a tenth of
+	// the pixels differ, which is what a sheared or shifted row looks like.
+	share         float64
+	differentRows int
+}
+
+func comparePixels(a, b image.Image) pixelDiff {
+	ab, bb := a.Bounds(), b.Bounds()
+	if ab.Dx() != bb.Dx() || ab.Dy() != bb.Dy() {
+		return pixelDiff{sizeMismatch: fmt.Sprintf("%dx%d against %dx%d", ab.Dx(), ab.Dy(), bb.Dx(), bb.Dy())}
+	}
+	var d pixelDiff
+	total := 0
+	for y := 0; y < ab.Dy(); y++ {
+		row := 0
+		for x := 0; x < ab.Dx(); x++ {
+			r1, g1, b1, _ := a.At(ab.Min.X+x, ab.Min.Y+y).RGBA()
+			r2, g2, b2, _ := b.At(bb.Min.X+x, bb.Min.Y+y).RGBA()
+			if far(r1, r2) || far(g1, g2) || far(b1, b2) {
+				row++
+			}
+		}
+		total += row
+		if row*10 > ab.Dx() {
+			d.differentRows++
+		}
+	}
+	d.share = float64(total) / float64(ab.Dx()*ab.Dy())
+	return d
+}
+
+// far: more than 8 of 255 apart.
+func far(a, b uint32) bool {
+	if a > b {
+		a, b = b, a
+	}
+	return b-a > 8*257
+}

@@ -1,0 +1,80 @@
+package web
+
+import (
+	"io/fs"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// browserClientFile is the browser RDP client's backend, present when the
+// binary was built with `make` (scripts/web-assets.sh).
+const browserClientFile = "static/vendor/iron-remote-desktop-rdp.js"
+
+// browserClientBuilt reports whether the binary embeds the browser client.
+func browserClientBuilt() bool {
+	_, err := fs.Stat(assets, browserClientFile)
+	return err == nil
+}
+
+// browserData is what the browser desktop page needs to connect: the
+// gateway's websocket, the host, the one-use token and the user's name on
+// the desktop. The password is asked for on the page and goes from the
+// browser to the host only.
+type browserData struct {
+	Title, Group, User, Gateway, Destination, Token string
+}
+
+// openInBrowser launches a desktop like launch does, but answers with a
+// page that runs the desktop in the tab, through the gateway's /rdp.
+func (s *Server) openInBrowser(w http.ResponseWriter, r *http.Request) {
+	si, ok := s.current(w, r)
+	if !ok {
+		http.Redirect(w, r, "/signin", http.StatusSeeOther)
+		return
+	}
+	if !s.checkForm(w, r, si) {
+		return
+	}
+	if !s.browserClient {
+		s.desktopsFailed(w, r, si, "This portal was built without the browser client: build deskway with make, or launch the .rdp file.")
+		return
+	}
+	group := r.PostFormValue("delivery_group")
+	res, ok := s.startDesktop(w, r, si, group)
+	if !ok {
+		return
+	}
+	user := rdpField(res.RDP, "username")
+	if user == "" {
+		user = si.User
+	}
+	d := browserData{Title: group, Group: group, User: user, Gateway: "wss://" + res.Gateway + "/rdp",
+		Destination: res.Address + ":" + strconv.Itoa(res.Port), Token: res.Token}
+	if strings.Contains(res.Address, ":") {
+		d.Destination = "[" + res.Address + "]:" + strconv.Itoa(res.Port)
+	}
+	// The client is WebAssembly, which it fetches from a data: URL inside
+	// its module; it draws its own styles into its shadow root, shows the
+	// host's cursor as a data: image and speaks to the gateway, whose
+	// origin differs from the portal's.
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self' data: wss://"+res.Gateway+"; frame-ancestors 'none'; form-action 'none'; base-uri 'none'")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := s.browserPage.Execute(w, d); err != nil {
+		s.d.Logger.Error("browser page", "error", err)
+	}
+}
+
+// rdpField is the value of key in an .rdp file's "key:type:value" lines.
+func rdpField(rdp, key string) string {
+	for _, line := range strings.Split(rdp, "\n") {
+		k, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.EqualFold(k, key) {
+			continue
+		}
+		if _, v, ok := strings.Cut(rest, ":"); ok {
+			return v
+		}
+	}
+	return ""
+}

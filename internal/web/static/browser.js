@@ -1,0 +1,130 @@
+// The browser desktop page: IronRDP's web component, with its WebAssembly
+// RDP backend, connected through the gateway's /rdp websocket with the
+// one-use token the portal put on the page. The password typed here goes
+// from this page to the host inside RDP; the gateway only relays it.
+import '/static/vendor/iron-remote-desktop.js';
+import { Backend, init, enableCredssp, displayControl } from '/static/vendor/iron-remote-desktop-rdp.js';
+
+const root = document.getElementById('browser');
+const form = document.getElementById('credentials');
+const status = document.getElementById('status');
+const toolbar = document.getElementById('toolbar');
+const screen = document.getElementById('screen');
+const ended = document.getElementById('ended');
+
+// What the gateway's refusal (an HTTP status in the RDCleanPath error)
+// means to the person in front of the page.
+const refusals = {
+  400: 'The gateway could not understand this browser client.',
+  401: 'The pass for this desktop is not valid any more (it works once, for a short time). Go back to your desktops and open it again.',
+  403: 'A gateway policy does not let you reach this desktop from a browser.',
+  408: 'The connection took too long to set up. Go back to your desktops and try again.',
+  502: 'The desktop\'s host did not answer, or its certificate is not one the gateway trusts.',
+  503: 'The gateway is at its limit of sessions. Try again in a moment.',
+};
+
+function say(text, error) {
+  status.textContent = text;
+  status.className = error ? 'error' : '';
+}
+
+function describe(err) {
+  if (err && typeof err.kind === 'function') {
+    const details = typeof err.rdcleanpathDetails === 'function' ? err.rdcleanpathDetails() : undefined;
+    const code = details && details.httpStatusCode;
+    if (code && refusals[code]) {
+      return refusals[code];
+    }
+    switch (err.kind()) {
+      case 1: return 'The desktop refused the password.';
+      case 2: return 'The desktop refused the logon.';
+      case 3: return 'Access to the desktop was denied.';
+      case 5: return 'The gateway could not be reached.';
+    }
+    return 'The connection failed: ' + (typeof err.backtrace === 'function' ? err.backtrace() : String(err));
+  }
+  return 'The connection failed: ' + String(err);
+}
+
+function finish(text, error) {
+  toolbar.hidden = true;
+  screen.hidden = true;
+  ended.hidden = false;
+  say(text, error);
+  document.title = 'Ended: ' + document.title;
+}
+
+await init('WARN');
+const el = document.createElement('iron-remote-desktop');
+el.module = Backend;
+el.setAttribute('scale', 'fit');
+el.setAttribute('flexcenter', 'true');
+el.setAttribute('verbose', 'false');
+const ready = new Promise((resolve) => el.addEventListener('ready', (e) => resolve(e.detail.irgUserInteraction), { once: true }));
+screen.append(el);
+const ui = await ready;
+root.dataset.ready = 'true';
+
+// Even sizes: some hosts refuse odd widths.
+function size() {
+  const w = Math.max(640, screen.clientWidth) & ~1;
+  const h = Math.max(480, window.innerHeight - toolbar.offsetHeight) & ~1;
+  return { width: w, height: h };
+}
+
+form.addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  const password = form.elements.password.value;
+  form.elements.password.value = '';
+  form.hidden = true;
+  // The toolbar takes its place before the size is measured, so the
+  // desktop fits the space left below it.
+  toolbar.hidden = false;
+  say('Connecting…');
+  const d = root.dataset;
+  const config = ui.configBuilder()
+    .withUsername(d.user)
+    .withPassword(password)
+    .withDestination(d.destination)
+    .withProxyAddress(d.gateway)
+    .withAuthToken(d.token)
+    .withDesktopSize(size())
+    // xrdp and other hosts without NLA: TLS only, the credentials in the
+    // logon packet, where the gateway turns auto-logon on.
+    .withExtension(enableCredssp(false))
+    .withExtension(displayControl(true))
+    .build();
+  try {
+    const session = await ui.connect(config);
+    say('');
+    ui.setVisibility(true);
+    root.dataset.connected = 'true';
+    const end = await session.run();
+    finish('The session ended: ' + end.reason() + '.', false);
+  } catch (err) {
+    finish(describe(err), true);
+  }
+});
+
+document.getElementById('cad').addEventListener('click', () => ui.ctrlAltDel());
+document.getElementById('meta').addEventListener('click', () => ui.metaKey());
+document.getElementById('disconnect').addEventListener('click', () => ui.shutdown());
+document.getElementById('fullscreen').addEventListener('click', async () => {
+  await document.documentElement.requestFullscreen();
+  // In full screen, keys a browser keeps for itself (Escape, Alt+Tab
+  // where the platform allows) go to the desktop.
+  if (navigator.keyboard && navigator.keyboard.lock) {
+    await navigator.keyboard.lock().catch(() => {});
+  }
+});
+
+let resizeTimer;
+window.addEventListener('resize', () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    if (root.dataset.connected) {
+      const s = size();
+      ui.resize(s.width, s.height);
+    }
+  }, 300);
+});
