@@ -80,13 +80,19 @@ func newBrowserRig(t *testing.T) *browserRig {
 // signIn signs the test user in to the portal and waits for the desktop.
 func (b *browserRig) signIn(t *testing.T, ctx context.Context) {
 	t.Helper()
+	portalSignIn(t, ctx, b.portal, b.xrdp.User, b.xrdp.Password, "desk")
+}
+
+// portalSignIn signs user in at portal and waits for group's desktop.
+func portalSignIn(t *testing.T, ctx context.Context, portal, user, password, group string) {
+	t.Helper()
 	if err := chromedp.Do(ctx,
-		chromedp.Navigate(b.portal+"/"),
+		chromedp.Navigate(portal+"/"),
 		chromedp.WaitVisible(chromedp.ID("user")),
-		chromedp.SendKeys(chromedp.ID("user"), b.xrdp.User),
-		chromedp.SendKeys(chromedp.ID("password"), b.xrdp.Password),
+		chromedp.SendKeys(chromedp.ID("user"), user),
+		chromedp.SendKeys(chromedp.ID("password"), password),
 		chromedp.Click(chromedp.CSS("form[action='/signin'] button")),
-		chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk']")),
+		chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='"+group+"']")),
 	); err != nil {
 		t.Fatal(err)
 	}
@@ -95,8 +101,15 @@ func (b *browserRig) signIn(t *testing.T, ctx context.Context) {
 // openInBrowser clicks "Open in browser" and returns the new tab.
 func (b *browserRig) openInBrowser(t *testing.T, ctx context.Context) context.Context {
 	t.Helper()
+	return openInBrowser(t, ctx, "desk")
+}
+
+// openInBrowser clicks group's "Open in browser" and returns the new tab,
+// once its client has loaded.
+func openInBrowser(t *testing.T, ctx context.Context, group string) context.Context {
+	t.Helper()
 	ch := chromedp.WaitNewTarget(ctx, func(i *target.Info) bool { return i.Type == "page" })
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='desk'] button[formaction='/browser']"))); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='"+group+"'] button[formaction='/browser']"))); err != nil {
 		t.Fatal(err)
 	}
 	var id target.ID
@@ -134,6 +147,49 @@ func (b *browserRig) openInBrowser(t *testing.T, ctx context.Context) context.Co
 	return tab
 }
 
+// connectInBrowser logs on in the desktop tab and waits for the desktop.
+func connectInBrowser(t *testing.T, tab context.Context, user, password, artifacts string, log *testkit.Process) {
+	t.Helper()
+	if err := chromedp.Do(tab,
+		chromedp.Clear(chromedp.ID("username")),
+		chromedp.SendKeys(chromedp.ID("username"), user),
+		chromedp.SendKeys(chromedp.ID("password"), password),
+		chromedp.Click(chromedp.CSS("#credentials button")),
+	); err != nil {
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(tab, 40*time.Second)
+	defer cancel()
+	if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.CSS("#browser[data-connected='true'] #toolbar"))); err != nil {
+		status, _ := chromedp.Run(tab, chromedp.Text(chromedp.ID("status")))
+		shot(t, tab, artifacts, "browser-failed")
+		t.Fatalf("the desktop did not connect: the page says %q\n%s", status, lastLines(log.Log.String(), 30))
+	}
+	// Connected is not yet drawn: wait for the session's navy xterm on
+	// the canvas.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, err := chromedp.Run(tab, chromedp.Evaluate[int](navyPixels))
+		if err == nil && n > 10000 {
+			return
+		}
+		if time.Now().After(deadline) {
+			shot(t, tab, artifacts, "browser-not-drawn")
+			t.Fatalf("the canvas shows no xterm (%d navy pixels, %v)", n, err)
+		}
+	}
+}
+
+// navyPixels counts the canvas pixels in the xterm's navy.
+const navyPixels = `(() => {
+	const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas');
+	const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+	let n = 0;
+	for (let i = 0; i < d.length; i += 4) {
+		if (d[i] < 16 && d[i+1] < 16 && d[i+2] > 112 && d[i+2] < 144) n++;
+	}
+	return n;
+})()`
+
 // canvasPNG is what the client's canvas shows.
 func canvasPNG(t *testing.T, ctx context.Context) image.Image {
 	t.Helper()
@@ -165,19 +221,7 @@ func TestBrowserDesktop(t *testing.T) {
 	mark := b.logMark()
 	tab := b.openInBrowser(t, ctx)
 	shot(t, tab, b.artifacts, "browser-2-password")
-	if err := chromedp.Do(tab,
-		chromedp.SendKeys(chromedp.ID("password"), b.xrdp.Password),
-		chromedp.Click(chromedp.CSS("#credentials button")),
-	); err != nil {
-		t.Fatal(err)
-	}
-	wait, cancel := context.WithTimeout(tab, 40*time.Second)
-	defer cancel()
-	if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.CSS("#browser[data-connected='true'] #toolbar"))); err != nil {
-		status, _ := chromedp.Run(tab, chromedp.Text(chromedp.ID("status")))
-		shot(t, tab, b.artifacts, "browser-failed")
-		t.Fatalf("the desktop did not connect: the page says %q\n%s", status, lastLines(b.gwLog.Log.String(), 30))
-	}
+	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
 	b.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"browser"`, `"target":"`+b.xrdp.Addr+`"`)
 	// The desktop: xrdp logged the user straight in (no login dialog), so
 	// the session's xterm runs.
@@ -290,4 +334,71 @@ func far(a, b uint32) bool {
 		a, b = b, a
 	}
 	return b-a > 8*257
+}
+
+// TestBrowserRefusalsShown: what a person sees when the gateway refuses a
+// browser desktop. Each case opens the desktop from the portal, changes
+// what the page connects with as an attacker or a stale page would, and
+// reads the page's message: a pass that is not valid, a pass that has
+// expired, a pass for another host, a host no resource policy allows,
+// and the portal reached at an origin the gateway does not list.
+func TestBrowserRefusalsShown(t *testing.T) {
+	ctx := newBrowser(t)
+	b := newBrowserRig(t)
+	b.signIn(t, ctx)
+	mint := func(host string, port int, ttl string) string {
+		out, err := exec.Command(b.bin, "token", "-c", b.cfg, "--user", b.xrdp.User, "--host", host, "--port", fmt.Sprint(port), "--ttl", ttl).CombinedOutput()
+		if err != nil {
+			t.Fatalf("deskway token: %v %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	// Expired once its second and the gateway's 5 s of clock leeway pass.
+	expired, expires := mint("127.0.0.1", b.rdpPort, "1s"), time.Now().Add(6500*time.Millisecond)
+	elsewhere := mint("10.9.9.9", 3389, "5m")
+	const (
+		badPass   = "The pass for this desktop is not valid any more"
+		forbidden = "A gateway policy does not let you reach this desktop from a browser."
+	)
+	try := func(name, js, want string) {
+		t.Helper()
+		tab := b.openInBrowser(t, ctx)
+		if js != "" {
+			if _, err := chromedp.Run(tab, chromedp.Evaluate[bool](js+"; true")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := chromedp.Do(tab,
+			chromedp.SendKeys(chromedp.ID("password"), b.xrdp.Password),
+			chromedp.Click(chromedp.CSS("#credentials button")),
+		); err != nil {
+			t.Fatal(err)
+		}
+		wait, cancel := context.WithTimeout(tab, 30*time.Second)
+		defer cancel()
+		if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.ID("ended"))); err != nil {
+			t.Fatalf("%s: the page shows no end: %v", name, err)
+		}
+		msg, err := chromedp.Run(tab, chromedp.Text(chromedp.ID("status")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(msg, want) {
+			t.Errorf("%s: the page says %q, want %q", name, msg, want)
+		}
+		shot(t, tab, b.artifacts, "refused-"+strings.ReplaceAll(name, " ", "-"))
+	}
+	try("invalid pass", "document.getElementById('browser').dataset.token = 'not-a-token'", badPass)
+	try("pass for another host", "document.getElementById('browser').dataset.destination = '127.0.0.2:"+fmt.Sprint(b.rdpPort)+"'", forbidden)
+	try("host outside the policies", "document.getElementById('browser').dataset.token = '"+elsewhere+"'; document.getElementById('browser').dataset.destination = '10.9.9.9:3389'", forbidden)
+	time.Sleep(time.Until(expires))
+	try("expired pass", "document.getElementById('browser').dataset.token = '"+expired+"'", badPass)
+	// The same portal at another origin (localhost, not 127.0.0.1): the
+	// gateway lists only the portal's, so a page elsewhere cannot use it.
+	b.portal = strings.Replace(b.portal, "127.0.0.1", "localhost", 1)
+	b.signIn(t, ctx)
+	try("foreign origin", "", forbidden)
+	if n := len(userProcs(t, b.xrdp.User, "xterm")); n != 0 {
+		t.Fatalf("a refused browser reached the desktop: %d xterms run", n)
+	}
 }

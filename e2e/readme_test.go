@@ -132,6 +132,25 @@ func TestREADMEQuickstart(t *testing.T) {
 			}
 		})
 	}
+	// Open in browser, as the README tells it: the same desktop in a tab,
+	// the host account typed into the page.
+	t.Run("portal-open-in-browser", func(t *testing.T) {
+		password := ""
+		for _, line := range strings.Split(string(creds), "\n") {
+			if v, ok := strings.CutPrefix(line, "demo password: "); ok {
+				password = v
+			}
+		}
+		ctx := newBrowser(t)
+		mark := len(up.Log.String())
+		portalSignIn(t, ctx, "https://localhost:8446", "demo", password, "desktops")
+		tab := openInBrowser(t, ctx, "desktops")
+		connectInBrowser(t, tab, xrdp.User, xrdp.Password, filepath.Join("artifacts", t.Name()), up)
+		if !strings.Contains(up.Log.String()[mark:], `"transport":"browser"`) {
+			t.Fatalf("no browser tunnel in the log:\n%s", lastLines(up.Log.String(), 20))
+		}
+		shot(t, tab, filepath.Join("artifacts", t.Name()), "desktop")
+	})
 	// A stream client, as the README shows it: a certificate for pc1, a
 	// copy of the base, and a write and read of pc1's own boot over TLS.
 	t.Run("stream-client", func(t *testing.T) {

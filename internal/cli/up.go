@@ -2,7 +2,10 @@ package cli
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +45,8 @@ auth:
 gateway:
   listen: "%[6]s"
   public_name: localhost:%[11]s
+  # Pages that may open desktops in a browser tab: the portal's.
+  browser_origins: ["https://localhost:%[16]s", "https://127.0.0.1:%[16]s"]
   connection_policies:
   - name: users
     groups: [users]
@@ -50,6 +55,8 @@ gateway:
     groups: [users]
     hosts: [127.0.0.0/8, "::1"]
     ports: [3389]
+    # A browser cannot judge the host's certificate, so the gateway does:
+%[17]s
 broker:
   listen: "%[9]s"
   # The portal (web) launches on behalf of the users who sign in to it.
@@ -121,6 +128,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 				}
 				_, gport, _ := net.SplitHostPort(listen)
 				_, bport, _ := net.SplitHostPort(brokerListen)
+				_, wport, _ := net.SplitHostPort(webListen)
 				demo := filepath.Join(stateDir, "vdisks", "demo.img")
 				if err := makeSparse(demo, 256<<20); err != nil {
 					return fmt.Errorf("up: demo vDisk: %w", err)
@@ -137,7 +145,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 					return err
 				}
 				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo,
-					brokerListen, join, gport, bport, random(24), webListen, random(12))
+					brokerListen, join, gport, bport, random(24), webListen, random(12), wport, xrdpPinLine("/etc/xrdp/cert.pem"))
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -168,6 +176,22 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 	c.Flags().StringVar(&webListen, "web-listen", ":8446", "user portal port (or HOST:PORT), written into the config on first start")
 	c.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:9443", "admin listener, written into the config on first start")
 	return c
+}
+
+// xrdpPinLine is the resource policy's pin of the local xrdp's
+// certificate (cert, in PEM), or a comment saying how to pin one when
+// there is none to read.
+func xrdpPinLine(cert string) string {
+	b, err := os.ReadFile(cert)
+	if err == nil {
+		if blk, _ := pem.Decode(b); blk != nil {
+			if _, err := x509.ParseCertificate(blk.Bytes); err == nil {
+				sum := sha256.Sum256(blk.Bytes)
+				return fmt.Sprintf("    host_certificate_sha256: [%x]  # %s", sum, cert)
+			}
+		}
+	}
+	return "    # host_certificate_sha256: [SHA-256 of the host's certificate]  # no " + cert + " to read on first start"
 }
 
 // upGroup is the delivery group of the demo's own host.

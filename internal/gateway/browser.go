@@ -176,12 +176,15 @@ func (tn *tunnel) runBrowser(bt *browserTransport, origin string) error {
 	bad := func(code tsgu.HRESULT, format string, a ...any) error {
 		return tn.refuseBrowser(bt, &refusal{tsgu.TypeTunnelCreate, code, fmt.Sprintf(format, a...)}, nil)
 	}
+	// The request is read (within the limits of any unauthenticated
+	// client) before the origin is judged, so that the browser is still
+	// listening when it is told; nothing in it is acted on first.
+	req, err := bt.readRequest()
 	if !slices.Contains(s.cfg.BrowserOrigins, origin) {
-		// Checked before anything the client sends is read: a page of
-		// another site must not use a user's browser to reach a host.
+		// A page of another site must not use a user's browser, and the
+		// token the user holds, to reach a host.
 		return bad(tsgu.EAccessDenied, "origin %q may not open browser sessions (gateway.browser_origins)", origin)
 	}
-	req, err := bt.readRequest()
 	if err != nil {
 		if tn.budgetSpent() {
 			tn.reasonf("no session open within the handshake budget of %s", s.cfg.HandshakeTimeout.D())

@@ -19,8 +19,9 @@ func browserClientBuilt() bool {
 
 // browserData is what the browser desktop page needs to connect: the
 // gateway's websocket, the host, the one-use token and the user's name on
-// the desktop. The password is asked for on the page and goes from the
-// browser to the host only.
+// the desktop, which the person may change (a portal account need not be
+// one of the host's). The password is asked for on the page and goes from
+// the browser to the host only.
 type browserData struct {
 	Title, Group, User, Gateway, Destination, Token string
 }

@@ -83,7 +83,7 @@ form.addEventListener('submit', async (ev) => {
   say('Connecting…');
   const d = root.dataset;
   const config = ui.configBuilder()
-    .withUsername(d.user)
+    .withUsername(form.elements.username.value)
     .withPassword(password)
     .withDestination(d.destination)
     .withProxyAddress(d.gateway)
