@@ -312,3 +312,34 @@ func TestPortalBenchSmoke(t *testing.T) {
 		t.Errorf("points: %v", seen)
 	}
 }
+
+// TestBrowserBenchSmoke runs a short `deskway bench browser` (xrdp,
+// chromium, xfreerdp, the gateway on its own) and checks the result's
+// shape: every run of both clients, first frames and frames counted, and
+// the summary keys docs/benchmarks/browser is read by.
+func TestBrowserBenchSmoke(t *testing.T) {
+	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "chromium", "import")
+	testkit.RequireRoot(t)
+	out := t.TempDir()
+	res := runBench(t, out, "browser", "--runs", "2", "--window", "2s")
+	for _, k := range []string{"browser_first_frame_s", "xfreerdp_first_frame_s", "first_frame_ratio", "gateway_cpu_ratio_tsgu", "browser_fps", "xfreerdp_fps"} {
+		if v, ok := res.Summary[k]; !ok || v <= 0 {
+			t.Errorf("summary %s = %v", k, v)
+		}
+	}
+	seen := map[string]int{}
+	for _, p := range res.Points {
+		seen[p.System]++
+		if p.Metrics["first_frame_s"] <= 0 || p.Metrics["fps"] <= 0 || p.Metrics["gateway_kbytes_per_s"] <= 0 {
+			t.Errorf("point %+v", p)
+		}
+	}
+	if seen["deskway-browser"] != 2 || seen["deskway-xfreerdp"] != 2 {
+		t.Fatalf("points %v, want 2 runs of each client", seen)
+	}
+	for _, f := range []string{"result.md", "first-frame.svg", "browser-moving.png", "xfreerdp-moving.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}

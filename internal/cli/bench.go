@@ -15,6 +15,7 @@ import (
 
 	"github.com/deskway/deskway/internal/bench/bootstorm"
 	"github.com/deskway/deskway/internal/bench/brokerbench"
+	"github.com/deskway/deskway/internal/bench/browserbench"
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
 	"github.com/deskway/deskway/internal/bench/nbdfloor"
@@ -26,7 +27,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd())
+	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd())
 	return c
 }
 
@@ -341,6 +342,33 @@ func durations(flag, list string) ([]time.Duration, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+func benchBrowserCmd() *cobra.Command {
+	var out string
+	var o browserbench.Options
+	c := &cobra.Command{
+		Use:   "browser",
+		Short: "Desktops in a browser tab beside xfreerdp through the same gateway, on one xrdp session: click to first frame, frames while a window moves, gateway CPU",
+		Long: `Starts xrdp (as root: it adds the host user dwbench), a deskway gateway
+on its own, the broker, agent and portal, chromium and an Xvfb for
+xfreerdp, all on loopback, and takes turns between the two clients.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			res, err := browserbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			printSummary(cmd, res, out)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
+	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each client, taking turns")
+	c.Flags().DurationVar(&o.Window, "window", 10*time.Second, "how long frames and gateway CPU are measured while the window moves")
+	return c
 }
 
 func benchPortalCmd() *cobra.Command {

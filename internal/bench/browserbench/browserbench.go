@@ -1,0 +1,535 @@
+// Package browserbench measures desktops opened in a browser tab against
+// xfreerdp through the same gateway, on the same xrdp session, taking
+// turns in one run: the time from the click to the first frame, the
+// frames per second a client shows while a window moves, and the
+// gateway's CPU per session (MS-TSGU for xfreerdp, RDCleanPath for the
+// browser) for that same moving window.
+package browserbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/chromedp/cdproto/target"
+	"github.com/chromedp/chromedp"
+	"github.com/jezek/xgb"
+	"github.com/jezek/xgb/xproto"
+
+	"github.com/deskway/deskway/internal/bench/procstat"
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+// Options configure a run.
+type Options struct {
+	// Runs of each client, taking turns.
+	Runs int
+	// Window is how long frames and CPU are counted while the window moves.
+	Window       time.Duration
+	Out, Command string
+	Log          *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Runs == 0 {
+		o.Runs = 5
+	}
+	if o.Window == 0 {
+		o.Window = 10 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// sample is one client's run.
+type sample struct {
+	// pageReady is the browser's: from Open in browser to its client loaded.
+	pageReady  time.Duration
+	firstFrame time.Duration
+	fps        float64
+	cpuPct     float64 // the gateway process, while the window moved
+	bytes      uint64  // through the gateway in that time
+}
+
+// Run measures and writes the result when Out is set.
+func Run(ctx context.Context, o Options) (*report.Result, error) {
+	o.defaults()
+	res := &report.Result{Bench: "browser", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(), Summary: map[string]float64{}}
+	dir, err := os.MkdirTemp("", "deskway-browserbench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	r := &rig{dir: dir}
+	defer r.close()
+	if err := r.setUp(ctx); err != nil {
+		return nil, err
+	}
+	b, err := newBrowser(ctx, filepath.Join(dir, "chromium"))
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	if err := b.signIn(r); err != nil {
+		return nil, err
+	}
+	// The first connection starts the session (Xorg, the xterm): not what
+	// either client is measured on. It also fixes the desktop size both use.
+	o.Log.Info("starting the session")
+	if _, err := b.connect(r, false, nil); err != nil {
+		return nil, fmt.Errorf("browserbench: first browser connection: %w", err)
+	}
+	b.closeTab()
+	time.Sleep(time.Second)
+	runs := map[string][]sample{}
+	for run := 1; run <= o.Runs; run++ {
+		order := []string{"browser", "xfreerdp"}
+		if run%2 == 0 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, sys := range order {
+			var s sample
+			var err error
+			// The last run's screens, while the window moves, show what each
+			// client draws.
+			shot := ""
+			if o.Out != "" && run == o.Runs {
+				shot = filepath.Join(o.Out, sys+"-moving.png")
+			}
+			if sys == "browser" {
+				s, err = b.measure(ctx, r, o.Window, shot)
+			} else {
+				s, err = measureXfreerdp(ctx, r, o.Window, shot)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("browserbench: run %d, %s: %w", run, sys, err)
+			}
+			runs[sys] = append(runs[sys], s)
+			res.Points = append(res.Points, report.Point{Scenario: "desktop", System: sysName(sys),
+				Params: map[string]any{"run": run, "width": r.desktopW, "height": r.desktopH, "window_s": o.Window.Seconds()},
+				Metrics: map[string]float64{"first_frame_s": round3(s.firstFrame.Seconds()), "fps": round3(s.fps), "gateway_cpu_pct": round3(s.cpuPct),
+					"gateway_kbytes_per_s": round3(float64(s.bytes) / 1024 / o.Window.Seconds()), "gateway_cpu_ms_per_mib": round3(cpuPerMiB(s, o.Window))}})
+			if sys == "browser" {
+				res.Points[len(res.Points)-1].Metrics["page_ready_s"] = round3(s.pageReady.Seconds())
+			}
+			o.Log.Info("run", "system", sys, "run", run, "first_frame_s", round3(s.firstFrame.Seconds()), "fps", round3(s.fps), "gateway_cpu_pct", round3(s.cpuPct))
+			time.Sleep(time.Second) // xrdp notes the disconnect
+		}
+	}
+	summarize(res, runs)
+	res.Notes = []string{
+		fmt.Sprintf("One xrdp host (Debian's xrdp and xorgxrdp), one deskway gateway process on its own (its CPU is read from /proc), and deskway's broker, agent and portal in another; %d runs of each client taking turns, both reconnecting to the same session of %dx%d, which the first (unmeasured) connection started.", o.Runs, r.desktopW, r.desktopH),
+		"Browser: Debian's chromium, headless, signed in to the portal; Open in browser, then the user name and password; the time runs from the click on Connect to the first animation frame in which the canvas shows the session's navy xterm (checked on every frame). xfreerdp: the .rdp file from the broker's launch, `xfreerdp FILE /u /p /gt:http /size:WxH` on Xvfb; the time runs from starting the process to the first poll (every 2 ms, X GetImage of one row) that finds the xterm on the Xvfb screen.",
+		fmt.Sprintf("Frames: while the xterm moves itself 8 px every 30 ms (xterm's window operations) and scrolls a directory listing, for %s each client counts the changes of the xterm's right edge it shows: the browser in every animation frame of its canvas, xfreerdp's screen by X GetImage every 2 ms. gateway_cpu_pct is the gateway process's scheduler time (/proc/PID/task/*/schedstat, nanoseconds) over that window; gateway_kbytes_per_s what it relayed both ways, from its admin API.", o.Window),
+		"The browser's time from clicking Open in browser on the portal to its client being loaded (the page and 6 MB of JavaScript with WebAssembly) is page_ready_s, beside the first-frame time, which starts at the click on Connect after the password is typed.",
+		"Headlines are medians over runs; first_frame_ratio and gateway_cpu_ratio_tsgu are medians of the per-run ratios (browser ÷ xfreerdp), with the worst beside them.",
+	}
+	if o.Out != "" {
+		if err := write(res, o.Out); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// cpuPerMiB is the gateway's CPU milliseconds per MiB it relayed.
+func cpuPerMiB(s sample, window time.Duration) float64 {
+	if s.bytes == 0 {
+		return 0
+	}
+	return s.cpuPct / 100 * window.Seconds() * 1000 / (float64(s.bytes) / (1 << 20))
+}
+
+func sysName(s string) string {
+	if s == "browser" {
+		return "deskway-browser"
+	}
+	return "deskway-xfreerdp"
+}
+
+func summarize(res *report.Result, runs map[string][]sample) {
+	br, xf := runs["browser"], runs["xfreerdp"]
+	get := func(ss []sample, f func(sample) float64) []float64 {
+		var out []float64
+		for _, s := range ss {
+			out = append(out, f(s))
+		}
+		return out
+	}
+	first := func(s sample) float64 { return s.firstFrame.Seconds() }
+	cpu := func(s sample) float64 { return s.cpuPct }
+	fps := func(s sample) float64 { return s.fps }
+	var ffRatio, cpuRatio, perMiBRatio []float64
+	for i := range br {
+		ffRatio = append(ffRatio, first(br[i])/first(xf[i]))
+		if cpu(xf[i]) > 0 {
+			cpuRatio = append(cpuRatio, cpu(br[i])/cpu(xf[i]))
+		}
+		if xf[i].bytes > 0 && br[i].bytes > 0 {
+			perMiBRatio = append(perMiBRatio, (cpu(br[i])/float64(br[i].bytes))/(cpu(xf[i])/float64(xf[i].bytes)))
+		}
+	}
+	s := res.Summary
+	s["browser_first_frame_s"] = round3(median(get(br, first)))
+	s["xfreerdp_first_frame_s"] = round3(median(get(xf, first)))
+	s["first_frame_ratio"] = round3(median(ffRatio))
+	s["first_frame_ratio_worst"] = round3(maxOf(ffRatio))
+	s["browser_fps"] = round3(median(get(br, fps)))
+	s["xfreerdp_fps"] = round3(median(get(xf, fps)))
+	s["browser_gateway_cpu_pct"] = round3(median(get(br, cpu)))
+	s["xfreerdp_gateway_cpu_pct"] = round3(median(get(xf, cpu)))
+	s["browser_page_ready_s"] = round3(median(get(br, func(s sample) float64 { return s.pageReady.Seconds() })))
+	bytesPerS := func(s sample) float64 { return float64(s.bytes) }
+	if xb := median(get(xf, bytesPerS)); xb > 0 {
+		s["bytes_ratio_tsgu"] = round3(median(get(br, bytesPerS)) / xb)
+	}
+	if len(perMiBRatio) > 0 {
+		s["gateway_cpu_per_byte_ratio_tsgu"] = round3(median(perMiBRatio))
+	}
+	if len(cpuRatio) > 0 {
+		s["gateway_cpu_ratio_tsgu"] = round3(median(cpuRatio))
+		s["gateway_cpu_ratio_tsgu_worst"] = round3(maxOf(cpuRatio))
+	}
+}
+
+func write(res *report.Result, dir string) error {
+	if err := res.WriteJSON(dir); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Browser desktops\n\n`%s`\n\nMeasured %s on %d CPUs, %.0f GiB, Linux %s, %s.\n\n", res.Command, res.Started.Format(time.RFC3339),
+		res.Machine.CPUs, float64(res.Machine.MemBytes)/(1<<30), res.Machine.Kernel, res.Machine.Go)
+	t := report.Table{Title: "Each run, the two clients taking turns on one session", Head: []string{"Run", "Client", "Click to first frame (s)", "Frames/s, window moving", "Gateway CPU (%)", "Through the gateway (KiB/s)", "Gateway CPU (ms/MiB)"}}
+	ff := map[string][]float64{}
+	var labels []string
+	for _, p := range res.Points {
+		run := fmt.Sprint(p.Params["run"])
+		t.Rows = append(t.Rows, []string{run, p.System, fmt.Sprintf("%.2f", p.Metrics["first_frame_s"]), fmt.Sprintf("%.1f", p.Metrics["fps"]),
+			fmt.Sprintf("%.2f", p.Metrics["gateway_cpu_pct"]), fmt.Sprintf("%.0f", p.Metrics["gateway_kbytes_per_s"]), fmt.Sprintf("%.1f", p.Metrics["gateway_cpu_ms_per_mib"])})
+		ff[p.System] = append(ff[p.System], p.Metrics["first_frame_s"])
+		if p.System == "deskway-browser" {
+			labels = append(labels, "run "+run)
+		}
+	}
+	s := res.Summary
+	fmt.Fprintf(&b, "Summary (medians over runs): click on Connect to first frame %.2f s in the browser (its page and client loaded in %.2f s before that), %.2f s with xfreerdp from its start: **%.2f ×** (worst run %.2f ×); frames shown while a window moves %.1f/s and %.1f/s; gateway CPU for the browser session **%.2f ×** that of the MS-TSGU tunnel (worst run %.2f ×), for %.2f × the bytes, so %.2f × per byte.\n\n",
+		s["browser_first_frame_s"], s["browser_page_ready_s"], s["xfreerdp_first_frame_s"], s["first_frame_ratio"], s["first_frame_ratio_worst"], s["browser_fps"], s["xfreerdp_fps"],
+		s["gateway_cpu_ratio_tsgu"], s["gateway_cpu_ratio_tsgu_worst"], s["bytes_ratio_tsgu"], s["gateway_cpu_per_byte_ratio_tsgu"])
+	b.WriteString(t.Markdown())
+	b.WriteString("\n## How it was measured\n\n")
+	for _, n := range res.Notes {
+		b.WriteString("- " + n + "\n")
+	}
+	b.WriteString("\nChart: `first-frame.svg`. What each client showed at the end of the last run's moving window: `browser-moving.png`, `xfreerdp-moving.png`.\n")
+	if err := os.WriteFile(filepath.Join(dir, "result.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return report.BarChart(filepath.Join(dir, "first-frame.svg"), "Click to first frame", "seconds", labels,
+		[]report.Series{{Name: "browser", Y: ff["deskway-browser"]}, {Name: "xfreerdp", Y: ff["deskway-xfreerdp"]}})
+}
+
+// browser is one chromium, signed in to the portal.
+type browser struct {
+	ctx     context.Context
+	cancels []context.CancelFunc
+	tab     context.Context
+	tabStop context.CancelFunc
+}
+
+func newBrowser(ctx context.Context, profile string) (*browser, error) {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath("/usr/bin/chromium"),
+		chromedp.NoSandbox,
+		chromedp.Flag("ignore-certificate-errors", true),
+		chromedp.WindowSize(1280, 800),
+		chromedp.UserDataDir(profile),
+	)
+	actx, c1 := chromedp.NewExecAllocator(ctx, opts...)
+	bctx, c2 := chromedp.NewContext(actx)
+	b := &browser{ctx: bctx, cancels: []context.CancelFunc{c2, c1}}
+	if err := chromedp.Do(bctx); err != nil {
+		b.close()
+		return nil, fmt.Errorf("starting chromium: %w", err)
+	}
+	return b, nil
+}
+
+func (b *browser) close() {
+	b.closeTab()
+	for _, c := range b.cancels {
+		c()
+	}
+}
+
+func (b *browser) closeTab() {
+	if b.tabStop != nil {
+		b.tabStop()
+		b.tab, b.tabStop = nil, nil
+	}
+}
+
+func (b *browser) signIn(r *rig) error {
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	return chromedp.Do(ctx,
+		chromedp.Navigate(r.portal+"/signin"),
+		chromedp.WaitVisible(chromedp.ID("user")),
+		chromedp.SendKeys(chromedp.ID("user"), benchUser),
+		chromedp.SendKeys(chromedp.ID("password"), r.password),
+		chromedp.Click(chromedp.CSS("form[action='/signin'] button")),
+		chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk'] button[formaction='/browser']")),
+	)
+}
+
+// firstFrameJS clicks Connect and resolves with the milliseconds until an
+// animation frame in which the canvas shows the navy xterm.
+const firstFrameJS = `new Promise((resolve) => {
+	const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas');
+	const t0 = performance.now();
+	document.querySelector('#credentials button').click();
+	const poll = () => {
+		if (c.width > 100 && c.height > 100) {
+			const d = c.getContext('2d', { willReadFrequently: true }).getImageData(0, 60, c.width, 1).data;
+			for (let i = 0; i < d.length; i += 4) {
+				if (d[i] < 16 && d[i+1] < 16 && d[i+2] > 112 && d[i+2] < 144) { resolve(performance.now() - t0); return; }
+			}
+		}
+		requestAnimationFrame(poll);
+	};
+	requestAnimationFrame(poll);
+})`
+
+// connect opens the desktop in a new tab and returns the time from the
+// click on Connect to the first frame showing the xterm.
+func (b *browser) connect(r *rig, sized bool, ready *time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(r.portal+"/"), chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk'] button[formaction='/browser']"))); err != nil {
+		return 0, err
+	}
+	ch := chromedp.WaitNewTarget(b.ctx, func(i *target.Info) bool { return i.Type == "page" })
+	clicked := time.Now()
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='desk'] button[formaction='/browser']"))); err != nil {
+		return 0, err
+	}
+	var id target.ID
+	select {
+	case id = <-ch:
+	case <-ctx.Done():
+		return 0, errors.New("Open in browser opened no tab")
+	}
+	b.tab, b.tabStop = chromedp.NewContext(b.ctx, chromedp.WithTargetID(id))
+	// The first action on a tab attaches to it for as long as its context
+	// lives: attach on the tab's own context, not a timed one.
+	if err := chromedp.Do(b.tab); err != nil {
+		return 0, err
+	}
+	tctx, cancel2 := context.WithTimeout(b.tab, time.Minute)
+	defer cancel2()
+	if err := chromedp.Do(tctx,
+		chromedp.WaitVisible(chromedp.CSS("#browser[data-ready='true'] #password")),
+	); err != nil {
+		return 0, err
+	}
+	if ready != nil {
+		*ready = time.Since(clicked)
+	}
+	if err := chromedp.Do(tctx, chromedp.SendKeys(chromedp.ID("password"), r.password)); err != nil {
+		return 0, err
+	}
+	ms, err := chromedp.Run(tctx, chromedp.Evaluate[float64](firstFrameJS, chromedp.EvalAwaitPromise))
+	if err != nil {
+		return 0, fmt.Errorf("first frame: %w", err)
+	}
+	if !sized {
+		w, err := chromedp.Run(tctx, chromedp.Evaluate[[]int](`(() => { const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas'); return [c.width, c.height]; })()`))
+		if err != nil || len(w) != 2 {
+			return 0, fmt.Errorf("canvas size: %v", err)
+		}
+		r.desktopW, r.desktopH = w[0], w[1]
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// edgesJS counts, for ms milliseconds, the changes of the xterm's right
+// edge on row 60 of the canvas, checked in every animation frame. The
+// right edge leads the move, so a client that leaves stale pixels behind
+// the window is still seen to draw each new position.
+const edgesJS = `new Promise((resolve) => {
+	const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas');
+	const ctx = c.getContext('2d', { willReadFrequently: true });
+	const end = performance.now() + %d;
+	let last = -2, changes = 0;
+	const poll = () => {
+		const d = ctx.getImageData(0, 60, c.width, 1).data;
+		let edge = -1;
+		for (let i = d.length - 4; i >= 0; i -= 4) {
+			if (d[i] < 16 && d[i+1] < 16 && d[i+2] > 112 && d[i+2] < 144) { edge = i / 4; break; }
+		}
+		if (edge >= 0 && last >= 0 && edge !== last) changes++;
+		if (edge >= 0) last = edge;
+		if (performance.now() < end) { requestAnimationFrame(poll); } else { resolve(changes); }
+	};
+	requestAnimationFrame(poll);
+})`
+
+func (b *browser) measure(ctx context.Context, r *rig, window time.Duration, shot string) (sample, error) {
+	var s sample
+	var err error
+	if s.firstFrame, err = b.connect(r, true, &s.pageReady); err != nil {
+		return s, err
+	}
+	defer b.closeTab()
+	err = moving(ctx, r, window, &s, func() (int, error) {
+		tctx, cancel := context.WithTimeout(b.tab, window+30*time.Second)
+		defer cancel()
+		n, err := chromedp.Run(tctx, chromedp.Evaluate[int](fmt.Sprintf(edgesJS, window.Milliseconds()), chromedp.EvalAwaitPromise))
+		if err == nil && shot != "" {
+			png, serr := chromedp.Run(tctx, chromedp.FullScreenshot(90))
+			if serr == nil {
+				serr = os.WriteFile(shot, png, 0o644)
+			}
+			if serr != nil {
+				return n, fmt.Errorf("screenshot: %w", serr)
+			}
+		}
+		return n, err
+	})
+	return s, err
+}
+
+// moving starts the window moving, lets count count the frames shown for
+// window while the gateway's CPU and bytes are read, and stops it.
+func moving(ctx context.Context, r *rig, window time.Duration, s *sample, count func() (int, error)) error {
+	if err := os.WriteFile(moveFlag, nil, 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(moveFlag)
+	time.Sleep(time.Second) // the loop in the session sees the flag
+	a, err := procstat.ThreadsCPU(r.gatewayPID)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	b0, err := r.gatewayBytes(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := count()
+	if err != nil {
+		return fmt.Errorf("counting frames: %w", err)
+	}
+	b1, err := r.gatewayBytes(ctx)
+	if err != nil {
+		return err
+	}
+	z, err := procstat.ThreadsCPU(r.gatewayPID)
+	if err != nil {
+		return err
+	}
+	s.fps = float64(n) / window.Seconds()
+	s.cpuPct = 100 * (z - a).Seconds() / time.Since(t0).Seconds()
+	s.bytes = b1 - b0
+	return nil
+}
+
+// measureXfreerdp connects xfreerdp with a fresh .rdp file from the
+// broker and samples its screen on the Xvfb.
+func measureXfreerdp(ctx context.Context, r *rig, window time.Duration, shot string) (sample, error) {
+	var s sample
+	rdp, err := r.launchRDP(ctx)
+	if err != nil {
+		return s, err
+	}
+	file := filepath.Join(r.dir, "desk.rdp")
+	if err := os.WriteFile(file, []byte(rdp), 0o600); err != nil {
+		return s, err
+	}
+	// Xvfb takes local clients without a cookie; xgb would log that it
+	// found none.
+	xgb.Logger.SetOutput(io.Discard)
+	x, err := xgb.NewConnDisplay(r.display)
+	if err != nil {
+		return s, fmt.Errorf("X display %s: %w", r.display, err)
+	}
+	defer x.Close()
+	root := xproto.Setup(x).DefaultScreen(x).Root
+	// edge is the xterm's right edge on row 60 of the screen, or -1.
+	edge := func() int {
+		img, err := xproto.GetImage(x, xproto.ImageFormatZPixmap, xproto.Drawable(root), 0, 60, uint16(r.desktopW), 1, 0xffffffff).Reply()
+		if err != nil {
+			return -1
+		}
+		d := img.Data // 32 bits a pixel: blue, green, red, pad
+		for i := len(d) - 4; i >= 0; i -= 4 {
+			if d[i+2] < 16 && d[i+1] < 16 && d[i] > 112 && d[i] < 144 {
+				return i / 4
+			}
+		}
+		return -1
+	}
+	t0 := time.Now()
+	p, err := start([]string{"DISPLAY=" + r.display}, "xfreerdp", file, "/u:"+benchUser, "/p:"+r.password, "/cert:ignore", "/gt:http",
+		fmt.Sprintf("/size:%dx%d", r.desktopW, r.desktopH), "/log-level:ERROR")
+	if err != nil {
+		return s, err
+	}
+	defer p.stop()
+	for edge() < 0 {
+		if time.Since(t0) > time.Minute {
+			return s, fmt.Errorf("xfreerdp showed no desktop in a minute:\n%s", p.tail(20))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	s.firstFrame = time.Since(t0)
+	err = moving(ctx, r, window, &s, func() (int, error) {
+		end := time.Now().Add(window)
+		last, changes := -2, 0
+		for time.Now().Before(end) {
+			e := edge()
+			if e >= 0 && last >= 0 && e != last {
+				changes++
+			}
+			if e >= 0 {
+				last = e
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if shot != "" {
+			out, err := exec.Command("import", "-display", r.display, "-window", "root", "-crop", fmt.Sprintf("%dx%d+0+0", r.desktopW, r.desktopH), shot).CombinedOutput()
+			if err != nil {
+				return changes, fmt.Errorf("screenshot: %v %s", err, out)
+			}
+		}
+		return changes, nil
+	})
+	return s, err
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func maxOf(v []float64) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
+
+func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }

@@ -1,0 +1,425 @@
+package browserbench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/tlsconf"
+)
+
+// benchUser is the session host account both clients log on as.
+const benchUser = "dwbench"
+
+// moveFlag, while it exists, makes the session's xterm move itself.
+const moveFlag = "/tmp/deskway-bench-move"
+
+// startwm is the session: one navy xterm at +40+40 that, while moveFlag
+// exists, moves itself sideways 8 pixels every 30 ms (xterm's window
+// operations, so no window manager is needed) and scrolls a directory
+// listing, then returns to +40+40.
+const startwm = `#!/bin/sh
+exec xterm -xrm 'XTerm*allowWindowOps: true' -geometry 80x30+40+40 -bg navy -fg white -e sh -c '
+echo DESKWAY-BENCH
+while :; do
+  if [ -e ` + moveFlag + ` ]; then
+    x=40
+    while [ -e ` + moveFlag + ` ]; do
+      x=$((x+8)); [ $x -gt 560 ] && x=40
+      printf "\033[3;%d;40t" $x
+      ls -l /usr/bin | head -n 12
+      sleep 0.03
+    done
+    printf "\033[3;40;40t"
+  else
+    sleep 0.2
+  fi
+done'
+`
+
+// proc is a started program, stopped with its process group.
+type proc struct {
+	cmd *exec.Cmd
+	out *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func start(env []string, name string, args ...string) (*proc, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	return &proc{cmd: cmd, out: out}, nil
+}
+
+func (p *proc) stop() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// tail is the last lines a process wrote, for an error message.
+func (p *proc) tail(n int) string {
+	lines := strings.Split(strings.TrimSpace(p.out.String()), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// rig is one xrdp host, a deskway gateway on its own (so its CPU is the
+// gateway's alone), a broker, agent and portal beside it, and an Xvfb for
+// xfreerdp.
+type rig struct {
+	dir                  string
+	password             string
+	rdpPort, gwPort      int
+	adminPort, webPort   int
+	brokerPort           int
+	display              string
+	gw, rest             *proc
+	procs                []*proc
+	client               *http.Client
+	portal, adminToken   string
+	brokerURL, xrdpAddr  string
+	desktopW, desktopH   int
+	xrdpCertSHA256       string
+	gatewayPID           int
+	gatewayAdminURL      string
+	frontendToken        string
+	deskwayExe, tokenKey string
+}
+
+func (r *rig) close() {
+	_ = os.Remove(moveFlag)
+	for i := len(r.procs) - 1; i >= 0; i-- {
+		r.procs[i].stop()
+	}
+	_ = exec.Command("pkill", "-KILL", "-u", benchUser).Run()
+}
+
+func randomString(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+const gatewayYAML = `state_dir: %[1]s/gw
+log: {level: info, format: json}
+admin: {listen: "127.0.0.1:%[2]d", tokens: ["%[3]s"]}
+tls: {cert: %[1]s/tls.crt, key: %[1]s/tls.key}
+auth:
+  token_key: "%[4]s"
+gateway:
+  listen: "127.0.0.1:%[5]d"
+  public_name: "127.0.0.1:%[5]d"
+  browser_origins: ["https://127.0.0.1:%[6]d"]
+  connection_policies:
+  - {name: bench, groups: [bench], auth_methods: [paa]}
+  resource_policies:
+  - {name: rdp, groups: [bench], hosts: [127.0.0.1], ports: [%[7]d], host_certificate_sha256: [%[8]s]}
+`
+
+const restYAML = `state_dir: %[1]s/rest
+log: {level: info, format: json}
+tls: {cert: %[1]s/tls.crt, key: %[1]s/tls.key}
+auth:
+  token_key: "%[2]s"
+  users:
+  - {name: %[3]s, password: "%[4]s", groups: [bench]}
+broker:
+  listen: "127.0.0.1:%[5]d"
+  gateway: "127.0.0.1:%[6]d"
+  frontend_tokens: ["%[7]s"]
+  heartbeat_interval: 1s
+  delivery_groups:
+  - {name: desk, groups: [bench]}
+agent:
+  broker: https://127.0.0.1:%[5]d
+  broker_ca: %[1]s/tls.crt
+  join_token: "%[8]s"
+  name: xrdp-host
+  address: 127.0.0.1
+  port: %[9]d
+  sessions: xrdp
+  session_poll: 500ms
+web:
+  listen: "127.0.0.1:%[10]d"
+  title: Deskway bench
+`
+
+// setUp starts everything; close stops it, also after an error.
+func (r *rig) setUp(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return errors.New("browserbench: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the user " + benchUser)
+	}
+	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "chromium", "xterm", "useradd", "chpasswd", "pkill", "import"} {
+		if _, err := exec.LookPath(p); err != nil {
+			return fmt.Errorf("browserbench: %s is missing (make deps installs it)", p)
+		}
+	}
+	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
+		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
+			c.Close()
+			return fmt.Errorf("browserbench: a session manager already listens on %s; stop it first", a)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r.deskwayExe = exe
+	if r.xrdpCertSHA256, err = certSHA256("/etc/xrdp/cert.pem"); err != nil {
+		return fmt.Errorf("browserbench: xrdp's certificate: %w", err)
+	}
+	// The host account, its session and the file that moves its window.
+	r.password = "Bench-" + randomString(12)
+	if _, err := user.Lookup(benchUser); err != nil {
+		if out, err := exec.Command("useradd", "-m", "-s", "/bin/sh", benchUser).CombinedOutput(); err != nil {
+			return fmt.Errorf("useradd: %v %s", err, out)
+		}
+	}
+	cp := exec.Command("chpasswd")
+	cp.Stdin = strings.NewReader(benchUser + ":" + r.password + "\n")
+	if out, err := cp.CombinedOutput(); err != nil {
+		return fmt.Errorf("chpasswd: %v %s", err, out)
+	}
+	home := "/home/" + benchUser
+	if err := os.WriteFile(home+"/startwm.sh", []byte(startwm), 0o755); err != nil {
+		return err
+	}
+	_ = exec.Command("chown", benchUser, home+"/startwm.sh").Run()
+	_ = exec.Command("pkill", "-KILL", "-u", benchUser).Run()
+	_ = os.Remove(moveFlag)
+
+	ports := make([]int, 5)
+	for i := range ports {
+		if ports[i], err = loopback.FreePort(); err != nil {
+			return err
+		}
+	}
+	r.rdpPort, r.gwPort, r.adminPort, r.webPort, r.brokerPort = ports[0], ports[1], ports[2], ports[3], ports[4]
+	r.xrdpAddr = fmt.Sprintf("127.0.0.1:%d", r.rdpPort)
+
+	// xrdp on its own port, from the system's configuration.
+	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
+	if err != nil {
+		return err
+	}
+	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+r.xrdpAddr)
+	iniPath := filepath.Join(r.dir, "xrdp.ini")
+	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
+	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
+	_ = os.Remove("/var/run/xrdp/xrdp.pid")
+	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
+		p, err := start(nil, c[0], c[1:]...)
+		if err != nil {
+			return err
+		}
+		r.procs = append(r.procs, p)
+	}
+	if err := loopback.WaitPort(r.xrdpAddr, 10*time.Second); err != nil {
+		return fmt.Errorf("xrdp: %w", err)
+	}
+
+	// Xvfb for xfreerdp.
+	for n := 150; n < 200 && r.display == ""; n++ {
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
+			continue
+		}
+		p, err := start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
+		if err != nil {
+			return err
+		}
+		r.procs = append(r.procs, p)
+		for i := 0; i < 100; i++ {
+			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+				r.display = fmt.Sprintf(":%d", n)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if r.display == "" {
+		return errors.New("browserbench: Xvfb did not start")
+	}
+
+	// deskway: the gateway alone, then broker, agent and portal.
+	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
+		return err
+	}
+	pemCert, err := os.ReadFile(filepath.Join(r.dir, "tls.crt"))
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemCert)
+	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	r.tokenKey, r.adminToken, r.frontendToken = randomString(40), randomString(24), randomString(24)
+	gwCfg := filepath.Join(r.dir, "gateway.yaml")
+	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.adminPort, r.adminToken, r.tokenKey, r.gwPort, r.webPort, r.rdpPort, r.xrdpCertSHA256)), 0o600); err != nil {
+		return err
+	}
+	if r.gw, err = start(nil, exe, "gateway", "-c", gwCfg); err != nil {
+		return err
+	}
+	r.procs = append(r.procs, r.gw)
+	r.gatewayPID = r.gw.cmd.Process.Pid
+	r.gatewayAdminURL = fmt.Sprintf("https://127.0.0.1:%d", r.adminPort)
+	restCfg := filepath.Join(r.dir, "rest.yaml")
+	write := func(join string) error {
+		return os.WriteFile(restCfg, []byte(fmt.Sprintf(restYAML, r.dir, r.tokenKey, benchUser, r.password, r.brokerPort, r.gwPort, r.frontendToken, join, r.rdpPort, r.webPort)), 0o600)
+	}
+	if err := write("placeholder"); err != nil {
+		return err
+	}
+	out, err := exec.Command(exe, "token", "join", "-c", restCfg, "--group", "desk", "--ttl", "1h").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("deskway token join: %v %s", err, out)
+	}
+	if err := write(strings.TrimSpace(string(out))); err != nil {
+		return err
+	}
+	if r.rest, err = start(nil, exe, "run", "-c", restCfg); err != nil {
+		return err
+	}
+	r.procs = append(r.procs, r.rest)
+	r.portal = fmt.Sprintf("https://127.0.0.1:%d", r.webPort)
+	r.brokerURL = fmt.Sprintf("https://127.0.0.1:%d", r.brokerPort)
+	for _, a := range []string{fmt.Sprintf("127.0.0.1:%d", r.gwPort), fmt.Sprintf("127.0.0.1:%d", r.brokerPort), fmt.Sprintf("127.0.0.1:%d", r.webPort)} {
+		if err := loopback.WaitPort(a, 20*time.Second); err != nil {
+			return fmt.Errorf("deskway: %w\n%s\n%s", err, r.gw.tail(10), r.rest.tail(10))
+		}
+	}
+	// The agent registers the host; wait until a launch succeeds.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		if _, err := r.launchRDP(ctx); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("browserbench: the broker cannot launch: %w\n%s", err, r.rest.tail(20))
+		}
+	}
+	return nil
+}
+
+// launchRDP asks the broker for the bench user's desktop: an .rdp file
+// through the gateway with a token.
+func (r *rig) launchRDP(ctx context.Context) (string, error) {
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.brokerURL+"/api/v1/launch", strings.NewReader(`{"delivery_group":"desk"}`))
+	req.SetBasicAuth(benchUser, r.password)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var lr struct {
+		RDP string `json:"rdp"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("launch: %s", resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&lr); err != nil {
+		return "", err
+	}
+	return lr.RDP, nil
+}
+
+// gatewayBytes is what the gateway's open tunnels have moved, both ways.
+func (r *rig) gatewayBytes(ctx context.Context) (uint64, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", r.gatewayAdminURL+"/api/v1/gateway/tunnels", nil)
+	req.Header.Set("Authorization", "Bearer "+r.adminToken)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Tunnels []struct {
+			Up   uint64 `json:"bytes_up"`
+			Down uint64 `json:"bytes_down"`
+			Open bool   `json:"channel_open"`
+		} `json:"tunnels"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, t := range body.Tunnels {
+		if t.Open {
+			n += t.Up + t.Down
+		}
+	}
+	return n, nil
+}
+
+func certSHA256(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return "", fmt.Errorf("%s holds no PEM block", path)
+	}
+	if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(blk.Bytes)
+	return hex.EncodeToString(sum[:]), nil
+}
