@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"github.com/gobwas/ws"
 
 	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/proto/bitmapupdate"
 	"github.com/deskway/deskway/internal/proto/rdcleanpath"
 	"github.com/deskway/deskway/internal/proto/tsgu"
 	"github.com/deskway/deskway/internal/proto/x224"
@@ -358,15 +360,22 @@ func (tn *tunnel) relayBrowser(bt *browserTransport, host *tls.Conn) error {
 
 func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 	buf := make([]byte, 16<<10) // one TLS record's worth
+	var out outputFramer
 	for {
 		n, err := host.Read(buf)
 		if n > 0 {
-			if werr := bt.writeBinary(buf[:n]); werr != nil {
-				tn.reasonf("%s", tn.writeFailure("client", werr))
-				return werr
-			}
 			tn.bytesDown.Add(uint64(n))
-			tn.lastSend.Store(time.Now().UnixNano())
+			pdus, ferr := out.feed(buf[:n])
+			if ferr != nil {
+				tn.log.Warn("host output not understood; passing it on as it is", "err", ferr)
+			}
+			if len(pdus) > 0 {
+				if werr := bt.writeBinary(pdus); werr != nil {
+					tn.reasonf("%s", tn.writeFailure("client", werr))
+					return werr
+				}
+				tn.lastSend.Store(time.Now().UnixNano())
+			}
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -377,6 +386,43 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 			return err
 		}
 	}
+}
+
+// outputFramer cuts the host's output into whole PDUs and widens the
+// destination of each bitmap update to the bitmap's size before the
+// browser draws it (see package bitmapupdate: xrdp's padded bitmaps are
+// otherwise drawn sheared by the web client). Anything it cannot frame
+// makes it pass the rest of the session through untouched.
+type outputFramer struct {
+	pending []byte
+	off     bool
+}
+
+// feed takes bytes from the host and returns the whole PDUs among them.
+func (f *outputFramer) feed(p []byte) ([]byte, error) {
+	if f.off {
+		return p, nil
+	}
+	f.pending = append(f.pending, p...)
+	done := 0
+	for done < len(f.pending) {
+		n, err := bitmapupdate.Len(f.pending[done:])
+		if err != nil {
+			f.off = true
+			return f.pending, err
+		}
+		if n == 0 || n > len(f.pending)-done {
+			break
+		}
+		if _, err := bitmapupdate.Widen(f.pending[done : done+n]); err != nil {
+			f.off = true
+			return f.pending, err
+		}
+		done += n
+	}
+	out := bytes.Clone(f.pending[:done])
+	f.pending = append(f.pending[:0], f.pending[done:]...)
+	return out, nil
 }
 
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {

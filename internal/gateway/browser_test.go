@@ -216,6 +216,17 @@ func TestBrowserSession(t *testing.T) {
 	if echo, err := b.next(); err != nil || !bytes.Equal(echo, clientInfo(0x13b)) {
 		t.Fatalf("echo %x, %v", echo, err)
 	}
+	// A bitmap update from the host reaches the browser with its
+	// destination as wide as its bitmap (494 px of a 496-px bitmap: xrdp's
+	// padding, which the web client would draw sheared).
+	padded, _ := hex.DecodeString("0300003a02f080680001" + "03eb70802b2b0017" + "00ea03ea03010000011d000200000001000100280" +
+		"0a4011502b301f00110001000010403" + "00aabbcc")
+	widened, _ := hex.DecodeString("0300003a02f080680001" + "03eb70802b2b0017" + "00ea03ea03010000011d000200000001000100280" +
+		"0a4011702b301f00110001000010403" + "00aabbcc")
+	b.send(t, padded)
+	if echo, err := b.next(); err != nil || !bytes.Equal(echo, widened) {
+		t.Fatalf("the host's bitmap update reached the browser as %x, %v; want %x", echo, err, widened)
+	}
 	// After the Client Info PDU bytes pass untouched.
 	tail := append([]byte{0x44, 0x0a}, bytes.Repeat([]byte{0xaa}, 3000)...)
 	b.send(t, tail)

@@ -64,6 +64,11 @@ type sample struct {
 func Run(ctx context.Context, o Options) (*report.Result, error) {
 	o.defaults()
 	res := &report.Result{Bench: "browser", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(), Summary: map[string]float64{}}
+	if o.Out != "" {
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	dir, err := os.MkdirTemp("", "deskway-browserbench-")
 	if err != nil {
 		return nil, err
