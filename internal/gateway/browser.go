@@ -428,7 +428,7 @@ func (f *outputFramer) feed(p []byte) ([]byte, error) {
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 	wto := tn.srv.cfg.WriteTimeout.D()
 	buf := make([]byte, 16<<10)
-	var logon logonWatch
+	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags)}
 	for {
 		n, err := bt.in.Read(buf)
 		if n > 0 {
@@ -442,6 +442,10 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 			if logon.set {
 				logon.set = false
 				tn.log.Debug("auto-logon turned on in the client info")
+			}
+			if logon.withheld > 0 {
+				tn.log.Info("channels withheld by the connection policy", "channels", logon.withhold, "policy", tn.grant.Policy)
+				logon.withheld = 0
 			}
 			if len(out) > 0 {
 				_ = host.SetWriteDeadline(time.Now().Add(wto))
@@ -460,12 +464,36 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 // logonWatch passes the client's connection sequence through whole TPKT
 // packets until the Client Info PDU, where it turns on auto-logon: the
 // browser client never sets it, and without it xrdp shows its own login
-// dialog although the user gave the credentials. From then on, or at the
-// first packet that is not TPKT, it passes bytes through untouched.
+// dialog although the user gave the credentials. On the way it renames
+// the static channels the connection policy withholds, in the client's
+// MCS Connect Initial, so the host opens none of them. From then on, or
+// at the first packet that is not TPKT, it passes bytes through untouched.
 type logonWatch struct {
-	pending []byte
-	done    bool
-	set     bool // auto-logon was turned on by the last feed
+	withhold []string
+	pending  []byte
+	done     bool
+	set      bool // auto-logon was turned on by the last feed
+	withheld int  // channels renamed by the last feed
+}
+
+// withheldChannels are the static channels a policy's redirection flags
+// forbid: the clipboard's, and device redirection's when every device
+// class is off. A browser cannot be trusted to honour the flags as
+// mstsc does, so the gateway enforces them.
+func withheldChannels(flags uint32) []string {
+	if flags&tsgu.RedirEnableAll != 0 {
+		return nil
+	}
+	all := flags&tsgu.RedirDisableAll != 0
+	var out []string
+	if all || flags&tsgu.RedirDisableClipboard != 0 {
+		out = append(out, "cliprdr")
+	}
+	devices := tsgu.RedirDisableDrive | tsgu.RedirDisablePrinter | tsgu.RedirDisablePort | tsgu.RedirDisablePnP
+	if all || flags&devices == devices {
+		out = append(out, "rdpdr")
+	}
+	return out
 }
 
 // feed takes bytes from the client and returns those to send on now.
@@ -486,6 +514,13 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 		}
 		if n == 0 || len(w.pending) < n {
 			return out, nil
+		}
+		if len(w.withhold) > 0 {
+			k, err := x224.DisableChannels(w.pending[:n], w.withhold)
+			if err != nil {
+				return nil, err
+			}
+			w.withheld += k
 		}
 		ok, err := x224.SetAutoLogon(w.pending[:n])
 		if err != nil {

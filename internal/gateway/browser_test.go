@@ -353,3 +353,61 @@ func TestBrowserSessionsOffByDefault(t *testing.T) {
 		t.Fatalf("%s %q", resp.Status, body)
 	}
 }
+
+// connectInitial is a client's MCS Connect Initial cut to its wrapping
+// and its network data, asking for the given static channels.
+func connectInitial(channels ...string) []byte {
+	net := binary.LittleEndian.AppendUint16(nil, 0xC003)
+	net = binary.LittleEndian.AppendUint16(net, uint16(8+12*len(channels)))
+	net = binary.LittleEndian.AppendUint32(net, uint32(len(channels)))
+	for _, c := range channels {
+		name := make([]byte, 8)
+		copy(name, c)
+		net = append(append(net, name...), 0x00, 0x00, 0x80, 0x80)
+	}
+	body := append([]byte{0x02, 0xf0, 0x80, 0x7f, 0x65, 0x82, 0x01, 0x90, 0x04, 0x01, 0x01, 0x04, 0x01, 0x01, 0x01, 0x01, 0xff}, net...)
+	return append([]byte{3, 0, byte((len(body) + 4) >> 8), byte(len(body) + 4)}, body...)
+}
+
+// TestBrowserClipboardWithheldByPolicy: a connection policy that allows
+// no clipboard makes the gateway rename the browser's clipboard channel
+// in its Connect Initial, so the host opens no clipboard; one that allows
+// it leaves the channel alone.
+func TestBrowserClipboardWithheldByPolicy(t *testing.T) {
+	for _, c := range []struct {
+		redirection []string
+		want        []byte
+	}{
+		{[]string{"drives"}, connectInitial("rdpdr", "_liprdr", "drdynvc")},
+		{[]string{"none"}, connectInitial("_dpdr", "_liprdr", "drdynvc")},
+		{nil, connectInitial("rdpdr", "cliprdr", "drdynvc")},
+	} {
+		t.Run(fmt.Sprint(c.redirection), func(t *testing.T) {
+			hostTLS, _, _, _ := testkit.TLS(t)
+			cert := hostTLS.Certificates[0]
+			sum := sha256.Sum256(cert.Certificate[0])
+			h := start(t, func(cfg *config.Config) {
+				cfg.Gateway.BrowserOrigins = []string{portalOrigin}
+				cfg.Gateway.RAP[0].HostCertSHA256 = []string{hex.EncodeToString(sum[:])}
+				cfg.Gateway.CAP[0].Redirection = c.redirection
+			})
+			host := startFakeHost(t, cert, x224.ProtocolSSL)
+			b := openBrowser(t, h, portalOrigin)
+			b.send(t, request(h.token(t, "alice", "127.0.0.1", host.port, time.Minute), fmt.Sprintf("127.0.0.1:%d", host.port)))
+			if msg, err := b.next(); err != nil {
+				t.Fatal(err)
+			} else if p, _ := rdcleanpath.Decode(msg); p == nil || p.Error != nil {
+				t.Fatalf("refused: %+v", p)
+			}
+			b.send(t, connectInitial("rdpdr", "cliprdr", "drdynvc"))
+			select {
+			case got := <-host.got:
+				if !bytes.Equal(got, c.want) {
+					t.Fatalf("the host got\n%x\nwant\n%x", got, c.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the host got nothing")
+			}
+		})
+	}
+}

@@ -1,15 +1,17 @@
 // Package x224 reads the few parts of RDP's connection sequence a gateway
 // that terminates the host's TLS has to understand: TPKT framing (RFC
 // 1006), the X.224 Connection Request and Confirm with their RDP
-// negotiation fields (MS-RDPBCGR 2.2.1.1 and 2.2.1.2), and the Client Info
-// PDU's flags (2.2.1.11), where the gateway turns on auto-logon. It does
-// no I/O.
+// negotiation fields (MS-RDPBCGR 2.2.1.1 and 2.2.1.2), the static
+// channels the client asks for in its MCS Connect Initial (2.2.1.3.4),
+// which the gateway can withhold, and the Client Info PDU's flags
+// (2.2.1.11), where the gateway turns on auto-logon. It does no I/O.
 package x224
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // TPKTHeaderLen is the length of a TPKT header: version 3, a reserved
@@ -177,4 +179,50 @@ func SetAutoLogon(pkt []byte) (bool, error) {
 	f := b[4+4:]
 	binary.LittleEndian.PutUint32(f, binary.LittleEndian.Uint32(f)|InfoAutoLogon)
 	return true, nil
+}
+
+// csNet is the type of the client's network data block (TS_UD_CS_NET).
+const csNet = 0xC003
+
+// DisableChannels looks at one whole TPKT packet from the client. If it
+// holds the client's network data (the static virtual channels of an MCS
+// Connect Initial), every channel named in names (case-insensitively) is
+// renamed so that the host opens nothing behind it: the client's data on
+// it goes nowhere. It returns how many channels it renamed; any other
+// packet is left as it is.
+func DisableChannels(pkt []byte, names []string) (int, error) {
+	if n, err := TPKTLen(pkt); err != nil || n == 0 || n != len(pkt) {
+		return 0, err
+	}
+	// The block sits inside BER and PER wrappings whose lengths the block
+	// itself repeats: find a TS_UD_CS_NET header whose length agrees with
+	// its channel count and that fits the packet.
+	for i := TPKTHeaderLen + 3; i+8 <= len(pkt); i++ {
+		if binary.LittleEndian.Uint16(pkt[i:]) != csNet {
+			continue
+		}
+		size := int(binary.LittleEndian.Uint16(pkt[i+2:]))
+		count := int(binary.LittleEndian.Uint32(pkt[i+4:]))
+		if count > 31 || size != 8+12*count || i+size > len(pkt) {
+			continue
+		}
+		renamed := 0
+		for c := 0; c < count; c++ {
+			name := pkt[i+8+12*c : i+8+12*c+8]
+			end := 0
+			for end < len(name) && name[end] != 0 {
+				end++
+			}
+			for _, want := range names {
+				if end > 0 && strings.EqualFold(string(name[:end]), want) {
+					// A name no host serves, of the same length.
+					name[0] = '_'
+					renamed++
+					break
+				}
+			}
+		}
+		return renamed, nil
+	}
+	return 0, nil
 }

@@ -172,3 +172,60 @@ func FuzzSetAutoLogon(f *testing.F) {
 		_, _ = ParseConnectionConfirm(orig)
 	})
 }
+
+// connectInitial is the start of an MCS Connect Initial as xfreerdp and
+// IronRDP send it, cut to what matters here: its BER and GCC wrapping (of
+// any content), then a TS_UD_CS_NET block with the given channels.
+func connectInitial(channels ...string) []byte {
+	net := binary.LittleEndian.AppendUint16(nil, 0xC003)
+	net = binary.LittleEndian.AppendUint16(net, uint16(8+12*len(channels)))
+	net = binary.LittleEndian.AppendUint32(net, uint32(len(channels)))
+	for _, c := range channels {
+		name := make([]byte, 8)
+		copy(name, c)
+		net = append(net, name...)
+		net = append(net, 0x00, 0x00, 0x80, 0x80) // options
+	}
+	body := append([]byte{0x02, 0xf0, 0x80, 0x7f, 0x65, 0x82, 0x01, 0x90, 0x04, 0x01, 0x01, 0x04, 0x01, 0x01, 0x01, 0x01, 0xff}, net...)
+	return append([]byte{3, 0, byte((len(body) + 4) >> 8), byte(len(body) + 4)}, body...)
+}
+
+func TestDisableChannels(t *testing.T) {
+	pkt := connectInitial("rdpdr", "rdpsnd", "cliprdr", "drdynvc")
+	n, err := DisableChannels(pkt, []string{"CLIPRDR", "rdpdr"})
+	if err != nil || n != 2 {
+		t.Fatalf("renamed %d, %v", n, err)
+	}
+	if want := connectInitial("_dpdr", "rdpsnd", "_liprdr", "drdynvc"); !bytes.Equal(pkt, want) {
+		t.Fatalf("got\n%x\nwant\n%x", pkt, want)
+	}
+	// A packet without the block, and the Client Info PDU, stay as they are.
+	for _, p := range [][]byte{unhex(t, specRequest), clientInfo(0x133, 40)} {
+		orig := bytes.Clone(p)
+		if n, err := DisableChannels(p, []string{"cliprdr"}); n != 0 || err != nil || !bytes.Equal(p, orig) {
+			t.Errorf("changed a packet without channels: %d, %v", n, err)
+		}
+	}
+}
+
+// FuzzDisableChannels: only bytes of channel names change, and only to '_'.
+func FuzzDisableChannels(f *testing.F) {
+	f.Add(connectInitial("rdpdr", "cliprdr"))
+	f.Add(clientInfo(0x133, 0))
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		orig := bytes.Clone(pkt)
+		n, _ := DisableChannels(pkt, []string{"cliprdr", "rdpdr"})
+		diff := 0
+		for i := range pkt {
+			if pkt[i] != orig[i] {
+				diff++
+				if pkt[i] != '_' {
+					t.Fatalf("byte %d became %02x", i, pkt[i])
+				}
+			}
+		}
+		if diff > n {
+			t.Fatalf("%d bytes changed for %d channels", diff, n)
+		}
+	})
+}
