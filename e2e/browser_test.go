@@ -61,6 +61,9 @@ func newBrowserRig(t *testing.T) *browserRig {
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_origins: [\""+portal+"\"]\n", 1)
 		cfg = strings.Replace(cfg, "hosts: [127.0.0.1], ports:", "hosts: [127.0.0.1], host_certificate_sha256: ["+pin+"], ports:", 1)
+		// The clipboard is withheld: the gateway renames the browser's
+		// clipboard channel, and the session must work regardless.
+		cfg = strings.Replace(cfg, "auth_methods: [paa]}", "auth_methods: [paa], redirection: [drives]}", 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)
 	})
 	// A shell in the xterm would echo; cat writes each typed line to a
@@ -223,6 +226,7 @@ func TestBrowserDesktop(t *testing.T) {
 	shot(t, tab, b.artifacts, "browser-2-password")
 	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
 	b.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"browser"`, `"target":"`+b.xrdp.Addr+`"`)
+	b.gatewayLogHas(t, mark, `"channels withheld by the connection policy"`, `"cliprdr"`)
 	// The desktop: xrdp logged the user straight in (no login dialog), so
 	// the session's xterm runs.
 	for deadline := time.Now().Add(20 * time.Second); len(userProcs(t, b.xrdp.User, "xterm")) == 0; time.Sleep(200 * time.Millisecond) {

@@ -44,6 +44,10 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		plain(w, http.StatusNotFound, "browser sessions are off: list the portal's origin in gateway.browser_origins\n")
 		return
 	}
+	if !s.offers(policy.MethodPAA) || s.deps.Tokens == nil {
+		plain(w, http.StatusNotFound, "browser sessions need PAA tokens: add paa to gateway.auth_methods and set auth.token_key\n")
+		return
+	}
 	s.mu.Lock()
 	closing := s.closing
 	s.mu.Unlock()
@@ -59,23 +63,20 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 	bt := &browserTransport{wsTransport: newWSTransport(conn, cs.raw, in, s.cfg.WriteTimeout.D())}
 	origin := r.Header.Get("Origin")
 	s.runWith(bt, hs, "browser", func(tn *tunnel) error {
-		bt.reason = func() string {
-			if r := tn.reason.Load(); r != nil {
-				return *r
-			}
-			return ""
-		}
+		// The gateway's own reasons for ending it reach the page.
+		tn.clientCaps = tsgu.CapMessagingServiceMsg
 		return tn.runBrowser(bt, origin)
 	})
 }
 
 // browserTransport is a browser session's websocket. It carries no
 // MS-TSGU, so what the tunnel's common code sends in MS-TSGU is turned
-// into websocket terms: a keepalive becomes a ping, and the final packets
-// of a close give way to a close frame carrying the reason.
+// into websocket terms: a keepalive becomes a ping, and the service
+// message with which the gateway ends a session (an administrator, a
+// timeout, shutdown) becomes the reason in the close frame. Other ends
+// carry no reason: their errors name the gateway's own addresses.
 type browserTransport struct {
 	*wsTransport
-	reason func() string
 }
 
 // writePacket sends a ping: the only packet the common code sends once a
@@ -85,13 +86,15 @@ func (t *browserTransport) writePacket([]byte) error { return t.writeControl(ws.
 // writeBinary sends p as one binary message.
 func (t *browserTransport) writeBinary(p []byte) error { return t.wsTransport.writePacket(p) }
 
-func (t *browserTransport) close(...[]byte) {
+func (t *browserTransport) close(final ...[]byte) {
 	t.g.shut(func() {
 		msg := []byte{0x03, 0xe8} // 1000 normal closure
-		if t.reason != nil {
-			if r := t.reason(); r != "" {
-				// A close frame's payload is at most 125 bytes.
-				msg = append(msg, truncateUTF8(r, 123)...)
+		for _, p := range final {
+			if m, err := tsgu.Decode(p); err == nil {
+				if sm, ok := m.(*tsgu.ServiceMessage); ok {
+					// A close frame's payload is at most 125 bytes.
+					msg = append(msg, truncateUTF8(sm.Message, 123)...)
+				}
 			}
 		}
 		_ = t.writeFrameLocked(ws.OpClose, msg)
@@ -186,6 +189,11 @@ func (tn *tunnel) runBrowser(bt *browserTransport, origin string) error {
 		// A page of another site must not use a user's browser, and the
 		// token the user holds, to reach a host.
 		return bad(tsgu.EAccessDenied, "origin %q may not open browser sessions (gateway.browser_origins)", origin)
+	}
+	if lk := s.deps.Throttle.Check("", tn.hs.remote); lk != nil {
+		s.metrics.auth.WithLabelValues(policy.MethodPAA, "throttled").Inc()
+		return tn.refuseBrowser(bt, &refusal{tsgu.TypeTunnelCreate, tsgu.EProxyCookieAuthenticationDenied, "failed-login throttle: " + lk.Reason},
+			rdcleanpath.HTTPError(http.StatusTooManyRequests))
 	}
 	if err != nil {
 		if tn.budgetSpent() {
@@ -461,16 +469,21 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 	}
 }
 
-// logonWatch passes the client's connection sequence through whole TPKT
-// packets until the Client Info PDU, where it turns on auto-logon: the
+// logonWatch passes the client's connection sequence through whole
+// packets: CredSSP's DER messages when the host chose NLA, then TPKT
+// packets until the Client Info PDU, where it turns on auto-logon (the
 // browser client never sets it, and without it xrdp shows its own login
-// dialog although the user gave the credentials. On the way it renames
-// the static channels the connection policy withholds, in the client's
-// MCS Connect Initial, so the host opens none of them. From then on, or
-// at the first packet that is not TPKT, it passes bytes through untouched.
+// dialog although the user gave the credentials). On the way it renames
+// the static channels the connection policy withholds in the client's
+// MCS Connect Initial, so the host opens none of them; while channels
+// are withheld, anything else before the Connect Initial ends the
+// session rather than slip past. After the Client Info PDU, or at the
+// first packet of another kind once the Connect Initial is through, it
+// passes bytes on untouched.
 type logonWatch struct {
 	withhold []string
 	pending  []byte
+	sawMCS   bool // the Connect Initial went through
 	done     bool
 	set      bool // auto-logon was turned on by the last feed
 	withheld int  // channels renamed by the last feed
@@ -504,32 +517,51 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 	w.pending = append(w.pending, p...)
 	var out []byte
 	for len(w.pending) > 0 {
-		if w.pending[0] != 3 {
+		var n int
+		var err error
+		switch w.pending[0] {
+		case 0x30: // CredSSP (a DER TSRequest), before the connection sequence
+			n, err = rdcleanpath.Len(w.pending, 0xFFFF)
+			if errors.Is(err, rdcleanpath.ErrShort) {
+				return out, nil
+			}
+		case 3:
+			n, err = x224.TPKTLen(w.pending)
+		default:
+			if len(w.withhold) > 0 && !w.sawMCS {
+				return nil, fmt.Errorf("a packet starting 0x%02x before the MCS Connect Initial, while channels are withheld", w.pending[0])
+			}
 			w.done = true
-			break
+			out = append(out, w.pending...)
+			w.pending = nil
+			return out, nil
 		}
-		n, err := x224.TPKTLen(w.pending)
 		if err != nil {
 			return nil, err
 		}
 		if n == 0 || len(w.pending) < n {
 			return out, nil
 		}
-		if len(w.withhold) > 0 {
-			k, err := x224.DisableChannels(w.pending[:n], w.withhold)
+		pkt := w.pending[:n]
+		if pkt[0] == 3 {
+			ci, k, err := x224.DisableChannels(pkt, w.withhold)
 			if err != nil {
 				return nil, err
 			}
+			w.sawMCS = w.sawMCS || ci
 			w.withheld += k
+			ok, err := x224.SetAutoLogon(pkt)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				w.set = true
+				w.done = w.sawMCS || len(w.withhold) == 0
+			}
 		}
-		ok, err := x224.SetAutoLogon(w.pending[:n])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, w.pending[:n]...)
+		out = append(out, pkt...)
 		w.pending = w.pending[n:]
-		if ok {
-			w.done, w.set = true, true
+		if w.done {
 			break
 		}
 	}

@@ -354,19 +354,86 @@ func TestBrowserSessionsOffByDefault(t *testing.T) {
 	}
 }
 
-// connectInitial is a client's MCS Connect Initial cut to its wrapping
-// and its network data, asking for the given static channels.
-func connectInitial(channels ...string) []byte {
-	net := binary.LittleEndian.AppendUint16(nil, 0xC003)
-	net = binary.LittleEndian.AppendUint16(net, uint16(8+12*len(channels)))
-	net = binary.LittleEndian.AppendUint32(net, uint32(len(channels)))
+func berElem(tag []byte, v []byte) []byte {
+	out := append([]byte{}, tag...)
+	if len(v) < 0x80 {
+		out = append(out, byte(len(v)))
+	} else {
+		out = append(out, 0x82, byte(len(v)>>8), byte(len(v)))
+	}
+	return append(out, v...)
+}
+
+func perLength(n int) []byte {
+	if n < 0x80 {
+		return []byte{byte(n)}
+	}
+	return []byte{0x80 | byte(n>>8), byte(n)}
+}
+
+func dataBlock(typ uint16, body []byte) []byte {
+	b := binary.LittleEndian.AppendUint16(nil, typ)
+	b = binary.LittleEndian.AppendUint16(b, uint16(4+len(body)))
+	return append(b, body...)
+}
+
+// connectInitialWith is a client's MCS Connect Initial as MS-RDPBCGR
+// 2.2.1.3 lays it out, with clientName in its core data and the given
+// static channels in its network data.
+func connectInitialWith(clientName []byte, channels ...string) []byte {
+	core := make([]byte, 212)
+	copy(core[20:52], clientName)
+	net := binary.LittleEndian.AppendUint32(nil, uint32(len(channels)))
 	for _, c := range channels {
 		name := make([]byte, 8)
 		copy(name, c)
 		net = append(append(net, name...), 0x00, 0x00, 0x80, 0x80)
 	}
-	body := append([]byte{0x02, 0xf0, 0x80, 0x7f, 0x65, 0x82, 0x01, 0x90, 0x04, 0x01, 0x01, 0x04, 0x01, 0x01, 0x01, 0x01, 0xff}, net...)
+	blocks := append(append(dataBlock(0xC001, core), dataBlock(0xC002, make([]byte, 8))...), dataBlock(0xC003, net)...)
+	gcc := append([]byte{0x00, 0x08, 0x00, 0x10, 0x00, 0x01, 0xc0, 0x00, 0x44, 0x75, 0x63, 0x61}, append(perLength(len(blocks)), blocks...)...)
+	user := append([]byte{0x00, 0x05, 0x00, 0x14, 0x7c, 0x00, 0x01}, append(perLength(len(gcc)), gcc...)...)
+	params := berElem([]byte{0x30}, []byte{0x02, 0x01, 0x22, 0x02, 0x01, 0x02})
+	ci := append(berElem([]byte{0x04}, []byte{1}), berElem([]byte{0x04}, []byte{1})...)
+	ci = append(ci, berElem([]byte{0x01}, []byte{0xff})...)
+	ci = append(append(append(ci, params...), params...), params...)
+	ci = append(ci, berElem([]byte{0x04}, user)...)
+	body := append([]byte{0x02, 0xf0, 0x80}, berElem([]byte{0x7f, 0x65}, ci)...)
 	return append([]byte{3, 0, byte((len(body) + 4) >> 8), byte(len(body) + 4)}, body...)
+}
+
+func connectInitial(channels ...string) []byte { return connectInitialWith(nil, channels...) }
+
+// withholdingSession opens a browser session on a gateway whose policy
+// allows the given redirection, to a host selecting protocol.
+func withholdingSession(t *testing.T, redirection []string, protocol uint32, mod func(*config.Config)) (*harness, *fakeHost, *browserConn) {
+	t.Helper()
+	hostTLS, _, _, _ := testkit.TLS(t)
+	cert := hostTLS.Certificates[0]
+	sum := sha256.Sum256(cert.Certificate[0])
+	h := start(t, func(cfg *config.Config) {
+		cfg.Gateway.BrowserOrigins = []string{portalOrigin}
+		cfg.Gateway.RAP[0].HostCertSHA256 = []string{hex.EncodeToString(sum[:])}
+		cfg.Gateway.CAP[0].Redirection = redirection
+		if mod != nil {
+			mod(cfg)
+		}
+	})
+	host := startFakeHost(t, cert, protocol)
+	b := openBrowser(t, h, portalOrigin)
+	cr := bytes.Clone(connectionRequest)
+	cr[15] = byte(x224.ProtocolSSL | x224.ProtocolHybrid)
+	req, err := (&rdcleanpath.PDU{Version: rdcleanpath.Version, Destination: fmt.Sprintf("127.0.0.1:%d", host.port),
+		ProxyAuth: h.token(t, "alice", "127.0.0.1", host.port, time.Minute), X224: cr}).Append(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.send(t, req)
+	if msg, err := b.next(); err != nil {
+		t.Fatal(err)
+	} else if p, _ := rdcleanpath.Decode(msg); p == nil || p.Error != nil {
+		t.Fatalf("refused: %+v", p)
+	}
+	return h, host, b
 }
 
 // TestBrowserClipboardWithheldByPolicy: a connection policy that allows
@@ -383,22 +450,7 @@ func TestBrowserClipboardWithheldByPolicy(t *testing.T) {
 		{nil, connectInitial("rdpdr", "cliprdr", "drdynvc")},
 	} {
 		t.Run(fmt.Sprint(c.redirection), func(t *testing.T) {
-			hostTLS, _, _, _ := testkit.TLS(t)
-			cert := hostTLS.Certificates[0]
-			sum := sha256.Sum256(cert.Certificate[0])
-			h := start(t, func(cfg *config.Config) {
-				cfg.Gateway.BrowserOrigins = []string{portalOrigin}
-				cfg.Gateway.RAP[0].HostCertSHA256 = []string{hex.EncodeToString(sum[:])}
-				cfg.Gateway.CAP[0].Redirection = c.redirection
-			})
-			host := startFakeHost(t, cert, x224.ProtocolSSL)
-			b := openBrowser(t, h, portalOrigin)
-			b.send(t, request(h.token(t, "alice", "127.0.0.1", host.port, time.Minute), fmt.Sprintf("127.0.0.1:%d", host.port)))
-			if msg, err := b.next(); err != nil {
-				t.Fatal(err)
-			} else if p, _ := rdcleanpath.Decode(msg); p == nil || p.Error != nil {
-				t.Fatalf("refused: %+v", p)
-			}
+			_, host, b := withholdingSession(t, c.redirection, x224.ProtocolSSL, nil)
 			b.send(t, connectInitial("rdpdr", "cliprdr", "drdynvc"))
 			select {
 			case got := <-host.got:
@@ -409,5 +461,102 @@ func TestBrowserClipboardWithheldByPolicy(t *testing.T) {
 				t.Fatal("the host got nothing")
 			}
 		})
+	}
+}
+
+// TestBrowserWithholdingCannotBeDodged: the ways found around the
+// clipboard policy each fail: a decoy network-data header in the client
+// name, the channel list sent after CredSSP when the host chose NLA, and
+// a packet of another kind sent first to end the gateway's watch.
+func TestBrowserWithholdingCannotBeDodged(t *testing.T) {
+	decoy := []byte{0x03, 0xc0, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00}
+	t.Run("decoy", func(t *testing.T) {
+		_, host, b := withholdingSession(t, []string{"drives"}, x224.ProtocolSSL, nil)
+		b.send(t, connectInitialWith(decoy, "rdpdr", "cliprdr"))
+		if got := recv(t, host); !bytes.Equal(got, connectInitialWith(decoy, "rdpdr", "_liprdr")) {
+			t.Fatalf("the host got the clipboard channel: %x", got)
+		}
+	})
+	t.Run("after CredSSP", func(t *testing.T) {
+		_, host, b := withholdingSession(t, []string{"drives"}, x224.ProtocolHybrid, nil)
+		tsRequest := []byte{0x30, 0x05, 0xa0, 0x03, 0x02, 0x01, 0x06}
+		b.send(t, append(tsRequest, connectInitial("cliprdr")...))
+		if got := recv(t, host); !bytes.Equal(got, append(tsRequest, connectInitial("_liprdr")...)) {
+			t.Fatalf("the host got %x", got)
+		}
+	})
+	t.Run("something else first", func(t *testing.T) {
+		h, host, b := withholdingSession(t, []string{"drives"}, x224.ProtocolSSL, nil)
+		mark := len(h.logs.String())
+		b.send(t, []byte{0x44, 0x05, 0x00, 0x00, 0x00})
+		b.send(t, connectInitial("cliprdr"))
+		if _, err := b.next(); err == nil {
+			t.Fatal("the session went on")
+		}
+		select {
+		case got := <-host.got:
+			t.Fatalf("the host got %x", got)
+		default:
+		}
+		if !strings.Contains(h.logs.String()[mark:], "before the MCS Connect Initial") {
+			t.Errorf("the log does not say why:\n%s", h.logs.String()[mark:])
+		}
+	})
+}
+
+// recv is what the host read first after TLS, or a failure after 5 s.
+func recv(t *testing.T, host *fakeHost) []byte {
+	t.Helper()
+	select {
+	case got := <-host.got:
+		return got
+	case <-time.After(5 * time.Second):
+		t.Fatal("the host got nothing")
+	}
+	return nil
+}
+
+// TestBrowserThrottledAndMethods: an address locked out by failed logins
+// is refused on /rdp as on RDG_OUT_DATA (429), and /rdp is off when the
+// gateway offers no PAA.
+func TestBrowserThrottledAndMethods(t *testing.T) {
+	h, host, _ := browserHarness(t, x224.ProtocolSSL)
+	dest := fmt.Sprintf("127.0.0.1:%d", host.port)
+	var last uint16
+	for i := 0; i < 25 && last != http.StatusTooManyRequests; i++ {
+		b := openBrowser(t, h, portalOrigin)
+		b.send(t, request("forged."+fmt.Sprint(i), dest))
+		msg, err := b.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := rdcleanpath.Decode(msg)
+		if p == nil || p.Error == nil || p.Error.HTTPStatus == nil {
+			t.Fatalf("answer %+v", p)
+		}
+		last = *p.Error.HTTPStatus
+	}
+	if last != http.StatusTooManyRequests {
+		t.Fatalf("25 forged tokens, last answer %d: the throttle never held the address back", last)
+	}
+	hostTLS, _, _, _ := testkit.TLS(t)
+	sum := sha256.Sum256(hostTLS.Certificates[0].Certificate[0])
+	ntlmOnly := start(t, func(c *config.Config) {
+		c.Gateway.BrowserOrigins = []string{portalOrigin}
+		c.Gateway.RAP[0].HostCertSHA256 = []string{hex.EncodeToString(sum[:])}
+		c.Gateway.AuthMethods = []string{"ntlm"}
+	})
+	conn, err := tls.Dial("tcp", ntlmOnly.addr, ntlmOnly.clientTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET /rdp HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nOrigin: "+portalOrigin+"\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("/rdp on a gateway without PAA: %s", resp.Status)
 	}
 }

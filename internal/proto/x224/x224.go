@@ -184,45 +184,143 @@ func SetAutoLogon(pkt []byte) (bool, error) {
 // csNet is the type of the client's network data block (TS_UD_CS_NET).
 const csNet = 0xC003
 
-// DisableChannels looks at one whole TPKT packet from the client. If it
-// holds the client's network data (the static virtual channels of an MCS
-// Connect Initial), every channel named in names (case-insensitively) is
-// renamed so that the host opens nothing behind it: the client's data on
-// it goes nowhere. It returns how many channels it renamed; any other
-// packet is left as it is.
-func DisableChannels(pkt []byte, names []string) (int, error) {
-	if n, err := TPKTLen(pkt); err != nil || n == 0 || n != len(pkt) {
-		return 0, err
+// berTLV reads one BER tag-length-value with a one- or two-byte tag, as
+// MCS encodes them (lengths need not be minimal).
+func berTLV(b []byte) (tag int, value, rest []byte, err error) {
+	if len(b) < 2 {
+		return 0, nil, nil, errors.New("x224: BER element cut short")
 	}
-	// The block sits inside BER and PER wrappings whose lengths the block
-	// itself repeats: find a TS_UD_CS_NET header whose length agrees with
-	// its channel count and that fits the packet.
-	for i := TPKTHeaderLen + 3; i+8 <= len(pkt); i++ {
-		if binary.LittleEndian.Uint16(pkt[i:]) != csNet {
-			continue
+	tag, b = int(b[0]), b[1:]
+	if tag&0x1f == 0x1f { // the application tag 101 of Connect-Initial: 7f 65
+		tag, b = tag<<8|int(b[0]), b[1:]
+	}
+	if len(b) < 1 {
+		return 0, nil, nil, errors.New("x224: BER length missing")
+	}
+	n, b := int(b[0]), b[1:]
+	if n&0x80 != 0 {
+		k := n & 0x7f
+		if k == 0 || k > 2 || len(b) < k {
+			return 0, nil, nil, fmt.Errorf("x224: BER length in %d bytes", k)
 		}
-		size := int(binary.LittleEndian.Uint16(pkt[i+2:]))
-		count := int(binary.LittleEndian.Uint32(pkt[i+4:]))
-		if count > 31 || size != 8+12*count || i+size > len(pkt) {
-			continue
+		n = 0
+		for _, c := range b[:k] {
+			n = n<<8 | int(c)
 		}
-		renamed := 0
-		for c := 0; c < count; c++ {
-			name := pkt[i+8+12*c : i+8+12*c+8]
-			end := 0
-			for end < len(name) && name[end] != 0 {
-				end++
+		b = b[k:]
+	}
+	if n > len(b) {
+		return 0, nil, nil, fmt.Errorf("x224: BER element of %d bytes in %d", n, len(b))
+	}
+	return tag, b[:n], b[n:], nil
+}
+
+// perLen reads a PER length (one byte, or two with the top bit set).
+func perLen(b []byte) (int, []byte, error) {
+	if len(b) < 1 {
+		return 0, nil, errors.New("x224: PER length missing")
+	}
+	switch {
+	case b[0]&0x80 == 0:
+		return int(b[0]), b[1:], nil
+	case b[0]&0xc0 == 0xc0:
+		return 0, nil, errors.New("x224: fragmented PER length")
+	case len(b) < 2:
+		return 0, nil, errors.New("x224: PER length cut short")
+	}
+	return int(b[0]&0x3f)<<8 | int(b[1]), b[2:], nil
+}
+
+// clientDataBlocks returns the client data blocks (TS_UD_CS_*) of an MCS
+// Connect Initial, walking its structure (MS-RDPBCGR 2.2.1.3): the BER
+// Connect-Initial, its userData, the GCC Conference Create Request. It
+// returns nil, nil for a packet that is not a Connect Initial.
+func clientDataBlocks(pkt []byte) ([]byte, error) {
+	b := pkt[TPKTHeaderLen:]
+	if len(b) < 5 || b[0] != 2 || b[1] != 0xf0 || b[3] != 0x7f || b[4] != 0x65 {
+		return nil, nil
+	}
+	tag, ci, _, err := berTLV(b[3:])
+	if err != nil || tag != 0x7f65 {
+		return nil, fmt.Errorf("x224: Connect Initial: %v", err)
+	}
+	// calling and called domain selectors, upward flag, target, minimum
+	// and maximum parameters, then userData.
+	var v []byte
+	for _, want := range []int{0x04, 0x04, 0x01, 0x30, 0x30, 0x30, 0x04} {
+		if tag, v, ci, err = berTLV(ci); err != nil || tag != want {
+			return nil, fmt.Errorf("x224: Connect Initial field: tag 0x%x, want 0x%x (%v)", tag, want, err)
+		}
+	}
+	// userData: the T.124 object identifier (7 bytes), a PER length, the
+	// Conference Create Request's fixed part (12 bytes) and a PER length
+	// over the client data blocks.
+	if len(v) < 7 {
+		return nil, errors.New("x224: Connect Initial userData cut short")
+	}
+	// Clients disagree on what the two PER lengths count (IronRDP's
+	// first is two bytes short of what follows), so they are read but not
+	// trusted: the blocks run to the end of userData, and DisableChannels
+	// must account for every byte of them.
+	_, g, err := perLen(v[7:])
+	if err != nil || len(g) < 12 {
+		return nil, fmt.Errorf("x224: GCC Conference Create Request of %d bytes (%v)", len(g), err)
+	}
+	_, blocks, err := perLen(g[12:])
+	if err != nil {
+		return nil, fmt.Errorf("x224: client data length: %v", err)
+	}
+	return blocks, nil
+}
+
+// DisableChannels looks at one whole TPKT packet from the client. If it
+// is an MCS Connect Initial, every static channel of its network data
+// named in names (case-insensitively) is renamed so that the host opens
+// nothing behind it: the client's data on it goes nowhere. It returns
+// whether the packet was a Connect Initial and how many channels it
+// renamed; any other packet is left as it is. A Connect Initial whose
+// structure does not add up is an error: the caller must not pass it on.
+func DisableChannels(pkt []byte, names []string) (connectInitial bool, renamed int, err error) {
+	if n, err := TPKTLen(pkt); err != nil || n == 0 || n != len(pkt) {
+		return false, 0, err
+	}
+	blocks, err := clientDataBlocks(pkt)
+	if err != nil || blocks == nil {
+		return false, 0, err
+	}
+	for len(blocks) > 0 {
+		if len(blocks) < 4 {
+			return true, renamed, errors.New("x224: client data block header cut short")
+		}
+		typ, size := binary.LittleEndian.Uint16(blocks), int(binary.LittleEndian.Uint16(blocks[2:]))
+		if size < 4 || size > len(blocks) {
+			return true, renamed, fmt.Errorf("x224: client data block 0x%04x of %d bytes in %d", typ, size, len(blocks))
+		}
+		if typ == csNet {
+			if size < 8 {
+				return true, renamed, errors.New("x224: network data cut short")
 			}
-			for _, want := range names {
-				if end > 0 && strings.EqualFold(string(name[:end]), want) {
-					// A name no host serves, of the same length.
-					name[0] = '_'
-					renamed++
-					break
+			count := int(binary.LittleEndian.Uint32(blocks[4:]))
+			if count > 31 || size != 8+12*count {
+				return true, renamed, fmt.Errorf("x224: network data of %d bytes for %d channels", size, count)
+			}
+			for c := 0; c < count; c++ {
+				name := blocks[8+12*c : 8+12*c+8]
+				end := 0
+				for end < len(name) && name[end] != 0 {
+					end++
+				}
+				for _, want := range names {
+					if end > 0 && strings.EqualFold(string(name[:end]), want) {
+						// A name no host serves, of the same length.
+						name[0] = '_'
+						renamed++
+						break
+					}
 				}
 			}
 		}
-		return renamed, nil
+		blocks = blocks[size:]
 	}
-	return 0, nil
+	return true, renamed, nil
 }

@@ -173,37 +173,102 @@ func FuzzSetAutoLogon(f *testing.F) {
 	})
 }
 
-// connectInitial is the start of an MCS Connect Initial as xfreerdp and
-// IronRDP send it, cut to what matters here: its BER and GCC wrapping (of
-// any content), then a TS_UD_CS_NET block with the given channels.
-func connectInitial(channels ...string) []byte {
-	net := binary.LittleEndian.AppendUint16(nil, 0xC003)
-	net = binary.LittleEndian.AppendUint16(net, uint16(8+12*len(channels)))
+func berElem(tag []byte, v []byte) []byte {
+	out := append([]byte{}, tag...)
+	if len(v) < 0x80 {
+		out = append(out, byte(len(v)))
+	} else {
+		out = append(out, 0x82, byte(len(v)>>8), byte(len(v)))
+	}
+	return append(out, v...)
+}
+
+func perLength(n int) []byte {
+	if n < 0x80 {
+		return []byte{byte(n)}
+	}
+	return []byte{0x80 | byte(n>>8), byte(n)}
+}
+
+func dataBlock(typ uint16, body []byte) []byte {
+	b := binary.LittleEndian.AppendUint16(nil, typ)
+	b = binary.LittleEndian.AppendUint16(b, uint16(4+len(body)))
+	return append(b, body...)
+}
+
+// connectInitialWith is an MCS Connect Initial as MS-RDPBCGR 2.2.1.3
+// lays it out (BER Connect-Initial, GCC Conference Create Request, client
+// data blocks), with clientName in the core data and the given channels
+// in the network data.
+func connectInitialWith(clientName []byte, channels ...string) []byte {
+	core := make([]byte, 212)
+	copy(core[20:52], clientName)
+	var net []byte
 	net = binary.LittleEndian.AppendUint32(net, uint32(len(channels)))
 	for _, c := range channels {
 		name := make([]byte, 8)
 		copy(name, c)
-		net = append(net, name...)
-		net = append(net, 0x00, 0x00, 0x80, 0x80) // options
+		net = append(append(net, name...), 0x00, 0x00, 0x80, 0x80)
 	}
-	body := append([]byte{0x02, 0xf0, 0x80, 0x7f, 0x65, 0x82, 0x01, 0x90, 0x04, 0x01, 0x01, 0x04, 0x01, 0x01, 0x01, 0x01, 0xff}, net...)
+	blocks := append(append(dataBlock(0xC001, core), dataBlock(0xC002, make([]byte, 8))...), dataBlock(0xC003, net)...)
+	gcc := append([]byte{0x00, 0x08, 0x00, 0x10, 0x00, 0x01, 0xc0, 0x00, 0x44, 0x75, 0x63, 0x61}, append(perLength(len(blocks)), blocks...)...)
+	user := append([]byte{0x00, 0x05, 0x00, 0x14, 0x7c, 0x00, 0x01}, append(perLength(len(gcc)), gcc...)...)
+	params := berElem([]byte{0x30}, []byte{0x02, 0x01, 0x22, 0x02, 0x01, 0x02})
+	ci := append(berElem([]byte{0x04}, []byte{1}), berElem([]byte{0x04}, []byte{1})...)
+	ci = append(ci, berElem([]byte{0x01}, []byte{0xff})...)
+	ci = append(append(append(ci, params...), params...), params...)
+	ci = append(ci, berElem([]byte{0x04}, user)...)
+	body := append([]byte{0x02, 0xf0, 0x80}, berElem([]byte{0x7f, 0x65}, ci)...)
 	return append([]byte{3, 0, byte((len(body) + 4) >> 8), byte(len(body) + 4)}, body...)
 }
 
+func connectInitial(channels ...string) []byte { return connectInitialWith(nil, channels...) }
+
 func TestDisableChannels(t *testing.T) {
 	pkt := connectInitial("rdpdr", "rdpsnd", "cliprdr", "drdynvc")
-	n, err := DisableChannels(pkt, []string{"CLIPRDR", "rdpdr"})
-	if err != nil || n != 2 {
-		t.Fatalf("renamed %d, %v", n, err)
+	ci, n, err := DisableChannels(pkt, []string{"CLIPRDR", "rdpdr"})
+	if err != nil || !ci || n != 2 {
+		t.Fatalf("connect initial %v, renamed %d, %v", ci, n, err)
 	}
 	if want := connectInitial("_dpdr", "rdpsnd", "_liprdr", "drdynvc"); !bytes.Equal(pkt, want) {
 		t.Fatalf("got\n%x\nwant\n%x", pkt, want)
 	}
-	// A packet without the block, and the Client Info PDU, stay as they are.
+	// A packet that is not a Connect Initial stays as it is.
 	for _, p := range [][]byte{unhex(t, specRequest), clientInfo(0x133, 40)} {
 		orig := bytes.Clone(p)
-		if n, err := DisableChannels(p, []string{"cliprdr"}); n != 0 || err != nil || !bytes.Equal(p, orig) {
-			t.Errorf("changed a packet without channels: %d, %v", n, err)
+		if ci, n, err := DisableChannels(p, []string{"cliprdr"}); ci || n != 0 || err != nil || !bytes.Equal(p, orig) {
+			t.Errorf("changed a packet that is no Connect Initial: %v %d, %v", ci, n, err)
+		}
+	}
+}
+
+// TestDisableChannelsIgnoresDecoys: a network-data header hidden in a
+// field the host ignores (the client name) does not stop the real
+// channel list from being found: the blocks are walked, not scanned.
+func TestDisableChannelsIgnoresDecoys(t *testing.T) {
+	decoy := []byte{0x03, 0xc0, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00}
+	pkt := connectInitialWith(decoy, "rdpdr", "cliprdr")
+	if _, n, err := DisableChannels(pkt, []string{"cliprdr"}); n != 1 || err != nil {
+		t.Fatalf("renamed %d, %v", n, err)
+	}
+	if !bytes.Equal(pkt, connectInitialWith(decoy, "rdpdr", "_liprdr")) {
+		t.Fatal("the real channel list was not changed")
+	}
+}
+
+// TestDisableChannelsRefusesBadStructure: a Connect Initial whose lengths
+// do not add up is an error, so the caller does not pass it on unchecked.
+func TestDisableChannelsRefusesBadStructure(t *testing.T) {
+	good := connectInitial("cliprdr")
+	for name, mutate := range map[string]func([]byte){
+		"block longer than the data": func(p []byte) { p[len(p)-12-8+2] = 0xff },
+		"channel count off by one":   func(p []byte) { p[len(p)-12-4]++ },
+		"BER length too long":        func(p []byte) { p[4+3+3]++ },
+	} {
+		p := bytes.Clone(good)
+		mutate(p)
+		if ci, _, err := DisableChannels(p, []string{"cliprdr"}); err == nil {
+			t.Errorf("%s: accepted (connect initial %v)", name, ci)
 		}
 	}
 }
@@ -211,10 +276,11 @@ func TestDisableChannels(t *testing.T) {
 // FuzzDisableChannels: only bytes of channel names change, and only to '_'.
 func FuzzDisableChannels(f *testing.F) {
 	f.Add(connectInitial("rdpdr", "cliprdr"))
+	f.Add(connectInitialWith([]byte{0x03, 0xc0, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00}, "cliprdr"))
 	f.Add(clientInfo(0x133, 0))
 	f.Fuzz(func(t *testing.T, pkt []byte) {
 		orig := bytes.Clone(pkt)
-		n, _ := DisableChannels(pkt, []string{"cliprdr", "rdpdr"})
+		_, n, _ := DisableChannels(pkt, []string{"cliprdr", "rdpdr"})
 		diff := 0
 		for i := range pkt {
 			if pkt[i] != orig[i] {

@@ -19,6 +19,7 @@ const refusals = {
   401: 'The pass for this desktop is not valid any more (it works once, for a short time). Go back to your desktops and open it again.',
   403: 'A gateway policy does not let you reach this desktop from a browser.',
   408: 'The connection took too long to set up. Go back to your desktops and try again.',
+  429: 'Too many failed attempts from your address. Wait a few minutes, then open the desktop again from the portal.',
   502: 'The desktop\'s host did not answer, or its certificate is not one the gateway trusts.',
   503: 'The gateway is at its limit of sessions. Try again in a moment.',
 };
