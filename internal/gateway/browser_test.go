@@ -498,8 +498,11 @@ func TestBrowserWithholdingCannotBeDodged(t *testing.T) {
 			t.Fatalf("the host got %x", got)
 		default:
 		}
-		if !strings.Contains(h.logs.String()[mark:], "before the MCS Connect Initial") {
-			t.Errorf("the log does not say why:\n%s", h.logs.String()[mark:])
+		// The tunnel logs its end after the socket closes: wait for it.
+		for deadline := time.Now().Add(5 * time.Second); !strings.Contains(h.logs.String()[mark:], "before the MCS Connect Initial"); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the log does not say why:\n%s", h.logs.String()[mark:])
+			}
 		}
 	})
 }
