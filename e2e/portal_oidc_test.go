@@ -88,6 +88,18 @@ func TestPortalProvidersInBrowser(t *testing.T) {
 	}
 	shot(t, ctx, art, "1-signin-with-provider")
 	signIn("olga", "not-her-password")
+	// The provider answers the wrong password with its login page again,
+	// saying so: wait for that page, not for the one being left (a
+	// screenshot taken mid-navigation can hang until the deadline).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		done, _ := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.readyState === 'complete' && document.body.innerText.toLowerCase().includes('wrong')`))
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal from the provider after a wrong password:\n%s", lastLines(p.Log.String(), 20))
+		}
+	}
 	if u := read(chromedp.Location()); !strings.HasPrefix(u, op.Issuer) {
 		t.Fatalf("a wrong password at the provider went on to %s", u)
 	}
