@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -48,10 +47,7 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		plain(w, http.StatusNotFound, "browser sessions need PAA tokens: add paa to gateway.auth_methods and set auth.token_key\n")
 		return
 	}
-	s.mu.Lock()
-	closing := s.closing
-	s.mu.Unlock()
-	if closing {
+	if s.isClosing() {
 		plain(w, http.StatusServiceUnavailable, "")
 		return
 	}
@@ -403,6 +399,7 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 // makes it pass the rest of the session through untouched.
 type outputFramer struct {
 	pending []byte
+	out     []byte // the whole PDUs of the last feed, reused: the caller writes them before feeding again
 	off     bool
 }
 
@@ -428,9 +425,9 @@ func (f *outputFramer) feed(p []byte) ([]byte, error) {
 		}
 		done += n
 	}
-	out := bytes.Clone(f.pending[:done])
+	f.out = append(f.out[:0], f.pending[:done]...)
 	f.pending = append(f.pending[:0], f.pending[done:]...)
-	return out, nil
+	return f.out, nil
 }
 
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {

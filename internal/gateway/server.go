@@ -288,10 +288,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusNotFound, "")
 		return
 	}
-	s.mu.Lock()
-	closing := s.closing
-	s.mu.Unlock()
-	if closing {
+	if s.isClosing() {
 		plain(w, http.StatusServiceUnavailable, "")
 		return
 	}
@@ -309,6 +306,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		s.serveLegacyIn(w, r, hs)
 	}
+}
+
+// isClosing reports whether shutdown has begun: new tunnels are refused.
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 // plain writes an empty or text/plain body: xfreerdp reads error bodies
