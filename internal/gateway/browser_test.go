@@ -563,3 +563,41 @@ func TestBrowserThrottledAndMethods(t *testing.T) {
 		t.Fatalf("/rdp on a gateway without PAA: %s", resp.Status)
 	}
 }
+
+// TestBrowserSilentHostIsTimedOut: a host that accepts the connection but
+// never sends its Connection Confirm cannot hold the session: the browser
+// is told 502 when the handshake budget (2 s here) ends.
+func TestBrowserSilentHostIsTimedOut(t *testing.T) {
+	h, _, _ := browserHarness(t, x224.ProtocolSSL)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			held <- c // accepted, never answered
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	b := openBrowser(t, h, portalOrigin)
+	start := time.Now()
+	b.send(t, request(h.token(t, "alice", "127.0.0.1", port, time.Minute), fmt.Sprintf("127.0.0.1:%d", port)))
+	msg, err := b.next()
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	p, err := rdcleanpath.Decode(msg)
+	if err != nil || p.Error == nil || p.Error.HTTPStatus == nil || *p.Error.HTTPStatus != http.StatusBadGateway {
+		t.Fatalf("answer %+v, %v; want 502", p, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("answered after %s; the budget is 2 s", d)
+	}
+	select {
+	case c := <-held:
+		c.Close()
+	default:
+	}
+}
