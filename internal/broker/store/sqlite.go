@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -17,15 +18,17 @@ import (
 // sqlite is the embedded dialect. SQLite has one writer at a time, so a
 // launch is a short IMMEDIATE transaction on the only connection: nothing
 // else can reserve a slot between its read and its write.
-type sqlite struct{}
+type sqlite struct{ stmts *stmtCache }
 
-func openSQLite(path string) (*sql.DB, error) {
+// openSQLite opens the one writing connection and a pool of read-only
+// ones (query_only) beside it.
+func openSQLite(path string) (write, read *sql.DB, err error) {
 	if path == "" {
-		return nil, errors.New("store: empty SQLite path")
+		return nil, nil, errors.New("store: empty SQLite path")
 	}
 	if dir := filepath.Dir(path); dir != "." {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("store: %w", err)
+			return nil, nil, fmt.Errorf("store: %w", err)
 		}
 	}
 	q := url.Values{}
@@ -33,16 +36,27 @@ func openSQLite(path string) (*sql.DB, error) {
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "foreign_keys(ON)")
 	q.Add("_pragma", "synchronous(NORMAL)")
+	rq := url.Values{"_pragma": append(slices.Clone(q["_pragma"]), "query_only(ON)")}
 	q.Set("_txlock", "immediate")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	write, err = sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
-		return nil, fmt.Errorf("store: open SQLite %s: %w", path, err)
+		return nil, nil, fmt.Errorf("store: open SQLite %s: %w", path, err)
 	}
 	// One connection: writes serialize anyway, and a single writer never
 	// waits on SQLite's busy handler.
-	db.SetMaxOpenConns(1)
-	return db, nil
+	write.SetMaxOpenConns(1)
+	if read, err = sql.Open("sqlite", "file:"+path+"?"+rq.Encode()); err != nil {
+		write.Close()
+		return nil, nil, fmt.Errorf("store: open SQLite %s: %w", path, err)
+	}
+	read.SetMaxOpenConns(sqliteReaders)
+	read.SetMaxIdleConns(sqliteReaders)
+	return write, read, nil
 }
+
+// sqliteReaders bounds the read-only connections: reads are short, and
+// each connection holds its own page cache.
+const sqliteReaders = 4
 
 func (sqlite) name() string { return "sqlite" }
 
@@ -62,14 +76,28 @@ const sqlitePickSQL = `SELECT h.name, h.address, h.port FROM hosts h
       h.pending, random()
     LIMIT 1`
 
-func (sqlite) place(ctx context.Context, db *sql.DB, l Launch) (Placement, error) {
+const sqliteTakeSQL = `UPDATE hosts SET sessions = sessions + 1, pending = pending + 1,
+    assigned_user = CASE WHEN $2 THEN $3 ELSE assigned_user END WHERE name = $1`
+
+const sqliteInsertSessionSQL = `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, 'launching', $5, $5)`
+
+func (d sqlite) place(ctx context.Context, db *sql.DB, l Launch) (Placement, error) {
+	// Prepared before the transaction takes the only writing connection.
+	var st [4]*sql.Stmt
+	for i, q := range []string{sqliteLiveSQL, sqlitePickSQL, sqliteTakeSQL, sqliteInsertSessionSQL} {
+		var err error
+		if st[i], err = d.stmts.get(ctx, db, q); err != nil {
+			return Placement{}, fmt.Errorf("store: place: %w", err)
+		}
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return Placement{}, fmt.Errorf("store: place: %w", err)
 	}
 	defer tx.Rollback()
 	var p Placement
-	err = tx.QueryRowContext(ctx, sqliteLiveSQL, l.User, l.Group, l.Stale.UnixMilli()).Scan(&p.SessionID, &p.Host, &p.Address, &p.Port, &p.HostAlive)
+	err = tx.StmtContext(ctx, st[0]).QueryRowContext(ctx, l.User, l.Group, l.Stale.UnixMilli()).Scan(&p.SessionID, &p.Host, &p.Address, &p.Port, &p.HostAlive)
 	if err == nil {
 		p.Reconnect = true
 		return p, nil
@@ -77,20 +105,18 @@ func (sqlite) place(ctx context.Context, db *sql.DB, l Launch) (Placement, error
 	if !errors.Is(err, sql.ErrNoRows) {
 		return Placement{}, fmt.Errorf("store: place: %w", err)
 	}
-	err = tx.QueryRowContext(ctx, sqlitePickSQL, l.User, l.Group, l.Zone, l.Stale.UnixMilli(), l.Personal, l.Depth).Scan(&p.Host, &p.Address, &p.Port)
+	err = tx.StmtContext(ctx, st[1]).QueryRowContext(ctx, l.User, l.Group, l.Zone, l.Stale.UnixMilli(), l.Personal, l.Depth).Scan(&p.Host, &p.Address, &p.Port)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Placement{}, ErrNoHost
 	}
 	if err != nil {
 		return Placement{}, fmt.Errorf("store: place: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE hosts SET sessions = sessions + 1, pending = pending + 1,
-		assigned_user = CASE WHEN $2 THEN $3 ELSE assigned_user END WHERE name = $1`, p.Host, l.Personal, l.User); err != nil {
+	if _, err := tx.StmtContext(ctx, st[2]).ExecContext(ctx, p.Host, l.Personal, l.User); err != nil {
 		return Placement{}, fmt.Errorf("store: place: %w", err)
 	}
 	now := l.Now.UnixMilli()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, 'launching', $5, $5)`, l.SessionID, l.User, l.Group, p.Host, now); err != nil {
+	if _, err := tx.StmtContext(ctx, st[3]).ExecContext(ctx, l.SessionID, l.User, l.Group, p.Host, now); err != nil {
 		return Placement{}, fmt.Errorf("store: place: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -100,7 +126,7 @@ func (sqlite) place(ctx context.Context, db *sql.DB, l Launch) (Placement, error
 	return p, nil
 }
 
-func (sqlite) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
+func (d sqlite) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("store: session event: %w", err)

@@ -154,8 +154,16 @@ type Event struct {
 
 // Store is the broker's database.
 type Store struct {
-	db      *sql.DB
+	db *sql.DB
+	// read answers the reads outside transactions. For SQLite it is a pool
+	// of its own: the only writing connection is the launches' critical
+	// resource, and in WAL mode readers run beside the writer and see every
+	// committed transaction. For PostgreSQL it is db.
+	read    *sql.DB
 	dialect dialect
+	// stmts holds prepared statements where the driver keeps none itself
+	// (SQLite); nil for PostgreSQL.
+	stmts *stmtCache
 }
 
 // dialect holds what differs between SQLite and PostgreSQL.
@@ -176,7 +184,7 @@ func Open(ctx context.Context, dsn string, maxConns int) (*Store, error) {
 		return nil, err
 	}
 	if err := s.Migrate(ctx); err != nil {
-		s.db.Close()
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -193,13 +201,14 @@ func Connect(dsn string, maxConns int) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		s = &Store{db: db, dialect: postgres{}}
+		s = &Store{db: db, read: db, dialect: postgres{}}
 	default:
-		db, err := openSQLite(strings.TrimPrefix(dsn, "sqlite://"))
+		db, read, err := openSQLite(strings.TrimPrefix(dsn, "sqlite://"))
 		if err != nil {
 			return nil, err
 		}
-		s = &Store{db: db, dialect: sqlite{}}
+		stmts := newStmtCache()
+		s = &Store{db: db, read: read, dialect: sqlite{stmts: stmts}, stmts: stmts}
 	}
 	return s, nil
 }
@@ -208,7 +217,17 @@ func Connect(dsn string, maxConns int) (*Store, error) {
 func (s *Store) Migrate(ctx context.Context) error { return s.migrate(ctx) }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	var err error
+	if s.stmts != nil {
+		err = s.stmts.close()
+	}
+	err = errors.Join(err, s.db.Close())
+	if s.read != s.db {
+		err = errors.Join(err, s.read.Close())
+	}
+	return err
+}
 
 // Dialect is "sqlite" or "postgres".
 func (s *Store) Dialect() string { return s.dialect.name() }
@@ -648,6 +667,38 @@ func scanSessions(rows *sql.Rows) ([]Session, error) {
 	return out, nil
 }
 
+// query runs a read outside any transaction on db, from a prepared
+// statement where the store keeps them.
+func (s *Store) query(ctx context.Context, db *sql.DB, q string, args ...any) (*sql.Rows, error) {
+	if s.stmts == nil {
+		return db.QueryContext(ctx, q, args...)
+	}
+	st, err := s.stmts.get(ctx, db, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// queryRow is query for one row.
+func (s *Store) queryRow(ctx context.Context, db *sql.DB, q string, args ...any) rowScanner {
+	if s.stmts == nil {
+		return db.QueryRowContext(ctx, q, args...)
+	}
+	st, err := s.stmts.get(ctx, db, q)
+	if err != nil {
+		return errRow{err}
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// errRow is a row whose Scan reports why there is none.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
 // Sessions lists sessions, newest first: live only unless all is set, of
 // one user when user is not empty, at most limit.
 func (s *Store) Sessions(ctx context.Context, user string, all bool, limit int) ([]Session, error) {
@@ -680,13 +731,13 @@ func (s *Store) sessionRows(ctx context.Context, q SessionQuery, count bool) ([]
 	}
 	total := 0
 	if count {
-		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sessions`+where, args...).Scan(&total); err != nil {
+		if err := s.queryRow(ctx, s.read, `SELECT count(*) FROM sessions`+where, args...).Scan(&total); err != nil {
 			return nil, 0, fmt.Errorf("store: sessions: %w", err)
 		}
 	}
 	n := len(args)
 	args = append(args, q.Limit, q.Offset)
-	rows, err := s.db.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
+	rows, err := s.query(ctx, s.read, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
 		FROM sessions`+where+fmt.Sprintf(` ORDER BY created_at DESC, id LIMIT $%d OFFSET $%d`, n+1, n+2), args...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: sessions: %w", err)
@@ -711,7 +762,7 @@ func (s *Store) SessionPage(ctx context.Context, q SessionQuery) ([]Session, int
 
 // Hosts lists the hosts of group, or of every group when group is empty.
 func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,
+	rows, err := s.query(ctx, s.read, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,
 		sessions, pending, cpu, mem, disk_idle, disk_latency, mem_pressure, unhealthy, admin_drain, agent_drain,
 		COALESCE(assigned_user, ''), registered_at, last_seen, registration
 		FROM hosts WHERE ($1 = '' OR group_name = $1) ORDER BY name`, group)
@@ -828,7 +879,7 @@ func (s *Store) RecordAudit(ctx context.Context, a AuditRecord) error {
 
 // Audit returns the newest limit actions, newest first.
 func (s *Store) Audit(ctx context.Context, limit int) ([]AuditRecord, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT at, actor, action, source, status FROM audit ORDER BY at DESC, id LIMIT $1`, limit)
+	rows, err := s.read.QueryContext(ctx, `SELECT at, actor, action, source, status FROM audit ORDER BY at DESC, id LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: audit: %w", err)
 	}
