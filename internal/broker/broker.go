@@ -422,9 +422,14 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
+// Guarded is Handler behind the guard every HTTPS request passes
+// (bounded bodies, no cross-site state changes): what Serve serves, and
+// what a portal in the same process calls without a socket.
+func (s *Server) Guarded() http.Handler { return httpguard.Wrap(s.Handler(), maxBody) }
+
 // Serve runs the broker's HTTPS listener until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
-	srv := &http.Server{Handler: httpguard.Wrap(s.Handler(), maxBody), ReadTimeout: s.cfg.ReadTimeout.D(),
+	srv := &http.Server{Handler: s.Guarded(), ReadTimeout: s.cfg.ReadTimeout.D(),
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -85,13 +87,13 @@ func TestTokenAndNTHash(t *testing.T) {
 // gateway with the printed credentials, and checks the admin listener.
 func TestUp(t *testing.T) {
 	dir := t.TempDir()
-	gwPort, adminPort, streamPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	gwPort, adminPort, streamPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errb := &lockedBuf{}, &lockedBuf{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"up", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort),
-			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort), "--broker-listen", fmt.Sprintf(":%d", brokerPort)}, out, errb)
+			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort), "--broker-listen", fmt.Sprintf(":%d", brokerPort), "--web-listen", fmt.Sprintf(":%d", webPort)}, out, errb)
 	}()
 	defer func() {
 		cancel()
@@ -211,6 +213,26 @@ func TestUp(t *testing.T) {
 		if !strings.Contains(string(rdp), want) {
 			t.Fatalf(".rdp from deskway up lacks %q:\n%s", want, rdp)
 		}
+	}
+	// The portal, in the same process as the broker, calls it without a
+	// socket: the demo user signs in and sees the desktop the broker
+	// entitles them to.
+	if !strings.Contains(errb.String(), "the portal calls this process's broker directly") {
+		t.Errorf("the portal does not call its own process's broker directly:\n%s", errb.String())
+	}
+	jar, _ := cookiejar.New(nil)
+	pc := &http.Client{Jar: jar, Transport: client.Transport}
+	preq, _ := http.NewRequest("POST", fmt.Sprintf("https://localhost:%d/signin", webPort), strings.NewReader(url.Values{"user": {"demo"}, "password": {m[1]}}.Encode()))
+	preq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	preq.Header.Set("Sec-Fetch-Site", "same-origin")
+	presp, err := pc.Do(preq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(presp.Body)
+	presp.Body.Close()
+	if presp.StatusCode != http.StatusOK || !strings.Contains(string(page), `data-group="desktops"`) {
+		t.Fatalf("portal sign-in: %s\n%s", presp.Status, page)
 	}
 	if !strings.Contains(out.String(), fmt.Sprintf("https://localhost:%d/api/v1/launch", brokerPort)) {
 		t.Errorf("up did not print the broker address:\n%s", out.String())

@@ -136,7 +136,11 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		api = append(api, b.AdminHandler())
 	}
 	if cfg.Web != nil {
-		wb, err := newWeb(cfg, log, reg)
+		var local http.Handler
+		if cfg.Web.LocalBroker() && rl.broker != nil {
+			local = rl.broker.Guarded()
+		}
+		wb, err := newWeb(cfg, log, reg, local)
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/inprocess"
 	"github.com/deskway/deskway/internal/web"
 )
 
@@ -26,8 +27,10 @@ import (
 const webCookieKeyFile = "web-cookie.key"
 
 // newWeb builds the portal from the config: its users, its broker (this
-// deskway's unless web.broker names another) and its cookie key.
-func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*web.Server, error) {
+// deskway's unless web.broker names another) and its cookie key. A
+// non-nil local is the broker of this process: the portal calls it
+// without TLS or a socket.
+func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, local http.Handler) (*web.Server, error) {
 	w := cfg.Web
 	users, err := auth.NewUsers(cfg.Auth.Users)
 	if err != nil {
@@ -95,9 +98,14 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*w
 		}
 		ltc = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
+	bc := &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}
+	if local != nil {
+		bc.HTTP = &http.Client{Timeout: 30 * time.Second, Transport: &inprocess.Transport{Handler: local}}
+		log.Info("the portal calls this process's broker directly", "role", "web")
+	}
 	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		Broker:   &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}, FrontendToken: w.FrontendToken.Value(), CookieKey: key,
+		Broker:   bc, FrontendToken: w.FrontendToken.Value(), CookieKey: key,
 		OIDCClient: oc, LDAPTLS: ltc, AdminAPI: admin})
 }
 

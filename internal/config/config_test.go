@@ -99,3 +99,24 @@ func TestBrokerAndAgentValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestWebLocalBroker: a portal whose broker is left empty uses this
+// config's, which a process running both may call directly; one that
+// names a broker keeps it.
+func TestWebLocalBroker(t *testing.T) {
+	const base = "auth:\n  token_key: 0123456789abcdef0123456789abcdef\nbroker:\n  listen: \":9444\"\n  gateway: gw:443\n  frontend_tokens: [ft-0123456789]\n  delivery_groups:\n  - {name: desk, groups: [staff]}\n"
+	c, err := Parse([]byte(base + "web:\n  listen: \":8446\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Web.Broker != "https://127.0.0.1:9444" || !c.Web.LocalBroker() {
+		t.Fatalf("empty web.broker: %q, local %v", c.Web.Broker, c.Web.LocalBroker())
+	}
+	c, err = Parse([]byte(base + "web:\n  listen: \":8446\"\n  broker: https://broker.example:8444\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Web.Broker != "https://broker.example:8444" || c.Web.LocalBroker() {
+		t.Fatalf("named web.broker: %q, local %v", c.Web.Broker, c.Web.LocalBroker())
+	}
+}

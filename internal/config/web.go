@@ -14,8 +14,12 @@ type Web struct {
 	// Title names the portal on its pages.
 	Title string `yaml:"title"`
 	// Broker is the broker's URL the portal calls as a front end; empty
-	// means this config's broker.
+	// means this config's broker, which the portal then calls inside the
+	// process when both run in it.
 	Broker string `yaml:"broker"`
+	// localBroker is set when Broker was empty and filled in with this
+	// config's broker.
+	localBroker bool
 	// BrokerCA is the PEM file the broker's certificate is checked
 	// against; empty means this deskway's own certificate.
 	BrokerCA string `yaml:"broker_ca"`
@@ -152,6 +156,7 @@ func (c *Config) webDefaults(w *Web) {
 					host = "127.0.0.1"
 				}
 				w.Broker = "https://" + net.JoinHostPort(host, port)
+				w.localBroker = true
 			}
 		}
 		if !w.FrontendToken.IsSet() && len(b.FrontendTokens) > 0 {
@@ -159,6 +164,10 @@ func (c *Config) webDefaults(w *Web) {
 		}
 	}
 }
+
+// LocalBroker says the portal's broker is this config's own (web.broker
+// was left empty), so a process running both can connect them directly.
+func (w *Web) LocalBroker() bool { return w.localBroker }
 
 func validateWeb(w *Web, bad func(string, string, ...any)) {
 	if _, _, err := net.SplitHostPort(w.Listen); err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/deskway/deskway/internal/broker/store"
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/inprocess"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"
 	"github.com/deskway/deskway/internal/web"
@@ -168,9 +169,12 @@ func (o *Options) start(ctx context.Context, wg *sync.WaitGroup, dir string) (*r
 	if r.admin, err = serve(func(ln net.Listener) error { return adm.Serve(ctx, ln, tc) }); err != nil {
 		return nil, err
 	}
-	cfg.Web.Broker, cfg.Web.Console.API = r.broker, r.admin
+	cfg.Web.Console.API = r.admin
+	// As in deskway up, the portal calls the broker of its own process
+	// without a socket (web.broker left empty).
+	local := &http.Client{Timeout: time.Minute, Transport: &inprocess.Transport{Handler: b.Guarded()}}
 	p, err := web.New(cfg.Web, web.Deps{Logger: quiet, Users: us, Throttle: auth.NewThrottle(1000, 1<<20, time.Minute, nil),
-		Broker: &brokerclient.Client{Base: r.broker, HTTP: r.client}, FrontendToken: frontendToken,
+		Broker: &brokerclient.Client{Base: r.broker, HTTP: local}, FrontendToken: frontendToken,
 		CookieKey: []byte("portalbench-cookie-key-0123456789abcdef"), AdminAPI: r.client})
 	if err != nil {
 		return nil, err
