@@ -103,6 +103,22 @@ func TestHostAndSessionCommands(t *testing.T) {
 	if err == nil || !bytes.Contains(out, []byte(`no host named "nosuch"`)) {
 		t.Fatalf("removing a host that does not exist: %v\n%s", err, out)
 	}
+	// Who may launch a delivery group is set and cleared from the CLI.
+	if out := deskway("group", "ls"); !regexp.MustCompile(`(?m)^desk\s+pooled\s+-\s+staff\s+configuration$`).MatchString(out) {
+		t.Fatalf("group ls:\n%s", out)
+	}
+	if out := deskway("group", "entitle", "desk", "--user", "alice", "--group", "staff"); !strings.Contains(out, "desk: users alice, groups staff (from the admin API)") {
+		t.Fatalf("group entitle:\n%s", out)
+	}
+	if out := deskway("group", "ls"); !regexp.MustCompile(`(?m)^desk\s+pooled\s+alice\s+staff\s+admin \(admin token 1\)$`).MatchString(out) {
+		t.Fatalf("group ls after entitle:\n%s", out)
+	}
+	if out, err := exec.Command(bin, "group", "entitle", "desk", "-c", cfg).CombinedOutput(); err == nil || !bytes.Contains(out, []byte("--configured")) {
+		t.Fatalf("group entitle with no names: %v\n%s", err, out)
+	}
+	if out := deskway("group", "entitle", "desk", "--configured"); !strings.Contains(out, "desk: users -, groups staff (from the configuration)") {
+		t.Fatalf("group entitle --configured:\n%s", out)
+	}
 	// Every change is in the audit trail.
 	req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d/api/v1/audit", adminPort), nil)
 	req.Header.Set("Authorization", "Bearer admin-tok")
@@ -120,7 +136,7 @@ func TestHostAndSessionCommands(t *testing.T) {
 	}
 	got := strings.Join(actions, "\n")
 	for _, want := range []string{"DELETE /api/v1/broker/hosts/nosuch", "DELETE /api/v1/broker/hosts/h1", "POST /api/v1/broker/hosts/h1/drain",
-		"DELETE /api/v1/broker/sessions/" + launched.SessionID} {
+		"DELETE /api/v1/broker/sessions/" + launched.SessionID, "PUT /api/v1/broker/groups/desk/entitlements", "DELETE /api/v1/broker/groups/desk/entitlements"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("audit trail lacks %s:\n%s", want, got)
 		}

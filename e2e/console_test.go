@@ -161,8 +161,60 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Delivery groups with their entitlements, and the vDisks with a
 	// version made for maintenance, which the admin promotes.
 	must(chromedp.Navigate(portal+"/admin/groups"), chromedp.WaitVisible(chromedp.CSS("tr[data-group='desk']")))
-	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "staff") {
+	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "staff") || !strings.Contains(g, "the configuration") {
 		t.Fatalf("the desk group reads %q", g)
+	}
+	// The admin entitles herself to desk: her portal page shows it, the
+	// admin API and the audit trail say who did it; then she brings the
+	// configuration's entitlement back and the desktop is gone again.
+	hasDesk := func() bool {
+		t.Helper()
+		must(chromedp.Navigate(portal+"/"), chromedp.WaitVisible(chromedp.CSS("form.signout button")))
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("[data-group='desk']").length`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	if hasDesk() {
+		t.Fatal("ada (admins) sees desk before she is entitled to it")
+	}
+	must(chromedp.Navigate(portal+"/admin/groups"), chromedp.WaitVisible(chromedp.ID("users-desk")),
+		chromedp.SetValue(chromedp.ID("users-desk"), "ada"),
+		chromedp.Click(chromedp.CSS("form[action='/admin/groups/desk/entitlements'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "desk: entitlements saved") {
+		t.Fatalf("after Save the page says %q", n)
+	}
+	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "ada") || !strings.Contains(g, "set by admin token 1 for admin, web console: ada") {
+		t.Fatalf("the desk group after Save reads %q", g)
+	}
+	shot(t, ctx, b.artifacts, "console-5b-groups-entitled")
+	var groups []map[string]any
+	api("/api/v1/broker/groups", &groups)
+	if len(groups) != 1 || groups[0]["entitlements_from"] != "admin" || fmt.Sprint(groups[0]["users"]) != "[ada]" || fmt.Sprint(groups[0]["groups"]) != "[staff]" {
+		t.Fatalf("the admin API shows groups %v after the console's change", groups)
+	}
+	if !hasDesk() {
+		t.Fatal("ada does not see desk after the console entitled her")
+	}
+	shot(t, ctx, b.artifacts, "console-5c-portal-after-entitlement")
+	must(chromedp.Navigate(portal+"/admin/groups"), chromedp.WaitVisible(chromedp.CSS("form[action='/admin/groups/desk/entitlements/clear'] button")),
+		chromedp.Click(chromedp.CSS("form[action='/admin/groups/desk/entitlements/clear'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); strings.Contains(g, "ada") || !strings.Contains(g, "the configuration") {
+		t.Fatalf("the desk group after going back to the configuration reads %q", g)
+	}
+	if hasDesk() {
+		t.Fatal("ada still sees desk after the configuration's entitlement is back")
+	}
+	api("/api/v1/audit?limit=50", &al)
+	found = map[string]bool{}
+	for _, e := range al.Entries {
+		if strings.Contains(fmt.Sprint(e["actor"]), "admin, web console: ada") {
+			found[fmt.Sprint(e["action"])] = true
+		}
+	}
+	if !found["PUT /api/v1/broker/groups/desk/entitlements"] || !found["DELETE /api/v1/broker/groups/desk/entitlements"] {
+		t.Fatalf("the audit trail lacks the entitlement changes under ada's name: %v", found)
 	}
 	req, _ := http.NewRequest("POST", fmt.Sprintf("https://127.0.0.1:%d/api/v1/stream/vdisks/golden/versions", b.adminPort), strings.NewReader(`{"note":"patch Tuesday"}`))
 	req.Header.Set("Authorization", "Bearer e2e-admin-token")
@@ -220,4 +272,23 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	must(chromedp.Navigate(portal+"/admin/sessions"), chromedp.WaitVisible(chromedp.CSS("table")))
 	shot(t, ctx, b.artifacts, "console-7-helpdesk-sessions")
+	// Helpdesk sees the entitlements but no form to change them, and one
+	// posted by hand is refused.
+	must(chromedp.Navigate(portal+"/admin/groups"), chromedp.WaitVisible(chromedp.CSS("tr[data-group='desk']")))
+	if n := count("section.entitle"); n != 0 {
+		t.Fatalf("helpdesk sees %d entitlement forms", n)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](`(() => { const f = document.createElement("form"); f.method = "post"; f.action = "/admin/groups/desk/entitlements";
+		for (const [k, v] of [["csrf", document.querySelector("input[name=csrf]").value], ["users", "hal"]]) { const i = document.createElement("input"); i.name = k; i.value = v; f.appendChild(i); }
+		document.body.appendChild(f); f.submit(); })()`)); err != nil {
+		t.Fatal(err)
+	}
+	must(chromedp.WaitVisible(chromedp.CSS(".error")))
+	if e := read(chromedp.Text(chromedp.CSS(".error"))); !strings.Contains(e, "Your role (helpdesk) may not change entitlements") {
+		t.Fatalf("helpdesk's entitlement change: %q", e)
+	}
+	api("/api/v1/broker/groups", &groups)
+	if groups[0]["entitlements_from"] != "configuration" {
+		t.Fatalf("helpdesk changed the entitlements: %v", groups)
+	}
 }

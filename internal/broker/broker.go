@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -82,29 +83,46 @@ type Server struct {
 	store    *store.Store
 	throttle *auth.Throttle
 	now      func() time.Time
-	groups   atomic.Pointer[groupSet] // Reload swaps it whole
-	frontend [][]byte
-	sem      chan struct{}
-	m        *metrics
-	cache    *localCache
-	offline  atomic.Bool
+	groups   atomic.Pointer[groupSet] // rebuilt whole by setGroups
+	// groupsMu orders rebuilds of groups from the configured delivery
+	// groups and the entitlements administrators set, which it guards.
+	groupsMu   sync.Mutex
+	configured []config.DeliveryGrp
+	entitled   []store.Entitlement
+	frontend   [][]byte
+	sem        chan struct{}
+	m          *metrics
+	cache      *localCache
+	offline    atomic.Bool
 	// unsynced is set while the database has not been migrated and given
 	// the delivery groups since the broker started (it was down then).
 	unsynced atomic.Bool
 }
 
 // groupSet is the delivery groups in force, with their entitlements. It
-// is never changed: a reload builds another.
+// is never changed: a reload or a new entitlement builds another.
 type groupSet struct {
 	list     []config.DeliveryGrp
 	byName   map[string]*config.DeliveryGrp
 	personal map[string]bool
+	// set holds, by group, the entitlement an administrator set, which
+	// replaced the configured users and groups of list's entry;
+	// configured keeps those.
+	set        map[string]store.Entitlement
+	configured map[string]config.DeliveryGrp
 }
 
-func newGroupSet(groups []config.DeliveryGrp) *groupSet {
-	gs := &groupSet{list: slices.Clone(groups), byName: map[string]*config.DeliveryGrp{}, personal: map[string]bool{}}
+func newGroupSet(groups []config.DeliveryGrp, entitled []store.Entitlement) *groupSet {
+	gs := &groupSet{list: slices.Clone(groups), byName: map[string]*config.DeliveryGrp{}, personal: map[string]bool{},
+		set: map[string]store.Entitlement{}, configured: map[string]config.DeliveryGrp{}}
 	for i := range gs.list {
 		g := &gs.list[i]
+		gs.configured[g.Name] = *g
+		if j := slices.IndexFunc(entitled, func(e store.Entitlement) bool { return e.Group == g.Name }); j >= 0 {
+			e := entitled[j]
+			g.Users, g.Groups = slices.Clone(e.Users), slices.Clone(e.Groups)
+			gs.set[g.Name] = e
+		}
 		gs.byName[g.Name] = g
 		gs.personal[g.Name] = g.Kind == "personal"
 	}
@@ -128,7 +146,8 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
 		now: d.Now, m: newMetrics(d.Registry)}
 	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
-	s.groups.Store(newGroupSet(cfg.DeliveryGroups))
+	s.configured = cfg.DeliveryGroups
+	s.groups.Store(newGroupSet(cfg.DeliveryGroups, nil))
 	for _, t := range cfg.FrontendTokens {
 		s.frontend = append(s.frontend, []byte(t.Value()))
 	}
@@ -158,6 +177,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if serr != nil {
 		return fmt.Errorf("%w (and no saved local host cache to start from: %v)", err, serr)
 	}
+	// Entitlements administrators set stay in force: a user whose desktop
+	// was taken away must not get it back from a restart in an outage.
+	s.setEntitlements(snap.Entitlements)
 	replayed, rerr := s.cache.replay()
 	if rerr != nil {
 		return fmt.Errorf("%w (and the journal of offline launches cannot be read: %v)", err, rerr)
@@ -197,13 +219,16 @@ func (s *Server) syncGroups(ctx context.Context, gs *groupSet) error {
 // are. The groups are written into the database first; while it is away
 // they are written when it returns.
 func (s *Server) Reload(ctx context.Context, cfg *config.Broker, users *auth.Users) error {
-	gs := newGroupSet(cfg.DeliveryGroups)
+	s.groupsMu.Lock()
+	defer s.groupsMu.Unlock()
+	gs := newGroupSet(cfg.DeliveryGroups, s.entitled)
 	if err := s.syncGroups(ctx, gs); err != nil {
 		if ctx.Err() != nil || !s.dbDown(err) {
 			return fmt.Errorf("broker: reload: writing the delivery groups: %w", err)
 		}
 		s.unsynced.Store(true)
 	}
+	s.configured = cfg.DeliveryGroups
 	s.groups.Store(gs)
 	s.users.Replace(users)
 	s.log.Info("users and delivery groups reloaded", "delivery_groups", len(gs.list))
@@ -218,6 +243,11 @@ func (s *Server) refresh(ctx context.Context, sessions bool) error {
 	if err != nil {
 		return err
 	}
+	ents, err := s.store.Entitlements(ctx)
+	if err != nil {
+		return err
+	}
+	s.setEntitlements(ents)
 	var live []store.Session
 	if sessions {
 		if live, err = s.store.Sessions(ctx, "", false, 1<<30); err != nil {
@@ -1306,15 +1336,9 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.log.Info("session record ended by administrator", "session", id)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("GET /api/v1/broker/groups", func(w http.ResponseWriter, _ *http.Request) {
-		gs := s.groups.Load().list
-		out := make([]map[string]any, 0, len(gs))
-		for _, g := range gs {
-			out = append(out, map[string]any{"name": g.Name, "description": g.Description, "kind": g.Kind, "spread": g.Spread,
-				"users": g.Users, "groups": g.Groups, "session_limit": g.SessionLimit, "logon_limit": g.LogonLimit})
-		}
-		writeJSON(w, http.StatusOK, out)
-	})
+	mux.HandleFunc("GET /api/v1/broker/groups", s.adminGroups)
+	mux.HandleFunc("PUT /api/v1/broker/groups/{name}/entitlements", s.setEntitlement)
+	mux.HandleFunc("DELETE /api/v1/broker/groups/{name}/entitlements", s.clearEntitlement)
 	mux.HandleFunc("POST /api/v1/broker/sessions/{id}/{kind}", s.queueCommand)
 	mux.HandleFunc("GET /api/v1/broker/commands/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var c store.Command

@@ -40,7 +40,9 @@ type localCache struct {
 	offline  *atomic.Bool
 	journal  string
 	savePath string // where save writes the copy
-	rnd      *rand.Rand
+	// entitlements are those administrators set, saved with the copy.
+	entitlements []store.Entitlement
+	rnd          *rand.Rand
 }
 
 // journalEntry is one line of the offline journal, which keeps, in the
@@ -79,13 +81,16 @@ type cacheSnapshot struct {
 	Saved    time.Time       `json:"saved"`
 	Hosts    []store.Host    `json:"hosts"`
 	Sessions []store.Session `json:"sessions"`
+	// Entitlements are those administrators set, as last read.
+	Entitlements []store.Entitlement `json:"entitlements,omitempty"`
 }
 
 // save writes the copy to its file, complete or not at all: a temporary
 // file, synced, renamed over the old one.
 func (c *localCache) save(now time.Time) error {
 	c.mu.Lock()
-	snap := cacheSnapshot{Saved: now.UTC(), Hosts: make([]store.Host, 0, len(c.hosts)), Sessions: make([]store.Session, 0, len(c.live))}
+	snap := cacheSnapshot{Saved: now.UTC(), Hosts: make([]store.Host, 0, len(c.hosts)), Sessions: make([]store.Session, 0, len(c.live)),
+		Entitlements: c.entitlements}
 	for _, h := range c.hosts {
 		snap.Hosts = append(snap.Hosts, h)
 	}
@@ -160,6 +165,13 @@ func (c *localCache) replay() (int, error) {
 		c.mu.Unlock()
 	}
 	return n, nil
+}
+
+// setEntitlements keeps es to save with the copy.
+func (c *localCache) setEntitlements(es []store.Entitlement) {
+	c.mu.Lock()
+	c.entitlements = es
+	c.mu.Unlock()
 }
 
 // restoreSnapshot loads the copy a previous run saved.

@@ -157,6 +157,7 @@ func (a *Admin) Handler() http.Handler {
 			protected.ServeHTTP(w, r)
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), actorKey{}, actor(r, token)))
 		sw := &statusWriter{ResponseWriter: w}
 		protected.ServeHTTP(sw, r)
 		a.record(r, token, sw.status)
@@ -171,11 +172,7 @@ func (a *Admin) record(r *http.Request, token, status int) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	actor := fmt.Sprintf("admin token %d", token)
-	if on := onBehalfOf(r); on != "" {
-		actor += " for " + on
-	}
-	e := AuditEntry{Time: time.Now().UTC(), Actor: actor, Action: r.Method + " " + r.URL.Path,
+	e := AuditEntry{Time: time.Now().UTC(), Actor: actor(r, token), Action: r.Method + " " + r.URL.Path,
 		Source: r.RemoteAddr, Status: status}
 	a.Log.Info("admin action", "actor", e.Actor, "action", e.Action, "source", e.Source, "status", e.Status)
 	// The request's context ends with its answer: the record must not.
@@ -184,6 +181,26 @@ func (a *Admin) record(r *http.Request, token, status int) {
 	if err := a.Audit.Record(ctx, e); err != nil {
 		a.Log.Warn("could not write an admin action to the audit trail; the log line above keeps it", "error", err)
 	}
+}
+
+// actor is who sends r with admin token number token, as the audit trail
+// names them.
+func actor(r *http.Request, token int) string {
+	a := fmt.Sprintf("admin token %d", token)
+	if on := onBehalfOf(r); on != "" {
+		a += " for " + on
+	}
+	return a
+}
+
+type actorKey struct{}
+
+// Actor is who an admin API request that changes state comes from, as
+// the audit trail names them, for handlers that keep it with what they
+// change; "" outside such a request.
+func Actor(ctx context.Context) string {
+	a, _ := ctx.Value(actorKey{}).(string)
+	return a
 }
 
 // ActorHeader names, in a request with an admin token, the person a front

@@ -145,13 +145,18 @@ type (
 		Open      bool      `json:"channel_open"`
 	}
 	consoleGroup struct {
-		Name         string   `json:"name"`
-		Description  string   `json:"description"`
-		Kind         string   `json:"kind"`
-		Users        []string `json:"users"`
-		Groups       []string `json:"groups"`
-		SessionLimit int      `json:"session_limit"`
-		LogonLimit   int      `json:"logon_limit"`
+		Name             string     `json:"name"`
+		Description      string     `json:"description"`
+		Kind             string     `json:"kind"`
+		Users            []string   `json:"users"`
+		Groups           []string   `json:"groups"`
+		SessionLimit     int        `json:"session_limit"`
+		LogonLimit       int        `json:"logon_limit"`
+		EntitlementsFrom string     `json:"entitlements_from"`
+		SetBy            string     `json:"set_by"`
+		SetAt            *time.Time `json:"set_at"`
+		ConfiguredUsers  []string   `json:"configured_users"`
+		ConfiguredGroups []string   `json:"configured_groups"`
 	}
 	consoleVersion struct {
 		Version int       `json:"version"`
@@ -382,6 +387,18 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 	}
 }
 
+// names splits a form field of names separated by commas or new lines;
+// the admin API checks each.
+func names(field string) []string {
+	out := []string{}
+	for _, n := range strings.FieldsFunc(field, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // consoleRoutes adds the console's pages and actions to mux.
 func (s *Server) consoleRoutes(mux *http.ServeMux) {
 	pv := func(name string) func(*http.Request) string {
@@ -401,6 +418,21 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 		}{&d.Audit}
 	}))
 	mux.HandleFunc("GET /admin/groups", s.consoleList("groups", "delivery groups", "/api/v1/broker/groups", func(d *consoleData) any { return &d.Groups }))
+	mux.HandleFunc("POST /admin/groups/{name}/entitlements", s.consoleAct(consoleAction{need: roleAdmin, what: "change entitlements",
+		back: "/admin/groups", method: "PUT",
+		path: func(r *http.Request) string { return "/api/v1/broker/groups/" + pv("name")(r) + "/entitlements" },
+		body: func(r *http.Request) any {
+			return map[string][]string{"users": names(r.PostFormValue("users")), "groups": names(r.PostFormValue("groups"))}
+		},
+		done: func(r *http.Request) string {
+			return r.PathValue("name") + ": entitlements saved; every broker applies them"
+		}}))
+	mux.HandleFunc("POST /admin/groups/{name}/entitlements/clear", s.consoleAct(consoleAction{need: roleAdmin, what: "change entitlements",
+		back: "/admin/groups", method: "DELETE",
+		path: func(r *http.Request) string { return "/api/v1/broker/groups/" + pv("name")(r) + "/entitlements" },
+		done: func(r *http.Request) string {
+			return r.PathValue("name") + ": the configuration's entitlements apply again"
+		}}))
 	mux.HandleFunc("GET /admin/vdisks", s.consoleVDisks)
 	mux.HandleFunc("POST /admin/vdisks/{name}/versions/{n}/promote", s.consoleAct(consoleAction{need: roleAdmin, what: "promote vDisk versions",
 		back: "/admin/vdisks", method: "POST",

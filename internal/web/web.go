@@ -128,7 +128,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		}
 		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc)
 	}
-	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes}).ParseFS(assets, "templates/layout.html")
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "join": strings.Join}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}

@@ -182,3 +182,33 @@ type CommandStatus struct {
 	// Error is the agent's reason for failed, or why expired.
 	Error string `json:"error,omitempty"`
 }
+
+// EntitlementRequest sets who may launch a delivery group, replacing the
+// users and groups its configuration gives it (PUT
+// /api/v1/broker/groups/{name}/entitlements). Names are matched without
+// regard to case, as the configuration's are; at least one is needed.
+type EntitlementRequest struct {
+	Users  []string `json:"users"`
+	Groups []string `json:"groups"`
+}
+
+// DeliveryGroup is a delivery group as the admin API lists it, with its
+// entitlements in force and where they come from.
+type DeliveryGroup struct {
+	Name         string   `json:"name"`
+	Description  string   `json:"description,omitempty"`
+	Kind         string   `json:"kind"`
+	Spread       string   `json:"spread"`
+	Users        []string `json:"users"`
+	Groups       []string `json:"groups"`
+	SessionLimit int      `json:"session_limit"`
+	LogonLimit   int      `json:"logon_limit"`
+	// EntitlementsFrom is "configuration", or "admin" when an
+	// administrator set them; SetBy and SetAt then say who and when, and
+	// ConfiguredUsers and ConfiguredGroups what clearing them brings back.
+	EntitlementsFrom string     `json:"entitlements_from"`
+	SetBy            string     `json:"set_by,omitempty"`
+	SetAt            *time.Time `json:"set_at,omitempty"`
+	ConfiguredUsers  []string   `json:"configured_users"`
+	ConfiguredGroups []string   `json:"configured_groups"`
+}
