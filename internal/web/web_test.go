@@ -2,8 +2,10 @@ package web_test
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -38,6 +40,7 @@ type portal struct {
 	t     *testing.T
 	srv   *httptest.Server
 	clock *clock
+	p     *web.Server
 }
 
 // newPortal starts a real broker (SQLite, one registered host) and the
@@ -105,7 +108,7 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 	srv.Config.Handler = p.Handler()
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return &portal{t: t, srv: srv, clock: c}
+	return &portal{t: t, srv: srv, clock: c, p: p}
 }
 
 // do sends a request as a browser on the portal's own pages would.
@@ -300,5 +303,30 @@ func TestSignInThrottle(t *testing.T) {
 	// Locked out, the right password is refused too.
 	if r := p.do("POST", "/signin", url.Values{"user": {"alice"}, "password": {"Alice-Pass-1"}}, nil, nil); r.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("right password while locked out: %s", r.Status)
+	}
+}
+
+// TestServeSpeaksHTTP1: the portal's own listener answers a client that
+// offers HTTP/2 with HTTP/1.1 (see Serve for why).
+func TestServeSpeaksHTTP1(t *testing.T) {
+	p := newPortal(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	// A config with no protocols of its own, as deskway's roles share.
+	tc := &tls.Config{Certificates: p.srv.TLS.Certificates}
+	go func() { done <- p.p.Serve(ctx, ln, tc) }()
+	defer func() { cancel(); <-done }()
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
+	resp, err := c.Get("https://" + ln.Addr().String() + "/signin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Proto != "HTTP/1.1" || resp.TLS.NegotiatedProtocol == "h2" {
+		t.Fatalf("portal answered %s over %s (ALPN %q)", resp.Status, resp.Proto, resp.TLS.NegotiatedProtocol)
 	}
 }
