@@ -13,6 +13,7 @@ packages=(
   libnbd-bin python3-libnbd qemu-utils                 # NBD clients for the vDisk streaming tests (nbdinfo, nbdcopy, nbdsh)
   nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
+  ipxe iproute2                                        # iPXE first stages the netboot TFTP serves (undionly.kpxe, ipxe.efi)
   postgresql                                           # the broker's shared database (tests start their own clusters)
   strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
 )

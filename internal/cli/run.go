@@ -18,6 +18,7 @@ import (
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/netboot"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/pki"
 	"github.com/deskway/deskway/internal/policy"
@@ -118,6 +119,15 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		lns.Stream = sln.Addr()
 		serve = append(serve, func(ctx context.Context) error { return st.Serve(ctx, sln) })
 		api = append(api, st.AdminHandler())
+		if cfg.Stream.Netboot != nil {
+			_, port, _ := net.SplitHostPort(sln.Addr().String())
+			nb, err := netboot.New(cfg.Stream, netboot.Deps{Logger: log.With("role", "netboot"), Registry: reg, StateDir: cfg.StateDir, StreamPort: port})
+			if err != nil {
+				return err
+			}
+			serve = append(serve, nb.Run)
+			api = append(api, nb.AdminHandler())
+		}
 	}
 	if cfg.Broker != nil {
 		b, st, err := newBroker(ctx, cfg, log, reg)

@@ -241,6 +241,9 @@ type Stream struct {
 	// material of the boot-storm bench's trace.
 	Trace  string  `yaml:"trace"`
 	VDisks []VDisk `yaml:"vdisks"`
+	// Netboot, when set, serves machines with no disk: DHCP, TFTP and
+	// HTTP on the boot network, and devices recognised by MAC address.
+	Netboot *Netboot `yaml:"netboot"`
 }
 
 // VDisk is one streamed disk image.
@@ -253,6 +256,12 @@ type VDisk struct {
 	// their first connection; others need one made through the admin API
 	// (or, with stream.clients: certificate, a certificate naming them).
 	Clients []string `yaml:"clients"`
+	// Kernel and Initrd are what a network-booted device of this vDisk
+	// loads (paths on this server); Cmdline is added to the kernel's
+	// command line, before deskway's own parameters.
+	Kernel  string `yaml:"kernel"`
+	Initrd  string `yaml:"initrd"`
+	Cmdline string `yaml:"cmdline"`
 }
 
 // Broker is the session broker: it places launches on session hosts and
@@ -569,6 +578,9 @@ func (c *Config) ApplyDefaults() {
 		for i := range st.VDisks {
 			setDefault(&st.VDisks[i].Mode, "standard")
 		}
+		if st.Netboot != nil {
+			netbootDefaults(st.Netboot)
+		}
 	}
 	if b := c.Broker; b != nil {
 		c.brokerDefaults(b)
@@ -848,6 +860,9 @@ func validateStream(st *Stream, bad func(string, string, ...any)) {
 		default:
 			bad(key+".mode", "%q is not standard or private", v.Mode)
 		}
+	}
+	if st.Netboot != nil {
+		validateNetboot(st.Netboot, st, bad)
 	}
 }
 

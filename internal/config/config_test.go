@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestEmptyIsDefaults(t *testing.T) {
@@ -118,5 +121,39 @@ func TestWebLocalBroker(t *testing.T) {
 	}
 	if c.Web.Broker != "https://broker.example:8444" || c.Web.LocalBroker() {
 		t.Fatalf("named web.broker: %q, local %v", c.Web.Broker, c.Web.LocalBroker())
+	}
+}
+
+// TestNetbootValidation: the boot services' settings are checked, with
+// the key and what to do.
+func TestNetbootValidation(t *testing.T) {
+	img := filepath.Join(t.TempDir(), "golden.img")
+	os.WriteFile(img, nil, 0o600)
+	base := "stream:\n  listen: \"10.77.0.1:10809\"\n  tls: \"off\"\n  clients: open\n  vdisks:\n  - {name: golden, base: " + img + "}\n  netboot:\n"
+	c, err := Parse([]byte(base + "    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.0.100, end: 10.77.0.150}\n"))
+	if err != nil {
+		t.Fatalf("valid netboot config refused: %v", err)
+	}
+	if n := c.Stream.Netboot; n.HTTPPort != 8069 || n.IPXEDir != "/usr/lib/ipxe" || n.Pool.Netmask != "255.255.255.0" || n.Pool.Lease.D() != time.Hour {
+		t.Fatalf("netboot defaults: %+v %+v", n, n.Pool)
+	}
+	for in, want := range map[string]string{
+		"    address: 10.77.0.1\n":                                                                                   "stream.netboot.interface",
+		"    interface: br0\n    address: fe80::1\n":                                                                 "stream.netboot.address",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n":                                               "give pool.start and pool.end",
+		"    interface: br0\n    address: 10.77.0.1\n    pool: {start: 10.77.0.2, end: 10.77.0.3}\n":                 "is for dhcp: full",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.1.2, end: 10.77.1.3}\n": "is not in 10.77.0.0/24",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.0.1, end: 10.77.0.3}\n": "the server's own address",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: relay\n":                                              "not proxy or full",
+		"    interface: br0\n    address: 10.77.0.9\n":                                                               "devices could not reach it",
+	} {
+		if _, err := Parse([]byte(base + in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("netboot %q: got %v, want an error with %q", in, err, want)
+		}
+	}
+	cert := strings.Replace(base, "clients: open", "clients: certificate", 1)
+	cert = strings.Replace(cert, `tls: "off"`, "tls: require", 1)
+	if _, err := Parse([]byte(cert + "    interface: br0\n    address: 10.77.0.1\n")); err == nil || !strings.Contains(err.Error(), "stream.clients: open") {
+		t.Errorf("netboot with client certificates: %v", err)
 	}
 }

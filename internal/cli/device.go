@@ -1,0 +1,140 @@
+package cli
+
+import (
+	"fmt"
+	"net/url"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deskway/deskway/internal/netboot"
+)
+
+func deviceCmd() *cobra.Command {
+	var cfgPath string
+	c := &cobra.Command{Use: "device", Short: "Network-booted devices, by MAC address: add, list, assign a vDisk, enable, disable, remove (through the admin API)"}
+	c.PersistentFlags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	show := func(cmd *cobra.Command, d netboot.Device) {
+		state := "enabled"
+		if !d.Enabled {
+			state = "disabled"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s (%s): vDisk %s, %s\n", d.Name, d.MAC, orDash(d.VDisk), state)
+	}
+	var req netboot.DeviceRequest
+	add := &cobra.Command{
+		Use:   "add --mac MAC --name NAME [--vdisk VDISK]",
+		Short: "Register a machine by its MAC address; it boots its vDisk on its next power-on",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a, err := newAdminClient(cfgPath)
+			if err != nil {
+				return err
+			}
+			var d netboot.Device
+			if err := a.call(cmd.Context(), "POST", "/api/v1/stream/devices", req, &d); err != nil {
+				return err
+			}
+			show(cmd, d)
+			return nil
+		},
+	}
+	add.Flags().StringVar(&req.MAC, "mac", "", "the machine's Ethernet address")
+	add.Flags().StringVar(&req.Name, "name", "", "the device's name (names its write cache and private image)")
+	add.Flags().StringVar(&req.VDisk, "vdisk", "", "the vDisk it boots")
+	add.Flags().StringVar(&req.Stage, "stage", "", "the vDisk version stage it boots: production (default), test or maintenance")
+	add.Flags().StringVar(&req.Collection, "collection", "", "a collection to file it under")
+	add.Flags().BoolVar(&req.Disabled, "disabled", false, "add it without letting it boot yet")
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List the devices",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a, err := newAdminClient(cfgPath)
+			if err != nil {
+				return err
+			}
+			var out struct{ Devices []netboot.Device }
+			if err := a.call(cmd.Context(), "GET", "/api/v1/stream/devices", nil, &out); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "DEVICE\tMAC\tCOLLECTION\tVDISK\tSTAGE\tSTATE\tLAST BOOT")
+			for _, d := range out.Devices {
+				state, last := "enabled", "-"
+				if !d.Enabled {
+					state = "disabled"
+				}
+				if d.LastBoot != nil {
+					last = d.LastBoot.Format("2006-01-02 15:04:05")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.MAC, orDash(d.Collection), orDash(d.VDisk), orDash(d.Stage), state, last)
+			}
+			return tw.Flush()
+		},
+	}
+	var assign netboot.DeviceRequest
+	assignCmd := &cobra.Command{
+		Use:   "assign DEVICE --vdisk VDISK",
+		Short: "Set the vDisk (and stage) a device boots from its next power-on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := newAdminClient(cfgPath)
+			if err != nil {
+				return err
+			}
+			var d netboot.Device
+			if err := a.call(cmd.Context(), "POST", "/api/v1/stream/devices/"+url.PathEscape(args[0])+"/assign", assign, &d); err != nil {
+				return err
+			}
+			show(cmd, d)
+			return nil
+		},
+	}
+	assignCmd.Flags().StringVar(&assign.VDisk, "vdisk", "", "the vDisk")
+	assignCmd.Flags().StringVar(&assign.Stage, "stage", "", "production (default), test or maintenance")
+	toggle := func(verb, short string) *cobra.Command {
+		return &cobra.Command{
+			Use:   verb + " DEVICE",
+			Short: short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				a, err := newAdminClient(cfgPath)
+				if err != nil {
+					return err
+				}
+				var d netboot.Device
+				if err := a.call(cmd.Context(), "POST", "/api/v1/stream/devices/"+url.PathEscape(args[0])+"/"+verb, nil, &d); err != nil {
+					return err
+				}
+				show(cmd, d)
+				return nil
+			},
+		}
+	}
+	remove := &cobra.Command{
+		Use:   "remove DEVICE",
+		Short: "Forget a device: its MAC is unknown from its next power-on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := newAdminClient(cfgPath)
+			if err != nil {
+				return err
+			}
+			if err := a.call(cmd.Context(), "DELETE", "/api/v1/stream/devices/"+url.PathEscape(args[0]), nil, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: removed\n", args[0])
+			return nil
+		},
+	}
+	c.AddCommand(add, ls, assignCmd, toggle("enable", "Let a device boot"), toggle("disable", "Stop a device from booting: its console says why"), remove)
+	return c
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

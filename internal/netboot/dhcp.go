@@ -1,0 +1,239 @@
+package netboot
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+)
+
+// PXE client architectures (RFC 4578 option 93) that load ipxe.efi; any
+// other PXE client gets undionly.kpxe, the BIOS first stage.
+var efiArches = []iana.Arch{iana.EFI_IA32, iana.EFI_BC, iana.EFI_X86_64, iana.EFI_X86_HTTP, iana.EFI_X86_64_HTTP}
+
+// boot is what the DHCP answers tell a PXE client to load.
+type boot struct {
+	server   net.IP // TFTP and HTTP server
+	httpPort int
+}
+
+// isPXE says the client is a network-boot firmware or iPXE.
+func isPXE(m *dhcpv4.DHCPv4) bool {
+	return bytes.HasPrefix([]byte(m.ClassIdentifier()), []byte("PXEClient"))
+}
+
+// isIPXE says the client is iPXE, which fetches its script over HTTP; a
+// firmware PXE client first loads iPXE over TFTP.
+func isIPXE(m *dhcpv4.DHCPv4) bool {
+	return bytes.Contains(m.Options.Get(dhcpv4.OptionUserClassInformation), []byte("iPXE"))
+}
+
+// file is the boot file name for m: the iPXE script's URL for iPXE, the
+// iPXE first stage for a firmware's PXE client.
+func (b boot) file(m *dhcpv4.DHCPv4) string {
+	if isIPXE(m) {
+		return fmt.Sprintf("http://%s:%d/netboot/boot.ipxe", b.server, b.httpPort)
+	}
+	for _, a := range m.ClientArch() {
+		if slices.Contains(efiArches, a) {
+			return "ipxe.efi"
+		}
+	}
+	return "undionly.kpxe"
+}
+
+// proxyReply answers m as a proxyDHCP server (RFC 4578, PXE 2.1): boot
+// options only, no address, for PXE clients only; nil means no answer.
+// Port 67 gets DISCOVERs, port 4011 REQUESTs.
+func (b boot) proxyReply(m *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
+	if !isPXE(m) {
+		return nil
+	}
+	var t dhcpv4.MessageType
+	switch m.MessageType() {
+	case dhcpv4.MessageTypeDiscover:
+		t = dhcpv4.MessageTypeOffer
+	case dhcpv4.MessageTypeRequest, dhcpv4.MessageTypeInform:
+		t = dhcpv4.MessageTypeAck
+	default:
+		return nil
+	}
+	r, err := dhcpv4.NewReplyFromRequest(m, dhcpv4.WithMessageType(t), dhcpv4.WithServerIP(b.server),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(b.server)), dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")))
+	if err != nil {
+		return nil
+	}
+	r.YourIPAddr = net.IPv4zero
+	r.BootFileName = b.file(m)
+	return r
+}
+
+// Pool hands out the addresses of a full DHCP server, one per MAC, and
+// keeps them in a file so that a restarted server gives no device's
+// address to another.
+type Pool struct {
+	path       string
+	start, end netip.Addr
+	lease      time.Duration
+	mu         sync.Mutex
+	leases     map[string]lease // by MAC
+}
+
+type lease struct {
+	IP      netip.Addr `json:"ip"`
+	Expires time.Time  `json:"expires"`
+}
+
+// OpenPool reads the leases at path (none when missing) for the range
+// start-end.
+func OpenPool(path string, start, end netip.Addr, leaseTime time.Duration) (*Pool, error) {
+	p := &Pool{path: path, start: start, end: end, lease: leaseTime, leases: map[string]lease{}}
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(b, &p.leases)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("netboot: leases %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// errPoolFull says every address is leased and none has expired.
+var errPoolFull = errors.New("every address of the pool is leased")
+
+// offer returns the address for mac: its lease's, or the lowest free
+// one (an expired lease's address is free).
+func (p *Pool) offer(mac string, now time.Time) (netip.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l, ok := p.leases[mac]; ok {
+		return l.IP, nil
+	}
+	used := map[netip.Addr]bool{}
+	for _, l := range p.leases {
+		if l.Expires.After(now) {
+			used[l.IP] = true
+		}
+	}
+	for a := p.start; !p.end.Less(a); a = a.Next() {
+		if !used[a] {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, errPoolFull
+}
+
+// bind leases ip to mac until now plus the lease time, if ip is in the
+// range and no other MAC holds it.
+func (p *Pool) bind(mac string, ip netip.Addr, now time.Time) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ip.Less(p.start) || p.end.Less(ip) {
+		return fmt.Errorf("%s is not in the pool", ip)
+	}
+	for m, l := range p.leases {
+		if m != mac && l.IP == ip {
+			if l.Expires.After(now) {
+				return fmt.Errorf("%s is leased to %s", ip, m)
+			}
+			delete(p.leases, m)
+		}
+	}
+	_, known := p.leases[mac]
+	p.leases[mac] = lease{IP: ip, Expires: now.Add(p.lease)}
+	if known {
+		return nil // a renewal: its address is in the file already
+	}
+	return p.save()
+}
+
+// release frees mac's address.
+func (p *Pool) release(mac string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.leases[mac]; ok {
+		delete(p.leases, mac)
+		_ = p.save()
+	}
+}
+
+func (p *Pool) save() error {
+	b, _ := json.Marshal(p.leases)
+	tmp := p.path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("netboot: leases: %w", err)
+	}
+	if err := os.Rename(tmp, p.path); err != nil {
+		return fmt.Errorf("netboot: leases: %w", err)
+	}
+	return nil
+}
+
+// full is a DHCP server that owns the boot network's addresses.
+type full struct {
+	boot
+	pool    *Pool
+	netmask net.IPMask
+	router  net.IP
+}
+
+// reply answers m; nil means no answer.
+func (f *full) reply(m *dhcpv4.DHCPv4, now time.Time) (*dhcpv4.DHCPv4, error) {
+	mac := m.ClientHWAddr.String()
+	mods := []dhcpv4.Modifier{dhcpv4.WithServerIP(f.server), dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.server)),
+		dhcpv4.WithNetmask(f.netmask), dhcpv4.WithLeaseTime(uint32(f.pool.lease.Seconds()))}
+	if f.router != nil {
+		mods = append(mods, dhcpv4.WithRouter(f.router))
+	}
+	var ip netip.Addr
+	switch m.MessageType() {
+	case dhcpv4.MessageTypeDiscover:
+		var err error
+		if ip, err = f.pool.offer(mac, now); err != nil {
+			return nil, err
+		}
+		mods = append(mods, dhcpv4.WithMessageType(dhcpv4.MessageTypeOffer))
+	case dhcpv4.MessageTypeRequest:
+		if sid := m.ServerIdentifier(); sid != nil && !sid.Equal(f.server) {
+			return nil, nil // the client took another server's offer
+		}
+		want := m.RequestedIPAddress()
+		if want == nil || want.IsUnspecified() {
+			want = m.ClientIPAddr
+		}
+		a, ok := netip.AddrFromSlice(want.To4())
+		if !ok {
+			return nil, nil
+		}
+		if err := f.pool.bind(mac, a, now); err != nil {
+			nak, _ := dhcpv4.NewReplyFromRequest(m, dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
+				dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.server)), dhcpv4.WithOption(dhcpv4.OptMessage(err.Error())))
+			return nak, nil
+		}
+		ip = a
+		mods = append(mods, dhcpv4.WithMessageType(dhcpv4.MessageTypeAck))
+	case dhcpv4.MessageTypeRelease:
+		f.pool.release(mac)
+		return nil, nil
+	default:
+		return nil, nil
+	}
+	r, err := dhcpv4.NewReplyFromRequest(m, append(mods, dhcpv4.WithYourIP(ip.AsSlice()))...)
+	if err != nil {
+		return nil, err
+	}
+	if isPXE(m) {
+		r.BootFileName = f.file(m)
+		r.UpdateOption(dhcpv4.OptClassIdentifier("PXEClient"))
+	}
+	return r, nil
+}

@@ -1,0 +1,230 @@
+package netboot
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+
+	"github.com/deskway/deskway/internal/config"
+)
+
+var (
+	server = net.IPv4(10, 77, 0, 1).To4()
+	mac1   = net.HardwareAddr{0x52, 0x54, 0, 0x77, 0, 1}
+	mac2   = net.HardwareAddr{0x52, 0x54, 0, 0x77, 0, 2}
+	t0     = time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+)
+
+// request is what a PXE client sends: a firmware's (arch given) or, with
+// ipxe, iPXE's user class.
+func request(t *testing.T, mac net.HardwareAddr, typ dhcpv4.MessageType, ipxe bool, arch iana.Arch, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {
+	t.Helper()
+	mods = append([]dhcpv4.Modifier{dhcpv4.WithMessageType(typ), dhcpv4.WithHwAddr(mac),
+		dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient:Arch:00000:UNDI:002001")),
+		dhcpv4.WithOption(dhcpv4.OptClientArch(arch))}, mods...)
+	if ipxe {
+		mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionUserClassInformation, []byte("iPXE")))
+	}
+	m, err := dhcpv4.New(mods...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Through the wire format, as the server reads it.
+	if m, err = dhcpv4.FromBytes(m.ToBytes()); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestProxyAnswersPXEClientsWithBootFileOnly(t *testing.T) {
+	b := boot{server: server, httpPort: 8069}
+	for _, c := range []struct {
+		name string
+		ipxe bool
+		arch iana.Arch
+		want string
+	}{
+		{"BIOS firmware", false, iana.INTEL_X86PC, "undionly.kpxe"},
+		{"UEFI firmware", false, iana.EFI_X86_64, "ipxe.efi"},
+		{"iPXE", true, iana.INTEL_X86PC, "http://10.77.0.1:8069/netboot/boot.ipxe"},
+	} {
+		r := b.proxyReply(request(t, mac1, dhcpv4.MessageTypeDiscover, c.ipxe, c.arch))
+		if r == nil || r.MessageType() != dhcpv4.MessageTypeOffer || r.BootFileName != c.want || !r.YourIPAddr.Equal(net.IPv4zero) ||
+			!r.ServerIPAddr.Equal(server) || !r.ServerIdentifier().Equal(server) || r.ClassIdentifier() != "PXEClient" {
+			t.Errorf("%s: proxy offer %v", c.name, r)
+		}
+	}
+	if r := b.proxyReply(request(t, mac1, dhcpv4.MessageTypeRequest, false, iana.INTEL_X86PC)); r == nil || r.MessageType() != dhcpv4.MessageTypeAck {
+		t.Errorf("port 4011 request: %v", r)
+	}
+	plain, _ := dhcpv4.New(dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover), dhcpv4.WithHwAddr(mac1))
+	if r := b.proxyReply(plain); r != nil {
+		t.Errorf("a proxy answered a client that is not PXE: %v", r)
+	}
+}
+
+func TestFullServerLeasesAndRemembers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.json")
+	open := func() *full {
+		p, err := OpenPool(path, netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.101"), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &full{boot: boot{server: server, httpPort: 8069}, pool: p, netmask: net.CIDRMask(24, 32)}
+	}
+	f := open()
+	lease := func(f *full, mac net.HardwareAddr) net.IP {
+		t.Helper()
+		o, err := f.reply(request(t, mac, dhcpv4.MessageTypeDiscover, true, iana.INTEL_X86PC), t0)
+		if err != nil || o.MessageType() != dhcpv4.MessageTypeOffer || o.BootFileName != "http://10.77.0.1:8069/netboot/boot.ipxe" || o.SubnetMask().String() != "ffffff00" {
+			t.Fatalf("offer: %v %v", o, err)
+		}
+		a, err := f.reply(request(t, mac, dhcpv4.MessageTypeRequest, true, iana.INTEL_X86PC,
+			dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(o.YourIPAddr)), dhcpv4.WithOption(dhcpv4.OptServerIdentifier(server))), t0)
+		if err != nil || a.MessageType() != dhcpv4.MessageTypeAck || !a.YourIPAddr.Equal(o.YourIPAddr) {
+			t.Fatalf("ack: %v %v", a, err)
+		}
+		return a.YourIPAddr
+	}
+	ip1, ip2 := lease(f, mac1), lease(f, mac2)
+	if ip1.String() != "10.77.0.100" || ip2.String() != "10.77.0.101" {
+		t.Fatalf("leases %s %s", ip1, ip2)
+	}
+	if _, err := f.reply(request(t, net.HardwareAddr{0x52, 0x54, 0, 0x77, 0, 3}, dhcpv4.MessageTypeDiscover, false, 0), t0); err != errPoolFull {
+		t.Fatalf("a third machine in a pool of two: %v", err)
+	}
+	// Another MAC asking for mac1's address is refused, with a reason.
+	nak, _ := f.reply(request(t, net.HardwareAddr{0x52, 0x54, 0, 0x77, 0, 3}, dhcpv4.MessageTypeRequest, false, 0,
+		dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip1))), t0)
+	if nak == nil || nak.MessageType() != dhcpv4.MessageTypeNak || !strings.Contains(nak.Message(), "leased to") {
+		t.Fatalf("request for another's address: %v", nak)
+	}
+	// A request that chose another server's offer is not answered.
+	if r, err := f.reply(request(t, mac1, dhcpv4.MessageTypeRequest, false, 0,
+		dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip1)), dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IPv4(10, 77, 0, 9)))), t0); r != nil || err != nil {
+		t.Fatalf("request for another server: %v %v", r, err)
+	}
+	// A restarted server keeps the leases; an expired one is free again.
+	f = open()
+	if got := lease(f, mac2); !got.Equal(ip2) {
+		t.Fatalf("after a restart mac2 got %s, want %s", got, ip2)
+	}
+	o, err := f.reply(request(t, net.HardwareAddr{0x52, 0x54, 0, 0x77, 0, 3}, dhcpv4.MessageTypeDiscover, false, 0), t0.Add(2*time.Hour))
+	if err != nil || o.YourIPAddr.String() != "10.77.0.100" && o.YourIPAddr.String() != "10.77.0.101" {
+		t.Fatalf("offer after the leases expired: %v %v", o, err)
+	}
+}
+
+func TestDevicesKeepTheirRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "devices.json")
+	ds, err := OpenDevices(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vdisks := []string{"golden"}
+	for _, c := range []struct {
+		d    Device
+		want string
+	}{
+		{Device{MAC: "nope", Name: "pc1"}, "not an Ethernet MAC"},
+		{Device{MAC: mac1.String(), Name: "../etc"}, "device name"},
+		{Device{MAC: mac1.String(), Name: "pc1", VDisk: "other"}, `no vDisk "other"`},
+		{Device{MAC: mac1.String(), Name: "pc1", VDisk: "golden", Stage: "beta"}, "stage"},
+	} {
+		if err := c.d.Check(vdisks); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.d, err, c.want)
+		}
+	}
+	if err := ds.Add(Device{MAC: mac1.String(), Name: "pc1", VDisk: "golden", Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Add(Device{MAC: mac1.String(), Name: "pc9"}); err == nil || !strings.Contains(err.Error(), "is device \"pc1\"") {
+		t.Fatalf("a second device with one MAC: %v", err)
+	}
+	if err := ds.Add(Device{MAC: mac2.String(), Name: "PC1"}); err == nil {
+		t.Fatal("a second device with one name (case aside)")
+	}
+	if _, err := ds.Update("52-54-00-77-00-01", func(d *Device) error { d.Enabled = false; return nil }); err != nil {
+		t.Fatalf("update by MAC: %v", err)
+	}
+	again, err := OpenDevices(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := again.ByMAC(mac1.String()); !ok || d.Enabled || d.Name != "pc1" {
+		t.Fatalf("after reopening: %+v %v", d, ok)
+	}
+	if err := again.Remove("pc1"); err != nil || len(again.List()) != 0 {
+		t.Fatalf("remove: %v %v", err, again.List())
+	}
+}
+
+func TestScripts(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinuz")
+	os.WriteFile(kernel, []byte("kernel bytes"), 0o644)
+	st := &config.Stream{Listen: "10.77.0.1:10809", VDisks: []config.VDisk{
+		{Name: "golden", Mode: "standard", Kernel: kernel, Initrd: kernel, Cmdline: "console=ttyS0"}, {Name: "bare", Mode: "private"}},
+		Netboot: &config.Netboot{Interface: "br0", Address: "10.77.0.1", HTTPPort: 8069, DHCP: "proxy", Servers: []string{"10.77.0.1:10809", "10.77.0.2:10809"}}}
+	s, err := New(st, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StateDir: dir, StreamPort: "10809", Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := s.Devices()
+	ds.Add(Device{MAC: "52:54:00:77:00:01", Name: "pc1", VDisk: "golden", Stage: "test", Enabled: true})
+	ds.Add(Device{MAC: "52:54:00:77:00:02", Name: "pc2", VDisk: "golden"})
+	ds.Add(Device{MAC: "52:54:00:77:00:03", Name: "pc3", VDisk: "bare", Enabled: true})
+	h := s.Handler()
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	for path, want := range map[string]string{
+		"/netboot/boot.ipxe":                    "#!ipxe\nchain http://10.77.0.1:8069/netboot/device?mac=${netX/mac}\n",
+		"/netboot/device?mac=52:54:00:77:00:02": "echo deskway: device pc2 (52:54:00:77:00:02) is disabled by an administrator.",
+		"/netboot/device?mac=52:54:00:77:00:03": "vDisk bare of device pc3 has no kernel and initrd",
+		"/netboot/device?mac=52:54:00:77:00:09": "deskway device add --mac 52:54:00:77:00:09 --name NAME --vdisk VDISK",
+		"/netboot/vdisks/golden/kernel":         "kernel bytes",
+	} {
+		if code, body := get(path); code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("GET %s: %d %q, want %q", path, code, body, want)
+		}
+	}
+	code, body := get("/netboot/device?mac=52:54:00:77:00:01")
+	if code != http.StatusOK || !strings.Contains(body, "kernel http://10.77.0.1:8069/netboot/vdisks/golden/kernel initrd=initrd console=ttyS0 deskway.device=pc1 deskway.export=golden@test/pc1/") ||
+		!strings.Contains(body, "deskway.servers=10.77.0.1:10809,10.77.0.2:10809\n") || !strings.Contains(body, "initrd --name initrd http://10.77.0.1:8069/netboot/vdisks/golden/initrd\nboot\n") {
+		t.Fatalf("pc1's script: %d\n%s", code, body)
+	}
+	if _, again := get("/netboot/device?mac=52:54:00:77:00:01"); again == body {
+		t.Fatal("two power-ons got one boot id")
+	}
+	for _, path := range []string{"/netboot/device?mac=nope", "/netboot/vdisks/bare/kernel", "/netboot/vdisks/golden/base", "/netboot/vdisks/none/kernel"} {
+		if code, _ := get(path); code == http.StatusOK {
+			t.Errorf("GET %s answered 200", path)
+		}
+	}
+	// With auto_add, an unknown machine becomes a disabled device.
+	s.cfg.AutoAdd = "lab"
+	if _, body := get("/netboot/device?mac=52:54:00:77:00:0a"); !strings.Contains(body, "was added as device pxe-52540077000a in collection lab") {
+		t.Fatalf("auto-add script: %s", body)
+	}
+	if d, ok := ds.ByMAC("52:54:00:77:00:0a"); !ok || d.Enabled || d.Collection != "lab" {
+		t.Fatalf("auto-added device: %+v %v", d, ok)
+	}
+	// Only iPXE's first stages are served over TFTP.
+	if err := s.tftpRead("../../etc/passwd", nil); err == nil {
+		t.Fatal("TFTP served a path outside the iPXE files")
+	}
+}
