@@ -101,8 +101,12 @@ func (n *netns) bootVM(tap, mac string) *vm {
 func (v *vm) wait(t *testing.T, re *regexp.Regexp, d time.Duration) []string {
 	t.Helper()
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if m := re.FindStringSubmatch(v.out.String()); m != nil {
+		out := v.out.String()
+		if m := re.FindStringSubmatch(out); m != nil {
 			return m
+		}
+		if strings.Contains(out, "reboot: Power down") {
+			break // the machine is off: nothing more will come
 		}
 	}
 	t.Fatalf("the VM's console never showed %q:\n%s", re, lastLines(strings.ReplaceAll(v.out.String(), "\r", ""), 40))
@@ -209,5 +213,202 @@ func TestNetbootBareVM(t *testing.T) {
 		if !strings.Contains(srv.Log.String(), want) {
 			t.Errorf("the log lacks %q:\n%s", want, lastLines(srv.Log.String(), 30))
 		}
+	}
+}
+
+// rootModules are loaded in this order by the netboot initramfs: ext4,
+// virtio, a virtio NIC, and the kernel NBD client.
+var rootModules = []string{
+	"lib/crc16", "crypto/crc32c_generic", "fs/mbcache", "fs/jbd2/jbd2", "fs/ext4/ext4",
+	"drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virtio/virtio_pci_modern_dev",
+	"drivers/virtio/virtio_pci_legacy_dev", "drivers/virtio/virtio_pci",
+	"net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net", "drivers/block/nbd",
+}
+
+// netbootRootKit is Debian's kernel and an initramfs that does what a
+// network-booted machine's must: load the NIC and NBD modules, get an
+// address over DHCP, connect the root disk with deskway-nbdroot and the
+// kernel's NBD driver, mount it and switch to its /sbin/init.
+func netbootRootKit(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	kernels, _ := filepath.Glob(filepath.Join(testkit.KernelDir, "boot", "vmlinuz-*"))
+	if len(kernels) == 0 {
+		t.Fatalf("no Debian kernel in %s: run scripts/install-deps.sh", testkit.KernelDir)
+	}
+	version := strings.TrimPrefix(filepath.Base(kernels[0]), "vmlinuz-")
+	root := filepath.Join(t.TempDir(), "root")
+	for _, d := range []string{"bin", "dev", "proc", "sys", "modules", "newroot"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	copyTo := func(src, dst string, mode os.FileMode) {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bb, _ := exec.LookPath("busybox")
+	copyTo(bb, filepath.Join(root, "bin", "busybox"), 0o755)
+	var load strings.Builder
+	for _, m := range rootModules {
+		copyTo(filepath.Join(testkit.KernelDir, "lib", "modules", version, "kernel", m+".ko"), filepath.Join(root, "modules", filepath.Base(m)+".ko"), 0o644)
+		fmt.Fprintf(&load, "insmod /modules/%s.ko || echo \"DESKWAY insmod failed: %s\"\n", filepath.Base(m), filepath.Base(m))
+	}
+	helper := filepath.Join(root, "bin", "deskway-nbdroot")
+	build := exec.Command("go", "build", "-ldflags=-s", "-o", helper, "../cmd/deskway-nbdroot")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build deskway-nbdroot: %v\n%s", err, out)
+	}
+	os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(`#!/bin/busybox sh
+[ "$1" = bound ] || [ "$1" = renew ] || exit 0
+ifconfig "$interface" "$ip" netmask "$subnet" up
+`), 0o755)
+	os.WriteFile(filepath.Join(root, "init"), []byte(`#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+`+load.String()+`
+i=0
+while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+ip link set eth0 up
+udhcpc -i eth0 -s /udhcpc.script -q -f -n -t 20 -T 1 >/dev/null || echo "DESKWAY no address"
+deskway-nbdroot /dev/nbd0 &
+i=0
+while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+if ! mount -t ext4 /dev/nbd0 /newroot; then
+  echo "DESKWAY root mount failed"
+  poweroff -f
+fi
+umount /proc /sys
+mount --move /dev /newroot/dev
+exec switch_root /newroot /sbin/init
+`), 0o755)
+	initrd = filepath.Join(filepath.Dir(root), "initrd.cpio")
+	if out, err := exec.Command("sh", "-c", "cd "+root+" && busybox find . | busybox cpio -o -H newc > "+initrd).CombinedOutput(); err != nil {
+		t.Fatalf("initramfs: %v\n%s", err, out)
+	}
+	return kernels[0], initrd
+}
+
+// rootImage is an ext4 vDisk whose /sbin/init says what it sees, writes
+// a file named after the device, waits for a line on the console, then
+// lists the disk again as the server has it and powers off.
+func rootImage(t *testing.T, path string) {
+	t.Helper()
+	testkit.Require(t, "mkfs.ext4")
+	src := filepath.Join(t.TempDir(), "src")
+	for _, d := range []string{"bin", "sbin", "dev", "proc", "sys"} {
+		os.MkdirAll(filepath.Join(src, d), 0o755)
+	}
+	bb, _ := exec.LookPath("busybox")
+	b, _ := os.ReadFile(bb)
+	os.WriteFile(filepath.Join(src, "bin", "busybox"), b, 0o755)
+	os.WriteFile(filepath.Join(src, "golden.txt"), []byte("golden image v1\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "sbin", "init"), []byte(`#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+DEV=$(sed -n 's/.*deskway\.device=\([^ ]*\).*/\1/p' /proc/cmdline)
+echo "DESKWAY root $DEV: $(cat /golden.txt) files: $(ls / | tr '\n' ' ')"
+echo "written by $DEV" > /$DEV.txt
+sync
+echo "DESKWAY written $DEV"
+read -r word
+echo 3 > /proc/sys/vm/drop_caches
+echo "DESKWAY after $DEV: $(ls / | tr '\n' ' ')"
+poweroff -f
+`), 0o755)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "golden", "-d", src, path, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+}
+
+const netbootRootConfig = `state_dir: %[1]s
+log: {level: debug, format: text}
+admin: {listen: "127.0.0.1:%[2]d", tokens: [tok]}
+stream:
+  listen: "10.77.0.1:10809"
+  tls: "off"
+  clients: open
+  vdisks:
+  - {name: golden, base: %[3]s, kernel: %[4]s, initrd: %[5]s, cmdline: "console=ttyS0 panic=-1 quiet"}
+  - {name: personal, mode: private, base: %[3]s, kernel: %[4]s, initrd: %[5]s, cmdline: "console=ttyS0 panic=-1 quiet", clients: [pc3]}
+  netboot:
+    interface: br0
+    address: 10.77.0.1
+    dhcp: full
+    pool: {start: 10.77.0.100, end: 10.77.0.150}
+`
+
+// TestNetbootRootOverNBD: bare VMs boot from deskway over PXE and run
+// from their vDisk, mounted as root through the kernel's NBD client. Two
+// standard-mode devices boot at once from one vDisk and neither sees the
+// other's file; a standard-mode device's file is gone at its next
+// power-on; a private-mode device's file is still there.
+func TestNetbootRootOverNBD(t *testing.T) {
+	ns := newNetns(t, "tap1", "tap2", "tap3")
+	kernel, initrd := netbootRootKit(t)
+	bin := build(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "golden.img")
+	rootImage(t, base)
+	cfg := filepath.Join(dir, "deskway.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(netbootRootConfig, filepath.Join(dir, "state"), testkit.FreePort(t), base, kernel, initrd)), 0o600)
+	srv := testkit.Start(t, nil, "ip", "netns", "exec", ns.name, bin, "run", "-c", cfg)
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(srv.Log.String(), "network boot services listening"); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the boot services did not start:\n%s", srv.Log.String())
+		}
+	}
+	deskway := func(args ...string) string {
+		t.Helper()
+		return ns.run(append([]string{bin}, append(args, "-c", cfg)...)...)
+	}
+	deskway("device", "add", "--mac", "52:54:00:77:00:01", "--name", "pc1", "--vdisk", "golden")
+	deskway("device", "add", "--mac", "52:54:00:77:00:02", "--name", "pc2", "--vdisk", "golden")
+	deskway("device", "add", "--mac", "52:54:00:77:00:03", "--name", "pc3", "--vdisk", "personal")
+
+	written := func(v *vm, dev string) {
+		t.Helper()
+		v.wait(t, regexp.MustCompile(`DESKWAY root `+dev+`: golden image v1 files: `), 4*time.Minute)
+		v.wait(t, regexp.MustCompile(`DESKWAY written `+dev), time.Minute)
+	}
+	after := func(v *vm, dev string) string {
+		t.Helper()
+		io.WriteString(v.in, "go\n")
+		return v.wait(t, regexp.MustCompile(`DESKWAY after `+dev+`: ([^\r\n]*)`), time.Minute)[1]
+	}
+	// Two standard-mode devices at once: each has written and synced
+	// before either lists the disk as the server has it.
+	pc1, pc2 := ns.bootVM("tap1", "52:54:00:77:00:01"), ns.bootVM("tap2", "52:54:00:77:00:02")
+	written(pc1, "pc1")
+	written(pc2, "pc2")
+	if got := after(pc1, "pc1"); !strings.Contains(got, "pc1.txt") || strings.Contains(got, "pc2.txt") {
+		t.Fatalf("pc1 sees %q: its own file, and not pc2's, expected", got)
+	}
+	if got := after(pc2, "pc2"); !strings.Contains(got, "pc2.txt") || strings.Contains(got, "pc1.txt") {
+		t.Fatalf("pc2 sees %q", got)
+	}
+	_ = pc1.cmd.Wait()
+	_ = pc2.cmd.Wait()
+	// pc1 again: a new boot, its file is gone. pc3 (private) twice: kept.
+	pc1 = ns.bootVM("tap1", "52:54:00:77:00:01")
+	pc3 := ns.bootVM("tap3", "52:54:00:77:00:03")
+	written(pc1, "pc1")
+	written(pc3, "pc3")
+	if first := pc1.wait(t, regexp.MustCompile(`DESKWAY root pc1: golden image v1 files: ([^\r\n]*)`), time.Second)[1]; strings.Contains(first, "pc1.txt") {
+		t.Fatalf("pc1's second power-on found its first boot's file: %q", first)
+	}
+	after(pc1, "pc1")
+	after(pc3, "pc3")
+	_ = pc3.cmd.Wait()
+	pc3 = ns.bootVM("tap3", "52:54:00:77:00:03")
+	if first := pc3.wait(t, regexp.MustCompile(`DESKWAY root pc3: golden image v1 files: ([^\r\n]*)`), 4*time.Minute)[1]; !strings.Contains(first, "pc3.txt") {
+		t.Fatalf("private-mode pc3 lost its file across a power-off: %q", first)
 	}
 }

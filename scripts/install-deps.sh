@@ -50,10 +50,11 @@ if ((${#missing[@]})); then
   pkill -x haproxy 2>/dev/null || true
   pkill -x nbd-server 2>/dev/null || true
 fi
-# A Debian kernel for the diskless-boot test, unpacked (never installed)
-# with only the modules a virtio disk with ext4 needs.
+# A Debian kernel for the diskless-boot tests, unpacked (never installed)
+# with only the modules a virtio disk with ext4 needs, and those of a
+# network-booted machine's root disk (virtio-net, the kernel NBD client).
 kdir=/var/cache/deskway/kernel
-if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1; then
+if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1 || ! ls "$kdir"/lib/modules/*/kernel/drivers/block/nbd.ko >/dev/null 2>&1; then
   pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
   if [ -z "$pkg" ]; then
     apt-get update -qq
@@ -66,7 +67,8 @@ if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1; then
   dpkg-deb -x "$tmp"/*.deb "$kdir.new"
   find "$kdir.new"/lib/modules -name '*.ko' \
     ! -path '*/fs/ext4/*' ! -path '*/fs/jbd2/*' ! -name mbcache.ko ! -name crc16.ko \
-    ! -name crc32c_generic.ko ! -path '*/drivers/virtio/*' ! -name virtio_blk.ko -delete
+    ! -name crc32c_generic.ko ! -path '*/drivers/virtio/*' ! -name virtio_blk.ko \
+    ! -name nbd.ko ! -name virtio_net.ko ! -name net_failover.ko ! -name failover.ko -delete
   rm -rf "$tmp" "$kdir"
   mv "$kdir.new" "$kdir"
 fi

@@ -86,7 +86,13 @@ type Pool struct {
 	lease      time.Duration
 	mu         sync.Mutex
 	leases     map[string]lease // by MAC
+	// offers hold an offered address for its MAC a little while, so
+	// that machines powered on together are not offered the same one.
+	offers map[string]lease
 }
+
+// offerHold is how long an offered address waits for its REQUEST.
+const offerHold = 30 * time.Second
 
 type lease struct {
 	IP      netip.Addr `json:"ip"`
@@ -96,7 +102,7 @@ type lease struct {
 // OpenPool reads the leases at path (none when missing) for the range
 // start-end.
 func OpenPool(path string, start, end netip.Addr, leaseTime time.Duration) (*Pool, error) {
-	p := &Pool{path: path, start: start, end: end, lease: leaseTime, leases: map[string]lease{}}
+	p := &Pool{path: path, start: start, end: end, lease: leaseTime, leases: map[string]lease{}, offers: map[string]lease{}}
 	b, err := os.ReadFile(path)
 	if err == nil {
 		err = json.Unmarshal(b, &p.leases)
@@ -118,14 +124,25 @@ func (p *Pool) offer(mac string, now time.Time) (netip.Addr, error) {
 	if l, ok := p.leases[mac]; ok {
 		return l.IP, nil
 	}
+	if o, ok := p.offers[mac]; ok && o.Expires.After(now) {
+		return o.IP, nil
+	}
 	used := map[netip.Addr]bool{}
-	for _, l := range p.leases {
-		if l.Expires.After(now) {
-			used[l.IP] = true
+	for _, m := range []map[string]lease{p.leases, p.offers} {
+		for _, l := range m {
+			if l.Expires.After(now) {
+				used[l.IP] = true
+			}
 		}
 	}
 	for a := p.start; !p.end.Less(a); a = a.Next() {
 		if !used[a] {
+			for m, o := range p.offers {
+				if !o.Expires.After(now) {
+					delete(p.offers, m)
+				}
+			}
+			p.offers[mac] = lease{IP: a, Expires: now.Add(offerHold)}
 			return a, nil
 		}
 	}
@@ -148,6 +165,12 @@ func (p *Pool) bind(mac string, ip netip.Addr, now time.Time) error {
 			delete(p.leases, m)
 		}
 	}
+	for m, o := range p.offers {
+		if m != mac && o.IP == ip && o.Expires.After(now) {
+			return fmt.Errorf("%s is offered to %s", ip, m)
+		}
+	}
+	delete(p.offers, mac)
 	_, known := p.leases[mac]
 	p.leases[mac] = lease{IP: ip, Expires: now.Add(p.lease)}
 	if known {

@@ -97,6 +97,13 @@ func TestFullServerLeasesAndRemembers(t *testing.T) {
 		}
 		return a.YourIPAddr
 	}
+	// Two machines powered on together: both DISCOVERs come before
+	// either REQUEST, and they are offered different addresses.
+	o1, _ := f.reply(request(t, mac1, dhcpv4.MessageTypeDiscover, true, iana.INTEL_X86PC), t0)
+	o2, _ := f.reply(request(t, mac2, dhcpv4.MessageTypeDiscover, true, iana.INTEL_X86PC), t0)
+	if o1 == nil || o2 == nil || o1.YourIPAddr.Equal(o2.YourIPAddr) {
+		t.Fatalf("concurrent offers: %v and %v", o1, o2)
+	}
 	ip1, ip2 := lease(f, mac1), lease(f, mac2)
 	if ip1.String() != "10.77.0.100" || ip2.String() != "10.77.0.101" {
 		t.Fatalf("leases %s %s", ip1, ip2)

@@ -96,7 +96,12 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 		if d.Stage != "" && d.Stage != "production" {
 			export += "@" + d.Stage
 		}
-		export += "/" + d.Name + "/" + boot
+		export += "/" + d.Name
+		if v.Mode == "private" {
+			boot = "private" // its own image, kept across power-ons
+		} else {
+			export += "/" + boot // a fresh write cache every power-on
+		}
 		args := strings.TrimSpace(fmt.Sprintf("initrd=initrd %s deskway.device=%s deskway.export=%s deskway.mode=%s deskway.servers=%s",
 			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.servers, ",")))
 		s.devices.booted(mac, now)

@@ -276,6 +276,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		backoff = 0
+		if tc, ok := c.(*net.TCPConn); ok {
+			// A client that is powered off or reset sends nothing more:
+			// find out within half a minute, so that the same machine
+			// booting again is not refused its private image as open by
+			// its own dead connection (the first probe to a rebooted
+			// machine draws a reset).
+			_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3})
+		}
 		src, why := s.admit(c)
 		if why != "" {
 			c.Close()
