@@ -14,6 +14,8 @@ all: build
 
 build: assets
 	$(GO) build -o bin/deskway ./cmd/deskway
+	# The root-disk helper a network-booted machine's initramfs runs: static.
+	CGO_ENABLED=0 $(GO) build -ldflags=-s -o bin/deskway-nbdroot ./cmd/deskway-nbdroot
 
 # The browser RDP client (npm packages pinned in web/package-lock.json),
 # embedded in the binary; without it the portal offers no "open in browser".
