@@ -256,12 +256,7 @@ func netbootRootKit(t *testing.T) (kernel, initrd string) {
 		copyTo(filepath.Join(testkit.KernelDir, "lib", "modules", version, "kernel", m+".ko"), filepath.Join(root, "modules", filepath.Base(m)+".ko"), 0o644)
 		fmt.Fprintf(&load, "insmod /modules/%s.ko || echo \"DESKWAY insmod failed: %s\"\n", filepath.Base(m), filepath.Base(m))
 	}
-	helper := filepath.Join(root, "bin", "deskway-nbdroot")
-	build := exec.Command("go", "build", "-ldflags=-s", "-o", helper, "../cmd/deskway-nbdroot")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build deskway-nbdroot: %v\n%s", err, out)
-	}
+	copyTo(buildNbdroot(t), filepath.Join(root, "bin", "deskway-nbdroot"), 0o755)
 	os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(`#!/bin/busybox sh
 [ "$1" = bound ] || [ "$1" = renew ] || exit 0
 ifconfig "$interface" "$ip" netmask "$subnet" up
@@ -410,5 +405,81 @@ func TestNetbootRootOverNBD(t *testing.T) {
 	pc3 = ns.bootVM("tap3", "52:54:00:77:00:03")
 	if first := pc3.wait(t, regexp.MustCompile(`DESKWAY root pc3: golden image v1 files: ([^\r\n]*)`), 4*time.Minute)[1]; !strings.Contains(first, "pc3.txt") {
 		t.Fatalf("private-mode pc3 lost its file across a power-off: %q", first)
+	}
+}
+
+// TestNetbootProxyDHCP: on a network whose addresses come from its own
+// DHCP server (busybox udhcpd here), deskway in proxyDHCP mode answers
+// only the boot options: the machine takes its address from udhcpd and
+// its boot file from deskway, and boots.
+func TestNetbootProxyDHCP(t *testing.T) {
+	ns := newNetns(t, "tap1")
+	kernel, initrd := netbootKit(t)
+	bin := build(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "udhcpd.conf")
+	os.WriteFile(conf, []byte("start 10.77.0.50\nend 10.77.0.60\ninterface br0\nlease_file "+filepath.Join(dir, "udhcpd.leases")+"\noption subnet 255.255.255.0\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "udhcpd.leases"), nil, 0o600)
+	testkit.Start(t, nil, "ip", "netns", "exec", ns.name, "busybox", "udhcpd", "-f", conf)
+	base := filepath.Join(dir, "golden.img")
+	os.WriteFile(base, nil, 0o600)
+	os.Truncate(base, 16<<20)
+	cfg := filepath.Join(dir, "deskway.yaml")
+	proxy := strings.Replace(netbootConfig, "    dhcp: full\n    pool: {start: 10.77.0.100, end: 10.77.0.150}\n", "    dhcp: proxy\n", 1)
+	os.WriteFile(cfg, []byte(fmt.Sprintf(proxy, filepath.Join(dir, "state"), testkit.FreePort(t), base, kernel, initrd)), 0o600)
+	srv := testkit.Start(t, nil, "ip", "netns", "exec", ns.name, bin, "run", "-c", cfg)
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(srv.Log.String(), "network boot services listening"); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the boot services did not start:\n%s", srv.Log.String())
+		}
+	}
+	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:01", "--name", "pc1", "--vdisk", "golden", "-c", cfg)
+	pc1 := ns.bootVM("tap1", "52:54:00:77:00:01")
+	pc1.wait(t, regexp.MustCompile(`DESKWAY netboot .*deskway\.device=pc1 deskway\.export=golden/pc1/[0-9a-f]{16} `), 3*time.Minute)
+	if !regexp.MustCompile(`net0: 10\.77\.0\.(5\d|60)/`).MatchString(pc1.out.String()) {
+		t.Fatalf("pc1's address is not udhcpd's:\n%s", lastLines(pc1.out.String(), 40))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state", "netboot-leases.json")); err == nil {
+		t.Fatal("a proxy recorded leases of its own")
+	}
+}
+
+// buildNbdroot builds deskway-nbdroot, static, as make build does.
+func buildNbdroot(t *testing.T) string {
+	t.Helper()
+	helper := filepath.Join(t.TempDir(), "deskway-nbdroot")
+	build := exec.Command("go", "build", "-ldflags=-s", "-o", helper, "../cmd/deskway-nbdroot")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build deskway-nbdroot: %v\n%s", err, out)
+	}
+	return helper
+}
+
+// TestNetbootBenchSmoke runs `deskway bench netboot` once and checks the
+// result's shape: every boot reached the vDisk's init, and each step was
+// timed.
+func TestNetbootBenchSmoke(t *testing.T) {
+	testkit.RequireRoot(t)
+	testkit.Require(t, "ip", "qemu-system-x86_64", "busybox", "mkfs.ext4")
+	out := t.TempDir()
+	res := runBench(t, out, "netboot", "--runs", "1", "--nbdroot", buildNbdroot(t))
+	for _, k := range []string{"pxe_boot_s", "nbd_boot_s", "pxe_ratio_nbd", "pxe4_ratio_pxe1"} {
+		if v, ok := res.Summary[k]; !ok || v <= 0 {
+			t.Errorf("summary %s = %v", k, v)
+		}
+	}
+	seen := map[string]int{}
+	for _, p := range res.Points {
+		seen[p.Scenario+"/"+p.System]++
+		if p.Metrics["boot_s"] <= 0 || p.System == "deskway-pxe" && (p.Metrics["script_s"] <= 0 || p.Metrics["root_s"] <= p.Metrics["script_s"]) {
+			t.Errorf("point %+v", p)
+		}
+	}
+	if seen["boot-one/deskway-pxe"] != 1 || seen["boot-one/qemu-nbd-direct"] != 1 || seen["boot-four/deskway-pxe"] != 4 {
+		t.Fatalf("points %v", seen)
+	}
+	if _, err := os.Stat(filepath.Join(out, "result.md")); err != nil {
+		t.Error(err)
 	}
 }

@@ -243,11 +243,9 @@ func (s *Server) refresh(ctx context.Context, sessions bool) error {
 	if err != nil {
 		return err
 	}
-	ents, err := s.store.Entitlements(ctx)
-	if err != nil {
+	if err := s.loadEntitlements(ctx); err != nil {
 		return err
 	}
-	s.setEntitlements(ents)
 	var live []store.Session
 	if sessions {
 		if live, err = s.store.Sessions(ctx, "", false, 1<<30); err != nil {

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -23,6 +24,11 @@ const maxEntitled = 1000
 func (s *Server) setEntitlements(es []store.Entitlement) {
 	s.groupsMu.Lock()
 	defer s.groupsMu.Unlock()
+	s.setEntitlementsLocked(es)
+}
+
+// setEntitlementsLocked is setEntitlements with groupsMu held.
+func (s *Server) setEntitlementsLocked(es []store.Entitlement) {
 	s.cache.setEntitlements(es)
 	if slices.EqualFunc(es, s.entitled, sameEntitlement) {
 		return
@@ -40,8 +46,29 @@ func (s *Server) setEntitlements(es []store.Entitlement) {
 		}
 		s.log.Info("delivery group entitlements in force", "delivery_group", g.Name, "users", g.Users, "groups", g.Groups, "from", from, "set_by", by)
 	}
+	for _, e := range es {
+		if _, ok := gs.byName[e.Group]; !ok && !slices.ContainsFunc(s.entitled, func(o store.Entitlement) bool { return o.Group == e.Group }) {
+			s.log.Warn("an entitlement set through the admin API names a delivery group the configuration no longer has; it applies again if the group comes back (clear it with deskway group entitle GROUP --configured first)",
+				"delivery_group", e.Group, "set_by", e.SetBy)
+		}
+	}
 	s.entitled = es
 	s.groups.Store(gs)
+}
+
+// loadEntitlements reads the entitlements from the database and puts
+// them in force, reading under groupsMu: a refresh that read before a
+// change was stored cannot put its older list in force after the change's
+// own read.
+func (s *Server) loadEntitlements(ctx context.Context) error {
+	s.groupsMu.Lock()
+	defer s.groupsMu.Unlock()
+	es, err := s.store.Entitlements(ctx)
+	if err != nil {
+		return err
+	}
+	s.setEntitlementsLocked(es)
+	return nil
 }
 
 func sameEntitlement(a, b store.Entitlement) bool {
@@ -52,11 +79,14 @@ func sameEntitlement(a, b store.Entitlement) bool {
 // them in force at once, so the broker that changed them answers with
 // the change; the others read it on their next refresh.
 func (s *Server) reloadEntitlements(r *http.Request) error {
-	es, err := s.store.Entitlements(r.Context())
-	if err != nil {
+	if err := s.loadEntitlements(r.Context()); err != nil {
 		return err
 	}
-	s.setEntitlements(es)
+	// Saved at once: a restart in an outage must not bring back a
+	// desktop an administrator just took away.
+	if err := s.cache.save(s.now()); err != nil {
+		s.log.Warn("could not save the local host cache with the new entitlements", "error", err)
+	}
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/gwbench"
 	"github.com/deskway/deskway/internal/bench/nbdfloor"
+	"github.com/deskway/deskway/internal/bench/netbootbench"
 	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/obs"
@@ -27,7 +28,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd())
+	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd(), benchNetbootCmd())
 	return c
 }
 
@@ -408,4 +409,28 @@ func printSummary(cmd *cobra.Command, res *report.Result, out string) {
 	if out != "" {
 		fmt.Fprintf(cmd.OutOrStdout(), "results in %s\n", out)
 	}
+}
+
+func benchNetbootCmd() *cobra.Command {
+	var out string
+	var o netbootbench.Options
+	c := &cobra.Command{
+		Use:   "netboot",
+		Short: "Power-on to the vDisk's init for a PXE boot from deskway, beside qemu's own NBD client, and four VMs at once (root; makes its own network namespace)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			res, err := netbootbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			printSummary(cmd, res, out)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
+	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")
+	c.Flags().StringVar(&o.Helper, "nbdroot", "", "the deskway-nbdroot program (default: beside this deskway)")
+	return c
 }

@@ -7,6 +7,7 @@ package inprocess
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 )
 
@@ -31,7 +32,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.Body = http.NoBody
 	}
 	w := &recorder{header: http.Header{}}
-	t.Handler.ServeHTTP(w, r)
+	if err := serve(t.Handler, w, r); err != nil {
+		return nil, err
+	}
 	if req.Body != nil {
 		req.Body.Close()
 	}
@@ -39,8 +42,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	w.WriteHeader(http.StatusOK) // a handler that wrote nothing
-	return &http.Response{Status: http.StatusText(w.status), StatusCode: w.status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	return &http.Response{Status: fmt.Sprintf("%d %s", w.status, http.StatusText(w.status)), StatusCode: w.status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: w.header, Body: body{bytes.NewReader(w.body.Bytes())}, ContentLength: int64(w.body.Len()), Request: req}, nil
+}
+
+// serve runs h as net/http would for one connection: a panic ends that
+// request with an error, not the caller's goroutine.
+func serve(h http.Handler, w http.ResponseWriter, r *http.Request) (err error) {
+	defer func() {
+		if p := recover(); p != nil && p != http.ErrAbortHandler {
+			err = fmt.Errorf("inprocess: the handler of %s %s panicked: %v", r.Method, r.URL.Path, p)
+		} else if p != nil {
+			err = fmt.Errorf("inprocess: the handler of %s %s aborted", r.Method, r.URL.Path)
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return nil
 }
 
 // recorder is the http.ResponseWriter the handler writes to.

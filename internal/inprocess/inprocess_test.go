@@ -29,7 +29,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusTeapot || string(b) != `{"ok":true}` || resp.Header.Get("Content-Type") != "application/json" {
+	if resp.StatusCode != http.StatusTeapot || resp.Status != "418 I'm a teapot" || string(b) != `{"ok":true}` || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("answer %d %q %v", resp.StatusCode, b, resp.Header)
 	}
 	if got != "hello" || seen.RemoteAddr != RemoteAddr || seen.RequestURI != "/api/v1/launch?x=1" || seen.Header.Get("Authorization") != "Bearer t" || seen.Host != "broker.local" {
@@ -56,5 +56,15 @@ func TestCanceledRequestFails(t *testing.T) {
 	if resp, err := c.Do(req); err == nil {
 		resp.Body.Close()
 		t.Fatal("a request canceled while served answered")
+	}
+}
+
+func TestPanicIsAnError(t *testing.T) {
+	c := &http.Client{Transport: &Transport{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") })}}
+	if resp, err := c.Get("https://x/api"); err == nil || !strings.Contains(err.Error(), "panicked: boom") {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		t.Fatalf("a panicking handler: %v", err)
 	}
 }

@@ -6,7 +6,9 @@
 // the connection drops it negotiates again, with the next server if the
 // first is gone, and hands the new connection over, as nbd-client
 // -persist does; a boot's write cache outlives a dropped connection on
-// the server for its reconnect window.
+// the server for its reconnect window. Through the ioctl interface the
+// kernel fails the requests in flight when a connection drops; keeping
+// them across a reconnect needs its netlink interface.
 package nbdroot
 
 import (
@@ -32,7 +34,6 @@ const (
 	nbdClearSock     = 0xab04
 	nbdClearQue      = 0xab05
 	nbdSetSizeBlocks = 0xab07
-	nbdSetTimeout    = 0xab09
 	nbdSetFlags      = 0xab0a
 )
 
@@ -146,7 +147,6 @@ func Serve(dev *os.File, conn *net.TCPConn, ex nbdclient.Export) error {
 		{nbdSetBlksize, blockSize},
 		{nbdSetSizeBlocks, uintptr(ex.Size / blockSize)},
 		{nbdSetFlags, uintptr(ex.Flags)},
-		{nbdSetTimeout, 30},
 		{nbdSetSock, f.Fd()},
 	} {
 		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(c.req), c.val); e != 0 {

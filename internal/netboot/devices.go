@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -29,6 +30,23 @@ type Device struct {
 	Added   time.Time `json:"added"`
 	// LastBoot is when it last fetched its boot script.
 	LastBoot *time.Time `json:"last_boot,omitempty"`
+}
+
+// maxPending bounds the devices auto_add has made that still wait for an
+// administrator: anyone on the boot network can send new MACs.
+const maxPending = 256
+
+// pending counts auto-added devices in collection that have no vDisk.
+func (ds *Devices) pending(collection string) int {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	n := 0
+	for _, d := range ds.list {
+		if d.Collection == collection && d.VDisk == "" && !d.Enabled {
+			n++
+		}
+	}
+	return n
 }
 
 // ErrNoDevice says no device has that MAC or name.
@@ -180,23 +198,36 @@ func (ds *Devices) save(next []Device) error {
 	if err != nil {
 		return err
 	}
-	tmp := ds.path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := writeFileAtomic(ds.path, b); err != nil {
 		return fmt.Errorf("netboot: devices: %w", err)
 	}
-	if _, err := f.Write(b); err == nil {
+	ds.list = next
+	return nil
+}
+
+// writeFileAtomic replaces path with b: a temporary file written and
+// synced, renamed over it, and the directory synced.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err = f.Write(b); err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, ds.path)
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		return fmt.Errorf("netboot: devices: %w", err)
+		return err
 	}
-	ds.list = next
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 	return nil
 }

@@ -104,14 +104,24 @@ type lease struct {
 func OpenPool(path string, start, end netip.Addr, leaseTime time.Duration) (*Pool, error) {
 	p := &Pool{path: path, start: start, end: end, lease: leaseTime, leases: map[string]lease{}, offers: map[string]lease{}}
 	b, err := os.ReadFile(path)
-	if err == nil {
-		err = json.Unmarshal(b, &p.leases)
+	if errors.Is(err, os.ErrNotExist) {
+		return p, nil
 	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err != nil {
 		return nil, fmt.Errorf("netboot: leases %s: %w", path, err)
+	}
+	if err := json.Unmarshal(b, &p.leases); err != nil {
+		return nil, fmt.Errorf("netboot: leases %s is not what deskway writes (%w): move it away to start with no leases", path, err)
+	}
+	for m, l := range p.leases {
+		if !p.inRange(l.IP) {
+			delete(p.leases, m) // the pool was narrowed
+		}
 	}
 	return p, nil
 }
+
+func (p *Pool) inRange(a netip.Addr) bool { return !a.Less(p.start) && !p.end.Less(a) }
 
 // errPoolFull says every address is leased and none has expired.
 var errPoolFull = errors.New("every address of the pool is leased")
@@ -121,7 +131,7 @@ var errPoolFull = errors.New("every address of the pool is leased")
 func (p *Pool) offer(mac string, now time.Time) (netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if l, ok := p.leases[mac]; ok {
+	if l, ok := p.leases[mac]; ok && p.inRange(l.IP) {
 		return l.IP, nil
 	}
 	if o, ok := p.offers[mac]; ok && o.Expires.After(now) {
@@ -154,7 +164,7 @@ func (p *Pool) offer(mac string, now time.Time) (netip.Addr, error) {
 func (p *Pool) bind(mac string, ip netip.Addr, now time.Time) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if ip.Less(p.start) || p.end.Less(ip) {
+	if !p.inRange(ip) {
 		return fmt.Errorf("%s is not in the pool", ip)
 	}
 	for m, l := range p.leases {
@@ -171,31 +181,30 @@ func (p *Pool) bind(mac string, ip netip.Addr, now time.Time) error {
 		}
 	}
 	delete(p.offers, mac)
-	_, known := p.leases[mac]
+	// Every binding is written, renewals too: a restarted server must
+	// know a running machine's lease has not expired.
 	p.leases[mac] = lease{IP: ip, Expires: now.Add(p.lease)}
-	if known {
-		return nil // a renewal: its address is in the file already
-	}
 	return p.save()
 }
 
-// release frees mac's address.
-func (p *Pool) release(mac string) {
+// release frees mac's address when the RELEASE names the address mac
+// holds: a RELEASE carries no secret, but one that does not know the
+// address frees nothing.
+func (p *Pool) release(mac string, ip net.IP) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.leases[mac]; ok {
+	a, _ := netip.AddrFromSlice(ip.To4())
+	if l, ok := p.leases[mac]; ok && l.IP == a {
 		delete(p.leases, mac)
 		_ = p.save()
 	}
 }
 
+// save writes the leases whole: a file written, synced and renamed over
+// the old one, so a crash leaves one or the other.
 func (p *Pool) save() error {
 	b, _ := json.Marshal(p.leases)
-	tmp := p.path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("netboot: leases: %w", err)
-	}
-	if err := os.Rename(tmp, p.path); err != nil {
+	if err := writeFileAtomic(p.path, b); err != nil {
 		return fmt.Errorf("netboot: leases: %w", err)
 	}
 	return nil
@@ -245,7 +254,9 @@ func (f *full) reply(m *dhcpv4.DHCPv4, now time.Time) (*dhcpv4.DHCPv4, error) {
 		ip = a
 		mods = append(mods, dhcpv4.WithMessageType(dhcpv4.MessageTypeAck))
 	case dhcpv4.MessageTypeRelease:
-		f.pool.release(mac)
+		if sid := m.ServerIdentifier(); sid == nil || sid.Equal(f.server) {
+			f.pool.release(mac, m.ClientIPAddr)
+		}
 		return nil, nil
 	default:
 		return nil, nil

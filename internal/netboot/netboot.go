@@ -30,6 +30,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
 	"github.com/pin/tftp/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 
 	"github.com/deskway/deskway/internal/config"
 )
@@ -57,6 +58,8 @@ type Service struct {
 	full    *full // nil in proxy mode
 	servers []string
 	m       *metrics
+	// tftpSlots bounds TFTP transfers in progress.
+	tftpSlots chan struct{}
 }
 
 // New builds the boot services from the stream config.
@@ -70,7 +73,8 @@ func New(st *config.Stream, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, vdisks: map[string]config.VDisk{}, log: d.Logger, now: d.Now, devices: devs,
-		boot: boot{server: net.ParseIP(cfg.Address).To4(), httpPort: cfg.HTTPPort}, servers: cfg.Servers, m: newMetrics(d.Registry)}
+		boot: boot{server: net.ParseIP(cfg.Address).To4(), httpPort: cfg.HTTPPort}, servers: cfg.Servers, m: newMetrics(d.Registry),
+		tftpSlots: make(chan struct{}, maxTFTP)}
 	for _, v := range st.VDisks {
 		s.vdisks[v.Name] = v
 		s.names = append(s.names, v.Name)
@@ -131,13 +135,17 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	ts := tftp.NewServer(s.tftpRead, nil)
 	ts.SetTimeout(5 * time.Second)
+	ts.SetRetries(2)
 	start("TFTP", func() error { return ts.Serve(tconn) }, func() { ts.Shutdown() })
 	hln, err := net.Listen("tcp4", net.JoinHostPort(s.cfg.Address, strconv.Itoa(s.cfg.HTTPPort)))
 	if err != nil {
 		return fmt.Errorf("netboot: HTTP: %w", err)
 	}
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: time.Minute,
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	// A kernel and an initramfs take seconds on a boot network; a client
+	// that reads slower than that in ten minutes is cut off.
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	hln = netutil.LimitListener(hln, maxHTTPConns)
 	start("HTTP", func() error {
 		if err := hs.Serve(hln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -160,6 +168,7 @@ func (s *Service) Run(ctx context.Context) error {
 // requests, so no goroutine or buffer is held per packet.
 func (s *Service) serveDHCP(conn *net.UDPConn, port4011 bool) error {
 	buf := make([]byte, 1500)
+	var lastWarn time.Time
 	for {
 		n, peer, err := conn.ReadFromUDP(buf)
 		if err != nil {
@@ -174,7 +183,9 @@ func (s *Service) serveDHCP(conn *net.UDPConn, port4011 bool) error {
 		switch {
 		case s.full != nil:
 			r, err = s.full.reply(m, s.now())
-			if err != nil {
+			if err != nil && time.Since(lastWarn) > time.Minute {
+				// Anyone can send requests: one line a minute at most.
+				lastWarn = time.Now()
 				s.log.Warn("DHCP request not answered", "mac", m.ClientHWAddr.String(), "error", err)
 			}
 		case port4011 || m.MessageType() == dhcpv4.MessageTypeDiscover:
@@ -198,13 +209,31 @@ func (s *Service) serveDHCP(conn *net.UDPConn, port4011 bool) error {
 	}
 }
 
-// tftpRead serves iPXE's first stages, and nothing else.
+// Limits on what the boot network's unauthenticated clients hold at once:
+// TFTP transfers (each a goroutine, a socket and an open file for up to
+// 15 s) and HTTP connections.
+const (
+	maxTFTP      = 32
+	maxHTTPConns = 256
+)
+
+// tftpRead serves iPXE's first stages, and nothing else, to at most
+// maxTFTP clients at a time; the others are refused at once, and their
+// firmware asks again.
 func (s *Service) tftpRead(name string, rf io.ReaderFrom) error {
 	name = strings.TrimPrefix(name, "/")
 	if name != "undionly.kpxe" && name != "ipxe.efi" {
-		s.log.Info("TFTP refused", "file", name)
+		s.m.tftp.WithLabelValues("refused").Inc()
 		return fmt.Errorf("no file %q here: deskway serves undionly.kpxe and ipxe.efi", name)
 	}
+	select {
+	case s.tftpSlots <- struct{}{}:
+		defer func() { <-s.tftpSlots }()
+	default:
+		s.m.tftp.WithLabelValues("busy").Inc()
+		return fmt.Errorf("busy: %d transfers already; try again", maxTFTP)
+	}
+	s.m.tftp.WithLabelValues("served").Inc()
 	f, err := os.Open(filepath.Join(s.cfg.IPXEDir, name))
 	if err != nil {
 		s.log.Warn("TFTP: iPXE first stage missing (install Debian's ipxe package, or set stream.netboot.ipxe_dir)", "error", err)
@@ -230,6 +259,7 @@ func newBootID() string {
 type metrics struct {
 	dhcp    *prometheus.CounterVec
 	scripts *prometheus.CounterVec
+	tftp    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -238,9 +268,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "DHCP requests on the boot network by answer: offer, ack, nak, ignored, malformed."}, []string{"answer"}),
 		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_scripts_total",
 			Help: "iPXE boot scripts served by outcome: boot, unknown, added, disabled, unassigned, no_kernel."}, []string{"result"}),
+		tftp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_tftp_total",
+			Help: "TFTP read requests by outcome: served, refused (a file deskway does not serve), busy (too many transfers at once)."}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dhcp, m.scripts)
+		reg.MustRegister(m.dhcp, m.scripts, m.tftp)
 	}
 	return m
 }

@@ -1,6 +1,7 @@
 package netboot
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -233,5 +234,66 @@ func TestScripts(t *testing.T) {
 	// Only iPXE's first stages are served over TFTP.
 	if err := s.tftpRead("../../etc/passwd", nil); err == nil {
 		t.Fatal("TFTP served a path outside the iPXE files")
+	}
+}
+
+// TestLeasesSurviveRestartsAndSpoofs: a renewal is written, so a
+// restarted server does not give a running machine's address away; a
+// RELEASE that does not name the leased address frees nothing; a lease
+// outside a narrowed pool is dropped.
+func TestLeasesSurviveRestartsAndSpoofs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.json")
+	start, end := netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.100")
+	p, err := OpenPool(path, start, end, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.bind(mac1.String(), start, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.bind(mac1.String(), start, t0.Add(50*time.Minute)); err != nil { // a renewal
+		t.Fatal(err)
+	}
+	p.release(mac1.String(), net.IPv4(10, 77, 0, 99)) // spoofed: not its address
+	p, err = OpenPool(path, start, end, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.offer(mac2.String(), t0.Add(70*time.Minute)); err != errPoolFull {
+		t.Fatalf("after a restart, the renewed lease (until %v) was offered to another machine: %v", t0.Add(110*time.Minute), err)
+	}
+	p.release(mac1.String(), start.AsSlice())
+	if a, err := p.offer(mac2.String(), t0.Add(70*time.Minute)); err != nil || a != start {
+		t.Fatalf("after a real release: %v %v", a, err)
+	}
+	narrow, err := OpenPool(path, netip.MustParseAddr("10.77.0.120"), netip.MustParseAddr("10.77.0.121"), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := narrow.offer(mac1.String(), t0); err != nil || a.String() != "10.77.0.120" {
+		t.Fatalf("offer from a narrowed pool: %v %v", a, err)
+	}
+}
+
+// TestAutoAddIsBounded: machines nobody registered are added up to
+// maxPending; past that they are refused, and the list stops growing.
+func TestAutoAddIsBounded(t *testing.T) {
+	dir := t.TempDir()
+	st := &config.Stream{Listen: "10.77.0.1:10809", VDisks: []config.VDisk{{Name: "golden", Mode: "standard"}},
+		Netboot: &config.Netboot{Interface: "br0", Address: "10.77.0.1", HTTPPort: 8069, DHCP: "proxy", AutoAdd: "lab"}}
+	s, err := New(st, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StateDir: dir, StreamPort: "10809"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.Handler()
+	for i := range maxPending + 10 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", fmt.Sprintf("/netboot/device?mac=02:00:00:00:%02x:%02x", i>>8, i&0xff), nil))
+		if i == maxPending+9 && !strings.Contains(rec.Body.String(), "machines already wait in collection lab") {
+			t.Fatalf("past the cap: %s", rec.Body.String())
+		}
+	}
+	if n := len(s.Devices().List()); n != maxPending {
+		t.Fatalf("%d devices auto-added, want %d", n, maxPending)
 	}
 }

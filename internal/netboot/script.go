@@ -66,6 +66,10 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 		writeScript(w, b.String())
 	}
 	switch {
+	case !known && s.cfg.AutoAdd != "" && s.devices.pending(s.cfg.AutoAdd) >= maxPending:
+		refuse("unknown", fmt.Sprintf("this machine (%s) is not a registered device, and %d machines already wait in collection %s.", mac, maxPending, s.cfg.AutoAdd),
+			"An administrator assigns or removes those first, or adds this one with:",
+			fmt.Sprintf("deskway device add --mac %s --name NAME --vdisk VDISK", mac))
 	case !known && s.cfg.AutoAdd != "":
 		d = Device{MAC: mac, Name: "pxe-" + strings.ReplaceAll(mac, ":", ""), Collection: s.cfg.AutoAdd, Added: now}
 		if err := s.devices.Add(d); err != nil {
