@@ -34,7 +34,10 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newBrokerRigWith(t, func(cfg string) string {
-		cfg += fmt.Sprintf("stream:\n  listen: \"127.0.0.1:%d\"\n  vdisks:\n  - {name: golden, base: %s, description: the office image}\n", streamPort, base)
+		// Network boot on loopback, for the devices list (the boot tests
+		// run it for real in a network namespace).
+		cfg += fmt.Sprintf("stream:\n  listen: \"127.0.0.1:%d\"\n  clients: open\n  tls: \"off\"\n  vdisks:\n  - {name: golden, base: %s, description: the office image}\n"+
+			"  netboot: {interface: lo, address: 127.0.0.1, dhcp: proxy, http_port: %d}\n", streamPort, base, testkit.FreePort(t))
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "  users:\n", "  users:\n  - {name: ada, password: \"Ada-Admin-1\", groups: [admins]}\n  - {name: hal, password: \"Hal-Help-1\", groups: [helpdesk]}\n", 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  console: {admins: [admins], helpdesk: [helpdesk]}\n", webPort)
@@ -224,8 +227,30 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("new vDisk version: %v %v", err, resp)
 	}
 	resp.Body.Close()
+	req, _ = http.NewRequest("POST", fmt.Sprintf("https://127.0.0.1:%d/api/v1/stream/devices", b.adminPort), strings.NewReader(`{"mac":"52:54:00:77:00:01","name":"pc1","collection":"office","vdisk":"golden"}`))
+	req.Header.Set("Authorization", "Bearer e2e-admin-token")
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err = b.hc.Do(req); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("device add: %v %v", err, resp)
+	}
+	resp.Body.Close()
 	must(chromedp.Navigate(portal+"/admin/vdisks"), chromedp.WaitVisible(chromedp.CSS("section[data-vdisk='golden'] table")))
 	shot(t, ctx, b.artifacts, "console-5a-vdisks")
+	// The admin disables a network-booted device; the admin API says so.
+	if st := read(chromedp.Text(chromedp.CSS("tr[data-device='pc1'] td.state"))); st != "enabled" {
+		t.Fatalf("pc1's state reads %q", st)
+	}
+	must(chromedp.Click(chromedp.CSS("form[action='/admin/devices/pc1/disable'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	if st := read(chromedp.Text(chromedp.CSS("tr[data-device='pc1'] td.state"))); st != "disabled" {
+		t.Fatalf("pc1's state after Disable reads %q", st)
+	}
+	shot(t, ctx, b.artifacts, "console-5d-device-disabled")
+	var devs struct{ Devices []map[string]any }
+	api("/api/v1/stream/devices", &devs)
+	if len(devs.Devices) != 1 || devs.Devices[0]["enabled"] != false {
+		t.Fatalf("devices after the console's disable: %v", devs.Devices)
+	}
+	must(chromedp.Navigate(portal+"/admin/vdisks"), chromedp.WaitVisible(chromedp.CSS("section[data-vdisk='golden'] table")))
 	must(chromedp.Click(chromedp.CSS("form[action='/admin/vdisks/golden/versions/1/promote'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
 	var vs struct{ Versions []map[string]any }
 	api("/api/v1/stream/vdisks/golden/versions", &vs)

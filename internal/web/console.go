@@ -180,6 +180,15 @@ type (
 		CacheRAM    uint64    `json:"cache_ram_bytes"`
 		CacheSpill  uint64    `json:"cache_spill_bytes"`
 	}
+	consoleDevice struct {
+		MAC        string     `json:"mac"`
+		Name       string     `json:"name"`
+		Collection string     `json:"collection"`
+		VDisk      string     `json:"vdisk"`
+		Stage      string     `json:"stage"`
+		Enabled    bool       `json:"enabled"`
+		LastBoot   *time.Time `json:"last_boot"`
+	}
 	consoleAudit struct {
 		Time   time.Time `json:"time"`
 		Actor  string    `json:"actor"`
@@ -199,6 +208,10 @@ type consoleData struct {
 	Groups    []consoleGroup
 	VDisks    []consoleVDisk
 	Boots     []consoleBoot
+	// Devices are the network-booted machines; NetbootOff says the
+	// stream role serves none (no stream.netboot).
+	Devices    []consoleDevice
+	NetbootOff bool
 	// Problems need a person: unhealthy, unreachable or draining hosts,
 	// the broker's database away.
 	Problems []string
@@ -341,6 +354,11 @@ func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		_ = s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/boots", nil, &bl, nil)
+		var dl struct{ Devices []consoleDevice }
+		err := s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/devices", nil, &dl, nil)
+		var ae *apiError
+		d.NetbootOff = errors.As(err, &ae) && ae.status == http.StatusNotFound
+		d.Devices = dl.Devices
 	}
 	d.VDisks, d.Boots = vl.VDisks, bl.Boots
 	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
@@ -442,6 +460,14 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 		done: func(r *http.Request) string {
 			return r.PathValue("name") + ": version " + r.PathValue("n") + " promoted"
 		}}))
+	for _, verb := range []string{"enable", "disable"} {
+		mux.HandleFunc("POST /admin/devices/{name}/"+verb, s.consoleAct(consoleAction{need: roleAdmin, what: verb + " devices",
+			back: "/admin/vdisks", method: "POST",
+			path: func(r *http.Request) string { return "/api/v1/stream/devices/" + pv("name")(r) + "/" + verb },
+			done: func(r *http.Request) string {
+				return "device " + r.PathValue("name") + ": " + verb + "d from its next boot"
+			}}))
+	}
 	mux.HandleFunc("POST /admin/vdisks/{name}/merge", s.consoleAct(consoleAction{need: roleAdmin, what: "merge vDisk versions",
 		back: "/admin/vdisks", method: "POST",
 		path: func(r *http.Request) string { return "/api/v1/stream/vdisks/" + pv("name")(r) + "/merge" },
