@@ -43,6 +43,12 @@ func TestParseCountersAndLoad(t *testing.T) {
 		!near(l.DiskLatencyMS, want.DiskLatencyMS) || !near(l.MemoryPressure, want.MemoryPressure) {
 		t.Fatalf("Between = %+v, want %+v", l, want)
 	}
+	// A window of a few milliseconds (the heartbeat right after
+	// registering) with a request in flight says nothing of the disk.
+	c := Counters{At: t0.Add(5 * time.Millisecond), CPUBusy: 100, CPUTotal: 1000, Disks: map[string]DiskCounters{"sda": {IOs: 101, IOms: 1005, BusyMS: 10005}}}
+	if l := Between(a, c); l.DiskIdle != 1 || l.DiskLatencyMS != 0 {
+		t.Fatalf("Between over 5 ms of a busy disk = %+v, want the disk unjudged (idle 1)", l)
+	}
 }
 
 func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }

@@ -146,6 +146,10 @@ func parsePSI(b []byte) float64 {
 	return 0
 }
 
+// minDiskWindowMS is the shortest interval disk idleness and latency are
+// judged over.
+const minDiskWindowMS = 500
+
 // Between derives the load over the interval from a to b.
 func Between(a, b Counters) Load {
 	l := Load{DiskIdle: 1}
@@ -158,7 +162,11 @@ func Between(a, b Counters) Load {
 	wall := float64(b.At.Sub(a.At).Milliseconds())
 	for name, d := range b.Disks {
 		p, ok := a.Disks[name]
-		if !ok || wall <= 0 || d.BusyMS < p.BusyMS || d.IOs < p.IOs {
+		// The kernel counts busy time in whole ticks: over a window of a
+		// few milliseconds (the heartbeat right after registering) one
+		// request in flight reads as a saturated disk, which would mark a
+		// new host unhealthy. Such a window says nothing of the disk.
+		if !ok || wall < minDiskWindowMS || d.BusyMS < p.BusyMS || d.IOs < p.IOs {
 			continue
 		}
 		idle := clamp(1 - float64(d.BusyMS-p.BusyMS)/wall)
