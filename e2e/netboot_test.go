@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deskway/deskway/internal/bench/netbootbench"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -216,78 +217,20 @@ func TestNetbootBareVM(t *testing.T) {
 	}
 }
 
-// rootModules are loaded in this order by the netboot initramfs: ext4,
-// virtio, a virtio NIC, and the kernel NBD client.
-var rootModules = []string{
-	"lib/crc16", "crypto/crc32c_generic", "fs/mbcache", "fs/jbd2/jbd2", "fs/ext4/ext4",
-	"drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virtio/virtio_pci_modern_dev",
-	"drivers/virtio/virtio_pci_legacy_dev", "drivers/virtio/virtio_pci",
-	"net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net", "drivers/block/nbd",
-}
-
-// netbootRootKit is Debian's kernel and an initramfs that does what a
-// network-booted machine's must: load the NIC and NBD modules, get an
-// address over DHCP, connect the root disk with deskway-nbdroot and the
-// kernel's NBD driver, mount it and switch to its /sbin/init.
+// netbootRootKit is Debian's kernel and the initramfs of a network-booted
+// machine that `deskway bench netboot` boots too: the NIC and NBD
+// modules, an address over DHCP, the root disk through deskway-nbdroot
+// and the kernel's NBD driver, then switch_root to the vDisk's init.
 func netbootRootKit(t *testing.T) (kernel, initrd string) {
 	t.Helper()
-	kernels, _ := filepath.Glob(filepath.Join(testkit.KernelDir, "boot", "vmlinuz-*"))
-	if len(kernels) == 0 {
-		t.Fatalf("no Debian kernel in %s: run scripts/install-deps.sh", testkit.KernelDir)
+	kernel, _, err := netbootbench.Kernel()
+	if err != nil {
+		t.Fatal(err)
 	}
-	version := strings.TrimPrefix(filepath.Base(kernels[0]), "vmlinuz-")
-	root := filepath.Join(t.TempDir(), "root")
-	for _, d := range []string{"bin", "dev", "proc", "sys", "modules", "newroot"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
+	if initrd, err = netbootbench.RootInitramfs(t.TempDir(), buildNbdroot(t)); err != nil {
+		t.Fatal(err)
 	}
-	copyTo := func(src, dst string, mode os.FileMode) {
-		b, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(dst, b, mode); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bb, _ := exec.LookPath("busybox")
-	copyTo(bb, filepath.Join(root, "bin", "busybox"), 0o755)
-	var load strings.Builder
-	for _, m := range rootModules {
-		copyTo(filepath.Join(testkit.KernelDir, "lib", "modules", version, "kernel", m+".ko"), filepath.Join(root, "modules", filepath.Base(m)+".ko"), 0o644)
-		fmt.Fprintf(&load, "insmod /modules/%s.ko || echo \"DESKWAY insmod failed: %s\"\n", filepath.Base(m), filepath.Base(m))
-	}
-	copyTo(buildNbdroot(t), filepath.Join(root, "bin", "deskway-nbdroot"), 0o755)
-	os.WriteFile(filepath.Join(root, "udhcpc.script"), []byte(`#!/bin/busybox sh
-[ "$1" = bound ] || [ "$1" = renew ] || exit 0
-ifconfig "$interface" "$ip" netmask "$subnet" up
-`), 0o755)
-	os.WriteFile(filepath.Join(root, "init"), []byte(`#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-`+load.String()+`
-i=0
-while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-ip link set eth0 up
-udhcpc -i eth0 -s /udhcpc.script -q -f -n -t 20 -T 1 >/dev/null || echo "DESKWAY no address"
-deskway-nbdroot /dev/nbd0 &
-i=0
-while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
-if ! mount -t ext4 /dev/nbd0 /newroot; then
-  echo "DESKWAY root mount failed"
-  poweroff -f
-fi
-umount /proc /sys
-mount --move /dev /newroot/dev
-exec switch_root /newroot /sbin/init
-`), 0o755)
-	initrd = filepath.Join(filepath.Dir(root), "initrd.cpio")
-	if out, err := exec.Command("sh", "-c", "cd "+root+" && busybox find . | busybox cpio -o -H newc > "+initrd).CombinedOutput(); err != nil {
-		t.Fatalf("initramfs: %v\n%s", err, out)
-	}
-	return kernels[0], initrd
+	return kernel, initrd
 }
 
 // rootImage is an ext4 vDisk whose /sbin/init says what it sees, writes
