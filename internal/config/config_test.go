@@ -134,8 +134,18 @@ func TestNetbootValidation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("valid netboot config refused: %v", err)
 	}
-	if n := c.Stream.Netboot; n.HTTPPort != 8069 || n.IPXEDir != "/usr/lib/ipxe" || n.Pool.Netmask != "255.255.255.0" || n.Pool.Lease.D() != time.Hour {
+	if n := c.Stream.Netboot; n.HTTPPort != 8069 || n.IPXEDir != "/usr/lib/ipxe" || n.Pool.Netmask != "255.255.255.0" || n.Pool.Lease.D() != time.Hour || !*n.RouterAdvertisements {
 		t.Fatalf("netboot defaults: %+v %+v", n, n.Pool)
+	}
+	// A proxy's network has its own routers: no advertisements unless asked.
+	for in, want := range map[string]bool{"": false, "    router_advertisements: true\n": true} {
+		c, err := Parse([]byte(base + "    interface: br0\n    address: 10.77.0.1\n" + in))
+		if err != nil {
+			t.Fatalf("proxy with %q: %v", in, err)
+		}
+		if got := *c.Stream.Netboot.RouterAdvertisements; got != want {
+			t.Errorf("proxy with %q: router_advertisements %v, want %v", in, got, want)
+		}
 	}
 	for in, want := range map[string]string{
 		"    address: 10.77.0.1\n":                                                                                   "stream.netboot.interface",

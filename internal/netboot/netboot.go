@@ -104,7 +104,7 @@ func (s *Service) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	start := func(name string, run func() error, stop func()) {
 		wg.Add(1)
 		go func() {
@@ -128,6 +128,9 @@ func (s *Service) Run(ctx context.Context) error {
 			return fmt.Errorf("netboot: proxyDHCP port 4011: %w", err)
 		}
 		start("proxyDHCP", func() error { return s.serveDHCP(pxe, true) }, func() { pxe.Close() })
+	}
+	if *s.cfg.RouterAdvertisements {
+		start("router advertisements", func() error { return s.serveRouterSolicitations(ctx, s.cfg.Interface) }, func() {})
 	}
 	tconn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: s.boot.server, Port: 69})
 	if err != nil {
@@ -260,6 +263,7 @@ type metrics struct {
 	dhcp    *prometheus.CounterVec
 	scripts *prometheus.CounterVec
 	tftp    *prometheus.CounterVec
+	ra      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -270,9 +274,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "iPXE boot scripts served by outcome: boot, unknown, added, disabled, unassigned, no_kernel."}, []string{"result"}),
 		tftp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_tftp_total",
 			Help: "TFTP read requests by outcome: served, refused (a file deskway does not serve), busy (too many transfers at once)."}, []string{"result"}),
+		ra: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_router_advertisements_total",
+			Help: "IPv6 router solicitations heard on the boot network (solicited) and the advertisements answering them (advertised, failed)."}, []string{"event"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dhcp, m.scripts, m.tftp)
+		reg.MustRegister(m.dhcp, m.scripts, m.tftp, m.ra)
 	}
 	return m
 }
