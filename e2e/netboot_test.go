@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,17 +220,25 @@ func TestNetbootBareVM(t *testing.T) {
 }
 
 // netbootRootKit is Debian's kernel and the initramfs of a network-booted
-// machine that `deskway bench netboot` boots too: the NIC and NBD
-// modules, an address over DHCP, the root disk through deskway-nbdroot
-// and the kernel's NBD driver, then switch_root to the vDisk's init.
+// machine, built as an operator builds it (deskway stream initramfs):
+// the NIC and NBD modules, an address over DHCP, the root disk through
+// deskway-nbdroot and the kernel's NBD driver, then switch_root to the
+// vDisk's init.
 func netbootRootKit(t *testing.T) (kernel, initrd string) {
 	t.Helper()
-	kernel, _, err := netbootbench.Kernel()
+	kernel, version, err := netbootbench.Kernel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if initrd, err = netbootbench.RootInitramfs(t.TempDir(), buildNbdroot(t)); err != nil {
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
 		t.Fatal(err)
+	}
+	initrd = filepath.Join(t.TempDir(), "netboot.initrd")
+	out, err := exec.Command(build(t), "stream", "initramfs", "--modules", filepath.Join(testkit.KernelDir, "lib", "modules", version),
+		"--busybox", bb, "--nbdroot", buildNbdroot(t), "--out", initrd).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "wrote "+initrd+": ") || !regexp.MustCompile(`modules \(.*\bnbd\b.*\bvirtio_net\b`).MatchString(string(out)) {
+		t.Fatalf("deskway stream initramfs: %v\n%s", err, out)
 	}
 	return kernel, initrd
 }
@@ -542,4 +551,111 @@ func TestNetbootAnswersRouterSolicitations(t *testing.T) {
 			t.Fatalf("router_advertisements: true gave no answer: %v\n%s", err, out)
 		}
 	})
+}
+
+const netbootHAConfig = `state_dir: %[1]s
+log: {level: info, format: text}
+admin: {listen: "127.0.0.1:%[2]d", tokens: [tok]}
+stream:
+  listen: "10.77.0.1:%[3]d"
+  tls: "off"
+  clients: open
+  store: %[4]s
+  shared_cache: true
+  vdisks:
+  - {name: golden, base: %[5]s, kernel: %[6]s, initrd: %[7]s, cmdline: "console=ttyS0 panic=-1 quiet"}
+`
+
+// TestNetbootRootSurvivesServerLoss: a network-booted machine runs from
+// the first of two stream servers that share a store; that server is
+// killed while the machine writes; the machine's root disk moves to the
+// second server with its write cache and goes on: what it wrote before
+// the loss is read back from the second server, what it writes after
+// lands there, and no I/O failed on the way (the kernel logs none).
+func TestNetbootRootSurvivesServerLoss(t *testing.T) {
+	ns := newNetns(t, "tap1")
+	kernel, initrd := netbootRootKit(t)
+	bin := build(t)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "golden.img")
+	testkit.Require(t, "mkfs.ext4")
+	src := filepath.Join(t.TempDir(), "src")
+	for _, d := range []string{"bin", "sbin", "dev", "proc", "sys"} {
+		os.MkdirAll(filepath.Join(src, d), 0o755)
+	}
+	bb, _ := exec.LookPath("busybox")
+	b, _ := os.ReadFile(bb)
+	os.WriteFile(filepath.Join(src, "bin", "busybox"), b, 0o755)
+	// The machine writes and syncs a numbered line every 0.2 s from
+	// before the loss until told to stop, so requests are in flight when
+	// the server dies; then it reads everything back from the server.
+	os.WriteFile(filepath.Join(src, "sbin", "init"), []byte(`#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+echo "before the loss" > /before.txt
+sync
+( i=0; while [ ! -e /stop ]; do i=$((i+1)); echo "line $i" >> /lines.txt; sync; sleep 0.2; done ) &
+sleep 1
+echo "DESKWAY writing"
+read -r word
+sleep 2
+touch /stop
+wait
+echo "after the loss" > /after.txt
+sync
+echo 3 > /proc/sys/vm/drop_caches
+echo "DESKWAY read: $(cat /before.txt) / $(cat /after.txt) / $(wc -l < /lines.txt) lines, last $(tail -n 1 /lines.txt)"
+poweroff -f
+`), 0o755)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-d", src, base, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+	store := filepath.Join(dir, "store")
+	start := func(i, port int, netboot string) (*testkit.Process, string) {
+		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))
+		os.WriteFile(cfg, []byte(fmt.Sprintf(netbootHAConfig, filepath.Join(dir, fmt.Sprintf("state%d", i)), testkit.FreePort(t), port, store, base, kernel, initrd)+netboot), 0o600)
+		p := testkit.Start(t, nil, "ip", "netns", "exec", ns.name, bin, "run", "-c", cfg)
+		for deadline := time.Now().Add(15 * time.Second); !strings.Contains(p.Log.String(), "stream listening"); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("stream server %d did not start:\n%s", i, p.Log.String())
+			}
+		}
+		return p, cfg
+	}
+	first, _ := start(0, 10809, "")
+	second, cfg := start(1, 10810, `  netboot:
+    interface: br0
+    address: 10.77.0.1
+    dhcp: full
+    pool: {start: 10.77.0.100, end: 10.77.0.150}
+    servers: ["10.77.0.1:10809", "10.77.0.1:10810"]
+`)
+	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:01", "--name", "pc1", "--vdisk", "golden", "-c", cfg)
+	pc1 := ns.bootVM("tap1", "52:54:00:77:00:01")
+	pc1.wait(t, regexp.MustCompile(`deskway: root disk golden/pc1/[0-9a-f]{16} from 10\.77\.0\.1:10809 `), 4*time.Minute)
+	pc1.wait(t, regexp.MustCompile(`DESKWAY writing`), time.Minute)
+
+	if err := syscall.Kill(-first.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	pc1.wait(t, regexp.MustCompile(`deskway: root disk golden/pc1/[0-9a-f]{16} from 10\.77\.0\.1:10810 `), 2*time.Minute)
+	io.WriteString(pc1.in, "go\n")
+	got := pc1.wait(t, regexp.MustCompile(`DESKWAY read: ([^\r\n]*)`), 3*time.Minute)[1]
+	if !regexp.MustCompile(`^before the loss / after the loss / (\d+) lines, last line (\d+)$`).MatchString(got) {
+		t.Fatalf("the machine read back %q after its server was lost:\n%s\nsecond server:\n%s", got, lastLines(pc1.out.String(), 40), lastLines(second.Log.String(), 20))
+	}
+	// One reconnection, taken by the kernel at the first try.
+	if n := strings.Count(pc1.out.String(), "deskway: root disk connection lost"); n != 1 {
+		t.Fatalf("the root disk was reconnected %d times, once expected:\n%s", n, lastLines(pc1.out.String(), 30))
+	}
+	m := regexp.MustCompile(`(\d+) lines, last line (\d+)$`).FindStringSubmatch(got)
+	if m[1] != m[2] {
+		t.Fatalf("lines.txt has %s lines but its last is line %s: a write was lost or doubled", m[1], m[2])
+	}
+	for _, bad := range []string{"I/O error", "EXT4-fs error", "Buffer I/O", "Remounting filesystem read-only", "did not take the new connection"} {
+		if strings.Contains(pc1.out.String(), bad) {
+			t.Fatalf("the machine's kernel logged %q:\n%s", bad, lastLines(pc1.out.String(), 40))
+		}
+	}
 }

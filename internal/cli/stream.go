@@ -28,6 +28,6 @@ func streamCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
-	c.AddCommand(streamCertCmd())
+	c.AddCommand(streamCertCmd(), streamInitramfsCmd())
 	return c
 }

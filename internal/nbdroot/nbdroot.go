@@ -2,13 +2,16 @@
 // the export and the stream servers from the kernel command line that
 // deskway's boot script gave, negotiates the export with the first
 // server that answers, and hands the connection to the kernel's NBD
-// driver (/dev/nbdN), which serves the block device from then on. When
-// the connection drops it negotiates again, with the next server if the
-// first is gone, and hands the new connection over, as nbd-client
-// -persist does; a boot's write cache outlives a dropped connection on
-// the server for its reconnect window. Through the ioctl interface the
-// kernel fails the requests in flight when a connection drops; keeping
-// them across a reconnect needs its netlink interface.
+// driver (/dev/nbdN) through its netlink interface; the kernel serves the
+// block device from then on. When the connection dies (the server is
+// gone, or a request went unanswered for requestTimeout) the kernel
+// holds the disk's requests, in flight or new, and this package
+// negotiates the export again, with the next server if the first is
+// gone, and gives the kernel the new connection (NBD_CMD_RECONFIGURE);
+// the held requests then go to it, so the machine sees a pause, not an
+// I/O error. A boot's write cache outlives a dropped connection on the
+// server for its reconnect window, and moves to another server that
+// shares the store (stream.shared_cache).
 package nbdroot
 
 import (
@@ -17,24 +20,14 @@ import (
 	"fmt"
 	"log"
 	"net"
-	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/nbdclient"
-)
-
-// The kernel NBD driver's ioctls (include/uapi/linux/nbd.h).
-const (
-	nbdSetSock       = 0xab00
-	nbdSetBlksize    = 0xab01
-	nbdDoIt          = 0xab03
-	nbdClearSock     = 0xab04
-	nbdClearQue      = 0xab05
-	nbdSetSizeBlocks = 0xab07
-	nbdSetFlags      = 0xab0a
 )
 
 // blockSize is the device's logical block size: 512, as nbd-client's,
@@ -129,60 +122,115 @@ func Connect(ctx context.Context, p Params, logf func(string, ...any)) (*net.TCP
 	}
 }
 
-// Serve hands conn to the kernel on the NBD device dev and blocks while
-// the kernel serves the device through it; it returns when the
-// connection drops.
-func Serve(dev *os.File, conn *net.TCPConn, ex nbdclient.Export) error {
-	f, err := conn.File() // a blocking duplicate the kernel can own
-	conn.Close()
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fd := int(dev.Fd())
-	for _, c := range []struct {
-		req uint
-		val uintptr
-	}{
-		{nbdSetBlksize, blockSize},
-		{nbdSetSizeBlocks, uintptr(ex.Size / blockSize)},
-		{nbdSetFlags, uintptr(ex.Flags)},
-		{nbdSetSock, f.Fd()},
-	} {
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(c.req), c.val); e != 0 {
-			return fmt.Errorf("nbdroot: ioctl %#x on %s: %w", c.req, dev.Name(), e)
-		}
-	}
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nbdDoIt, 0)
-	_, _, _ = unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nbdClearQue, 0)
-	_, _, _ = unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nbdClearSock, 0)
-	if e != 0 {
-		return fmt.Errorf("nbdroot: the connection of %s ended: %w", dev.Name(), e)
-	}
-	return nil
-}
+// Timeouts the kernel applies to the root disk.
+const (
+	// requestTimeout is how long a request may go unanswered before the
+	// kernel gives up on the connection and holds its requests for a new
+	// one; a slow server is then reconnected, not failed.
+	requestTimeout = 15 * time.Second
+	// deadConnTimeout is how long the kernel holds requests for a new
+	// connection before failing them: longer than servers are tried
+	// while they refuse the export (refusedFor).
+	deadConnTimeout = 5 * time.Minute
+)
 
-// Run connects the root disk of cmdline to dev and keeps it connected:
-// it returns only when ctx ends or a server refuses the export.
+// Run connects the root disk of cmdline to the NBD device devPath
+// (/dev/nbdN) and keeps it connected: it returns only when ctx ends, a
+// server refuses the export, or the kernel will not take a connection.
 func Run(ctx context.Context, cmdline, devPath string, l *log.Logger) error {
 	p, err := ParseCmdline(cmdline)
 	if err != nil {
 		return err
 	}
-	dev, err := os.OpenFile(devPath, os.O_RDWR, 0)
+	index, err := deviceIndex(devPath)
 	if err != nil {
-		return fmt.Errorf("nbdroot: %w (is the nbd module loaded?)", err)
+		return err
 	}
-	defer dev.Close()
+	k, err := openKernel()
+	if err != nil {
+		return err
+	}
+	defer k.close()
+	conn, ex, err := Connect(ctx, p, l.Printf)
+	if err != nil {
+		return err
+	}
+	watch, err := k.connect(index, conn, ex)
+	conn.Close()
+	if err != nil {
+		return err
+	}
 	for {
-		conn, ex, err := Connect(ctx, p, l.Printf)
+		// The kernel owns the connection; a duplicate of it says when
+		// the kernel or the server has shut it down.
+		err := waitHangup(ctx, watch)
+		unix.Close(watch)
 		if err != nil {
 			return err
 		}
-		err = Serve(dev, conn, ex)
-		l.Printf("deskway: root disk connection lost (%v); connecting again", err)
-		if ctx.Err() != nil {
-			return ctx.Err()
+		l.Printf("deskway: root disk connection lost; connecting again (the disk's requests wait)")
+		if watch, err = reconnect(ctx, k, index, p, ex, l); err != nil {
+			return err
 		}
 	}
+}
+
+// reconnect negotiates the export again and hands the connection to the
+// kernel in place of the dead one, which the kernel may not have marked
+// dead yet when the server's close arrives first: it is asked again for
+// a while.
+func reconnect(ctx context.Context, k *kernelNBD, index uint32, p Params, want nbdclient.Export, l *log.Logger) (int, error) {
+	for {
+		conn, ex, err := Connect(ctx, p, l.Printf)
+		if err != nil {
+			return -1, err
+		}
+		if ex.Size != want.Size {
+			conn.Close()
+			return -1, fmt.Errorf("nbdroot: %s now has %d bytes, not %d: not the disk the machine booted from", p.Export, ex.Size, want.Size)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			watch, err := k.reconfigure(index, conn)
+			if err == nil {
+				conn.Close()
+				return watch, nil
+			}
+			if !errors.Is(err, unix.ENOSPC) || time.Now().After(deadline) {
+				conn.Close()
+				l.Printf("deskway: the kernel did not take the new connection: %v", err)
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // the old connection is not marked dead yet
+		}
+		select {
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// waitHangup returns when the socket fd is shut down or its peer closed
+// it, or when ctx ends.
+func waitHangup(ctx context.Context, fd int) error {
+	for ctx.Err() == nil {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		n, err := unix.Poll(pfd, 1000)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("nbdroot: watching the root disk's connection: %w", err)
+		}
+		if n > 0 && pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+			return nil
+		}
+	}
+	return ctx.Err()
+}
+
+// deviceIndex is N of /dev/nbdN.
+func deviceIndex(dev string) (uint32, error) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(filepath.Base(dev), "nbd"), 10, 32)
+	if err != nil || !strings.HasPrefix(filepath.Base(dev), "nbd") {
+		return 0, fmt.Errorf("nbdroot: %s is not an NBD device (/dev/nbdN)", dev)
+	}
+	return uint32(n), nil
 }

@@ -212,7 +212,7 @@ func TestScripts(t *testing.T) {
 	}
 	code, body := get("/netboot/device?mac=52:54:00:77:00:01")
 	if code != http.StatusOK || !strings.Contains(body, "kernel http://10.77.0.1:8069/netboot/vdisks/golden/kernel initrd=initrd console=ttyS0 deskway.device=pc1 deskway.export=golden@test/pc1/") ||
-		!strings.Contains(body, "deskway.servers=10.77.0.1:10809,10.77.0.2:10809\n") || !strings.Contains(body, "initrd --name initrd http://10.77.0.1:8069/netboot/vdisks/golden/initrd\nboot\n") {
+		!strings.Contains(body, "deskway.servers=10.77.0.1:10809,10.77.0.2:10809 BOOTIF=01-52-54-00-77-00-01\n") || !strings.Contains(body, "initrd --name initrd http://10.77.0.1:8069/netboot/vdisks/golden/initrd\nboot\n") {
 		t.Fatalf("pc1's script: %d\n%s", code, body)
 	}
 	if _, again := get("/netboot/device?mac=52:54:00:77:00:01"); again == body {

@@ -106,8 +106,10 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 		} else {
 			export += "/" + boot // a fresh write cache every power-on
 		}
-		args := strings.TrimSpace(fmt.Sprintf("initrd=initrd %s deskway.device=%s deskway.export=%s deskway.mode=%s deskway.servers=%s",
-			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.servers, ",")))
+		// BOOTIF (PXELINUX's, which initramfs-tools and dracut read too)
+		// names the card the machine booted from among several.
+		args := strings.TrimSpace(fmt.Sprintf("initrd=initrd %s deskway.device=%s deskway.export=%s deskway.mode=%s deskway.servers=%s BOOTIF=01-%s",
+			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.servers, ","), strings.ReplaceAll(mac, ":", "-")))
 		s.devices.booted(mac, now)
 		s.m.scripts.WithLabelValues("boot").Inc()
 		s.log.Info("network boot", "mac", mac, "device", d.Name, "vdisk", d.VDisk, "stage", d.Stage, "boot", boot, "remote", r.RemoteAddr)

@@ -2,25 +2,17 @@ package netbootbench
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/deskway/deskway/internal/initramfs"
 )
 
 // KernelDir is where scripts/install-deps.sh unpacks Debian's kernel.
 const KernelDir = "/var/cache/deskway/kernel"
-
-// Module paths (under lib/modules/VERSION/kernel, without .ko) in load
-// order: ext4, virtio, and either a virtio disk or a virtio NIC with the
-// kernel NBD client.
-var (
-	baseModules = []string{"lib/crc16", "crypto/crc32c_generic", "fs/mbcache", "fs/jbd2/jbd2", "fs/ext4/ext4",
-		"drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virtio/virtio_pci_modern_dev",
-		"drivers/virtio/virtio_pci_legacy_dev", "drivers/virtio/virtio_pci"}
-	diskModules = []string{"drivers/block/virtio_blk"}
-	netModules  = []string{"net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net", "drivers/block/nbd"}
-)
 
 // Marker is what the vDisk's /sbin/init prints once the machine runs
 // from it, followed by the device's name.
@@ -36,84 +28,69 @@ func Kernel() (path, version string, err error) {
 }
 
 // RootInitramfs builds, in dir, the initramfs of a network-booted
-// machine: modules for a virtio NIC and NBD, an address over DHCP, the
-// root disk through deskway-nbdroot (helper) and the kernel NBD driver,
-// then switch_root to the vDisk's /sbin/init.
+// machine as an operator gets it from `deskway stream initramfs`: the
+// root disk through deskway-nbdroot (helper) and the kernel NBD driver.
 func RootInitramfs(dir, helper string) (string, error) {
-	return initramfs(dir, append(baseModules, netModules...), map[string]string{"bin/deskway-nbdroot": helper}, `
-i=0
-while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-ip link set eth0 up
-udhcpc -i eth0 -s /udhcpc.script -q -f -n -t 20 -T 1 >/dev/null || echo "DESKWAY no address"
-deskway-nbdroot /dev/nbd0 &
-i=0
-while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
-ROOT=/dev/nbd0
-`)
-}
-
-// DiskInitramfs builds, in dir, the initramfs of a machine whose root is
-// its virtio disk (qemu's own NBD client behind it).
-func DiskInitramfs(dir string) (string, error) {
-	return initramfs(dir, append(baseModules, diskModules...), nil, `
-i=0
-while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-ROOT=/dev/vda
-`)
-}
-
-func initramfs(dir string, modules []string, extra map[string]string, root string) (string, error) {
 	_, version, err := Kernel()
 	if err != nil {
 		return "", err
-	}
-	tree := filepath.Join(dir, "root")
-	for _, d := range []string{"bin", "dev", "proc", "sys", "modules", "newroot"} {
-		if err := os.MkdirAll(filepath.Join(tree, d), 0o755); err != nil {
-			return "", err
-		}
 	}
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
 		return "", fmt.Errorf("busybox (busybox-static) is needed: %w", err)
 	}
-	files := map[string]string{"bin/busybox": bb}
-	for k, v := range extra {
-		files[k] = v
+	return writeInitramfs(dir, func(w io.Writer) error {
+		_, err := initramfs.Build(w, initramfs.Options{Modules: filepath.Join(KernelDir, "lib", "modules", version), Nbdroot: helper, Busybox: bb})
+		return err
+	})
+}
+
+// DiskInitramfs builds, in dir, the initramfs of a machine whose root is
+// its virtio disk (qemu's own NBD client behind it).
+func DiskInitramfs(dir string) (string, error) {
+	_, version, err := Kernel()
+	if err != nil {
+		return "", err
 	}
-	var load strings.Builder
-	for _, m := range modules {
-		files["modules/"+filepath.Base(m)+".ko"] = filepath.Join(KernelDir, "lib", "modules", version, "kernel", m+".ko")
-		fmt.Fprintf(&load, "insmod /modules/%s.ko\n", filepath.Base(m))
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return "", fmt.Errorf("busybox (busybox-static) is needed: %w", err)
 	}
-	for dst, src := range files {
-		if err := copyFile(src, filepath.Join(tree, dst)); err != nil {
-			return "", err
-		}
+	mods, err := initramfs.Resolve(filepath.Join(KernelDir, "lib", "modules", version), []string{"virtio_pci", "virtio_blk", "ext4"}, nil)
+	if err != nil {
+		return "", err
 	}
-	scripts := map[string]string{
-		"udhcpc.script": "#!/bin/busybox sh\n[ \"$1\" = bound ] || [ \"$1\" = renew ] || exit 0\nifconfig \"$interface\" \"$ip\" netmask \"$subnet\" up\n",
-		"init": "#!/bin/busybox sh\n/bin/busybox --install -s /bin\nexport PATH=/bin\nmount -t proc proc /proc\nmount -t sysfs sys /sys\nmount -t devtmpfs dev /dev\n" +
-			load.String() + root + `
-if ! mount -t ext4 $ROOT /newroot; then
-  echo "DESKWAY root mount failed"
-  poweroff -f
-fi
+	files := append(initramfs.ModuleFiles(mods),
+		initramfs.File{Name: "bin/busybox", Source: bb, Mode: 0o755},
+		initramfs.File{Name: "init", Mode: 0o755, Data: []byte(`#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /modules/order); do insmod /modules/$m.ko; done
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+mkdir -p /newroot
+mount -t ext4 /dev/vda /newroot || { echo "deskway: root disk not mounted"; poweroff -f; }
 umount /proc /sys
 mount --move /dev /newroot/dev
 exec switch_root /newroot /sbin/init
-`,
-	}
-	for name, body := range scripts {
-		if err := os.WriteFile(filepath.Join(tree, name), []byte(body), 0o755); err != nil {
-			return "", err
-		}
-	}
+`)})
+	return writeInitramfs(dir, func(w io.Writer) error { return initramfs.Write(w, files) })
+}
+
+func writeInitramfs(dir string, build func(io.Writer) error) (string, error) {
 	out := filepath.Join(dir, "initrd.cpio")
-	if b, err := exec.Command("sh", "-c", "cd "+tree+" && busybox find . | busybox cpio -o -H newc > "+out).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("initramfs: %v: %s", err, b)
+	f, err := os.Create(out)
+	if err != nil {
+		return "", err
 	}
-	return out, nil
+	if err := build(f); err != nil {
+		f.Close()
+		return "", err
+	}
+	return out, f.Close()
 }
 
 // VDisk makes an ext4 image at path whose /sbin/init prints Marker and
