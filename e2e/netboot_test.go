@@ -571,7 +571,9 @@ stream:
 // killed while the machine writes; the machine's root disk moves to the
 // second server with its write cache and goes on: what it wrote before
 // the loss is read back from the second server, what it writes after
-// lands there, and no I/O failed on the way (the kernel logs none).
+// lands there, and no I/O failed on the way (the kernel logs none). With
+// the first server still down, the machine's next power-on boots from the
+// second.
 func TestNetbootRootSurvivesServerLoss(t *testing.T) {
 	ns := newNetns(t, "tap1")
 	kernel, initrd := netbootRootKit(t)
@@ -658,4 +660,12 @@ poweroff -f
 			t.Fatalf("the machine's kernel logged %q:\n%s", bad, lastLines(pc1.out.String(), 40))
 		}
 	}
+	// The first server is still down: the next power-on boots from the
+	// second one.
+	_ = pc1.cmd.Wait()
+	pc1 = ns.bootVM("tap1", "52:54:00:77:00:01")
+	pc1.wait(t, regexp.MustCompile(`deskway: root disk golden/pc1/[0-9a-f]{16} from 10\.77\.0\.1:10810 `), 4*time.Minute)
+	pc1.wait(t, regexp.MustCompile(`DESKWAY writing`), time.Minute)
+	io.WriteString(pc1.in, "go\n")
+	pc1.wait(t, regexp.MustCompile(`DESKWAY read: before the loss / after the loss / `), 2*time.Minute)
 }
