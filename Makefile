@@ -8,7 +8,7 @@ STATE_DIR ?= /var/lib/deskway
 # deadline in go1.26 (golang/go#75804) and fails with no crasher.
 FUZZTIME ?= 20000x
 
-.PHONY: all build run deps assets test unit e2e fuzz lint clean
+.PHONY: all build run deps assets deb test unit e2e fuzz lint clean
 
 all: build
 
@@ -21,6 +21,12 @@ build: assets
 # embedded in the binary; without it the portal offers no "open in browser".
 assets:
 	scripts/web-assets.sh
+
+# The Debian package (deploy/nfpm.yaml): the binaries, a systemd unit per
+# role and one for every role of the config, /etc/deskway/deskway.yaml.
+DEB_VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+deb: build
+	$(GO) run ./tools/mkdeb -bin bin -version $(DEB_VERSION)
 
 run: build
 	./bin/deskway up --state-dir $(STATE_DIR)

@@ -5,15 +5,21 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mdlayher/ndp"
+	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/bench/netbootbench"
 	"github.com/deskway/deskway/internal/testkit"
@@ -539,6 +545,23 @@ func TestNetbootAnswersRouterSolicitations(t *testing.T) {
 			t.Fatalf("the listener heard %d advertisements in %s (at most one a second wanted):\n%s", n, time.Since(began).Round(time.Millisecond), heard.String())
 		}
 	})
+	t.Run("another router", func(t *testing.T) {
+		ns, srv := start(t, "    dhcp: full\n    pool: {start: 10.77.0.100, end: 10.77.0.150}\n")
+		if out, err := solicit(ns); err != nil {
+			t.Fatalf("no answer before another router spoke: %v\n%s", err, out)
+		}
+		// A router on the boot network advertises itself: deskway falls
+		// silent rather than contradict it.
+		advertiseFrom(t, ns, "cli0", &ndp.RouterAdvertisement{RouterLifetime: 30 * time.Minute})
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Log.String(), "another IPv6 router advertises"); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("deskway did not hear the other router:\n%s", lastLines(srv.Log.String(), 10))
+			}
+		}
+		if out, err := solicit(ns); err == nil {
+			t.Fatalf("deskway answered beside another router:\n%s", out)
+		}
+	})
 	t.Run("proxy", func(t *testing.T) {
 		ns, _ := start(t, "    dhcp: proxy\n")
 		if out, err := solicit(ns); err == nil {
@@ -648,7 +671,7 @@ poweroff -f
 		t.Fatalf("the machine read back %q after its server was lost:\n%s\nsecond server:\n%s", got, lastLines(pc1.out.String(), 40), lastLines(second.Log.String(), 20))
 	}
 	// One reconnection, taken by the kernel at the first try.
-	if n := strings.Count(pc1.out.String(), "deskway: root disk connection lost"); n != 1 {
+	if n := strings.Count(pc1.out.String(), "deskway: root disk connection to 10.77.0.1:10809 lost"); n != 1 || strings.Contains(pc1.out.String(), "connection to 10.77.0.1:10810 lost") {
 		t.Fatalf("the root disk was reconnected %d times, once expected:\n%s", n, lastLines(pc1.out.String(), 30))
 	}
 	m := regexp.MustCompile(`(\d+) lines, last line (\d+)$`).FindStringSubmatch(got)
@@ -668,4 +691,40 @@ poweroff -f
 	pc1.wait(t, regexp.MustCompile(`DESKWAY writing`), time.Minute)
 	io.WriteString(pc1.in, "go\n")
 	pc1.wait(t, regexp.MustCompile(`DESKWAY read: before the loss / after the loss / `), 2*time.Minute)
+}
+
+// advertiseFrom sends one router advertisement out of ifname in the
+// network namespace ns, from a thread that enters the namespace and is
+// thrown away after.
+func advertiseFrom(t *testing.T, ns *netns, ifname string, ra *ndp.RouterAdvertisement) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		f, err := os.Open("/run/netns/" + ns.name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			errc <- err
+			return
+		}
+		c, _, err := ndp.Listen(ifi, ndp.LinkLocal)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer c.Close()
+		errc <- c.WriteTo(ra, nil, netip.IPv6LinkLocalAllNodes())
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("advertising from %s: %v", ifname, err)
+	}
 }

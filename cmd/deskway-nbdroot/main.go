@@ -13,6 +13,8 @@ import (
 	"log"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deskway/deskway/internal/nbdroot"
 )
 
@@ -22,6 +24,15 @@ func main() {
 		dev = os.Args[1]
 	}
 	l := log.New(os.Stderr, "", 0)
+	// The machine's disk stalls for good if this process is gone: keep it
+	// out of the OOM killer's reach and its pages out of swap (which may
+	// be on that very disk).
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
+		l.Printf("deskway: oom_score_adj: %v", err)
+	}
+	if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE); err != nil {
+		l.Printf("deskway: mlockall: %v", err)
+	}
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
 		l.Fatalf("deskway: %v", err)

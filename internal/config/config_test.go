@@ -156,6 +156,7 @@ func TestNetbootValidation(t *testing.T) {
 		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.0.1, end: 10.77.0.3}\n": "the server's own address",
 		"    interface: br0\n    address: 10.77.0.1\n    dhcp: relay\n":                                              "not proxy or full",
 		"    interface: br0\n    address: 10.77.0.9\n":                                                               "devices could not reach it",
+		"    interface: br0\n    address: 10.77.0.1\n    servers: [\"10.77.0.1:10809\", \"10.77.0.2:10809\"]\n":      "set stream.shared_cache",
 	} {
 		if _, err := Parse([]byte(base + in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("netboot %q: got %v, want an error with %q", in, err, want)

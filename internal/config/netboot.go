@@ -98,6 +98,11 @@ func validateNetboot(n *Netboot, st *Stream, bad func(string, string, ...any)) {
 			bad(fmt.Sprintf("stream.netboot.servers[%d]", i), "%q is not host:port", s)
 		}
 	}
+	if len(n.Servers) > 1 && !st.SharedCache {
+		// Another server would not know a boot it never saw, and would
+		// serve it the vDisk with none of its writes.
+		bad("stream.netboot.servers", "a device moves to the next server when its own is lost, and keeps its writes only if every server keeps write caches on one store: set stream.shared_cache, with stream.store on storage the servers share")
+	}
 	if len(n.Servers) == 0 {
 		if host, _, err := net.SplitHostPort(st.Listen); err == nil && host != "" {
 			if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() && a.String() != n.Address {

@@ -79,7 +79,7 @@ func ModuleFiles(mods []Module) []File {
 	var files []File
 	var order strings.Builder
 	for _, m := range mods {
-		files = append(files, File{Name: "modules/" + m.Name + ".ko", Source: m.Path, Mode: 0o644})
+		files = append(files, File{Name: "modules/" + m.Name + ".ko", Module: m.Path, Mode: 0o644})
 		order.WriteString(m.Name + "\n")
 	}
 	return append(files, File{Name: "modules/order", Data: []byte(order.String()), Mode: 0o644})
@@ -102,12 +102,14 @@ func static(p string) error {
 }
 
 // File is one entry of an archive: a directory (Mode has os.ModeDir), or
-// a file with Data or the contents of Source.
+// a file with Data, the contents of Source, or the kernel module at
+// Module, decompressed.
 type File struct {
 	Name   string // inside the archive, no leading slash
 	Mode   os.FileMode
 	Data   []byte
 	Source string
+	Module string
 }
 
 // Write writes files to w as a newc cpio archive, adding the directories
@@ -137,10 +139,15 @@ func Write(w io.Writer, files []File) error {
 			return err
 		}
 		data := f.Data
-		if f.Source != "" {
-			var err error
+		var err error
+		switch {
+		case f.Source != "":
 			if data, err = os.ReadFile(f.Source); err != nil {
 				return fmt.Errorf("initramfs: %w", err)
+			}
+		case f.Module != "":
+			if data, err = ReadModule(f.Module); err != nil {
+				return err
 			}
 		}
 		h := &cpio.Header{Name: f.Name, Mode: cpio.TypeReg | cpio.FileMode(f.Mode.Perm()), Links: 1, Size: int64(len(data)), ModTime: time.Unix(0, 0)}
@@ -154,10 +161,15 @@ func Write(w io.Writer, files []File) error {
 	return cw.Close()
 }
 
-// udhcpcScript configures the address udhcpc leased.
+// udhcpcScript configures the address udhcpc leased, and the default
+// route when the lease names one.
 const udhcpcScript = `#!/bin/busybox sh
 [ "$1" = bound ] || [ "$1" = renew ] || exit 0
 ifconfig "$interface" "$ip" netmask "$subnet" up
+if [ -n "$router" ]; then
+  route del default 2>/dev/null
+  route add default gw "${router%% *}" dev "$interface"
+fi
 `
 
 // initScript brings up the card the machine booted from (BOOTIF, which
@@ -177,7 +189,7 @@ dev=
 i=0
 while [ -z "$dev" ] && [ $i -lt 100 ]; do
   for n in /sys/class/net/*; do
-    [ "${n##*/}" = lo ] && continue
+    [ "$(cat $n/type)" = 1 ] || continue
     if [ -z "$want" ] || [ "$(cat $n/address)" = "$want" ]; then dev=${n##*/}; break; fi
   done
   [ -n "$dev" ] || sleep 0.1
@@ -185,10 +197,16 @@ while [ -z "$dev" ] && [ $i -lt 100 ]; do
 done
 [ -n "$dev" ] || fail "no network card${want:+ with address $want} (is its driver in the initramfs?)"
 ip link set "$dev" up
-udhcpc -i "$dev" -s /udhcpc.script -q -f -n -t 20 -T 1 >/dev/null || fail "no DHCP lease on $dev"
+# udhcpc stays, in the background, to renew the lease: an address whose
+# lease ran out would be given to another machine.
+udhcpc -i "$dev" -s /udhcpc.script -n -t 20 -T 1 >/dev/null || fail "no DHCP lease on $dev"
 deskway-nbdroot /dev/nbd0 &
+nbdroot=$!
 i=0
-while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 1500 ]; do sleep 0.1; i=$((i+1)); done
+while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 1500 ]; do
+  kill -0 $nbdroot 2>/dev/null || fail "deskway-nbdroot ended without a root disk"
+  sleep 0.1; i=$((i+1))
+done
 mount -t FSTYPE /dev/nbd0 /newroot || fail "root disk not mounted"
 umount /proc /sys
 mount --move /dev /newroot/dev

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/cavaliergopher/cpio"
+	"github.com/klauspost/compress/zstd"
+	"github.com/ulikunitz/xz"
 
 	"github.com/deskway/deskway/internal/testkit"
 )
@@ -126,5 +128,60 @@ func TestBuildWritesWhatTheKernelUnpacks(t *testing.T) {
 	os.MkdirAll(filepath.Join(empty, "kernel"), 0o755)
 	if _, err := Build(io.Discard, Options{Modules: empty, Busybox: bb, Nbdroot: bb}); err == nil || !strings.Contains(err.Error(), "no module nbd") {
 		t.Errorf("a tree without nbd: %v", err)
+	}
+}
+
+// TestCompressedModulesAndOptionalGaps: modules compressed as Fedora's
+// (xz) and Ubuntu's (zstd) kernels ship them are found, read and put in
+// the archive plain; an optional driver whose dependency is missing is
+// left out instead of failing the build.
+func TestCompressedModulesAndOptionalGaps(t *testing.T) {
+	dir := modulesDir(t)
+	tree := t.TempDir()
+	find := func(name string) string {
+		mods, err := Resolve(dir, []string{name}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mods[len(mods)-1].Path
+	}
+	plain := map[string][]byte{}
+	for name, ext := range map[string]string{"nbd": ".ko.xz", "virtio_net": ".ko.zst"} {
+		b, err := os.ReadFile(find(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain[name] = b
+		var z bytes.Buffer
+		if ext == ".ko.xz" {
+			w, _ := xz.NewWriter(&z)
+			w.Write(b)
+			w.Close()
+		} else {
+			w, _ := zstd.NewWriter(&z)
+			w.Write(b)
+			w.Close()
+		}
+		os.MkdirAll(filepath.Join(tree, "kernel", "drivers"), 0o755)
+		os.WriteFile(filepath.Join(tree, "kernel", "drivers", name+ext), z.Bytes(), 0o644)
+	}
+	// virtio_net's dependencies (net_failover, virtio) are not in tree.
+	mods, err := Resolve(tree, []string{"nbd"}, []string{"virtio_net"})
+	if err != nil || len(mods) != 1 || mods[0].Name != "nbd" {
+		t.Fatalf("Resolve: %v %v", mods, err)
+	}
+	b, err := ReadModule(mods[0].Path)
+	if err != nil || !bytes.Equal(b, plain["nbd"]) {
+		t.Fatalf("nbd.ko.xz read back: %d bytes (%v), want the %d plain ones", len(b), err, len(plain["nbd"]))
+	}
+	var buf bytes.Buffer
+	if err := Write(&buf, ModuleFiles(mods)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(buf.Bytes(), plain["nbd"][:4096]) {
+		t.Error("the archive does not hold nbd.ko decompressed")
+	}
+	if b, err := ReadModule(filepath.Join(tree, "kernel", "drivers", "virtio_net.ko.zst")); err != nil || !bytes.Equal(b, plain["virtio_net"]) {
+		t.Errorf("virtio_net.ko.zst read back: %v", err)
 	}
 }

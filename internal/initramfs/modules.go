@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"debug/elf"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/ulikunitz/xz"
 )
 
 // Module is one kernel module file and the name the kernel knows it by.
@@ -36,8 +40,13 @@ func Resolve(dir string, required, optional []string) ([]Module, error) {
 		if err != nil {
 			return err
 		}
-		if !d.IsDir() && strings.HasSuffix(p, ".ko") {
-			files[normalize(filepath.Base(p))] = p
+		if d.IsDir() {
+			return nil
+		}
+		for _, ext := range moduleExts {
+			if name, ok := strings.CutSuffix(filepath.Base(p), ext); ok {
+				files[normalize(name)] = p
+			}
 		}
 		return nil
 	})
@@ -71,10 +80,12 @@ func Resolve(dir string, required, optional []string) ([]Module, error) {
 		state[name] = 1
 		info, err := readModinfo(path)
 		if err != nil {
+			state[name] = 0
 			return err
 		}
 		for _, d := range info.depends {
 			if err := visit(d, append(chain, name)); err != nil {
+				state[name] = 0 // an optional module's failure leaves it out, and no trace
 				return err
 			}
 		}
@@ -86,8 +97,9 @@ func Resolve(dir string, required, optional []string) ([]Module, error) {
 			} else {
 				d = aliased(files, d)
 			}
-			if d != "" && d != name {
+			if d != "" && d != name && state[d] != 1 {
 				if err := visit(d, append(chain, name)); err != nil {
+					state[name] = 0
 					return err
 				}
 			}
@@ -104,9 +116,7 @@ func Resolve(dir string, required, optional []string) ([]Module, error) {
 	for _, n := range optional {
 		n = normalize(n)
 		if _, ok := files[n]; ok {
-			if err := visit(n, []string{"the initramfs"}); err != nil {
-				return nil, err
-			}
+			_ = visit(n, []string{"the initramfs"}) // one that cannot load is left out
 		}
 	}
 	return out, nil
@@ -119,23 +129,59 @@ type modinfo struct {
 	aliases []string // alias=
 }
 
+// moduleExts are the module files Resolve finds: plain, and compressed
+// as Fedora's (xz) and Ubuntu's (zstd) kernels ship them.
+var moduleExts = []string{".ko", ".ko.xz", ".ko.zst"}
+
+// ReadModule is a module file's contents, decompressed: busybox's insmod
+// loads plain modules only.
+func ReadModule(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	switch {
+	case strings.HasSuffix(path, ".xz"):
+		if r, err = xz.NewReader(f); err != nil {
+			return nil, fmt.Errorf("initramfs: %s: %w", path, err)
+		}
+	case strings.HasSuffix(path, ".zst"):
+		d, err := zstd.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("initramfs: %s: %w", path, err)
+		}
+		defer d.Close()
+		r = d
+	}
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: %s: %w", path, err)
+	}
+	return b, nil
+}
+
 // readModinfo reads a module's .modinfo section: NUL-separated key=value.
 func readModinfo(path string) (modinfo, error) {
 	var mi modinfo
-	f, err := elf.Open(path)
+	b, err := ReadModule(path)
+	if err != nil {
+		return mi, err
+	}
+	f, err := elf.NewFile(bytes.NewReader(b))
 	if err != nil {
 		return mi, fmt.Errorf("initramfs: %s: %w", path, err)
 	}
-	defer f.Close()
 	sec := f.Section(".modinfo")
 	if sec == nil {
 		return mi, fmt.Errorf("initramfs: %s has no .modinfo: not a kernel module", path)
 	}
-	b, err := sec.Data()
+	info, err := sec.Data()
 	if err != nil {
 		return mi, fmt.Errorf("initramfs: %s: %w", path, err)
 	}
-	for _, kv := range bytes.Split(b, []byte{0}) {
+	for _, kv := range bytes.Split(info, []byte{0}) {
 		k, v, _ := strings.Cut(string(kv), "=")
 		switch k {
 		case "depends":

@@ -1,13 +1,14 @@
 package nbdroot
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/mdlayher/genetlink"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/nbdclient"
 )
@@ -16,10 +17,12 @@ import (
 // (include/uapi/linux/nbd-netlink.h). Unlike its ioctls, it lets a dead
 // connection be replaced while the device's requests wait.
 const (
-	nbdFamily = "nbd"
+	nbdFamily     = "nbd"
+	nbdEventGroup = "nbd_mc_group"
 
 	nbdCmdConnect     = 1
 	nbdCmdReconfigure = 3
+	nbdCmdLinkDead    = 4
 
 	nbdAttrIndex           = 1
 	nbdAttrSizeBytes       = 2
@@ -33,10 +36,12 @@ const (
 	nbdSockFD   = 1
 )
 
-// kernelNBD is a generic netlink connection to the kernel's NBD driver.
+// kernelNBD is two generic netlink connections to the kernel's NBD
+// driver: one for commands and their answers, one that hears its events,
+// which would otherwise arrive among the answers.
 type kernelNBD struct {
-	c      *genetlink.Conn
-	family genetlink.Family
+	c, events *genetlink.Conn
+	family    genetlink.Family
 }
 
 func openKernel() (*kernelNBD, error) {
@@ -49,10 +54,60 @@ func openKernel() (*kernelNBD, error) {
 		c.Close()
 		return nil, fmt.Errorf("nbdroot: the kernel's NBD driver has no netlink interface (is the nbd module loaded?): %w", err)
 	}
-	return &kernelNBD{c: c, family: f}, nil
+	k := &kernelNBD{c: c, family: f}
+	if k.events, err = genetlink.Dial(nil); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("nbdroot: generic netlink: %w", err)
+	}
+	for _, g := range f.Groups {
+		if g.Name == nbdEventGroup {
+			if err := k.events.JoinGroup(g.ID); err != nil {
+				k.close()
+				return nil, fmt.Errorf("nbdroot: NBD events: %w", err)
+			}
+			return k, nil
+		}
+	}
+	k.close()
+	return nil, fmt.Errorf("nbdroot: the kernel's NBD driver has no %s events", nbdEventGroup)
 }
 
-func (k *kernelNBD) close() { k.c.Close() }
+func (k *kernelNBD) close() {
+	k.c.Close()
+	k.events.Close()
+}
+
+// waitDead returns when the kernel says device index lost its connection
+// (NBD_CMD_LINK_DEAD, sent once it has marked the socket dead, so that a
+// reconfigure then finds it), or when ctx ends.
+func (k *kernelNBD) waitDead(ctx context.Context, index uint32) error {
+	for ctx.Err() == nil {
+		_ = k.events.SetReadDeadline(time.Now().Add(time.Second))
+		msgs, _, err := k.events.Receive()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("nbdroot: NBD events: %w", err)
+		}
+		for _, m := range msgs {
+			if m.Header.Command != nbdCmdLinkDead {
+				continue
+			}
+			ad, err := netlink.NewAttributeDecoder(m.Data)
+			if err != nil {
+				continue
+			}
+			for ad.Next() {
+				if ad.Type() == nbdAttrIndex && ad.Uint32() == index {
+					return nil
+				}
+			}
+		}
+	}
+	return ctx.Err()
+}
 
 // connectAttrs are the attributes of NBD_CMD_CONNECT: device index, the
 // export's size and flags, the timeouts, and the one socket.
@@ -88,9 +143,8 @@ func socketAttr(ae *netlink.AttributeEncoder, fd int) {
 }
 
 // connect sets the device up on conn. The kernel keeps its own reference
-// to the socket, so the caller may close conn; the returned descriptor
-// is a duplicate to watch it by.
-func (k *kernelNBD) connect(index uint32, conn *net.TCPConn, ex nbdclient.Export) (int, error) {
+// to the socket, so the caller may close conn.
+func (k *kernelNBD) connect(index uint32, conn *net.TCPConn, ex nbdclient.Export) error {
 	return k.give(conn, "connect", func(fd int) error {
 		b, err := connectAttrs(index, ex, fd)
 		if err != nil {
@@ -103,11 +157,10 @@ func (k *kernelNBD) connect(index uint32, conn *net.TCPConn, ex nbdclient.Export
 	})
 }
 
-// reconfigure replaces the device's dead connection with conn; the error
-// wraps ENOSPC while the kernel has not marked the old one dead. On
-// success the returned descriptor is a duplicate of the socket to watch
-// it by.
-func (k *kernelNBD) reconfigure(index uint32, conn *net.TCPConn) (int, error) {
+// reconfigure replaces the device's dead connection with conn. Call it
+// after waitDead: the kernel answers success, and drops conn, when the
+// device has no dead connection to replace.
+func (k *kernelNBD) reconfigure(index uint32, conn *net.TCPConn) error {
 	return k.give(conn, "reconfigure", func(fd int) error {
 		b, err := reconfigureAttrs(index, fd)
 		if err != nil {
@@ -117,23 +170,17 @@ func (k *kernelNBD) reconfigure(index uint32, conn *net.TCPConn) (int, error) {
 	})
 }
 
-// give passes a blocking duplicate of conn's socket to send, and returns
-// it for watching when send succeeds.
-func (k *kernelNBD) give(conn *net.TCPConn, what string, send func(fd int) error) (int, error) {
+// give passes a blocking duplicate of conn's socket to send.
+func (k *kernelNBD) give(conn *net.TCPConn, what string, send func(fd int) error) error {
 	f, err := conn.File() // blocking, as the kernel wants it
 	if err != nil {
-		return -1, fmt.Errorf("nbdroot: %s: %w", what, err)
+		return fmt.Errorf("nbdroot: %s: %w", what, err)
 	}
 	defer f.Close()
-	fd := int(f.Fd())
-	if err := send(fd); err != nil {
-		return -1, fmt.Errorf("nbdroot: NBD %s: %w", what, err)
+	if err := send(int(f.Fd())); err != nil {
+		return fmt.Errorf("nbdroot: NBD %s: %w", what, err)
 	}
-	watch, err := unix.Dup(fd)
-	if err != nil {
-		return -1, fmt.Errorf("nbdroot: %s: %w", what, err)
-	}
-	return watch, nil
+	return nil
 }
 
 func (k *kernelNBD) do(cmd uint8, attrs []byte, flags netlink.HeaderFlags) error {

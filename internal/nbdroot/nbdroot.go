@@ -6,8 +6,8 @@
 // block device from then on. When the connection dies (the server is
 // gone, or a request went unanswered for requestTimeout) the kernel
 // holds the disk's requests, in flight or new, and this package
-// negotiates the export again, with the next server if the first is
-// gone, and gives the kernel the new connection (NBD_CMD_RECONFIGURE);
+// negotiates the export again, starting with the server after the lost
+// one, and gives the kernel the new connection (NBD_CMD_RECONFIGURE);
 // the held requests then go to it, so the machine sees a pause, not an
 // I/O error. A boot's write cache outlives a dropped connection on the
 // server for its reconnect window, and moves to another server that
@@ -24,8 +24,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/nbdclient"
 )
@@ -76,14 +74,17 @@ func ParseCmdline(cmdline string) (Params, error) {
 // before a reset is free once the server notices that connection is dead.
 const refusedFor = 2 * time.Minute
 
-// Connect negotiates p's export with the first of p's servers that
-// answers, trying them in turn until ctx ends, or until they have
-// refused the export for refusedFor.
-func Connect(ctx context.Context, p Params, logf func(string, ...any)) (*net.TCPConn, nbdclient.Export, error) {
+// Connect negotiates p's export with the first of p's servers, from
+// p.Servers[first] on, that answers, trying them in turn until ctx ends,
+// or until they have refused the export for refusedFor; it returns the
+// index of the server it used.
+func Connect(ctx context.Context, p Params, first int, logf func(string, ...any)) (*net.TCPConn, nbdclient.Export, int, error) {
 	var firstRefusal time.Time
 	var said string
 	for round := 0; ; round++ {
-		for _, s := range p.Servers {
+		for i := range p.Servers {
+			at := (first + i) % len(p.Servers)
+			s := p.Servers[at]
 			d := net.Dialer{Timeout: 5 * time.Second}
 			c, err := d.DialContext(ctx, "tcp", s)
 			if err == nil {
@@ -92,7 +93,7 @@ func Connect(ctx context.Context, p Params, logf func(string, ...any)) (*net.TCP
 				if _, ex, err = nbdclient.Handshake(c, p.Export, nbdclient.Options{}); err == nil {
 					_ = c.SetDeadline(time.Time{})
 					logf("deskway: root disk %s from %s (%d MiB)", p.Export, s, ex.Size>>20)
-					return c.(*net.TCPConn), ex, nil
+					return c.(*net.TCPConn), ex, at, nil
 				}
 				c.Close()
 				var oe *nbdclient.OptionError
@@ -103,7 +104,7 @@ func Connect(ctx context.Context, p Params, logf func(string, ...any)) (*net.TCP
 						firstRefusal = time.Now()
 					}
 					if time.Since(firstRefusal) > refusedFor {
-						return nil, ex, fmt.Errorf("nbdroot: %s refused %s: %w", s, p.Export, err)
+						return nil, ex, at, fmt.Errorf("nbdroot: %s refused %s: %w", s, p.Export, err)
 					}
 					if err.Error() != said {
 						said = err.Error()
@@ -116,7 +117,7 @@ func Connect(ctx context.Context, p Params, logf func(string, ...any)) (*net.TCP
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nbdclient.Export{}, ctx.Err()
+			return nil, nbdclient.Export{}, 0, ctx.Err()
 		case <-time.After(time.Second << min(round, 2)):
 		}
 	}
@@ -146,84 +147,59 @@ func Run(ctx context.Context, cmdline, devPath string, l *log.Logger) error {
 	if err != nil {
 		return err
 	}
-	k, err := openKernel()
+	k, err := openKernel() // hears the device's events from before it is set up
 	if err != nil {
 		return err
 	}
 	defer k.close()
-	conn, ex, err := Connect(ctx, p, l.Printf)
+	conn, ex, at, err := Connect(ctx, p, 0, l.Printf)
 	if err != nil {
 		return err
 	}
-	watch, err := k.connect(index, conn, ex)
+	err = k.connect(index, conn, ex)
 	conn.Close()
 	if err != nil {
 		return err
 	}
 	for {
-		// The kernel owns the connection; a duplicate of it says when
-		// the kernel or the server has shut it down.
-		err := waitHangup(ctx, watch)
-		unix.Close(watch)
-		if err != nil {
+		if err := k.waitDead(ctx, index); err != nil {
 			return err
 		}
-		l.Printf("deskway: root disk connection lost; connecting again (the disk's requests wait)")
-		if watch, err = reconnect(ctx, k, index, p, ex, l); err != nil {
+		l.Printf("deskway: root disk connection to %s lost; connecting again (the disk's requests wait)", p.Servers[at])
+		// The next server first: the one that was lost may be up but
+		// not answering, and would be lost again.
+		if at, err = reconnect(ctx, k, index, p, (at+1)%len(p.Servers), ex, l); err != nil {
 			return err
 		}
 	}
 }
 
-// reconnect negotiates the export again and hands the connection to the
-// kernel in place of the dead one, which the kernel may not have marked
-// dead yet when the server's close arrives first: it is asked again for
-// a while.
-func reconnect(ctx context.Context, k *kernelNBD, index uint32, p Params, want nbdclient.Export, l *log.Logger) (int, error) {
+// reconnect negotiates the export again, trying the servers from first
+// on, and hands the connection to the kernel in place of the dead one;
+// it returns the server it used.
+func reconnect(ctx context.Context, k *kernelNBD, index uint32, p Params, first int, want nbdclient.Export, l *log.Logger) (int, error) {
 	for {
-		conn, ex, err := Connect(ctx, p, l.Printf)
+		conn, ex, at, err := Connect(ctx, p, first, l.Printf)
 		if err != nil {
-			return -1, err
+			return 0, err
 		}
-		if ex.Size != want.Size {
+		if ex.Size != want.Size || ex.Flags != want.Flags {
 			conn.Close()
-			return -1, fmt.Errorf("nbdroot: %s now has %d bytes, not %d: not the disk the machine booted from", p.Export, ex.Size, want.Size)
+			return 0, fmt.Errorf("nbdroot: %s on %s is not the disk the machine booted from (%d bytes, flags %#x; booted with %d, %#x)",
+				p.Export, p.Servers[at], ex.Size, ex.Flags, want.Size, want.Flags)
 		}
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			watch, err := k.reconfigure(index, conn)
-			if err == nil {
-				conn.Close()
-				return watch, nil
-			}
-			if !errors.Is(err, unix.ENOSPC) || time.Now().After(deadline) {
-				conn.Close()
-				l.Printf("deskway: the kernel did not take the new connection: %v", err)
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // the old connection is not marked dead yet
+		err = k.reconfigure(index, conn)
+		conn.Close()
+		if err == nil {
+			return at, nil
 		}
+		l.Printf("deskway: the kernel did not take the new connection: %v", err)
 		select {
 		case <-ctx.Done():
-			return -1, ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// waitHangup returns when the socket fd is shut down or its peer closed
-// it, or when ctx ends.
-func waitHangup(ctx context.Context, fd int) error {
-	for ctx.Err() == nil {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-		n, err := unix.Poll(pfd, 1000)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return fmt.Errorf("nbdroot: watching the root disk's connection: %w", err)
-		}
-		if n > 0 && pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
-			return nil
-		}
-	}
-	return ctx.Err()
 }
 
 // deviceIndex is N of /dev/nbdN.

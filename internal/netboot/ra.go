@@ -16,8 +16,10 @@ import (
 // waits for both before it boots: on a boot network with no IPv6 router
 // its router solicitations go unanswered until it gives up, about 18 s
 // of every power-on. deskway answers them with an advertisement that
-// offers nothing (no prefix, no DHCPv6, a router lifetime of 0, so no
-// machine takes deskway as its router), which ends iPXE's wait at once.
+// offers nothing (no prefix, no DHCPv6, a router lifetime of 0 so that no
+// machine takes deskway as its router, and no hop limit of its own),
+// which ends iPXE's wait at once. Where another router advertises on the
+// network, deskway falls silent and leaves router discovery to it.
 
 // raGap is the shortest time between two advertisements. RFC 4861
 // §6.2.6 asks 3 s between multicast answers; a second is enough to keep
@@ -32,50 +34,112 @@ const raGap = time.Second
 // detection is over.
 const raRetry = time.Second
 
+// raCheck is how often an idle responder makes sure its interface and
+// address are still the ones it listens on (a bridge deleted and made
+// again has a new index; an address can change).
+const raCheck = 30 * time.Second
+
+// raQuiet is how long deskway stays silent after hearing another
+// router's advertisement.
+const raQuiet = 30 * time.Minute
+
+// ICMPv6 types (RFC 4861).
+const (
+	icmpRouterSolicitation  = 133
+	icmpRouterAdvertisement = 134
+)
+
 // serveRouterSolicitations answers router solicitations on ifname until
-// ctx ends.
+// ctx ends, listening again whenever the interface or its address
+// changes or the socket fails: it never ends the boot services.
 func (s *Service) serveRouterSolicitations(ctx context.Context, ifname string) error {
-	var c *ndp.Conn
-	for said := false; ; {
-		var err error
-		if c, err = listenNDP(ifname); err == nil {
-			break
-		}
-		if !said {
-			said = true
-			s.log.Info("router solicitations are answered once the boot network's interface has an IPv6 link-local address", "interface", ifname, "reason", err)
+	for said := false; ctx.Err() == nil; {
+		c, addr, err := listenNDP(ifname)
+		if err != nil {
+			if !said {
+				said = true
+				s.log.Info("router solicitations are answered once the boot network's interface has an IPv6 link-local address", "interface", ifname, "reason", err)
+			}
+		} else {
+			said = false
+			s.log.Info("answering IPv6 router solicitations on the boot network (router lifetime 0: iPXE stops waiting for an IPv6 router)", "interface", ifname, "address", addr)
+			err = s.answerSolicitations(ctx, c, ifname, addr)
+			c.Close()
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Warn("router solicitations: listening again", "interface", ifname, "reason", err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil
 		case <-time.After(raRetry):
 		}
 	}
-	go func() { <-ctx.Done(); c.Close() }()
-	s.log.Info("answering IPv6 router solicitations on the boot network (router lifetime 0: iPXE stops waiting for an IPv6 router)", "interface", ifname)
-	ra := &ndp.RouterAdvertisement{CurrentHopLimit: 64}
-	if ifi, err := net.InterfaceByName(ifname); err == nil && len(ifi.HardwareAddr) == 6 {
+	return nil
+}
+
+// answerSolicitations serves one socket until it fails, the interface or
+// address changes, or ctx ends.
+func (s *Service) answerSolicitations(ctx context.Context, c *ndp.Conn, ifname string, addr netip.Addr) error {
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return err
+	}
+	ra := &ndp.RouterAdvertisement{}
+	if len(ifi.HardwareAddr) == 6 {
 		ra.Options = []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: ifi.HardwareAddr}}
 	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	// One reader, one packet at a time: anyone on the boot network can
 	// send solicitations, and many in a gap cost one answer.
 	solicited := make(chan struct{}, 1)
 	failed := make(chan error, 1)
+	var quietUntil time.Time // the reader's alone
+	quiet := make(chan time.Time, 1)
 	go func() {
 		buf := make([]byte, 1500)
 		for {
-			n, _, _, err := c.ReadRaw(buf)
+			_ = c.SetReadDeadline(time.Now().Add(raCheck))
+			n, cm, src, err := c.ReadRaw(buf)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if err := sameInterface(ifname, ifi.Index, addr); err != nil {
+					failed <- err
+					return
+				}
+				continue
+			}
 			if err != nil {
 				failed <- err
 				return
 			}
-			if m, err := ndp.ParseMessage(buf[:n]); err == nil {
-				if _, ok := m.(*ndp.RouterSolicitation); ok {
-					s.m.ra.WithLabelValues("solicited").Inc()
-					select {
-					case solicited <- struct{}{}:
-					default:
+			// RFC 4861 §6.1: hop limit 255 (never forwarded), code 0.
+			if n < 8 || buf[1] != 0 || cm == nil || cm.HopLimit != 255 || src.WithZone("") == addr.WithZone("") {
+				continue
+			}
+			switch buf[0] {
+			case icmpRouterSolicitation:
+				s.m.ra.WithLabelValues("solicited").Inc()
+				if time.Now().Before(quietUntil) {
+					continue
+				}
+				select {
+				case solicited <- struct{}{}:
+				default:
+				}
+			case icmpRouterAdvertisement:
+				// Another router: if it offers anything, it answers
+				// solicitations itself, and ours would only contradict it.
+				m, err := ndp.ParseMessage(buf[:n])
+				if other, ok := m.(*ndp.RouterAdvertisement); err == nil && ok && offers(other) {
+					if time.Now().After(quietUntil) {
+						select {
+						case quiet <- time.Now():
+						default:
+						}
 					}
+					quietUntil = time.Now().Add(raQuiet)
 				}
 			}
 		}
@@ -85,10 +149,11 @@ func (s *Service) serveRouterSolicitations(ctx context.Context, ifname string) e
 	for {
 		select {
 		case err := <-failed:
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("router solicitations: %w", err)
+			return err
+		case <-quiet:
+			s.m.ra.WithLabelValues("other_router").Inc()
+			s.log.Warn("another IPv6 router advertises on the boot network: deskway stops answering router solicitations there for a while", "interface", ifname, "quiet_for", raQuiet)
+			pending = nil
 		case <-solicited:
 			if pending == nil {
 				// The first solicitation after a quiet gap is answered at
@@ -100,35 +165,73 @@ func (s *Service) serveRouterSolicitations(ctx context.Context, ifname string) e
 			last = time.Now()
 			if err := c.WriteTo(ra, nil, netip.IPv6LinkLocalAllNodes()); err != nil {
 				s.m.ra.WithLabelValues("failed").Inc()
-				s.log.Debug("router advertisement not sent", "interface", ifname, "error", err)
-				continue
+				return fmt.Errorf("router advertisement not sent: %w", err)
 			}
 			s.m.ra.WithLabelValues("advertised").Inc()
 		}
 	}
 }
 
-// listenNDP opens an NDP socket on ifname's link-local address that
-// hears router solicitations only.
-func listenNDP(ifname string) (*ndp.Conn, error) {
+// offers says an advertisement makes its sender a router or hands out
+// addresses or configuration.
+func offers(ra *ndp.RouterAdvertisement) bool {
+	if ra.RouterLifetime > 0 || ra.ManagedConfiguration || ra.OtherConfiguration {
+		return true
+	}
+	for _, o := range ra.Options {
+		if _, ok := o.(*ndp.PrefixInformation); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// sameInterface says whether ifname still has index and address addr.
+func sameInterface(ifname string, index int, addr netip.Addr) error {
 	ifi, err := net.InterfaceByName(ifname)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	c, _, err := ndp.Listen(ifi, ndp.LinkLocal)
+	if ifi.Index != index {
+		return fmt.Errorf("%s was made again (index %d, was %d)", ifname, ifi.Index, index)
+	}
+	addrs, err := ifi.Addrs()
 	if err != nil {
-		return nil, err
+		return err
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr() == addr.WithZone("") {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s no longer has %s", ifname, addr)
+}
+
+// listenNDP opens an NDP socket on ifname's link-local address that
+// hears router solicitations and other routers' advertisements, with
+// their hop limits.
+func listenNDP(ifname string) (*ndp.Conn, netip.Addr, error) {
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return nil, netip.Addr{}, err
+	}
+	c, addr, err := ndp.Listen(ifi, ndp.LinkLocal)
+	if err != nil {
+		return nil, netip.Addr{}, err
 	}
 	var f ipv6.ICMPFilter
 	f.SetAll(true)
 	f.Accept(ipv6.ICMPTypeRouterSolicitation)
-	if err := c.SetICMPFilter(&f); err != nil {
-		c.Close()
-		return nil, err
+	f.Accept(ipv6.ICMPTypeRouterAdvertisement)
+	for _, err := range []error{
+		c.SetICMPFilter(&f),
+		c.SetControlMessage(ipv6.FlagHopLimit, true),
+		c.JoinGroup(netip.MustParseAddr("ff02::2")), // all routers
+	} {
+		if err != nil {
+			c.Close()
+			return nil, netip.Addr{}, err
+		}
 	}
-	if err := c.JoinGroup(netip.MustParseAddr("ff02::2")); err != nil { // all routers
-		c.Close()
-		return nil, errors.Join(errors.New("joining ff02::2"), err)
-	}
-	return c, nil
+	return c, addr, nil
 }
