@@ -353,7 +353,11 @@ func (b *browser) connect(r *rig, sized bool, ready *time.Duration) (time.Durati
 	}
 	ms, err := chromedp.Run(tctx, chromedp.Evaluate[float64](firstFrameJS, chromedp.EvalAwaitPromise))
 	if err != nil {
-		return 0, fmt.Errorf("first frame: %w", err)
+		// What the page said (a refusal, an ended session) says why.
+		sctx, cancel := context.WithTimeout(b.tab, 5*time.Second)
+		defer cancel()
+		said, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`['status', 'ended'].map(id => (document.getElementById(id) || {}).textContent || '').join(' | ')`))
+		return 0, fmt.Errorf("first frame: %w (the page says: %q)", err, strings.TrimSpace(said))
 	}
 	if !sized {
 		w, err := chromedp.Run(tctx, chromedp.Evaluate[[]int](`(() => { const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas'); return [c.width, c.height]; })()`))
