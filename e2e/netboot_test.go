@@ -254,16 +254,7 @@ func netbootRootKit(t *testing.T) (kernel, initrd string) {
 // lists the disk again as the server has it and powers off.
 func rootImage(t *testing.T, path string) {
 	t.Helper()
-	testkit.Require(t, "mkfs.ext4")
-	src := filepath.Join(t.TempDir(), "src")
-	for _, d := range []string{"bin", "sbin", "dev", "proc", "sys"} {
-		os.MkdirAll(filepath.Join(src, d), 0o755)
-	}
-	bb, _ := exec.LookPath("busybox")
-	b, _ := os.ReadFile(bb)
-	os.WriteFile(filepath.Join(src, "bin", "busybox"), b, 0o755)
-	os.WriteFile(filepath.Join(src, "golden.txt"), []byte("golden image v1\n"), 0o644)
-	os.WriteFile(filepath.Join(src, "sbin", "init"), []byte(`#!/bin/busybox sh
+	vdiskWithInit(t, path, map[string]string{"golden.txt": "golden image v1\n"}, `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -276,7 +267,25 @@ read -r word
 echo 3 > /proc/sys/vm/drop_caches
 echo "DESKWAY after $DEV: $(ls / | tr '\n' ' ')"
 poweroff -f
-`), 0o755)
+`)
+}
+
+// vdiskWithInit makes a 64 MiB ext4 vDisk at path with busybox, the
+// files given, and init as its /sbin/init.
+func vdiskWithInit(t *testing.T, path string, files map[string]string, init string) {
+	t.Helper()
+	testkit.Require(t, "mkfs.ext4", "busybox")
+	src := filepath.Join(t.TempDir(), "src")
+	for _, d := range []string{"bin", "sbin", "dev", "proc", "sys"} {
+		os.MkdirAll(filepath.Join(src, d), 0o755)
+	}
+	bb, _ := exec.LookPath("busybox")
+	b, _ := os.ReadFile(bb)
+	os.WriteFile(filepath.Join(src, "bin", "busybox"), b, 0o755)
+	for name, body := range files {
+		os.WriteFile(filepath.Join(src, name), []byte(body), 0o644)
+	}
+	os.WriteFile(filepath.Join(src, "sbin", "init"), []byte(init), 0o755)
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "golden", "-d", src, path, "64M").CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
 	}
@@ -603,18 +612,7 @@ func TestNetbootRootSurvivesServerLoss(t *testing.T) {
 	bin := build(t)
 	dir := t.TempDir()
 	base := filepath.Join(dir, "golden.img")
-	testkit.Require(t, "mkfs.ext4")
-	src := filepath.Join(t.TempDir(), "src")
-	for _, d := range []string{"bin", "sbin", "dev", "proc", "sys"} {
-		os.MkdirAll(filepath.Join(src, d), 0o755)
-	}
-	bb, _ := exec.LookPath("busybox")
-	b, _ := os.ReadFile(bb)
-	os.WriteFile(filepath.Join(src, "bin", "busybox"), b, 0o755)
-	// The machine writes and syncs a numbered line every 0.2 s from
-	// before the loss until told to stop, so requests are in flight when
-	// the server dies; then it reads everything back from the server.
-	os.WriteFile(filepath.Join(src, "sbin", "init"), []byte(`#!/bin/busybox sh
+	vdiskWithInit(t, base, nil, `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -632,10 +630,7 @@ sync
 echo 3 > /proc/sys/vm/drop_caches
 echo "DESKWAY read: $(cat /before.txt) / $(cat /after.txt) / $(wc -l < /lines.txt) lines, last $(tail -n 1 /lines.txt)"
 poweroff -f
-`), 0o755)
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-d", src, base, "64M").CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
-	}
+`)
 	store := filepath.Join(dir, "store")
 	start := func(i, port int, netboot string) (*testkit.Process, string) {
 		cfg := filepath.Join(dir, fmt.Sprintf("node%d.yaml", i))

@@ -31,32 +31,36 @@ func Kernel() (path, version string, err error) {
 // machine as an operator gets it from `deskway stream initramfs`: the
 // root disk through deskway-nbdroot (helper) and the kernel NBD driver.
 func RootInitramfs(dir, helper string) (string, error) {
-	_, version, err := Kernel()
+	modules, bb, err := kitParts()
 	if err != nil {
 		return "", err
 	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		return "", fmt.Errorf("busybox (busybox-static) is needed: %w", err)
-	}
 	return writeInitramfs(dir, func(w io.Writer) error {
-		_, err := initramfs.Build(w, initramfs.Options{Modules: filepath.Join(KernelDir, "lib", "modules", version), Nbdroot: helper, Busybox: bb})
+		_, err := initramfs.Build(w, initramfs.Options{Modules: modules, Nbdroot: helper, Busybox: bb})
 		return err
 	})
+}
+
+// kitParts are the unpacked kernel's module tree and the static busybox.
+func kitParts() (modules, busybox string, err error) {
+	_, version, err := Kernel()
+	if err != nil {
+		return "", "", err
+	}
+	if busybox, err = exec.LookPath("busybox"); err != nil {
+		return "", "", fmt.Errorf("busybox (busybox-static) is needed: %w", err)
+	}
+	return filepath.Join(KernelDir, "lib", "modules", version), busybox, nil
 }
 
 // DiskInitramfs builds, in dir, the initramfs of a machine whose root is
 // its virtio disk (qemu's own NBD client behind it).
 func DiskInitramfs(dir string) (string, error) {
-	_, version, err := Kernel()
+	modules, bb, err := kitParts()
 	if err != nil {
 		return "", err
 	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		return "", fmt.Errorf("busybox (busybox-static) is needed: %w", err)
-	}
-	mods, err := initramfs.Resolve(filepath.Join(KernelDir, "lib", "modules", version), []string{"virtio_pci", "virtio_blk", "ext4"}, nil)
+	mods, err := initramfs.Resolve(modules, []string{"virtio_pci", "virtio_blk", "ext4"}, nil)
 	if err != nil {
 		return "", err
 	}
