@@ -54,6 +54,14 @@ type browserRig struct {
 }
 
 func newBrowserRig(t *testing.T) *browserRig {
+	// The clipboard is withheld: the gateway renames the browser's
+	// clipboard channel, and the session must work regardless.
+	return newBrowserRigRedirecting(t, "drives")
+}
+
+// newBrowserRigRedirecting is the browser rig whose connection policy
+// allows the redirection classes in redirection (a YAML list's items).
+func newBrowserRigRedirecting(t *testing.T, redirection string) *browserRig {
 	webPort := testkit.FreePort(t)
 	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
 	pin := xrdpCertSHA256(t)
@@ -61,9 +69,7 @@ func newBrowserRig(t *testing.T) *browserRig {
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_origins: [\""+portal+"\"]\n", 1)
 		cfg = strings.Replace(cfg, "hosts: [127.0.0.1], ports:", "hosts: [127.0.0.1], host_certificate_sha256: ["+pin+"], ports:", 1)
-		// The clipboard is withheld: the gateway renames the browser's
-		// clipboard channel, and the session must work regardless.
-		cfg = strings.Replace(cfg, "auth_methods: [paa]}", "auth_methods: [paa], redirection: [drives]}", 1)
+		cfg = strings.Replace(cfg, "auth_methods: [paa]}", "auth_methods: [paa], redirection: ["+redirection+"]}", 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)
 	})
 	// A shell in the xterm would echo; cat writes each typed line to a
@@ -223,6 +229,7 @@ func TestBrowserDesktop(t *testing.T) {
 	shot(t, ctx, b.artifacts, "browser-1-desktops")
 	mark := b.logMark()
 	tab := b.openInBrowser(t, ctx)
+	allowClipboard(t, tab, b.portal)
 	shot(t, tab, b.artifacts, "browser-2-password")
 	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
 	b.gatewayLogHas(t, mark, `"tunnel open"`, `"transport":"browser"`, `"target":"`+b.xrdp.Addr+`"`)
@@ -262,6 +269,22 @@ func TestBrowserDesktop(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	shot(t, tab, b.artifacts, "browser-4-typed")
+
+	// The clipboard, withheld by the policy, crosses in neither direction
+	// although the page may use the browser's (with it allowed, it
+	// crosses within a second: TestBrowserDesktopClipboardResizeKeys).
+	s := newSessionX(t, b.xrdp.User)
+	s.copy(t, "secret copied in the session")
+	if _, err := chromedp.Run(tab, chromedp.Evaluate[any](`navigator.clipboard.writeText("copied in the browser")`, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("writing the browser's clipboard: %v", err)
+	}
+	time.Sleep(5 * time.Second)
+	if got, err := browserClipboard(tab); err != nil || got != "copied in the browser" {
+		t.Fatalf("the browser's clipboard holds %q (%v): the session's copy crossed a policy that withholds the clipboard", got, err)
+	}
+	if got, _ := s.paste(); got != "secret copied in the session" {
+		t.Fatalf("the session's clipboard holds %q: the browser's copy crossed a policy that withholds the clipboard", got)
+	}
 
 	// Pixels: the canvas against the session's own screen.
 	canvas := canvasPNG(t, tab)

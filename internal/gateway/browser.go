@@ -18,6 +18,7 @@ import (
 	"github.com/deskway/deskway/internal/policy"
 	"github.com/deskway/deskway/internal/proto/bitmapupdate"
 	"github.com/deskway/deskway/internal/proto/rdcleanpath"
+	"github.com/deskway/deskway/internal/proto/sharecontrol"
 	"github.com/deskway/deskway/internal/proto/tsgu"
 	"github.com/deskway/deskway/internal/proto/x224"
 )
@@ -373,6 +374,16 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 			if ferr != nil {
 				tn.log.Warn("host output not understood; passing it on as it is", "err", ferr)
 			}
+			for _, ev := range out.events {
+				switch ev {
+				case sharecontrol.Began, sharecontrol.Completed:
+					tn.log.Debug("host deactivated the session to reactivate it (a resize); holding its output until the client has finalized", "short_deactivate_completed", ev == sharecontrol.Completed)
+				case sharecontrol.Finished:
+					tn.log.Debug("session reactivated")
+				case sharecontrol.Overflowed:
+					tn.log.Warn("host sent more output while reactivating the session than the gateway holds; passed on without waiting for the client", "max_held", sharecontrol.DefaultMaxHeld)
+				}
+			}
 			if len(pdus) > 0 {
 				if werr := bt.writeBinary(pdus); werr != nil {
 					tn.reasonf("%s", tn.writeFailure("client", werr))
@@ -392,42 +403,64 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 	}
 }
 
-// outputFramer cuts the host's output into whole PDUs and widens the
-// destination of each bitmap update to the bitmap's size before the
-// browser draws it (see package bitmapupdate: xrdp's padded bitmaps are
-// otherwise drawn sheared by the web client). Anything it cannot frame
-// makes it pass the rest of the session through untouched.
+// outputFramer cuts the host's output into whole PDUs and mends what
+// the browser's client would otherwise get wrong: it widens the
+// destination of each bitmap update to the bitmap's size (see package
+// bitmapupdate: xrdp's padded bitmaps are otherwise drawn sheared), and
+// carries the output through a resize, when the host deactivates and
+// reactivates the session (see package sharecontrol: the client
+// otherwise ends the session). Anything it cannot frame makes it pass
+// the rest of the session through untouched.
 type outputFramer struct {
 	pending []byte
 	out     []byte // the whole PDUs of the last feed, reused: the caller writes them before feeding again
 	off     bool
+	react   sharecontrol.Reactivation
+	// events are the reactivation's events of the last feed, for the log.
+	events []sharecontrol.Event
 }
 
-// feed takes bytes from the host and returns the whole PDUs among them.
+// feed takes bytes from the host and returns the whole PDUs among them
+// that may go to the client now.
 func (f *outputFramer) feed(p []byte) ([]byte, error) {
+	f.events = f.events[:0]
 	if f.off {
 		return p, nil
 	}
 	f.pending = append(f.pending, p...)
+	f.out = f.out[:0]
 	done := 0
 	for done < len(f.pending) {
 		n, err := bitmapupdate.Len(f.pending[done:])
 		if err != nil {
-			f.off = true
-			return f.pending, err
+			return f.stop(done, err)
 		}
 		if n == 0 || n > len(f.pending)-done {
 			break
 		}
-		if _, err := bitmapupdate.Widen(f.pending[done : done+n]); err != nil {
-			f.off = true
-			return f.pending, err
+		pdu := f.pending[done : done+n]
+		if _, err := bitmapupdate.Widen(pdu); err != nil {
+			return f.stop(done, err)
+		}
+		var ev sharecontrol.Event
+		f.out, ev = f.react.Pass(f.out, pdu)
+		if ev != sharecontrol.None {
+			f.events = append(f.events, ev)
 		}
 		done += n
 	}
-	f.out = append(f.out[:0], f.pending[:done]...)
 	f.pending = append(f.pending[:0], f.pending[done:]...)
 	return f.out, nil
+}
+
+// stop gives up framing at pending[done:]: what is held and the rest go
+// out as they are, and from then on everything does.
+func (f *outputFramer) stop(done int, err error) ([]byte, error) {
+	f.off = true
+	f.out = f.react.Release(f.out)
+	f.out = append(f.out, f.pending[done:]...)
+	f.pending = nil
+	return f.out, err
 }
 
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
@@ -447,6 +480,10 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 			if logon.set {
 				logon.set = false
 				tn.log.Debug("auto-logon turned on in the client info")
+			}
+			if logon.raised {
+				logon.raised = false
+				tn.log.Debug("client build raised in the connect initial", "build", browserClientBuild)
 			}
 			if logon.withheld > 0 {
 				tn.log.Info("channels withheld by the connection policy", "channels", logon.withhold, "policy", tn.grant.Policy)
@@ -470,9 +507,10 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 // packets: CredSSP's DER messages when the host chose NLA, then TPKT
 // packets until the Client Info PDU, where it turns on auto-logon (the
 // browser client never sets it, and without it xrdp shows its own login
-// dialog although the user gave the credentials). On the way it renames
-// the static channels the connection policy withholds in the client's
-// MCS Connect Initial, so the host opens none of them; while channels
+// dialog although the user gave the credentials). On the way, in the
+// client's MCS Connect Initial, it raises the client build
+// (browserClientBuild) and renames the static channels the connection
+// policy withholds, so the host opens none of them; while channels
 // are withheld, anything else before the Connect Initial ends the
 // session rather than slip past. After the Client Info PDU, or at the
 // first packet of another kind once the Connect Initial is through, it
@@ -484,7 +522,15 @@ type logonWatch struct {
 	done     bool
 	set      bool // auto-logon was turned on by the last feed
 	withheld int  // channels renamed by the last feed
+	raised   bool // the client build was raised by the last feed
 }
+
+// browserClientBuild is the client build the gateway reports for a
+// browser client that reports an older one (IronRDP's sends 0): xrdp
+// resizes a session to a new window size, by deactivating and
+// reactivating it, only for a build above 419. 2600 is what FreeRDP
+// reports.
+const browserClientBuild = 2600
 
 // withheldChannels are the static channels a policy's redirection flags
 // forbid: the clipboard's, and device redirection's when every device
@@ -547,6 +593,11 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 			}
 			w.sawMCS = w.sawMCS || ci
 			w.withheld += k
+			raised, err := x224.RaiseClientBuild(pkt, browserClientBuild)
+			if err != nil {
+				return nil, err
+			}
+			w.raised = w.raised || raised
 			ok, err := x224.SetAutoLogon(pkt)
 			if err != nil {
 				return nil, err

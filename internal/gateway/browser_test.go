@@ -381,7 +381,18 @@ func dataBlock(typ uint16, body []byte) []byte {
 // 2.2.1.3 lays it out, with clientName in its core data and the given
 // static channels in its network data.
 func connectInitialWith(clientName []byte, channels ...string) []byte {
+	return connectInitialBuild(raisedBuild, clientName, channels...)
+}
+
+// raisedBuild is the client build the gateway gives a browser client
+// that reports an older one.
+const raisedBuild = 2600
+
+// connectInitialBuild is connectInitialWith with build as the core
+// data's client build.
+func connectInitialBuild(build uint32, clientName []byte, channels ...string) []byte {
 	core := make([]byte, 212)
+	binary.LittleEndian.PutUint32(core[16:], build)
 	copy(core[20:52], clientName)
 	net := binary.LittleEndian.AppendUint32(nil, uint32(len(channels)))
 	for _, c := range channels {
@@ -461,6 +472,19 @@ func TestBrowserClipboardWithheldByPolicy(t *testing.T) {
 				t.Fatal("the host got nothing")
 			}
 		})
+	}
+}
+
+// TestBrowserClientBuildRaised: the browser's client reports client
+// build 0, for which xrdp never resizes a session; the host gets the
+// gateway's raisedBuild, and a newer build as it was.
+func TestBrowserClientBuildRaised(t *testing.T) {
+	for _, c := range []struct{ sent, want uint32 }{{0, raisedBuild}, {19041, 19041}} {
+		_, host, b := withholdingSession(t, nil, x224.ProtocolSSL, nil)
+		b.send(t, connectInitialBuild(c.sent, nil, "cliprdr"))
+		if got, want := recv(t, host), connectInitialBuild(c.want, nil, "cliprdr"); !bytes.Equal(got, want) {
+			t.Fatalf("sent build %d: the host got\n%x\nwant\n%x", c.sent, got, want)
+		}
 	}
 }
 

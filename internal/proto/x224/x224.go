@@ -273,6 +273,34 @@ func clientDataBlocks(pkt []byte) ([]byte, error) {
 	return blocks, nil
 }
 
+// walkClientData calls fn with each client data block (header
+// included) of pkt if it is one whole MCS Connect Initial; fn may change
+// the block in place. It returns whether pkt was a Connect Initial. A
+// Connect Initial whose blocks do not add up is an error.
+func walkClientData(pkt []byte, fn func(typ uint16, block []byte) error) (connectInitial bool, err error) {
+	if n, err := TPKTLen(pkt); err != nil || n == 0 || n != len(pkt) {
+		return false, err
+	}
+	blocks, err := clientDataBlocks(pkt)
+	if err != nil || blocks == nil {
+		return false, err
+	}
+	for len(blocks) > 0 {
+		if len(blocks) < 4 {
+			return true, errors.New("x224: client data block header cut short")
+		}
+		typ, size := binary.LittleEndian.Uint16(blocks), int(binary.LittleEndian.Uint16(blocks[2:]))
+		if size < 4 || size > len(blocks) {
+			return true, fmt.Errorf("x224: client data block 0x%04x of %d bytes in %d", typ, size, len(blocks))
+		}
+		if err := fn(typ, blocks[:size]); err != nil {
+			return true, err
+		}
+		blocks = blocks[size:]
+	}
+	return true, nil
+}
+
 // DisableChannels looks at one whole TPKT packet from the client. If it
 // is an MCS Connect Initial, every static channel of its network data
 // named in names (case-insensitively) is renamed so that the host opens
@@ -281,46 +309,66 @@ func clientDataBlocks(pkt []byte) ([]byte, error) {
 // renamed; any other packet is left as it is. A Connect Initial whose
 // structure does not add up is an error: the caller must not pass it on.
 func DisableChannels(pkt []byte, names []string) (connectInitial bool, renamed int, err error) {
-	if n, err := TPKTLen(pkt); err != nil || n == 0 || n != len(pkt) {
-		return false, 0, err
-	}
-	blocks, err := clientDataBlocks(pkt)
-	if err != nil || blocks == nil {
-		return false, 0, err
-	}
-	for len(blocks) > 0 {
-		if len(blocks) < 4 {
-			return true, renamed, errors.New("x224: client data block header cut short")
+	connectInitial, err = walkClientData(pkt, func(typ uint16, block []byte) error {
+		if typ != csNet {
+			return nil
 		}
-		typ, size := binary.LittleEndian.Uint16(blocks), int(binary.LittleEndian.Uint16(blocks[2:]))
-		if size < 4 || size > len(blocks) {
-			return true, renamed, fmt.Errorf("x224: client data block 0x%04x of %d bytes in %d", typ, size, len(blocks))
+		if len(block) < 8 {
+			return errors.New("x224: network data cut short")
 		}
-		if typ == csNet {
-			if size < 8 {
-				return true, renamed, errors.New("x224: network data cut short")
+		count := int(binary.LittleEndian.Uint32(block[4:]))
+		if count > 31 || len(block) != 8+12*count {
+			return fmt.Errorf("x224: network data of %d bytes for %d channels", len(block), count)
+		}
+		for c := 0; c < count; c++ {
+			name := block[8+12*c : 8+12*c+8]
+			end := 0
+			for end < len(name) && name[end] != 0 {
+				end++
 			}
-			count := int(binary.LittleEndian.Uint32(blocks[4:]))
-			if count > 31 || size != 8+12*count {
-				return true, renamed, fmt.Errorf("x224: network data of %d bytes for %d channels", size, count)
-			}
-			for c := 0; c < count; c++ {
-				name := blocks[8+12*c : 8+12*c+8]
-				end := 0
-				for end < len(name) && name[end] != 0 {
-					end++
-				}
-				for _, want := range names {
-					if end > 0 && strings.EqualFold(string(name[:end]), want) {
-						// A name no host serves, of the same length.
-						name[0] = '_'
-						renamed++
-						break
-					}
+			for _, want := range names {
+				if end > 0 && strings.EqualFold(string(name[:end]), want) {
+					// A name no host serves, of the same length.
+					name[0] = '_'
+					renamed++
+					break
 				}
 			}
 		}
-		blocks = blocks[size:]
-	}
-	return true, renamed, nil
+		return nil
+	})
+	return connectInitial, renamed, err
+}
+
+// csCore is the type of the client's core data block (TS_UD_CS_CORE),
+// whose clientBuild field starts 20 bytes in.
+const (
+	csCore           = 0xC001
+	coreClientBuild  = 20
+	coreWithBuildLen = coreClientBuild + 4
+)
+
+// RaiseClientBuild looks at one whole TPKT packet from the client. If it
+// is an MCS Connect Initial whose core data gives a client build below
+// build, the build becomes build, and it reports true. A host may judge
+// a client by that number: xrdp resizes a session (the deactivation and
+// reactivation of MS-RDPBCGR 1.3.1.3) only for a build above 419, and
+// IronRDP's browser client, which handles a reactivation, sends 0. Any
+// other packet is left as it is; a Connect Initial whose structure does
+// not add up is an error.
+func RaiseClientBuild(pkt []byte, build uint32) (raised bool, err error) {
+	_, err = walkClientData(pkt, func(typ uint16, block []byte) error {
+		if typ != csCore {
+			return nil
+		}
+		if len(block) < coreWithBuildLen {
+			return fmt.Errorf("x224: core data of %d bytes", len(block))
+		}
+		if binary.LittleEndian.Uint32(block[coreClientBuild:]) < build {
+			binary.LittleEndian.PutUint32(block[coreClientBuild:], build)
+			raised = true
+		}
+		return nil
+	})
+	return raised, err
 }

@@ -295,3 +295,77 @@ func FuzzDisableChannels(f *testing.F) {
 		}
 	})
 }
+
+// TestRaiseClientBuild: IronRDP's browser client sends client build 0
+// in its core data; raised, the four bytes after the keyboard layout
+// read 2600 (28 0a 00 00), and nothing else in the packet changes.
+func TestRaiseClientBuild(t *testing.T) {
+	pkt := connectInitial("cliprdr")
+	orig := bytes.Clone(pkt)
+	raised, err := RaiseClientBuild(pkt, 2600)
+	if err != nil || !raised {
+		t.Fatalf("raised %v, %v", raised, err)
+	}
+	at := bytes.Index(orig, []byte{0x01, 0xc0, 0xd8, 0x00}) + coreClientBuild
+	if got := hex.EncodeToString(pkt[at : at+4]); got != "280a0000" {
+		t.Fatalf("client build bytes %s", got)
+	}
+	copy(pkt[at:at+4], orig[at:at+4])
+	if !bytes.Equal(pkt, orig) {
+		t.Fatal("bytes other than the client build changed")
+	}
+	// A client that reports a newer build keeps it.
+	high := connectInitial("cliprdr")
+	binary.LittleEndian.PutUint32(high[at:], 19041)
+	keep := bytes.Clone(high)
+	if raised, err := RaiseClientBuild(high, 2600); raised || err != nil || !bytes.Equal(high, keep) {
+		t.Fatalf("changed a build of 19041: %v, %v", raised, err)
+	}
+	// Other packets stay as they are; a broken Connect Initial is refused.
+	for _, p := range [][]byte{unhex(t, specRequest), clientInfo(0x133, 40)} {
+		o := bytes.Clone(p)
+		if raised, err := RaiseClientBuild(p, 2600); raised || err != nil || !bytes.Equal(p, o) {
+			t.Errorf("changed a packet that is no Connect Initial: %v, %v", raised, err)
+		}
+	}
+	bad := connectInitial("cliprdr")
+	bad[len(bad)-12-8+2] = 0xff
+	if _, err := RaiseClientBuild(bad, 2600); err == nil {
+		t.Error("accepted a Connect Initial whose blocks do not add up")
+	}
+}
+
+// FuzzRaiseClientBuild: at most the four bytes of one client build
+// change, and then they hold the build asked for.
+func FuzzRaiseClientBuild(f *testing.F) {
+	f.Add(connectInitial("rdpdr", "cliprdr"))
+	f.Add(clientInfo(0x133, 0))
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		orig := bytes.Clone(pkt)
+		raised, err := RaiseClientBuild(pkt, 2600)
+		first, last := -1, -1
+		for i := range pkt {
+			if pkt[i] != orig[i] {
+				if first < 0 {
+					first = i
+				}
+				last = i
+			}
+		}
+		if first < 0 {
+			return
+		}
+		if !raised {
+			t.Fatalf("bytes %d..%d changed but raised is false (%v)", first, last, err)
+		}
+		if last-first > 3 {
+			t.Fatalf("bytes %d..%d changed", first, last)
+		}
+		for at := last - 3; at <= first; at++ {
+			if at >= 0 && at+4 <= len(pkt) && binary.LittleEndian.Uint32(pkt[at:]) == 2600 && binary.LittleEndian.Uint32(orig[at:]) < 2600 {
+				return
+			}
+		}
+		t.Fatalf("bytes %d..%d changed to %x, not a build of 2600", first, last, pkt[first:last+1])
+	})
+}

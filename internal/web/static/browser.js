@@ -66,9 +66,13 @@ screen.append(el);
 const ui = await ready;
 root.dataset.ready = 'true';
 
-// Even sizes: some hosts refuse odd widths.
+// A width that is a multiple of 4: xrdp pads every bitmap to one, and
+// the gateway widens each update to its bitmap (the client draws a
+// narrower destination sheared), so on a screen of another width the
+// updates at its right edge would reach past it and not be drawn. Even
+// heights: some hosts refuse odd sizes.
 function size() {
-  const w = Math.max(640, screen.clientWidth) & ~1;
+  const w = Math.max(640, screen.clientWidth) & ~3;
   const h = Math.max(480, window.innerHeight - toolbar.offsetHeight) & ~1;
   return { width: w, height: h };
 }
