@@ -226,6 +226,10 @@ func newGateway(cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) 
 	if cfg.Gateway.RADIUS != nil {
 		central = policy.NewRADIUS(cfg.Gateway.RADIUS)
 	}
+	var farmKey []byte
+	if len(cfg.Gateway.FarmPeers) > 0 {
+		farmKey = gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
+	}
 	return gateway.New(cfg.Gateway, gateway.Deps{
 		Authorizer: central,
 		Logger:     log.With("role", "gateway"),
@@ -235,5 +239,6 @@ func newGateway(cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) 
 		Policy:     pol,
 		Throttle:   auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Domain:     cfg.Auth.Domain,
+		FarmKey:    farmKey,
 	})
 }

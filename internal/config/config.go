@@ -137,6 +137,17 @@ type Gateway struct {
 	// pages may open browser sessions on /rdp; empty turns browser
 	// sessions off.
 	BrowserOrigins []string `yaml:"browser_origins"`
+	// FarmPeers are the other nodes of a gateway farm (host:port of each
+	// one's listener, as this node reaches it). A legacy IN half whose OUT
+	// half went to another node behind a load balancer is carried to it.
+	// Every node needs the same auth.token_key.
+	FarmPeers []string `yaml:"farm_peers"`
+	// ProxyProtocolFrom are the load balancers (addresses or CIDR
+	// prefixes) that pass TCP through and send a PROXY protocol v2 header
+	// first (HAProxy's send-proxy-v2 and check-send-proxy), naming the
+	// client. Connections from them must carry one; the gateway then sees
+	// the client's address for its caps, throttles and logs.
+	ProxyProtocolFrom []string `yaml:"proxy_protocol_from"`
 }
 
 // CAP is a connection authorization policy: who may connect, and how.
@@ -720,6 +731,17 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	if g.MaxUnauthenticated < 1 || g.MaxUnauthenticatedPerAddr < 1 || g.MaxUnauthenticatedPerAddr > g.MaxUnauthenticated {
 		bad("gateway.max_unauthenticated_per_address", "caps must be at least 1, the per-address one at most max_unauthenticated (%d)", g.MaxUnauthenticated)
 	}
+	if len(g.FarmPeers) > 0 && !c.Auth.TokenKey.IsSet() {
+		bad("gateway.farm_peers", "a farm's nodes authenticate each other with a key derived from auth.token_key: set the same token_key on every node")
+	}
+	if _, err := ParsePrefixes(g.ProxyProtocolFrom); err != nil {
+		bad("gateway.proxy_protocol_from", "%v", err)
+	}
+	for i, peer := range g.FarmPeers {
+		if h, port, err := net.SplitHostPort(peer); err != nil || h == "" || port == "" {
+			bad(fmt.Sprintf("gateway.farm_peers[%d]", i), "%q is not host:port", peer)
+		}
+	}
 	if len(g.ConsentMessage) > 8000 || len(g.ServiceMessage) > 8000 {
 		bad("gateway", "consent and service messages are limited to 8000 characters")
 	}
@@ -897,4 +919,23 @@ func setDefault[T comparable](p *T, v T) {
 	if *p == zero {
 		*p = v
 	}
+}
+
+// ParsePrefixes reads addresses and CIDR prefixes; an address is a prefix
+// of its full length.
+func ParsePrefixes(list []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range list {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an address or a CIDR prefix", s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
 }

@@ -84,6 +84,19 @@ func (s *syncBuffer) String() string {
 
 func start(t *testing.T, mod func(*config.Config)) *harness {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverTLS, clientTLS, _, _ := testkit.TLS(t)
+	return startOn(t, ln, serverTLS, clientTLS, mod)
+}
+
+// startOn is start on a listener of the caller's, with its certificates
+// (a farm's nodes share them), the farm key derived when the
+// configuration names farm peers.
+func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mod func(*config.Config)) *harness {
+	t.Helper()
 	cfg, err := config.Parse([]byte(testConfig))
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +104,10 @@ func start(t *testing.T, mod func(*config.Config)) *harness {
 	if mod != nil {
 		mod(cfg)
 	}
-	serverTLS, clientTLS, _, _ := testkit.TLS(t)
+	var farmKey []byte
+	if len(cfg.Gateway.FarmPeers) > 0 {
+		farmKey = gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
+	}
 	users, err := auth.NewUsers(cfg.Auth.Users)
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +126,7 @@ func start(t *testing.T, mod func(*config.Config)) *harness {
 		Policy:   pol,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Domain:   cfg.Auth.Domain,
+		FarmKey:  farmKey,
 		Authorizer: func() gateway.Authorizer {
 			if cfg.Gateway.RADIUS == nil {
 				return nil
@@ -117,10 +134,6 @@ func start(t *testing.T, mod func(*config.Config)) *harness {
 			return policy.NewRADIUS(cfg.Gateway.RADIUS)
 		}(),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ type metrics struct {
 	tunnels                *prometheus.CounterVec
 	opened                 prometheus.Counter
 	auth                   *prometheus.CounterVec
+	farmIn                 *prometheus.CounterVec
 	bytesUp, bytesDown     prometheus.Counter
 	latencyUp, latencyDown prometheus.Observer
 }
@@ -35,10 +36,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		auth: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "deskway_gateway_auth_total", Help: "Authentication outcomes, by method and result.",
 		}, []string{"method", "result"}),
+		farmIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deskway_gateway_farm_legacy_in_total",
+			Help: "Legacy IN halves whose OUT half was on another farm node, by result: forwarded (this node carried one to its peer), not_found (no peer held its OUT half), joined (a peer's claim took an OUT half here), refused (a claim broke the pairing rules), bad_claim (not signed with the farm key, or out of time).",
+		}, []string{"result"}),
 		bytesUp: bytes.WithLabelValues("up"), bytesDown: bytes.WithLabelValues("down"),
 		latencyUp: lat.WithLabelValues("up"), latencyDown: lat.WithLabelValues("down"),
 	}
-	reg.MustRegister(m.tunnels, m.opened, m.auth, bytes, lat)
+	reg.MustRegister(m.tunnels, m.opened, m.auth, m.farmIn, bytes, lat)
 	return m
 }
 

@@ -49,8 +49,31 @@ type connState struct {
 
 	mu       sync.Mutex
 	timer    *time.Timer
-	released bool // the slot is given back: authorized, expired or closed
+	released bool // the budget is over: authorized, expired or closed
 	expired  bool
+	// slotFreed: the slot was given back early by exempt, the budget
+	// still runs.
+	slotFreed bool
+}
+
+// exempt gives back the connection's slot but keeps its budget: a farm
+// peer's link, whose one address carries many clients' halves.
+func (c *connState) exempt() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released || c.slotFreed {
+		return
+	}
+	c.slotFreed = true
+	c.pa.release(c.key)
+}
+
+// giveBack releases the slot unless exempt already did; c.mu is held.
+func (c *connState) giveBack() {
+	if !c.slotFreed {
+		c.slotFreed = true
+		c.pa.release(c.key)
+	}
 }
 
 // start arms the budget; the connection is closed when it runs out.
@@ -67,8 +90,8 @@ func (c *connState) expire() {
 		return
 	}
 	c.released, c.expired = true, true
+	c.giveBack()
 	c.mu.Unlock()
-	c.pa.release(c.key)
 	_ = c.raw.Close()
 }
 
@@ -83,7 +106,7 @@ func (c *connState) authorize() bool {
 	if !c.released {
 		c.released = true
 		c.timer.Stop()
-		c.pa.release(c.key)
+		c.giveBack()
 	}
 	return true
 }
@@ -97,8 +120,8 @@ func (c *connState) finish() {
 	}
 	c.released = true
 	c.timer.Stop()
+	c.giveBack()
 	c.mu.Unlock()
-	c.pa.release(c.key)
 }
 
 // timedOut reports whether the budget ran out before a channel opened.

@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -53,6 +54,9 @@ type Deps struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// TokenUses records PAA tokens' tunnels; nil keeps them in memory.
 	TokenUses TokenUses
+	// FarmKey authenticates the nodes of a farm to each other (FarmKey of
+	// the token key); required when gateway.farm_peers is set.
+	FarmKey []byte
 }
 
 // Authorizer is a central connection policy check (RADIUS, like NPS).
@@ -82,9 +86,12 @@ type Server struct {
 	open    int // authorized tunnels: what max_tunnels caps
 	perUser map[string]int
 	pending map[string]*pendingOut // legacy OUT halves waiting for their IN, by RDG-Connection-Id
-	nextID  uint32
-	closing bool
-	wg      sync.WaitGroup // one per running tunnel
+	// forwarded are the legacy IN halves this node carries to the farm
+	// peer that holds their OUT half: client connection to peer link.
+	forwarded map[net.Conn]net.Conn
+	nextID    uint32
+	closing   bool
+	wg        sync.WaitGroup // one per running tunnel
 }
 
 // New builds a server; it does not listen until Serve.
@@ -120,6 +127,11 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 		tunnels: map[uint32]*tunnel{},
 		perUser: map[string]int{},
 		pending: map[string]*pendingOut{},
+
+		forwarded: map[net.Conn]net.Conn{},
+	}
+	if len(cfg.FarmPeers) > 0 && len(d.FarmKey) < 32 {
+		return nil, errors.New("gateway: farm_peers needs the farm key (auth.token_key set on every node)")
 	}
 	s.policy.Store(d.Policy)
 	s.metrics.activeFunc(s.activeCount, s.pa.count)
@@ -189,6 +201,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 		},
 		ConnState: s.connClosed,
 	}
+	if len(s.cfg.ProxyProtocolFrom) > 0 {
+		trusted, err := config.ParsePrefixes(s.cfg.ProxyProtocolFrom)
+		if err != nil {
+			return fmt.Errorf("gateway: proxy_protocol_from: %w", err)
+		}
+		ln = newProxyListener(ln, trusted, s.cfg.HandshakeTimeout.D(), s.log)
+	}
 	if n := s.cfg.RelayLoops; n != nil && *n > 0 {
 		loops, err := startRelayLoops(*n, s.log)
 		if err != nil {
@@ -248,6 +267,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // tunnel's end takes the lock too.
 func (s *Server) stopTunnels(all bool, reason string) {
 	s.mu.Lock()
+	if all {
+		for in, peer := range s.forwarded {
+			_ = in.Close()
+			_ = peer.Close()
+		}
+	}
 	var stop []*tunnel
 	for _, t := range s.tunnels {
 		if all || !t.isOpen() {
@@ -279,6 +304,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		if r.URL.Path == browserPath && r.Method == http.MethodGet {
 			s.serveBrowser(w, r, cs)
+			return
+		}
+		if r.URL.Path == farmPath && r.Method == http.MethodPost && len(s.cfg.FarmPeers) > 0 {
+			s.serveFarmIn(w, r, cs)
 			return
 		}
 		if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
@@ -603,23 +632,31 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 		plain(w, http.StatusOK, "")
 		return
 	}
+	var user string
+	if hs.user != nil {
+		user = hs.user.Name
+	}
 	s.mu.Lock()
 	p, ok := s.pending[hs.connID]
-	var why string
-	switch {
-	case !ok:
-		why = "no RDG_OUT_DATA with this connection id is waiting"
-	case p.hs.method != hs.method:
-		why = "IN and OUT halves authenticated differently"
-	case hs.method == policy.MethodNTLM && (p.hs.user == nil || hs.user == nil || p.hs.user.Name != hs.user.Name):
-		why = "IN half authenticated as another user than the OUT half"
-	case hs.method == policy.MethodPAA && p.hs.remote != hs.remote:
-		why = "IN half comes from another address than the OUT half"
-	default:
-		delete(s.pending, hs.connID)
-		p.timer.Stop()
+	why := "no RDG_OUT_DATA with this connection id is waiting"
+	if ok {
+		why = pairRefusal(p, hs.method, user, hs.remote)
+		if why == "" {
+			delete(s.pending, hs.connID)
+			p.timer.Stop()
+		}
 	}
 	s.mu.Unlock()
+	if !ok && len(s.cfg.FarmPeers) > 0 {
+		// Behind a load balancer with no stickiness, the OUT half may have
+		// reached another node of the farm.
+		if peer, addr := s.claimIn(r.Context(), hs); peer != nil {
+			s.forwardLegacyIn(w, r, hs, chunked, peer, addr)
+			return
+		}
+		why = "no RDG_OUT_DATA with this connection id is waiting on this node or its farm peers"
+		s.metrics.farmIn.WithLabelValues("not_found").Inc()
+	}
 	if why != "" {
 		s.log.Warn("RDG_IN_DATA refused", "reason", why, "remote", hs.remote)
 		plain(w, http.StatusForbidden, "")
@@ -634,10 +671,33 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 	hs.conns = append(hs.conns, p.hs.conns[0])
 	lt := &legacyTransport{in: conn, inRaw: hs.conns[0].raw, out: p.conn, outRaw: p.hs.conns[0].raw,
 		g: newWriteGate(p.conn, s.cfg.WriteTimeout.D())}
-	if chunked {
-		lt.pr = packetReader{r: httputil.NewChunkedReader(brw.Reader)}
-	} else {
-		lt.pr = packetReader{r: io.LimitReader(brw.Reader, r.ContentLength)}
-	}
+	lt.pr = packetReader{r: inBody(brw.Reader, chunked, r.ContentLength)}
 	s.runTunnel(lt, hs, "legacy")
+}
+
+// inBody is the IN half's request body as it comes after the headers.
+func inBody(r *bufio.Reader, chunked bool, length int64) io.Reader {
+	if chunked {
+		return httputil.NewChunkedReader(r)
+	}
+	return io.LimitReader(r, length)
+}
+
+// forwardLegacyIn takes the IN half from net/http and carries it to the
+// farm peer that granted its OUT half.
+func (s *Server) forwardLegacyIn(w http.ResponseWriter, r *http.Request, hs handshakeInfo, chunked bool, peer net.Conn, addr string) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		_ = peer.Close()
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	// The peer runs the tunnel and bounds its handshake; this connection
+	// only carries bytes to it now.
+	if !hs.conns[0].authorize() {
+		_ = conn.Close()
+		_ = peer.Close()
+		return
+	}
+	s.forwardIn(conn, inBody(brw.Reader, chunked, r.ContentLength), peer, hs, addr)
 }

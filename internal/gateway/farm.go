@@ -1,0 +1,321 @@
+package gateway
+
+// A farm of gateway nodes behind a load balancer with no stickiness: the
+// two halves of a legacy tunnel (RDG_OUT_DATA, RDG_IN_DATA) are separate
+// HTTP connections and may reach different nodes. A node that gets an
+// IN half without its OUT half asks its peers (gateway.farm_peers) at
+// once; the one that holds the OUT half takes the IN half's bytes over a
+// node-to-node connection and runs the tunnel as if both halves had
+// reached it, under the same pairing rules (same login, one IN per OUT).
+// The node that got the IN half only carries its bytes.
+//
+// The node-to-node connection is TLS to the peer's gateway listener.
+// Both ends prove they hold the farm key (derived from the token key
+// every node of a farm shares) with an HMAC over the request and the TLS
+// session's exported keying material (RFC 5705), so a client cannot pose
+// as a node, and no one between the nodes can relay a claim into a TLS
+// session of their own or read the IN half.
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deskway/deskway/internal/policy"
+)
+
+const (
+	farmPath    = "/farm/legacy-in"
+	farmUpgrade = "deskway-legacy-in"
+	// farmSkew is how far a claim's time may be from the receiver's.
+	farmSkew = time.Minute
+	// farmExporterLabel names the keying material the MACs bind to.
+	farmExporterLabel = "EXPORTER-deskway-farm-legacy-in"
+)
+
+// FarmKey derives the key farm nodes authenticate each other with from
+// the PAA token key they already share.
+func FarmKey(tokenKey []byte) []byte {
+	m := hmac.New(sha256.New, tokenKey)
+	m.Write([]byte("deskway gateway farm v1"))
+	return m.Sum(nil)
+}
+
+// farmClaim is what a node asks its peers: the OUT half waiting under
+// connID, for an IN half that authenticated with method as user (NTLM)
+// from remote.
+type farmClaim struct {
+	connID, method, user, remote string
+	at                           int64 // unix seconds
+}
+
+// mac is the HMAC of the claim for one direction ("claim" or "grant"),
+// bound to the TLS session by its exported keying material ekm.
+func (c farmClaim) mac(key, ekm []byte, dir string) string {
+	m := hmac.New(sha256.New, key)
+	for _, f := range []string{dir, string(ekm), c.connID, c.method, c.user, c.remote, strconv.FormatInt(c.at, 10)} {
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
+		m.Write(n[:])
+		m.Write([]byte(f))
+	}
+	return base64.RawStdEncoding.EncodeToString(m.Sum(nil))
+}
+
+func farmEKM(cs tls.ConnectionState) ([]byte, error) {
+	return cs.ExportKeyingMaterial(farmExporterLabel, nil, 32)
+}
+
+const (
+	hdrConnID = "Deskway-Farm-Connection-Id"
+	hdrMethod = "Deskway-Farm-Method"
+	hdrUser   = "Deskway-Farm-User"
+	hdrRemote = "Deskway-Farm-Remote"
+	hdrTime   = "Deskway-Farm-Time"
+	hdrMAC    = "Deskway-Farm-Mac"
+)
+
+// pairRefusal says why an IN half that authenticated with method as user
+// (NTLM) from remote may not join the waiting OUT half p, or "".
+func pairRefusal(p *pendingOut, method, user string, remote netip.Addr) string {
+	switch {
+	case p.hs.method != method:
+		return "IN and OUT halves authenticated differently"
+	case method == policy.MethodNTLM && (p.hs.user == nil || user == "" || p.hs.user.Name != user):
+		return "IN half authenticated as another user than the OUT half"
+	case method == policy.MethodPAA && p.hs.remote != remote:
+		return "IN half comes from another address than the OUT half"
+	}
+	return ""
+}
+
+// claimIn asks every farm peer for the OUT half of hs's connection and
+// returns the connection to the one that holds it, ready to take the IN
+// half's bytes. It returns nil when no peer holds it.
+func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (net.Conn, string) {
+	c := farmClaim{connID: hs.connID, method: hs.method, remote: hs.remote.String(), at: time.Now().Unix()}
+	if hs.user != nil {
+		c.user = hs.user.Name
+	}
+	ctx, cancel := context.WithDeadline(ctx, hs.deadline())
+	defer cancel()
+	type answer struct {
+		conn net.Conn
+		peer string
+	}
+	answers := make(chan answer, len(s.cfg.FarmPeers))
+	for _, peer := range s.cfg.FarmPeers {
+		go func() {
+			conn, err := s.askPeer(ctx, peer, c)
+			if err != nil && !errors.Is(err, errNotHeld) {
+				s.log.Warn("farm peer could not be asked for a legacy OUT half", "peer", peer, "err", err)
+			}
+			answers <- answer{conn, peer}
+		}()
+	}
+	var won answer
+	for range s.cfg.FarmPeers {
+		a := <-answers
+		switch {
+		case a.conn == nil:
+		case won.conn == nil:
+			won = a
+			cancel() // the others need not finish
+		default:
+			_ = a.conn.Close() // cannot happen: a half is granted once
+		}
+	}
+	return won.conn, won.peer
+}
+
+// errNotHeld is a peer's answer that it holds no such OUT half.
+var errNotHeld = errors.New("gateway: the peer holds no such OUT half")
+
+// askPeer sends the claim to one peer and returns the granted connection.
+func (s *Server) askPeer(ctx context.Context, peer string, c farmClaim) (net.Conn, error) {
+	d := &net.Dialer{Timeout: s.cfg.DialTimeout.D()}
+	raw, err := d.DialContext(ctx, "tcp", peer)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = raw.Close() })
+	defer stop()
+	// The peer's certificate is the farm's public one, not made out to
+	// the address dialled; the MACs, bound to this TLS session, are what
+	// prove it is a peer.
+	tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}) //nolint:gosec // authenticated by the farm MAC
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	ekm, err := farmEKM(tc.ConnectionState())
+	if err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\nContent-Length: 0\r\n"+
+		"%s: %s\r\n%s: %s\r\n%s: %s\r\n%s: %s\r\n%s: %d\r\n%s: %s\r\n\r\n",
+		farmPath, peer, farmUpgrade, hdrConnID, c.connID, hdrMethod, c.method, hdrUser, c.user, hdrRemote, c.remote,
+		hdrTime, c.at, hdrMAC, c.mac(s.deps.FarmKey, ekm, "claim"))
+	_ = tc.SetDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
+	if _, err := io.WriteString(tc, req); err != nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	br := bufio.NewReaderSize(tc, 1024)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		_ = raw.Close()
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, errNotHeld
+		}
+		return nil, fmt.Errorf("answered HTTP %d", resp.StatusCode)
+	}
+	if !hmac.Equal([]byte(resp.Header.Get(hdrMAC)), []byte(c.mac(s.deps.FarmKey, ekm, "grant"))) {
+		_ = raw.Close()
+		return nil, errors.New("grant not signed with the farm key: not a peer of this farm")
+	}
+	if br.Buffered() > 0 {
+		_ = raw.Close()
+		return nil, errors.New("bytes after the grant")
+	}
+	_ = tc.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// forwardIn carries a legacy IN half, whose OUT half a peer holds, to
+// that peer: the client's de-chunked bytes go to peer; when either side
+// ends, both connections close.
+func (s *Server) forwardIn(in net.Conn, body io.Reader, peer net.Conn, hs handshakeInfo, peerAddr string) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = in.Close()
+		_ = peer.Close()
+		hs.conns[0].finish()
+		return
+	}
+	s.forwarded[in] = peer
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.metrics.farmIn.WithLabelValues("forwarded").Inc()
+	s.log.Info("legacy IN half forwarded to the farm peer holding its OUT half", "peer", peerAddr, "remote", hs.remote.String())
+	go func() {
+		// The peer sends nothing; its end of the connection closing is the
+		// tunnel's end.
+		_, _ = io.Copy(io.Discard, peer)
+		_ = in.Close()
+	}()
+	go func() {
+		defer s.wg.Done()
+		w := &deadlineWriter{c: peer, d: s.cfg.WriteTimeout.D()}
+		_, _ = io.Copy(w, body)
+		_ = peer.Close()
+		_ = in.Close()
+		hs.conns[0].finish()
+		s.mu.Lock()
+		delete(s.forwarded, in)
+		s.mu.Unlock()
+	}()
+}
+
+// deadlineWriter bounds each write: a peer that takes nothing ends it.
+type deadlineWriter struct {
+	c net.Conn
+	d time.Duration
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	_ = w.c.SetWriteDeadline(time.Now().Add(w.d))
+	return w.c.Write(p)
+}
+
+// serveFarmIn answers a peer's claim: if the claim is signed with the
+// farm key and this node holds the OUT half under the pairing rules, the
+// connection becomes the tunnel's IN half.
+func (s *Server) serveFarmIn(w http.ResponseWriter, r *http.Request, cs *connState) {
+	if r.TLS == nil || !strings.EqualFold(r.Header.Get("Upgrade"), farmUpgrade) {
+		plain(w, http.StatusBadRequest, "")
+		return
+	}
+	ekm, err := farmEKM(*r.TLS)
+	at, terr := strconv.ParseInt(r.Header.Get(hdrTime), 10, 64)
+	c := farmClaim{connID: r.Header.Get(hdrConnID), method: r.Header.Get(hdrMethod), user: r.Header.Get(hdrUser),
+		remote: r.Header.Get(hdrRemote), at: at}
+	remote, rerr := netip.ParseAddr(c.remote)
+	if err != nil || terr != nil || rerr != nil ||
+		!hmac.Equal([]byte(r.Header.Get(hdrMAC)), []byte(c.mac(s.deps.FarmKey, ekm, "claim"))) {
+		s.metrics.farmIn.WithLabelValues("bad_claim").Inc()
+		s.refused.Log(s.log, "farm claim refused: not signed with the farm key", cs.remote, "bad MAC")
+		plain(w, http.StatusUnauthorized, "")
+		return
+	}
+	if d := time.Since(time.Unix(at, 0)); d > farmSkew || d < -farmSkew {
+		s.metrics.farmIn.WithLabelValues("bad_claim").Inc()
+		s.log.Warn("farm claim refused: its time is too far from this node's (check the clocks)", "peer", cs.remote, "skew", d.Round(time.Second).String())
+		plain(w, http.StatusUnauthorized, "")
+		return
+	}
+	// A peer's address carries many clients' halves: its link leaves the
+	// per-address cap of unauthenticated connections, and keeps the
+	// handshake budget.
+	cs.exempt()
+	s.mu.Lock()
+	p, ok := s.pending[c.connID]
+	why := ""
+	if ok {
+		why = pairRefusal(p, c.method, c.user, remote)
+		if why == "" {
+			delete(s.pending, c.connID)
+			p.timer.Stop()
+		}
+	}
+	s.mu.Unlock()
+	if !ok {
+		plain(w, http.StatusNotFound, "")
+		return
+	}
+	if why != "" {
+		s.metrics.farmIn.WithLabelValues("refused").Inc()
+		s.log.Warn("RDG_IN_DATA from a farm peer refused", "reason", why, "peer", cs.remote, "remote", remote.String())
+		plain(w, http.StatusForbidden, "")
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		p.abandon()
+		return
+	}
+	_ = conn.SetDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
+	grant := fmt.Sprintf("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n%s: %s\r\n\r\n",
+		farmUpgrade, hdrMAC, c.mac(s.deps.FarmKey, ekm, "grant"))
+	if _, err := io.WriteString(conn, grant); err != nil {
+		_ = conn.Close()
+		p.abandon()
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	s.metrics.farmIn.WithLabelValues("joined").Inc()
+	hs := p.hs
+	hs.conns = []*connState{cs, p.hs.conns[0]}
+	lt := &legacyTransport{in: conn, inRaw: cs.raw, out: p.conn, outRaw: p.hs.conns[0].raw,
+		g: newWriteGate(p.conn, s.cfg.WriteTimeout.D()), pr: packetReader{r: brw.Reader}}
+	s.runTunnel(lt, hs, "legacy")
+}

@@ -1,0 +1,205 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/testkit"
+	"github.com/deskway/deskway/internal/tsgclient"
+)
+
+// startFarm starts n gateway nodes, each naming the others as farm peers.
+func startFarm(t *testing.T, n int, mod func(*config.Config)) []*harness {
+	t.Helper()
+	serverTLS, clientTLS, _, _ := testkit.TLS(t)
+	lns := make([]net.Listener, n)
+	for i := range lns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i] = ln
+	}
+	nodes := make([]*harness, n)
+	for i := range nodes {
+		var peers []string
+		for j, ln := range lns {
+			if j != i {
+				peers = append(peers, ln.Addr().String())
+			}
+		}
+		nodes[i] = startOn(t, lns[i], serverTLS, clientTLS, func(c *config.Config) {
+			c.Gateway.FarmPeers = peers
+			if mod != nil {
+				mod(c)
+			}
+		})
+	}
+	return nodes
+}
+
+// splitHalves makes a client's first connection (its OUT half) reach
+// out and every later one (the IN half) reach in, as a load balancer
+// with no stickiness may.
+func splitHalves(out, in string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	var n atomic.Int32
+	return func(ctx context.Context, network, _ string) (net.Conn, error) {
+		to := in
+		if n.Add(1) == 1 {
+			to = out
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, to)
+	}
+}
+
+// TestFarmJoinsLegacyHalvesOnDifferentNodes: with the OUT half on one
+// node and the IN half on another, the tunnel opens and relays, by NTLM
+// and by token, and the IN half's node counts the forwarding; the
+// pairing rules hold across nodes as on one.
+func TestFarmJoinsLegacyHalvesOnDifferentNodes(t *testing.T) {
+	nodes := startFarm(t, 3, nil)
+	a, b := nodes[0], nodes[1]
+
+	ntlm := a.cfg("alice", "Alice-Pass1", tsgclient.Legacy)
+	ntlm.Dial = splitHalves(a.addr, b.addr)
+	c, err := dial(t, ntlm, "127.0.0.1", a.echoPort)
+	if err != nil {
+		t.Fatalf("NTLM, halves on two nodes: %v", err)
+	}
+	echoRoundTrip(t, c, 100_000)
+	c.Close()
+
+	paa := a.cfg("", "", tsgclient.Legacy)
+	paa.Token = a.token(t, "alice", "127.0.0.1", a.echoPort, time.Minute)
+	paa.Dial = splitHalves(b.addr, a.addr)
+	c, err = dial(t, paa, "127.0.0.1", a.echoPort)
+	if err != nil {
+		t.Fatalf("PAA, halves on two nodes: %v", err)
+	}
+	echoRoundTrip(t, c, 300)
+	c.Close()
+
+	if !strings.Contains(b.logs.String(), "legacy IN half forwarded to the farm peer holding its OUT half") {
+		t.Fatal("node B did not log the forwarded IN half")
+	}
+
+	// Bob's IN half on node B, for alice's OUT half on node A: refused.
+	out := rawLegacy(t, a, "RDG_OUT_DATA", "{farm-1}", "alice", "Alice-Pass1")
+	if out == nil {
+		t.Fatal("OUT half refused")
+	}
+	defer out.Close()
+	if in := rawLegacy(t, b, "RDG_IN_DATA", "{farm-1}", "bob", "Bob-Pass1"); in != nil {
+		in.Close()
+		t.Fatal("bob's IN half on another node joined alice's OUT half")
+	}
+	// An IN half for an id no node holds: refused.
+	if in := rawLegacy(t, b, "RDG_IN_DATA", "{nobody}", "alice", "Alice-Pass1"); in != nil {
+		in.Close()
+		t.Fatal("an IN half with no OUT half anywhere was taken")
+	}
+	// Alice's own joins; a second IN for the same id, on the third node,
+	// is refused.
+	in := rawLegacy(t, b, "RDG_IN_DATA", "{farm-1}", "alice", "Alice-Pass1")
+	if in == nil {
+		t.Fatal("alice's IN half on another node refused")
+	}
+	defer in.Close()
+	if again := rawLegacy(t, nodes[2], "RDG_IN_DATA", "{farm-1}", "alice", "Alice-Pass1"); again != nil {
+		again.Close()
+		t.Fatal("a second IN half joined, from a third node")
+	}
+}
+
+// TestFarmClaimNeedsTheFarmKey: a client that speaks the node-to-node
+// claim itself, without the farm key, takes no one's OUT half: a made-up
+// MAC, a MAC replayed from another TLS session and no MAC are refused
+// with 401, and the OUT half still joins its own IN half after.
+func TestFarmClaimNeedsTheFarmKey(t *testing.T) {
+	nodes := startFarm(t, 2, nil)
+	a := nodes[0]
+	out := rawLegacy(t, a, "RDG_OUT_DATA", "{victim}", "alice", "Alice-Pass1")
+	if out == nil {
+		t.Fatal("OUT half refused")
+	}
+	defer out.Close()
+	// A claim signed with the farm key, as a node would sign it in one TLS
+	// session, replayed in another: the keying material differs.
+	cfg, _ := config.Parse([]byte(testConfig))
+	key := gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
+	first, err := tls.Dial("tcp", a.addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := first.ConnectionState()
+	ekm, _ := st.ExportKeyingMaterial("EXPORTER-deskway-farm-legacy-in", nil, 32)
+	first.Close()
+	now := time.Now().Unix()
+	replayed := farmMAC(key, ekm, "claim", "{victim}", "ntlm", "alice", "127.0.0.1", now)
+	for name, mac := range map[string]string{
+		"made up":  "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+		"none":     "",
+		"replayed": replayed,
+	} {
+		status := rawClaim(t, a, "{victim}", "ntlm", "alice", "127.0.0.1", now, mac)
+		if status != http.StatusUnauthorized {
+			t.Errorf("%s MAC: answered %d, want 401", name, status)
+		}
+	}
+	if !strings.Contains(a.logs.String(), "farm claim refused") {
+		t.Error("the refusal was not logged")
+	}
+	in := rawLegacy(t, nodes[1], "RDG_IN_DATA", "{victim}", "alice", "Alice-Pass1")
+	if in == nil {
+		t.Fatal("after the forged claims, alice's own IN half was refused")
+	}
+	in.Close()
+}
+
+// farmMAC is a farm claim's MAC as docs/architecture.md gives it: HMAC-
+// SHA256 with the farm key over length-prefixed fields.
+func farmMAC(key, ekm []byte, dir, connID, method, user, remote string, at int64) string {
+	m := hmac.New(sha256.New, key)
+	for _, f := range []string{dir, string(ekm), connID, method, user, remote, strconv.FormatInt(at, 10)} {
+		m.Write(binary.BigEndian.AppendUint32(nil, uint32(len(f))))
+		m.Write([]byte(f))
+	}
+	return base64.RawStdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// rawClaim sends a farm claim with the given MAC and returns the status.
+func rawClaim(t *testing.T, h *harness, connID, method, user, remote string, at int64, mac string) int {
+	t.Helper()
+	conn, err := tls.Dial("tcp", h.addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /farm/legacy-in HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: deskway-legacy-in\r\nContent-Length: 0\r\n"+
+		"Deskway-Farm-Connection-Id: %s\r\nDeskway-Farm-Method: %s\r\nDeskway-Farm-User: %s\r\nDeskway-Farm-Remote: %s\r\nDeskway-Farm-Time: %d\r\nDeskway-Farm-Mac: %s\r\n\r\n",
+		connID, method, user, remote, at, mac)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}

@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deskway/deskway/internal/proto/proxyv2"
+)
+
+// proxyListener takes the PROXY protocol version 2 header off every
+// connection from a trusted load balancer before anything else reads
+// it, so that the gateway's caps, throttles, pairing rules and logs see
+// the client's address and not the balancer's. A connection from a
+// trusted address without a valid header is closed: behind a balancer
+// that sends none, every client would share one address. Connections
+// from anywhere else are passed on as they are; a header they send is
+// only bytes that fail the TLS handshake.
+//
+// Headers are read on a goroutine per connection, so a balancer
+// connection that is slow to send one holds up no one else's accept,
+// and read exactly, so the connection's socket can still be handed to an
+// event loop with nothing read ahead.
+type proxyListener struct {
+	net.Listener
+	trusted []netip.Prefix
+	timeout time.Duration
+	log     *slog.Logger
+
+	conns     chan net.Conn
+	errc      chan error
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newProxyListener(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *slog.Logger) *proxyListener {
+	l := &proxyListener{Listener: ln, trusted: trusted, timeout: timeout, log: log,
+		conns: make(chan net.Conn), errc: make(chan error, 1), done: make(chan struct{})}
+	go l.acceptLoop()
+	return l
+}
+
+func (l *proxyListener) acceptLoop() {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			select {
+			case l.errc <- err:
+			case <-l.done:
+			}
+			return
+		}
+		if !l.isTrusted(c.RemoteAddr()) {
+			l.hand(c)
+			continue
+		}
+		go func() {
+			pc, err := l.readHeader(c)
+			if err != nil {
+				l.log.Warn("connection from a trusted load balancer closed: no valid PROXY protocol v2 header (send-proxy-v2, and check-send-proxy for health checks)",
+					"balancer", c.RemoteAddr().String(), "err", err)
+				_ = c.Close()
+				return
+			}
+			l.hand(pc)
+		}()
+	}
+}
+
+// hand gives c to Accept, or closes it once the listener is closed.
+func (l *proxyListener) hand(c net.Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.done:
+		_ = c.Close()
+	}
+}
+
+func (l *proxyListener) isTrusted(a net.Addr) bool {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return false
+	}
+	for _, p := range l.trusted {
+		if p.Contains(ap.Addr().Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *proxyListener) readHeader(c net.Conn) (net.Conn, error) {
+	_ = c.SetReadDeadline(time.Now().Add(l.timeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	hdr := make([]byte, proxyv2.FixedLen, proxyv2.FixedLen+64)
+	if _, err := io.ReadFull(c, hdr); err != nil {
+		return nil, fmt.Errorf("reading the header: %w", err)
+	}
+	n, err := proxyv2.Len(hdr)
+	if err != nil {
+		return nil, err
+	}
+	hdr = append(hdr, make([]byte, n)...)
+	if _, err := io.ReadFull(c, hdr[proxyv2.FixedLen:]); err != nil {
+		return nil, fmt.Errorf("reading the header: %w", err)
+	}
+	h, err := proxyv2.Parse(hdr)
+	if err != nil {
+		return nil, err
+	}
+	if h.Local {
+		return c, nil // the balancer's own connection: a health check
+	}
+	return &proxiedConn{Conn: c, remote: net.TCPAddrFromAddrPort(h.Source)}, nil
+}
+
+// Accept implements net.Listener.
+func (l *proxyListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case err := <-l.errc:
+		return nil, err
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener.
+func (l *proxyListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// proxiedConn is a connection whose client is the one its PROXY header
+// named.
+type proxiedConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+// RemoteAddr is the client's address, from the PROXY header.
+func (c *proxiedConn) RemoteAddr() net.Addr { return c.remote }
+
+// SyscallConn exposes the socket beneath, for the relay's event loops.
+func (c *proxiedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("gateway: proxied connection has no socket")
+	}
+	return sc.SyscallConn()
+}
