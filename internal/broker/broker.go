@@ -37,6 +37,7 @@ import (
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/httpguard"
 	"github.com/deskway/deskway/internal/obs"
+	"github.com/deskway/deskway/internal/proxylisten"
 )
 
 // maxBody bounds every API request body.
@@ -462,6 +463,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) err
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go s.Maintain(mctx)
+	if len(s.cfg.ProxyProtocolFrom) > 0 {
+		trusted, err := config.ParsePrefixes(s.cfg.ProxyProtocolFrom)
+		if err != nil {
+			return fmt.Errorf("broker: proxy_protocol_from: %w", err)
+		}
+		ln = proxylisten.New(ln, trusted, s.cfg.ReadTimeout.D(), s.log)
+	}
 	s.log.Info("broker listening", "addr", ln.Addr().String(), "database", s.store.Dialect(), "zone", s.cfg.Zone)
 	return obs.ServeHTTPS(ctx, "broker", srv, ln, tc, 10*time.Second)
 }

@@ -41,6 +41,9 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
 		bad("broker.listen", "%q is not host:port", b.Listen)
 	}
+	if _, err := ParsePrefixes(b.ProxyProtocolFrom); err != nil {
+		bad("broker.proxy_protocol_from", "%v", err)
+	}
 	if !c.Auth.TokenKey.IsSet() {
 		bad("auth.token_key", "the broker signs gateway tokens and agent credentials with it: set 32 or more random bytes")
 	}

@@ -315,9 +315,13 @@ type Broker struct {
 	Gateway string `yaml:"gateway"`
 	// FrontendTokens let a trusted front end (a web portal, the bench)
 	// launch on behalf of a user it has authenticated itself.
-	FrontendTokens []Secret      `yaml:"frontend_tokens"`
-	Health         Health        `yaml:"health"`
-	DeliveryGroups []DeliveryGrp `yaml:"delivery_groups"`
+	FrontendTokens []Secret `yaml:"frontend_tokens"`
+	// ProxyProtocolFrom are the TCP load balancers (addresses or CIDR
+	// prefixes) that send a PROXY protocol v2 header first; the broker's
+	// failed-login throttle and logs then see the client's address.
+	ProxyProtocolFrom []string      `yaml:"proxy_protocol_from"`
+	Health            Health        `yaml:"health"`
+	DeliveryGroups    []DeliveryGrp `yaml:"delivery_groups"`
 }
 
 // Agent is the session-host agent: it registers this host with a broker

@@ -36,6 +36,7 @@ import (
 	"github.com/deskway/deskway/internal/policy"
 	"github.com/deskway/deskway/internal/proto/ntlm"
 	"github.com/deskway/deskway/internal/proto/tsgu"
+	"github.com/deskway/deskway/internal/proxylisten"
 )
 
 // Deps are what the gateway is built from; nothing is global.
@@ -206,7 +207,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 		if err != nil {
 			return fmt.Errorf("gateway: proxy_protocol_from: %w", err)
 		}
-		ln = newProxyListener(ln, trusted, s.cfg.HandshakeTimeout.D(), s.log)
+		ln = proxylisten.New(ln, trusted, s.cfg.HandshakeTimeout.D(), s.log)
 	}
 	if n := s.cfg.RelayLoops; n != nil && *n > 0 {
 		loops, err := startRelayLoops(*n, s.log)

@@ -460,20 +460,52 @@ func (r *runner) cpus(ctx context.Context) error {
 	return nil
 }
 
-// farm runs kw1 through one and through two gateway nodes with clients
-// rotating between them, then kills one node under load and measures how
-// many tunnels were lost and how long until all were open again.
+// farm runs kw1 o.Runs times through one gateway node alone, two nodes
+// with clients rotating between them, and two nodes behind HAProxy (the
+// farm as deploy/ ships it), in turn within each run; then kills one node
+// under load and measures how many tunnels were lost and how long until
+// all were open again. On one machine's shared cores more nodes add no
+// capacity: what the runs show is what the farm path costs.
 func (r *runner) farm(ctx context.Context) error {
 	p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond}
 	direct, _, err := r.directRamp(ctx, p)
 	if err != nil {
 		return err
 	}
-	for _, nodes := range []int{1, 2} {
-		sys := r.farmSystem(nodes)
-		rp := r.runRamp(ctx, sys, p, 0, direct, 1, 0)
-		n, _ := r.addRamp("farm", rp, map[string]any{"nodes": nodes})
-		r.res.Summary[fmt.Sprintf("farm%d_kw1_max_tunnels_40ms", nodes)] = math.Round(n)
+	systems := []struct {
+		key   string
+		nodes int
+		sys   system
+	}{
+		{"farm1", 1, r.farmSystem(1)},
+		{"farm2", 2, r.farmSystem(2)},
+		{"farm2_haproxy", 2, r.e.farmBehindHAProxy(2)},
+	}
+	got := map[string][]float64{}
+	for run := 1; run <= r.o.Runs; run++ {
+		for _, s := range systems {
+			rp := r.runRamp(ctx, s.sys, p, 0, direct, run, 0)
+			n, _ := r.addRamp("farm", rp, map[string]any{"nodes": s.nodes, "balancer": strings.HasSuffix(s.key, "haproxy")})
+			if rp.err == nil || len(rp.steps) > 0 {
+				got[s.key] = append(got[s.key], n)
+			}
+		}
+	}
+	for _, s := range systems {
+		spread(r.res.Summary, s.key+"_kw1_max_tunnels_40ms", got[s.key], 0)
+	}
+	// Per run: two nodes behind HAProxy against one node alone.
+	if a, b := got["farm2_haproxy"], got["farm1"]; len(a) == len(b) && len(a) > 0 {
+		var rs []float64
+		for i := range a {
+			if b[i] > 0 {
+				rs = append(rs, a[i]/b[i])
+			}
+		}
+		if len(rs) > 0 {
+			r.res.Summary["farm2_haproxy_ratio_1node_median"] = round(median(rs), 2)
+			r.res.Summary["farm2_haproxy_ratio_1node_worst"] = round(slices.Min(rs), 2)
+		}
 	}
 	return r.failover(ctx, p)
 }

@@ -149,11 +149,13 @@ func (r *runner) markdown() string {
 		b.WriteString(t.Markdown())
 	}
 	if _, ok := s["farm1_kw1_max_tunnels_40ms"]; ok {
-		t := report.Table{Title: "Table 9: gateway nodes behind round-robin client rotation, KW v1", Head: []string{"nodes", "deskway", "paper"}}
-		t.Rows = append(t.Rows, []string{"1", r.summaryFor("farm", "deskway-1node", "", ""), r.summaryFor("farm", "paper", "nodes", "1")})
-		t.Rows = append(t.Rows, []string{"2", r.summaryFor("farm", "deskway-2node", "", ""), r.summaryFor("farm", "paper", "nodes", "2")})
+		t := report.Table{Title: "Table 9: gateway farms, KW v1 tunnels under 40 ms, median run (min–max)", Head: []string{"nodes", "in front", "deskway", "paper"}}
+		t.Rows = append(t.Rows, []string{"1", "nothing", spreadCell(s, "farm1_kw1_max_tunnels_40ms", 0), r.summaryFor("farm", "paper", "nodes", "1")})
+		t.Rows = append(t.Rows, []string{"2", "clients rotate (round-robin DNS)", spreadCell(s, "farm2_kw1_max_tunnels_40ms", 0), r.summaryFor("farm", "paper", "nodes", "2")})
+		t.Rows = append(t.Rows, []string{"2", "HAProxy (deploy/haproxy/gateway-farm.cfg)", spreadCell(s, "farm2_haproxy_kw1_max_tunnels_40ms", 0), "–"})
 		b.WriteString(t.Markdown())
-		fmt.Fprintf(&b, "On one 2-core machine a second node shares the same CPUs, so it adds no capacity here; the rows show that the farm path (stateless nodes, token-only trust) costs nothing.\n\n")
+		fmt.Fprintf(&b, "On one 2-core machine a second node shares the same CPUs, so it adds no capacity here. Two nodes behind HAProxy against one node alone, per run: **%s × median, %s × worst** (HAProxy's own relaying shares the cores too).\n\n",
+			f(s["farm2_haproxy_ratio_1node_median"], 2), f(s["farm2_haproxy_ratio_1node_worst"], 2))
 		for _, p := range r.points("farm-failover", "deskway-2node") {
 			fmt.Fprintf(&b, "Failover: %.0f KW v1 tunnels over two nodes, one node killed (SIGKILL): **%.0f tunnels lost**, all reopened on the surviving node in **%.2f s** (clients re-dial through the rotation; -1 means not all came back within 60 s).\n\n",
 				p.Metrics["tunnels"], s["farm_failover_tunnels_lost"], s["farm_failover_recover_seconds"])

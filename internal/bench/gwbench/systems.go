@@ -204,18 +204,18 @@ const (
 )
 
 // startGateway runs one deskway gateway node and returns its address.
-func (e *env) startGateway(cpus int) (*proc, string, error) {
+func (e *env) startGateway(cpus int, extraYAML ...string) (*proc, string, error) {
 	// A port found free can be taken before the gateway binds it (by any
 	// process's outgoing connection): then try other ports.
 	for attempt := 1; ; attempt++ {
-		p, addr, err := e.startGatewayOnce(cpus)
+		p, addr, err := e.startGatewayOnce(cpus, extraYAML)
 		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return p, addr, err
 		}
 	}
 }
 
-func (e *env) startGatewayOnce(cpus int) (*proc, string, error) {
+func (e *env) startGatewayOnce(cpus int, extraYAML []string) (*proc, string, error) {
 	gp, err := loopback.FreePort()
 	if err != nil {
 		return nil, "", err
@@ -233,6 +233,7 @@ func (e *env) startGatewayOnce(cpus int) (*proc, string, error) {
 	if e.relayLoops >= 0 {
 		body += fmt.Sprintf("  relay_loops: %d\n", e.relayLoops)
 	}
+	body += strings.Join(extraYAML, "")
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		return nil, "", err
 	}
@@ -303,6 +304,98 @@ frontend fe
 backend be
   server echo %[4]s
 `
+
+// farmHAProxyCfg is deploy/haproxy/gateway-farm.cfg as the bench runs it:
+// TLS passed through, round robin with no persistence, a PROXY v2 header
+// first, health checks; HAProxy reaches the nodes from 127.0.0.2, the
+// address they trust for the header. Threads and connection limits are
+// the bench's.
+const farmHAProxyCfg = `global
+  maxconn 9000
+  nbthread %[1]d
+  log stderr format raw local0 err
+defaults
+  mode tcp
+  option redispatch
+  retries 2
+  timeout connect 5s
+  timeout client 1h
+  timeout server 1h
+frontend rdgateway
+  bind 127.0.0.1:%[2]d
+  default_backend gateways
+backend gateways
+  balance roundrobin
+  source 127.0.0.2
+  option httpchk GET /healthz
+  http-check expect status 200
+  default-server send-proxy-v2 check check-ssl check-send-proxy verify none inter 2s fall 2 rise 2
+%[3]s`
+
+// farmBehindHAProxy is nodes gateway processes behind HAProxy as
+// deploy/haproxy/gateway-farm.cfg sets it up; the first node is
+// sampled, and HAProxy and the other nodes stop with it.
+func (e *env) farmBehindHAProxy(nodes int) system {
+	return system{name: fmt.Sprintf("deskway-%dnode-haproxy", nodes), start: func(cpus int) (*proc, load.Dialer, string, error) {
+		if _, err := exec.LookPath("haproxy"); err != nil {
+			return nil, nil, "", errors.New("haproxy is not installed (apt-get install haproxy)")
+		}
+		var procs []*proc
+		stopAll := func() {
+			for _, q := range procs {
+				q.stop()
+			}
+		}
+		var servers strings.Builder
+		for i := 0; i < nodes; i++ {
+			p, a, err := e.startGateway(cpus, "  proxy_protocol_from: [127.0.0.2]\n")
+			if err != nil {
+				stopAll()
+				return nil, nil, "", err
+			}
+			procs = append(procs, p)
+			fmt.Fprintf(&servers, "  server gw%d %s\n", i+1, a)
+		}
+		port, err := loopback.FreePort()
+		if err != nil {
+			stopAll()
+			return nil, nil, "", err
+		}
+		threads := cpus
+		if threads == 0 {
+			threads = runtime.NumCPU()
+		}
+		cfg := filepath.Join(e.dir, fmt.Sprintf("haproxy-farm-%d.cfg", port))
+		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(farmHAProxyCfg, threads, port, servers.String())), 0o600); err != nil {
+			stopAll()
+			return nil, nil, "", err
+		}
+		lb, err := startProc("haproxy", cpus, nil, "haproxy", "-db", "-f", cfg)
+		if err != nil {
+			stopAll()
+			return nil, nil, "", err
+		}
+		procs = append(procs, lb)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
+			stopAll()
+			return nil, nil, "", fmt.Errorf("%w\n%s", err, lb.log.String())
+		}
+		d, err := e.gatewayDialer(func() string { return addr })
+		if err != nil {
+			stopAll()
+			return nil, nil, "", err
+		}
+		first := procs[0]
+		go func() {
+			<-first.exited
+			for _, q := range procs[1:] {
+				q.stop()
+			}
+		}()
+		return first, d, addr, nil
+	}}
+}
 
 // haproxy is the best general-purpose relay a user could pick instead:
 // TLS terminated, plain TCP to the host.

@@ -1,4 +1,7 @@
-package gateway
+// Package proxylisten takes the PROXY protocol version 2 header off
+// connections from trusted TCP load balancers, for servers (the gateway,
+// the broker) that count, throttle and log by client address.
+package proxylisten
 
 import (
 	"errors"
@@ -14,10 +17,10 @@ import (
 	"github.com/deskway/deskway/internal/proto/proxyv2"
 )
 
-// proxyListener takes the PROXY protocol version 2 header off every
+// listener takes the PROXY protocol version 2 header off every
 // connection from a trusted load balancer before anything else reads
-// it, so that the gateway's caps, throttles, pairing rules and logs see
-// the client's address and not the balancer's. A connection from a
+// it, so that the server's caps, throttles and logs see the client's
+// address and not the balancer's. A connection from a
 // trusted address without a valid header is closed: behind a balancer
 // that sends none, every client would share one address. Connections
 // from anywhere else are passed on as they are; a header they send is
@@ -27,7 +30,7 @@ import (
 // connection that is slow to send one holds up no one else's accept,
 // and read exactly, so the connection's socket can still be handed to an
 // event loop with nothing read ahead.
-type proxyListener struct {
+type listener struct {
 	net.Listener
 	trusted []netip.Prefix
 	timeout time.Duration
@@ -39,14 +42,17 @@ type proxyListener struct {
 	closeOnce sync.Once
 }
 
-func newProxyListener(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *slog.Logger) *proxyListener {
-	l := &proxyListener{Listener: ln, trusted: trusted, timeout: timeout, log: log,
+// New wraps ln: connections from addresses in trusted must start with a
+// PROXY v2 header, read within timeout, whose source becomes their
+// RemoteAddr; others pass as they are. Refusals are logged on log.
+func New(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *slog.Logger) net.Listener {
+	l := &listener{Listener: ln, trusted: trusted, timeout: timeout, log: log,
 		conns: make(chan net.Conn), errc: make(chan error, 1), done: make(chan struct{})}
 	go l.acceptLoop()
 	return l
 }
 
-func (l *proxyListener) acceptLoop() {
+func (l *listener) acceptLoop() {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -67,7 +73,7 @@ func (l *proxyListener) acceptLoop() {
 		go func() {
 			pc, err := l.readHeader(c)
 			if err != nil {
-				l.log.Warn("connection from a trusted load balancer closed: no valid PROXY protocol v2 header (send-proxy-v2, and check-send-proxy for health checks)",
+				l.log.Warn("connection from a trusted load balancer closed: no valid PROXY protocol v2 header (HAProxy: send-proxy-v2, and check-send-proxy for health checks)",
 					"balancer", c.RemoteAddr().String(), "err", err)
 				_ = c.Close()
 				return
@@ -78,7 +84,7 @@ func (l *proxyListener) acceptLoop() {
 }
 
 // hand gives c to Accept, or closes it once the listener is closed.
-func (l *proxyListener) hand(c net.Conn) {
+func (l *listener) hand(c net.Conn) {
 	select {
 	case l.conns <- c:
 	case <-l.done:
@@ -86,7 +92,7 @@ func (l *proxyListener) hand(c net.Conn) {
 	}
 }
 
-func (l *proxyListener) isTrusted(a net.Addr) bool {
+func (l *listener) isTrusted(a net.Addr) bool {
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
 		return false
@@ -99,7 +105,7 @@ func (l *proxyListener) isTrusted(a net.Addr) bool {
 	return false
 }
 
-func (l *proxyListener) readHeader(c net.Conn) (net.Conn, error) {
+func (l *listener) readHeader(c net.Conn) (net.Conn, error) {
 	_ = c.SetReadDeadline(time.Now().Add(l.timeout))
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	hdr := make([]byte, proxyv2.FixedLen, proxyv2.FixedLen+64)
@@ -125,7 +131,7 @@ func (l *proxyListener) readHeader(c net.Conn) (net.Conn, error) {
 }
 
 // Accept implements net.Listener.
-func (l *proxyListener) Accept() (net.Conn, error) {
+func (l *listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:
 		return c, nil
@@ -137,7 +143,7 @@ func (l *proxyListener) Accept() (net.Conn, error) {
 }
 
 // Close implements net.Listener.
-func (l *proxyListener) Close() error {
+func (l *listener) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
@@ -156,7 +162,7 @@ func (c *proxiedConn) RemoteAddr() net.Addr { return c.remote }
 func (c *proxiedConn) SyscallConn() (syscall.RawConn, error) {
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {
-		return nil, errors.New("gateway: proxied connection has no socket")
+		return nil, errors.New("proxylisten: proxied connection has no socket")
 	}
 	return sc.SyscallConn()
 }
