@@ -75,7 +75,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		return ln, nil
 	}
 	if cfg.Gateway != nil {
-		gw, err := newGateway(cfg, log, reg)
+		gw, err := newGateway(ctx, cfg, log, reg)
 		if err != nil {
 			return err
 		}
@@ -207,7 +207,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 }
 
 // newGateway builds the gateway role from the config.
-func newGateway(cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) (*gateway.Server, error) {
+func newGateway(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) (*gateway.Server, error) {
 	users, err := auth.NewUsers(cfg.Auth.Users)
 	if err != nil {
 		return nil, err
@@ -230,7 +230,18 @@ func newGateway(cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) 
 	if len(cfg.Gateway.FarmPeers) > 0 {
 		farmKey = gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
 	}
+	var uses gateway.TokenUses
+	if cfg.Farm != nil {
+		maxUses := 1
+		if cfg.Gateway.TokenMaxUses != nil {
+			maxUses = *cfg.Gateway.TokenMaxUses
+		}
+		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, log.With("role", "gateway"), reg); err != nil {
+			return nil, err
+		}
+	}
 	return gateway.New(cfg.Gateway, gateway.Deps{
+		TokenUses:  uses,
 		Authorizer: central,
 		Logger:     log.With("role", "gateway"),
 		Registry:   reg,

@@ -36,6 +36,16 @@ type Config struct {
 	Broker  *Broker  `yaml:"broker"`
 	Agent   *Agent   `yaml:"agent"`
 	Web     *Web     `yaml:"web"`
+	// Farm is what the gateway nodes of a farm share.
+	Farm *Farm `yaml:"farm"`
+}
+
+// Farm is the state a farm's gateway nodes keep together.
+type Farm struct {
+	// Database is a postgres:// URL: the record of each PAA token's
+	// tunnels lives there, so a token opens its one tunnel once in the
+	// whole farm. Without it each node keeps its own record.
+	Database Secret `yaml:"database"`
 }
 
 // Log configures log/slog.
@@ -734,6 +744,11 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	}
 	if g.MaxUnauthenticated < 1 || g.MaxUnauthenticatedPerAddr < 1 || g.MaxUnauthenticatedPerAddr > g.MaxUnauthenticated {
 		bad("gateway.max_unauthenticated_per_address", "caps must be at least 1, the per-address one at most max_unauthenticated (%d)", g.MaxUnauthenticated)
+	}
+	if c.Farm != nil {
+		if d := c.Farm.Database.Value(); !strings.HasPrefix(d, "postgres://") && !strings.HasPrefix(d, "postgresql://") {
+			bad("farm.database", "must be a postgres:// URL (the farm's shared PostgreSQL database)")
+		}
 	}
 	if len(g.FarmPeers) > 0 && !c.Auth.TokenKey.IsSet() {
 		bad("gateway.farm_peers", "a farm's nodes authenticate each other with a key derived from auth.token_key: set the same token_key on every node")

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
 	"github.com/deskway/deskway/internal/testkit"
@@ -202,4 +204,58 @@ func rawClaim(t *testing.T, h *harness, connID, method, user, remote string, at 
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode
+}
+
+// TestFarmCountsTokenUsesAcrossNodes: with farm.database, a token opens
+// its one tunnel once in the farm: replayed at another node it is
+// refused while its tunnel is open and after; a token whose host could
+// not be reached is given back and opens a tunnel at the other node.
+func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
+	pg := testkit.StartPostgres(t)
+	dsn := pg.NewDB(t)
+	nodes := startFarm(t, 2, func(c *config.Config) { c.Farm = &config.Farm{Database: config.NewSecret(dsn)} })
+	a, b := nodes[0], nodes[1]
+	tok := a.token(t, "alice", "127.0.0.1", a.echoPort, time.Minute)
+	viaA := a.cfg("", "", tsgclient.Websocket)
+	viaA.Token = tok
+	c, err := dial(t, viaA, "127.0.0.1", a.echoPort)
+	if err != nil {
+		t.Fatalf("first use at node A: %v", err)
+	}
+	echoRoundTrip(t, c, 100)
+	viaB := b.cfg("", "", tsgclient.Websocket)
+	viaB.Token = tok
+	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); err == nil {
+		t.Fatal("the token, open at node A, opened a second tunnel at node B")
+	}
+	c.Close()
+	time.Sleep(200 * time.Millisecond) // node A ends the use
+	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); err == nil {
+		t.Fatal("the token, used up at node A, was replayed at node B")
+	}
+	if !strings.Contains(b.logs.String(), "on this gateway farm") {
+		t.Fatal("node B's refusal does not say the use was counted across the farm")
+	}
+
+	// A use whose host does not answer is given back: the record keeps
+	// only the first token.
+	dead := a.token(t, "alice", "127.0.0.1", 1, time.Minute)
+	toDead := a.cfg("", "", tsgclient.Websocket)
+	toDead.Token = dead
+	if _, err := dial(t, toDead, "127.0.0.1", 1); err == nil {
+		t.Fatal("a tunnel to a closed port opened")
+	}
+	time.Sleep(200 * time.Millisecond)
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	var rows, open int
+	if err := db.QueryRow(context.Background(), `SELECT count(*), count(open_node) FROM deskway_token_uses`).Scan(&rows, &open); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || open != 0 {
+		t.Fatalf("the farm's record holds %d tokens, %d open; want the first token alone, closed", rows, open)
+	}
 }

@@ -108,6 +108,19 @@ func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mo
 	if len(cfg.Gateway.FarmPeers) > 0 {
 		farmKey = gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
 	}
+	var uses gateway.TokenUses
+	if cfg.Farm != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		maxUses := 1
+		if cfg.Gateway.TokenMaxUses != nil {
+			maxUses = *cfg.Gateway.TokenMaxUses
+		}
+		var err error
+		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, slog.New(slog.NewTextHandler(io.Discard, nil)), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
 	users, err := auth.NewUsers(cfg.Auth.Users)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +139,8 @@ func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mo
 		Policy:   pol,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Domain:   cfg.Auth.Domain,
-		FarmKey:  farmKey,
+		FarmKey:   farmKey,
+		TokenUses: uses,
 		Authorizer: func() gateway.Authorizer {
 			if cfg.Gateway.RADIUS == nil {
 				return nil
