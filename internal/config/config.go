@@ -946,6 +946,11 @@ func ParsePrefixes(list []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range list {
 		if p, err := netip.ParsePrefix(s); err == nil {
+			// Connections' addresses are compared unmapped: so is an
+			// IPv4-mapped prefix.
+			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+			}
 			out = append(out, p.Masked())
 			continue
 		}

@@ -18,6 +18,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -102,10 +103,36 @@ func pairRefusal(p *pendingOut, method, user string, remote netip.Addr) string {
 	return ""
 }
 
+// farmClaimsInFlight and farmClaimsPerAddr bound the claims a node has
+// out at once, in all and for IN halves from one client address: an IN
+// half needs no credentials (PAA), and each claim costs every peer a TLS
+// handshake.
+const (
+	farmClaimsInFlight = 64
+	farmClaimsPerAddr  = 4
+)
+
 // claimIn asks every farm peer for the OUT half of hs's connection and
 // returns the connection to the one that holds it, ready to take the IN
-// half's bytes. It returns nil when no peer holds it.
-func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (net.Conn, string) {
+// half's bytes. It returns nil when no peer holds it, and busy when this
+// node or this client has as many claims out as it may.
+func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (conn net.Conn, peer string, busy bool) {
+	s.mu.Lock()
+	if s.claims >= farmClaimsInFlight || s.claimsFrom[hs.remote] >= farmClaimsPerAddr {
+		s.mu.Unlock()
+		return nil, "", true
+	}
+	s.claims++
+	s.claimsFrom[hs.remote]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.claims--
+		if s.claimsFrom[hs.remote]--; s.claimsFrom[hs.remote] <= 0 {
+			delete(s.claimsFrom, hs.remote)
+		}
+		s.mu.Unlock()
+	}()
 	c := farmClaim{connID: hs.connID, method: hs.method, remote: hs.remote.String(), at: time.Now().Unix()}
 	if hs.user != nil {
 		c.user = hs.user.Name
@@ -120,8 +147,12 @@ func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (net.Conn, strin
 	for _, peer := range s.cfg.FarmPeers {
 		go func() {
 			conn, err := s.askPeer(ctx, peer, c)
-			if err != nil && !errors.Is(err, errNotHeld) {
-				s.log.Warn("farm peer could not be asked for a legacy OUT half", "peer", peer, "err", err)
+			switch {
+			case err == nil, errors.Is(err, errNotHeld), ctx.Err() != nil:
+			case errors.Is(err, errPairing):
+				s.log.Warn("farm peer holds the OUT half but refused to pair this IN half with it", "peer", peer, "remote", hs.remote.String())
+			default:
+				s.peerTrouble.Log(s.log, "farm peer could not be asked for a legacy OUT half", hs.remote, peer+": "+err.Error())
 			}
 			answers <- answer{conn, peer}
 		}()
@@ -135,14 +166,21 @@ func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (net.Conn, strin
 			won = a
 			cancel() // the others need not finish
 		default:
-			_ = a.conn.Close() // cannot happen: a half is granted once
+			// Two peers each held an OUT half under this id (a client
+			// that reused one): the second tunnel is lost.
+			s.log.Warn("two farm peers granted an OUT half with one connection id; closing the second", "peer", a.peer, "first", won.peer)
+			_ = a.conn.Close()
 		}
 	}
-	return won.conn, won.peer
+	return won.conn, won.peer, false
 }
 
-// errNotHeld is a peer's answer that it holds no such OUT half.
-var errNotHeld = errors.New("gateway: the peer holds no such OUT half")
+// errNotHeld is a peer's answer that it holds no such OUT half; errPairing
+// that it holds one the IN half may not join.
+var (
+	errNotHeld = errors.New("gateway: the peer holds no such OUT half")
+	errPairing = errors.New("gateway: the peer refused to pair the halves")
+)
 
 // askPeer sends the claim to one peer and returns the granted connection.
 func (s *Server) askPeer(ctx context.Context, peer string, c farmClaim) (net.Conn, error) {
@@ -152,18 +190,35 @@ func (s *Server) askPeer(ctx context.Context, peer string, c farmClaim) (net.Con
 		return nil, fmt.Errorf("dial: %w", err)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = raw.Close() })
-	defer stop()
-	// The peer's certificate is the farm's public one, not made out to
-	// the address dialled; the MACs, bound to this TLS session, are what
-	// prove it is a peer.
-	tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}) //nolint:gosec // authenticated by the farm MAC
+	tc := tls.Client(raw, s.farmTLS)
 	if err := tc.HandshakeContext(ctx); err != nil {
+		stop()
 		_ = raw.Close()
 		return nil, fmt.Errorf("TLS: %w", err)
 	}
-	ekm, err := farmEKM(tc.ConnectionState())
+	conn, err := s.claimOn(tc, peer, c)
+	// The deadline may have closed the connection meanwhile: then it is
+	// not the tunnel's.
+	if !stop() {
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, fmt.Errorf("out of time: %w", ctx.Err())
+	}
 	if err != nil {
 		_ = raw.Close()
+	}
+	return conn, err
+}
+
+// claimOn sends the claim on a peer's TLS connection and reads the grant.
+func (s *Server) claimOn(tc *tls.Conn, peer string, c farmClaim) (net.Conn, error) {
+	st := tc.ConnectionState()
+	if len(st.PeerCertificates) == 0 || !bytes.Equal(st.PeerCertificates[0].Raw, s.farmCert) {
+		return nil, errors.New("the peer serves another certificate than this node; every node of a farm serves the farm's certificate")
+	}
+	ekm, err := farmEKM(st)
+	if err != nil {
 		return nil, err
 	}
 	req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: %s\r\nContent-Length: 0\r\n"+
@@ -172,28 +227,26 @@ func (s *Server) askPeer(ctx context.Context, peer string, c farmClaim) (net.Con
 		hdrTime, c.at, hdrMAC, c.mac(s.deps.FarmKey, ekm, "claim"))
 	_ = tc.SetDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
 	if _, err := io.WriteString(tc, req); err != nil {
-		_ = raw.Close()
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	br := bufio.NewReaderSize(tc, 1024)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		_ = raw.Close()
 		return nil, fmt.Errorf("answer: %w", err)
 	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		_ = raw.Close()
-		if resp.StatusCode == http.StatusNotFound {
-			return nil, errNotHeld
-		}
+	switch resp.StatusCode {
+	case http.StatusSwitchingProtocols:
+	case http.StatusNotFound:
+		return nil, errNotHeld
+	case http.StatusForbidden:
+		return nil, errPairing
+	default:
 		return nil, fmt.Errorf("answered HTTP %d", resp.StatusCode)
 	}
 	if !hmac.Equal([]byte(resp.Header.Get(hdrMAC)), []byte(c.mac(s.deps.FarmKey, ekm, "grant"))) {
-		_ = raw.Close()
 		return nil, errors.New("grant not signed with the farm key: not a peer of this farm")
 	}
 	if br.Buffered() > 0 {
-		_ = raw.Close()
 		return nil, errors.New("bytes after the grant")
 	}
 	_ = tc.SetDeadline(time.Time{})
@@ -218,9 +271,14 @@ func (s *Server) forwardIn(in net.Conn, body io.Reader, peer net.Conn, hs handsh
 	s.metrics.farmIn.WithLabelValues("forwarded").Inc()
 	s.log.Info("legacy IN half forwarded to the farm peer holding its OUT half", "peer", peerAddr, "remote", hs.remote.String())
 	go func() {
-		// The peer sends nothing; its end of the connection closing is the
-		// tunnel's end.
-		_, _ = io.Copy(io.Discard, peer)
+		// The peer sends one byte when the tunnel's channel opens: the
+		// client's connection leaves its handshake budget then, as on one
+		// node. Its end of the connection closing is the tunnel's end.
+		var b [1]byte
+		if _, err := io.ReadFull(peer, b[:]); err == nil && hs.conns[0].authorize() {
+			_, _ = io.Copy(io.Discard, peer)
+		}
+		_ = peer.Close()
 		_ = in.Close()
 	}()
 	go func() {
@@ -313,8 +371,15 @@ func (s *Server) serveFarmIn(w http.ResponseWriter, r *http.Request, cs *connSta
 	}
 	_ = conn.SetDeadline(time.Time{})
 	s.metrics.farmIn.WithLabelValues("joined").Inc()
+	// As on one node, the tunnel is the IN half's: its client address.
 	hs := p.hs
+	hs.remote = remote
 	hs.conns = []*connState{cs, p.hs.conns[0]}
+	hs.onOpen = func() {
+		_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
+		_, _ = conn.Write([]byte{1})
+		_ = conn.SetWriteDeadline(time.Time{})
+	}
 	lt := &legacyTransport{in: conn, inRaw: cs.raw, out: p.conn, outRaw: p.hs.conns[0].raw,
 		g: newWriteGate(p.conn, s.cfg.WriteTimeout.D()), pr: packetReader{r: brw.Reader}}
 	s.runTunnel(lt, hs, "legacy")

@@ -259,3 +259,123 @@ func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
 		t.Fatalf("the farm's record holds %d tokens, %d open; want the first token alone, closed", rows, open)
 	}
 }
+
+// paaHalf opens one legacy half with the PAA scheme and no credentials,
+// as anyone may, and returns the status the gateway answered within a
+// second, or 0 when it took the half without answering.
+func paaHalf(t *testing.T, h *harness, method, id string) (net.Conn, int) {
+	t.Helper()
+	cfg := h.cfg("", "", tsgclient.Legacy)
+	cfg.Token = "unchecked-until-tunnel-create"
+	conn, resp, err := tsgclient.OpenLegacyHalf(context.Background(), cfg, method, id)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	if resp == nil {
+		return conn, 0
+	}
+	return conn, resp.StatusCode
+}
+
+// TestFarmClaimsAreBounded: IN halves need no credentials, and each one
+// whose OUT half is not on the node sends a claim to every peer. With a
+// peer that never answers, the fifth IN half from one address while four
+// claims hang is refused with 503 at once; IN halves with no connection
+// id are refused with 400 and ask no peer.
+func TestFarmClaimsAreBounded(t *testing.T) {
+	hang, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hang.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := hang.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			defer c.Close() // held open, never answered
+		}
+	}()
+	h := start(t, func(c *config.Config) { c.Gateway.FarmPeers = []string{hang.Addr().String()} })
+	if _, status := paaHalf(t, h, "RDG_IN_DATA", ""); status != http.StatusBadRequest {
+		t.Fatalf("an IN half with no connection id: status %d, want 400", status)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := accepted.Load(); n != 0 {
+		t.Fatalf("an IN half with no connection id made %d claims", n)
+	}
+	// Six at once: four claims hang until the handshake budget ends.
+	statuses := make(chan int, 6)
+	for i := 0; i < 6; i++ {
+		go func() {
+			c, status := paaHalf(t, h, "RDG_IN_DATA", fmt.Sprintf("{flood-%d}", i))
+			defer c.Close()
+			statuses <- status
+		}()
+	}
+	refused := 0
+	for i := 0; i < 6; i++ {
+		if <-statuses == http.StatusServiceUnavailable {
+			refused++
+		}
+	}
+	if refused != 2 {
+		t.Fatalf("%d of 6 IN halves refused while 4 claims hang, want 2", refused)
+	}
+	if n := accepted.Load(); n != 4 {
+		t.Fatalf("the peer got %d claims, want 4", n)
+	}
+}
+
+// TestFarmParkedOUTHalfDoesNotBlock: someone who learnt alice's
+// connection id parks an OUT half under it on node B; alice's IN half,
+// arriving at B, still joins her OUT half on node A.
+func TestFarmParkedOUTHalfDoesNotBlock(t *testing.T) {
+	nodes := startFarm(t, 2, nil)
+	a, b := nodes[0], nodes[1]
+	out := rawLegacy(t, a, "RDG_OUT_DATA", "{alice-1}", "alice", "Alice-Pass1")
+	if out == nil {
+		t.Fatal("alice's OUT half refused")
+	}
+	defer out.Close()
+	parked, status := paaHalf(t, b, "RDG_OUT_DATA", "{alice-1}")
+	if status != http.StatusOK {
+		t.Fatalf("the parked OUT half: status %d", status)
+	}
+	defer parked.Close()
+	in := rawLegacy(t, b, "RDG_IN_DATA", "{alice-1}", "alice", "Alice-Pass1")
+	if in == nil {
+		t.Fatal("alice's IN half was refused because of the OUT half parked at node B")
+	}
+	in.Close()
+}
+
+// TestFarmPeerWithAnotherCertificate: a node that holds the farm key but
+// serves another certificate than the farm's is not sent IN halves: the
+// link between nodes carries connection ids and user names, and a
+// certificate that differs is what a man in the middle shows.
+func TestFarmPeerWithAnotherCertificate(t *testing.T) {
+	serverTLS, clientTLS, _, _ := testkit.TLS(t)
+	otherTLS, _, _, _ := testkit.TLS(t)
+	lnA, _ := net.Listen("tcp", "127.0.0.1:0")
+	lnB, _ := net.Listen("tcp", "127.0.0.1:0")
+	a := startOn(t, lnA, otherTLS, clientTLS, func(c *config.Config) { c.Gateway.FarmPeers = []string{lnB.Addr().String()} })
+	b := startOn(t, lnB, serverTLS, clientTLS, func(c *config.Config) { c.Gateway.FarmPeers = []string{lnA.Addr().String()} })
+	aCfg := a.cfg("alice", "Alice-Pass1", tsgclient.Legacy)
+	aCfg.TLS = &tls.Config{InsecureSkipVerify: true}
+	out, resp, err := tsgclient.OpenLegacyHalf(context.Background(), aCfg, "RDG_OUT_DATA", "{cert-1}")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("OUT half at node A: %v %v", resp, err)
+	}
+	defer out.Close()
+	if in := rawLegacy(t, b, "RDG_IN_DATA", "{cert-1}", "alice", "Alice-Pass1"); in != nil {
+		in.Close()
+		t.Fatal("node B carried an IN half to a peer serving another certificate")
+	}
+	if !strings.Contains(b.logs.String(), "serves another certificate") {
+		t.Fatal("node B did not say why it did not ask the peer")
+	}
+}

@@ -133,12 +133,12 @@ func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mo
 	logs := &syncBuffer{}
 	h := &harness{clientTLS: clientTLS, tokens: tokens, logs: logs, done: make(chan error, 1)}
 	h.srv, err = gateway.New(cfg.Gateway, gateway.Deps{
-		Logger:   slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Users:    users,
-		Tokens:   tokens,
-		Policy:   pol,
-		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		Domain:   cfg.Auth.Domain,
+		Logger:    slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Users:     users,
+		Tokens:    tokens,
+		Policy:    pol,
+		Throttle:  auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
+		Domain:    cfg.Auth.Domain,
 		FarmKey:   farmKey,
 		TokenUses: uses,
 		Authorizer: func() gateway.Authorizer {

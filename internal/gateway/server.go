@@ -90,9 +90,18 @@ type Server struct {
 	// forwarded are the legacy IN halves this node carries to the farm
 	// peer that holds their OUT half: client connection to peer link.
 	forwarded map[net.Conn]net.Conn
-	nextID    uint32
-	closing   bool
-	wg        sync.WaitGroup // one per running tunnel
+	// claims are this node's claims out to its peers, in all and by the
+	// IN half's client address.
+	claims     int
+	claimsFrom map[netip.Addr]int
+	// farmTLS dials peers (resuming sessions); farmCert is the
+	// certificate every node of the farm serves, this node's own.
+	farmTLS     *tls.Config
+	farmCert    []byte
+	peerTrouble admission.Refusals
+	nextID      uint32
+	closing     bool
+	wg          sync.WaitGroup // one per running tunnel
 }
 
 // New builds a server; it does not listen until Serve.
@@ -129,7 +138,14 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 		perUser: map[string]int{},
 		pending: map[string]*pendingOut{},
 
-		forwarded: map[net.Conn]net.Conn{},
+		forwarded:  map[net.Conn]net.Conn{},
+		claimsFrom: map[netip.Addr]int{},
+		// The peer's certificate is the farm's, not made out to the
+		// address dialled: claimOn compares it with this node's own, and
+		// the MACs, bound to the TLS session, prove the peer holds the
+		// farm key.
+		farmTLS: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, //nolint:gosec // checked in claimOn
+			ClientSessionCache: tls.NewLRUClientSessionCache(64)},
 	}
 	if len(cfg.FarmPeers) > 0 && len(d.FarmKey) < 32 {
 		return nil, errors.New("gateway: farm_peers needs the farm key (auth.token_key set on every node)")
@@ -189,6 +205,9 @@ func (s *Server) connClosed(c net.Conn, st http.ConnState) {
 // then shuts down gracefully within the configured grace period.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config) error {
 	tc := tlsCfg.Clone()
+	if len(tc.Certificates) > 0 && len(tc.Certificates[0].Certificate) > 0 {
+		s.farmCert = tc.Certificates[0].Certificate[0]
+	}
 	tc.NextProtos = []string{"http/1.1"} // MS-TSGU runs over HTTP/1.1 only
 	s.http = &http.Server{
 		Handler:           s,
@@ -488,6 +507,9 @@ type handshakeInfo struct {
 	// conns are the tunnel's connections (two for the legacy pair), whose
 	// pre-authentication phase ends when the channel opens.
 	conns []*connState
+	// onOpen, if set, is called once the channel has opened: an IN half
+	// carried from a farm peer tells that peer.
+	onOpen func()
 }
 
 // deadline is when the first of the connections' budgets runs out.
@@ -633,6 +655,10 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 		plain(w, http.StatusOK, "")
 		return
 	}
+	if !validConnID(hs.connID) {
+		plain(w, http.StatusBadRequest, "RDG-Connection-Id header missing, too long or not a GUID\n")
+		return
+	}
 	var user string
 	if hs.user != nil {
 		user = hs.user.Name
@@ -648,15 +674,24 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 		}
 	}
 	s.mu.Unlock()
-	if !ok && len(s.cfg.FarmPeers) > 0 {
+	if why != "" && len(s.cfg.FarmPeers) > 0 {
 		// Behind a load balancer with no stickiness, the OUT half may have
-		// reached another node of the farm.
-		if peer, addr := s.claimIn(r.Context(), hs); peer != nil {
+		// reached another node of the farm; so it may when a half here
+		// holds the id but may not be joined (someone else's).
+		peer, addr, busy := s.claimIn(r.Context(), hs)
+		switch {
+		case peer != nil:
 			s.forwardLegacyIn(w, r, hs, chunked, peer, addr)
 			return
+		case busy:
+			s.refused.Log(s.log, "RDG_IN_DATA refused", hs.remote, "too many farm claims in flight")
+			s.metrics.farmIn.WithLabelValues("busy").Inc()
+			plain(w, http.StatusServiceUnavailable, "")
+			return
+		case !ok:
+			why = "no RDG_OUT_DATA with this connection id is waiting on this node or its farm peers"
+			s.metrics.farmIn.WithLabelValues("not_found").Inc()
 		}
-		why = "no RDG_OUT_DATA with this connection id is waiting on this node or its farm peers"
-		s.metrics.farmIn.WithLabelValues("not_found").Inc()
 	}
 	if why != "" {
 		s.log.Warn("RDG_IN_DATA refused", "reason", why, "remote", hs.remote)
@@ -676,6 +711,20 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 	s.runTunnel(lt, hs, "legacy")
 }
 
+// validConnID: an RDG-Connection-Id as clients make them, a GUID in
+// braces or bare; up to 128 characters of its alphabet are accepted.
+func validConnID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '{' || c == '}') {
+			return false
+		}
+	}
+	return true
+}
+
 // inBody is the IN half's request body as it comes after the headers.
 func inBody(r *bufio.Reader, chunked bool, length int64) io.Reader {
 	if chunked {
@@ -693,12 +742,7 @@ func (s *Server) forwardLegacyIn(w http.ResponseWriter, r *http.Request, hs hand
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
-	// The peer runs the tunnel and bounds its handshake; this connection
-	// only carries bytes to it now.
-	if !hs.conns[0].authorize() {
-		_ = conn.Close()
-		_ = peer.Close()
-		return
-	}
+	// The connection keeps its handshake budget until the peer says the
+	// channel opened (forwardIn).
 	s.forwardIn(conn, inBody(brw.Reader, chunked, r.ContentLength), peer, hs, addr)
 }

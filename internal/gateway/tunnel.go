@@ -547,6 +547,9 @@ func (tn *tunnel) connect(pkt tsgu.PacketType, names []string, port uint16) erro
 				return &refusal{pkt, tsgu.EProxySessionTimeout, fmt.Sprintf("no channel open within the handshake budget of %s", s.cfg.HandshakeTimeout.D())}
 			}
 		}
+		if tn.hs.onOpen != nil {
+			tn.hs.onOpen()
+		}
 		tn.target = tg
 		tn.upstream = conn
 		return nil

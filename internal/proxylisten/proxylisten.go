@@ -53,19 +53,30 @@ func New(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *sl
 }
 
 func (l *listener) acceptLoop() {
+	var backoff time.Duration
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				select {
+				case l.errc <- err:
+				case <-l.done:
+				}
+				return
 			}
+			// Out of file descriptors and the like: the listener is still
+			// good, so wait a little and accept again, as net/http does,
+			// rather than stop serving for good.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			l.log.Warn("accept failed; trying again", "err", err, "in", backoff.String())
 			select {
-			case l.errc <- err:
+			case <-time.After(backoff):
+				continue
 			case <-l.done:
+				return
 			}
-			return
 		}
+		backoff = 0
 		if !l.isTrusted(c.RemoteAddr()) {
 			l.hand(c)
 			continue
