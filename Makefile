@@ -8,7 +8,7 @@ STATE_DIR ?= /var/lib/deskway
 # deadline in go1.26 (golang/go#75804) and fails with no crasher.
 FUZZTIME ?= 20000x
 
-.PHONY: all build run deps assets deb test unit e2e fuzz lint clean
+.PHONY: all build run deps assets deb image test unit e2e fuzz lint clean
 
 all: build
 
@@ -27,6 +27,13 @@ assets:
 DEB_VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 deb: build
 	$(GO) run ./tools/mkdeb -bin bin -version $(DEB_VERSION)
+
+# The container image (tools/mkimage): the static binary in an image of
+# its own, with no base image; podman load -i bin/deskway-image.tar.
+IMAGE_TAG ?= $(subst +,-,$(DEB_VERSION))
+image: assets
+	CGO_ENABLED=0 $(GO) build -o bin/deskway-static ./cmd/deskway
+	$(GO) run ./tools/mkimage -bin bin/deskway-static -tag deskway:$(IMAGE_TAG) -version $(DEB_VERSION) -out bin/deskway-image.tar
 
 run: build
 	./bin/deskway up --state-dir $(STATE_DIR)

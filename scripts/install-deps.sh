@@ -18,6 +18,7 @@ packages=(
   ndisc6                                               # rdisc6: an IPv6 router-discovery client for the boot network's advertisements
   postgresql                                           # the broker's shared database (tests start their own clusters)
   strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
+  podman runc                                          # running the container image (runc: crun refuses hybrid cgroups)
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
