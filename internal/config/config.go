@@ -571,6 +571,11 @@ func (c *Config) resolveSecrets() error {
 			return fmt.Errorf("gateway.radius.secret: %w", err)
 		}
 	}
+	if c.Farm != nil {
+		if err := c.Farm.Database.Resolve(); err != nil {
+			return fmt.Errorf("farm.database: %w", err)
+		}
+	}
 	return nil
 }
 

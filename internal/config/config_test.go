@@ -168,3 +168,30 @@ func TestNetbootValidation(t *testing.T) {
 		t.Errorf("netboot with client certificates: %v", err)
 	}
 }
+
+// TestFarmDatabase: farm.database is a secret (it carries a password),
+// read from a file like any other, and must be a PostgreSQL URL.
+func TestFarmDatabase(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "farm-db")
+	if err := os.WriteFile(f, []byte("postgres://gw:pw@db/farm\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := "auth:\n  token_key: " + strings.Repeat("k", 32) + "\ngateway:\n  connection_policies: [{name: a, users: [\"*\"]}]\n  resource_policies: [{name: r, users: [\"*\"], hosts: [127.0.0.1]}]\n"
+	c, err := Parse([]byte(base + "farm:\n  database: file:" + f + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Farm.Database.Value() != "postgres://gw:pw@db/farm" {
+		t.Fatalf("farm.database resolved to %q", c.Farm.Database.Value())
+	}
+	if _, err := Parse([]byte(base + "farm:\n  database: /var/lib/farm.db\n")); err == nil || !strings.Contains(err.Error(), "farm.database") {
+		t.Fatalf("a farm.database that is not a PostgreSQL URL: %v", err)
+	}
+	if _, err := Parse([]byte(base + "  proxy_protocol_from: [\"::ffff:10.0.0.0/104\", 10.1.0.5, nonsense]\n")); err == nil || !strings.Contains(err.Error(), "gateway.proxy_protocol_from") {
+		t.Fatalf("a proxy_protocol_from entry that is no address: %v", err)
+	}
+	p, err := ParsePrefixes([]string{"::ffff:10.0.0.0/104", "10.1.0.5"})
+	if err != nil || p[0].String() != "10.0.0.0/8" || p[1].String() != "10.1.0.5/32" {
+		t.Fatalf("prefixes %v, %v", p, err)
+	}
+}

@@ -143,8 +143,9 @@ func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (conn net.Conn, 
 		conn net.Conn
 		peer string
 	}
-	answers := make(chan answer, len(s.cfg.FarmPeers))
-	for _, peer := range s.cfg.FarmPeers {
+	peers := s.farmPeers(ctx)
+	answers := make(chan answer, len(peers))
+	for _, peer := range peers {
 		go func() {
 			conn, err := s.askPeer(ctx, peer, c)
 			switch {
@@ -158,7 +159,7 @@ func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (conn net.Conn, 
 		}()
 	}
 	var won answer
-	for range s.cfg.FarmPeers {
+	for range peers {
 		a := <-answers
 		switch {
 		case a.conn == nil:
@@ -173,6 +174,39 @@ func (s *Server) claimIn(ctx context.Context, hs handshakeInfo) (conn net.Conn, 
 		}
 	}
 	return won.conn, won.peer, false
+}
+
+// farmPeers are the addresses to ask: each of gateway.farm_peers, and
+// for a name, every address it resolves to (a Kubernetes headless
+// Service names every gateway pod so).
+func (s *Server) farmPeers(ctx context.Context) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(a string) {
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	for _, p := range s.cfg.FarmPeers {
+		host, port, err := net.SplitHostPort(p)
+		if err != nil {
+			continue // refused by the configuration's validation
+		}
+		if _, err := netip.ParseAddr(host); err == nil {
+			add(p)
+			continue
+		}
+		addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+		if err != nil {
+			s.peerTrouble.Log(s.log, "farm peer name does not resolve", netip.Addr{}, p+": "+err.Error())
+			continue
+		}
+		for _, a := range addrs {
+			add(net.JoinHostPort(a, port))
+		}
+	}
+	return out
 }
 
 // errNotHeld is a peer's answer that it holds no such OUT half; errPairing

@@ -379,3 +379,26 @@ func TestFarmPeerWithAnotherCertificate(t *testing.T) {
 		t.Fatal("node B did not say why it did not ask the peer")
 	}
 }
+
+// TestFarmPeersByName: a farm peer named by a host name is every address
+// the name resolves to (a Kubernetes headless Service lists the gateway
+// pods so); here localhost, whose ::1 answers nothing.
+func TestFarmPeersByName(t *testing.T) {
+	serverTLS, clientTLS, _, _ := testkit.TLS(t)
+	lnA, _ := net.Listen("tcp", "127.0.0.1:0")
+	lnB, _ := net.Listen("tcp", "127.0.0.1:0")
+	name := func(ln net.Listener) string {
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		return "localhost:" + port
+	}
+	a := startOn(t, lnA, serverTLS, clientTLS, func(c *config.Config) { c.Gateway.FarmPeers = []string{name(lnB)} })
+	b := startOn(t, lnB, serverTLS, clientTLS, func(c *config.Config) { c.Gateway.FarmPeers = []string{name(lnA)} })
+	cfg := a.cfg("alice", "Alice-Pass1", tsgclient.Legacy)
+	cfg.Dial = splitHalves(a.addr, b.addr)
+	c, err := dial(t, cfg, "127.0.0.1", a.echoPort)
+	if err != nil {
+		t.Fatalf("halves on two nodes that name each other by host name: %v", err)
+	}
+	echoRoundTrip(t, c, 1000)
+	c.Close()
+}
