@@ -231,7 +231,9 @@ func newGateway(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *
 		farmKey = gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
 	}
 	var uses gateway.TokenUses
+	var farmDB string
 	if cfg.Farm != nil {
+		farmDB = cfg.Farm.Database.Value()
 		maxUses := 1
 		if cfg.Gateway.TokenMaxUses != nil {
 			maxUses = *cfg.Gateway.TokenMaxUses
@@ -241,15 +243,16 @@ func newGateway(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *
 		}
 	}
 	return gateway.New(cfg.Gateway, gateway.Deps{
-		TokenUses:  uses,
-		Authorizer: central,
-		Logger:     log.With("role", "gateway"),
-		Registry:   reg,
-		Users:      users,
-		Tokens:     tokens,
-		Policy:     pol,
-		Throttle:   auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		Domain:     cfg.Auth.Domain,
-		FarmKey:    farmKey,
+		TokenUses:    uses,
+		FarmDatabase: farmDB,
+		Authorizer:   central,
+		Logger:       log.With("role", "gateway"),
+		Registry:     reg,
+		Users:        users,
+		Tokens:       tokens,
+		Policy:       pol,
+		Throttle:     auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
+		Domain:       cfg.Auth.Domain,
+		FarmKey:      farmKey,
 	})
 }

@@ -24,6 +24,9 @@ type TunnelInfo struct {
 	// IdleSecs is the time since the client's last input.
 	IdleSecs float64 `json:"idle_seconds"`
 	Open     bool    `json:"channel_open"`
+	// Node is the farm node holding the tunnel, when a farm database
+	// lists every node's.
+	Node string `json:"node,omitempty"`
 }
 
 // Tunnels lists every tunnel, handshaking or open.
@@ -46,6 +49,11 @@ func (s *Server) Tunnels() []TunnelInfo {
 		out = append(out, ti)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	if ft := s.farmTun.Load(); ft != nil {
+		for i := range out {
+			out[i].Node = ft.node
+		}
+	}
 	return out
 }
 
@@ -66,7 +74,20 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/gateway/tunnels", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"tunnels": s.Tunnels()})
+		out := map[string]any{}
+		list := s.Tunnels()
+		if ft := s.farmTun.Load(); ft != nil {
+			// Every node's: this one's as they are now, the others' as
+			// they wrote them within the last seconds.
+			others, err := ft.list(r.Context())
+			if err != nil {
+				out["farm_error"] = "the farm's database could not be read: only this node's tunnels are listed"
+				s.log.Warn("farm database: listing the farm's tunnels failed", "err", err)
+			}
+			list = append(list, others...)
+		}
+		out["tunnels"] = list
+		_ = json.NewEncoder(w).Encode(out)
 	})
 	mux.HandleFunc("DELETE /api/v1/gateway/tunnels/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, err := strconv.ParseUint(r.PathValue("id"), 10, 32)
@@ -74,7 +95,22 @@ func (s *Server) AdminHandler() *http.ServeMux {
 			http.Error(w, `{"error":"tunnel id must be a number"}`, http.StatusBadRequest)
 			return
 		}
-		if !s.Disconnect(uint32(id), "disconnected by administrator") {
+		const reason = "disconnected by administrator"
+		if ft, node := s.farmTun.Load(), r.URL.Query().Get("node"); ft != nil && node != "" && node != ft.node {
+			// Another node's: it acts on the request within seconds.
+			ok, err := ft.requestDisconnect(r.Context(), node, uint32(id), reason)
+			switch {
+			case err != nil:
+				http.Error(w, `{"error":"the farm's database could not be reached"}`, http.StatusServiceUnavailable)
+			case !ok:
+				http.Error(w, `{"error":"no such tunnel"}`, http.StatusNotFound)
+			default:
+				s.log.Info("disconnect of a tunnel at another node requested by administrator", "tunnel", id, "node", node)
+				w.WriteHeader(http.StatusAccepted)
+			}
+			return
+		}
+		if !s.Disconnect(uint32(id), reason) {
 			http.Error(w, `{"error":"no such tunnel"}`, http.StatusNotFound)
 			return
 		}

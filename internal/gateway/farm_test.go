@@ -8,10 +8,12 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -401,4 +403,62 @@ func TestFarmPeersByName(t *testing.T) {
 	}
 	echoRoundTrip(t, c, 1000)
 	c.Close()
+}
+
+// TestFarmListsAndDisconnectsEveryNodesTunnels: with farm.database, the
+// admin API of any node lists every node's tunnels, with the node that
+// holds each, and disconnects one held by another node.
+func TestFarmListsAndDisconnectsEveryNodesTunnels(t *testing.T) {
+	pg := testkit.StartPostgres(t)
+	dsn := pg.NewDB(t)
+	nodes := startFarm(t, 2, func(c *config.Config) { c.Farm = &config.Farm{Database: config.NewSecret(dsn)} })
+	a, b := nodes[0], nodes[1]
+	c, err := dial(t, a.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", a.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echoRoundTrip(t, c, 100)
+
+	admin := httptest.NewServer(b.srv.AdminHandler())
+	defer admin.Close()
+	type list struct {
+		Tunnels []gateway.TunnelInfo `json:"tunnels"`
+	}
+	var at gateway.TunnelInfo
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, err := http.Get(admin.URL + "/api/v1/gateway/tunnels")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l list
+		_ = json.NewDecoder(resp.Body).Decode(&l)
+		resp.Body.Close()
+		if len(l.Tunnels) == 1 && l.Tunnels[0].User == "alice" && l.Tunnels[0].Node != "" {
+			at = l.Tunnels[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node B's admin API does not list alice's tunnel at node A: %+v", l)
+		}
+	}
+	req, _ := http.NewRequest("DELETE", fmt.Sprintf("%s/api/v1/gateway/tunnels/%d?node=%s", admin.URL, at.ID, at.Node), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("disconnect at another node: %d", resp.StatusCode)
+	}
+	ended := make(chan error, 1)
+	go func() { _, err := io.ReadAll(c); ended <- err }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("alice's tunnel at node A did not end")
+	}
+	if !strings.Contains(a.logs.String(), "tunnel disconnected by administrator at another node") {
+		t.Fatal("node A did not log the disconnect")
+	}
 }

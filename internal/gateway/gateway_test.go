@@ -141,6 +141,12 @@ func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mo
 		Domain:    cfg.Auth.Domain,
 		FarmKey:   farmKey,
 		TokenUses: uses,
+		FarmDatabase: func() string {
+			if cfg.Farm == nil {
+				return ""
+			}
+			return cfg.Farm.Database.Value()
+		}(),
 		Authorizer: func() gateway.Authorizer {
 			if cfg.Gateway.RADIUS == nil {
 				return nil

@@ -58,6 +58,9 @@ type Deps struct {
 	// FarmKey authenticates the nodes of a farm to each other (FarmKey of
 	// the token key); required when gateway.farm_peers is set.
 	FarmKey []byte
+	// FarmDatabase is farm.database: the farm's tunnel list is kept
+	// there; empty lists this node's tunnels alone.
+	FarmDatabase string
 }
 
 // Authorizer is a central connection policy check (RADIUS, like NPS).
@@ -99,9 +102,11 @@ type Server struct {
 	farmTLS     *tls.Config
 	farmCert    []byte
 	peerTrouble admission.Refusals
-	nextID      uint32
-	closing     bool
-	wg          sync.WaitGroup // one per running tunnel
+	// farmTun is the farm's tunnel list, when there is a farm database.
+	farmTun atomic.Pointer[farmTunnels]
+	nextID  uint32
+	closing bool
+	wg      sync.WaitGroup // one per running tunnel
 }
 
 // New builds a server; it does not listen until Serve.
@@ -220,6 +225,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 			return context.WithValue(ctx, connKey{}, s.admit(c))
 		},
 		ConnState: s.connClosed,
+	}
+	if s.deps.FarmDatabase != "" {
+		ft, err := openFarmTunnels(ctx, s.deps.FarmDatabase, s)
+		if err != nil {
+			return fmt.Errorf("gateway: %w", err)
+		}
+		s.farmTun.Store(ft)
+		go ft.run(ctx)
 	}
 	if len(s.cfg.ProxyProtocolFrom) > 0 {
 		trusted, err := config.ParsePrefixes(s.cfg.ProxyProtocolFrom)

@@ -143,6 +143,8 @@ type (
 		BytesDown uint64    `json:"bytes_down"`
 		Started   time.Time `json:"started"`
 		Open      bool      `json:"channel_open"`
+		// Node is the gateway holding the tunnel, in a farm.
+		Node string `json:"node"`
 	}
 	consoleGroup struct {
 		Name             string     `json:"name"`
@@ -197,6 +199,17 @@ type (
 		Status int       `json:"status"`
 	}
 )
+
+// FarmTunnels says whether the tunnels come from a gateway farm's list,
+// which names the node holding each.
+func (d *consoleData) FarmTunnels() bool {
+	for _, t := range d.Tunnels {
+		if t.Node != "" {
+			return true
+		}
+	}
+	return false
+}
 
 // consoleData is what a console page shows.
 type consoleData struct {
@@ -498,6 +511,12 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 		done: func(r *http.Request) string { return r.PathValue("name") + ": removed" }}))
 	mux.HandleFunc("POST /admin/tunnels/{id}/disconnect", s.consoleAct(consoleAction{need: roleAdmin, what: "disconnect tunnels",
 		back: "/admin/tunnels", method: "DELETE",
-		path: func(r *http.Request) string { return "/api/v1/gateway/tunnels/" + pv("id")(r) },
+		path: func(r *http.Request) string {
+			p := "/api/v1/gateway/tunnels/" + pv("id")(r)
+			if n := r.PostFormValue("node"); n != "" {
+				p += "?node=" + url.QueryEscape(n) // another farm node's tunnel
+			}
+			return p
+		},
 		done: func(r *http.Request) string { return "tunnel " + r.PathValue("id") + " disconnected" }}))
 }
