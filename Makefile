@@ -26,6 +26,7 @@ assets:
 # role and one for every role of the config, /etc/deskway/deskway.yaml.
 DEB_VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 deb: build
+	rm -f bin/deskway_*_amd64.deb
 	$(GO) run ./tools/mkdeb -bin bin -version $(DEB_VERSION)
 
 # The container image (tools/mkimage): the static binary in an image of

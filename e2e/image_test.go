@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -25,33 +26,32 @@ func podman(args ...string) *exec.Cmd {
 }
 
 // TestContainerImage: the image tools/mkimage builds from the static
-// binary (make image) loads into podman, runs as its unprivileged user
+// binary, made and loaded into podman by the README's own lines (make
+// image, podman load), runs as its unprivileged user
 // with the configuration from a volume, and carries a tunnel through
 // the gateway it runs to a host outside the container.
 func TestContainerImage(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "podman", "runc")
-	dir := t.TempDir()
-	static := filepath.Join(dir, "deskway-static")
-	build := exec.Command("go", "build", "-o", static, "../cmd/deskway")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("static build: %v\n%s", err, out)
+	// The README's lines, as written, from the top directory.
+	block := readmeBlocks(t)["install-image"]
+	if block == "" {
+		t.Fatal("README.md has no block marked <!-- e2e: install-image -->")
 	}
-	archive := filepath.Join(dir, "deskway-image.tar")
-	tag := fmt.Sprintf("deskway:e2e-%d", time.Now().UnixNano())
-	mk := exec.Command("go", "run", "./tools/mkimage", "-bin", static, "-tag", tag, "-out", archive, "-version", "0.1.0")
-	mk.Dir = ".."
-	if out, err := mk.CombinedOutput(); err != nil {
-		t.Fatalf("mkimage: %v\n%s", err, out)
+	inst := exec.Command("bash", "-ec", block)
+	inst.Dir = ".."
+	out, err := inst.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README's install-image lines: %v\n%s", err, lastLines(string(out), 30))
 	}
-	image := "localhost/" + tag
-	if out, err := podman("load", "-i", archive).CombinedOutput(); err != nil {
-		t.Fatalf("podman load: %v\n%s", err, out)
+	m := regexp.MustCompile(`Loaded image(?:\(s\))?: (\S+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("podman load named no image:\n%s", lastLines(string(out), 10))
 	}
+	image := m[1]
 	t.Cleanup(func() { _ = podman("rmi", "-f", image).Run() })
 
-	out, err := podman("image", "inspect", image).Output()
+	out, err = podman("image", "inspect", image).Output()
 	if err != nil {
 		t.Fatalf("podman image inspect: %v", err)
 	}

@@ -50,9 +50,9 @@ func readUnit(t *testing.T, path string) unit {
 	return u
 }
 
-// TestDebianPackage: the package make deb builds installs with dpkg on
-// this machine, makes its system user, ships units that systemd-analyze
-// verify accepts, runs a role as its unit does (the unit's user, group,
+// TestDebianPackage: the package make deb builds installs on this
+// machine by the README's own lines (make deb, apt-get install), makes
+// its system user, ships units that systemd-analyze verify accepts, runs a role as its unit does (the unit's user, group,
 // capabilities and command line, in the state directory systemd would
 // make), and purges cleanly: binaries, units, config, user and state
 // gone, the state kept when DESKWAY_KEEP_DATA=1 is asked for.
@@ -62,17 +62,23 @@ func TestDebianPackage(t *testing.T) {
 	if exec.Command("dpkg-query", "-W", "deskway").Run() == nil {
 		t.Fatal("a deskway package is already installed on this machine; this test installs and purges its own: dpkg -P deskway first")
 	}
-	bin := filepath.Dir(build(t))
-	nbdroot := buildNbdroot(t)
-	if err := copyExecutable(nbdroot, filepath.Join(bin, "deskway-nbdroot")); err != nil {
-		t.Fatal(err)
+	// The README's lines, as written, from the top directory.
+	block := readmeBlocks(t)["install-deb"]
+	if block == "" {
+		t.Fatal("README.md has no block marked <!-- e2e: install-deb -->")
 	}
-	deb := filepath.Join(t.TempDir(), "deskway_0.1.0_amd64.deb")
-	mk := exec.Command("go", "run", "./tools/mkdeb", "-bin", bin, "-version", "0.1.0", "-out", deb)
-	mk.Dir = ".."
-	if out, err := mk.CombinedOutput(); err != nil {
-		t.Fatalf("mkdeb: %v\n%s", err, out)
+	t.Cleanup(func() { _ = exec.Command("dpkg", "-P", "deskway").Run() })
+	inst := exec.Command("bash", "-ec", block)
+	inst.Dir = ".."
+	inst.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	if out, err := inst.CombinedOutput(); err != nil {
+		t.Fatalf("the README's install-deb lines: %v\n%s", err, lastLines(string(out), 30))
 	}
+	debs, _ := filepath.Glob("../bin/deskway_*_amd64.deb")
+	if len(debs) != 1 {
+		t.Fatalf("make deb left %d packages in bin/: %v", len(debs), debs)
+	}
+	deb := debs[0]
 	dpkg := func(env []string, args ...string) string {
 		t.Helper()
 		c := exec.Command("dpkg", args...)
@@ -83,8 +89,6 @@ func TestDebianPackage(t *testing.T) {
 		}
 		return string(out)
 	}
-	t.Cleanup(func() { _ = exec.Command("dpkg", "-P", "deskway").Run() })
-	dpkg(nil, "-i", deb)
 	for _, f := range []string{"/usr/bin/deskway", "/usr/bin/deskway-nbdroot", "/etc/deskway/deskway.yaml", "/usr/share/doc/deskway/README.md",
 		"/lib/systemd/system/deskway.service", "/lib/systemd/system/deskway-gateway.service", "/lib/systemd/system/deskway-broker.service",
 		"/lib/systemd/system/deskway-agent.service", "/lib/systemd/system/deskway-stream.service"} {
@@ -164,12 +168,4 @@ gateway:
 	if exec.Command("getent", "passwd", "deskway").Run() == nil || exec.Command("getent", "group", "deskway").Run() == nil {
 		t.Error("dpkg -P left the deskway user or group behind")
 	}
-}
-
-func copyExecutable(src, dst string) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, b, 0o755)
 }
