@@ -54,23 +54,9 @@ const farmTokenSchema = `CREATE TABLE IF NOT EXISTS deskway_token_uses (
 // it is missing, and returns the record, renewing leases and pruning
 // expired tokens until ctx ends. max is gateway.token_max_uses.
 func NewFarmTokenUses(ctx context.Context, dsn string, max int, log *slog.Logger, reg prometheus.Registerer) (TokenUses, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+	pool, err := openFarmDB(ctx, dsn, "token-use", farmTokenSchema)
 	if err != nil {
-		return nil, fmt.Errorf("farm.database: %w", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	// Two nodes starting at once must not both create the table.
-	err = pgx.BeginFunc(cctx, poolTx{pool}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(cctx, `SELECT pg_advisory_xact_lock(4242017)`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(cctx, farmTokenSchema)
-		return err
-	})
-	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("farm.database: creating the token-use table: %w", err)
+		return nil, err
 	}
 	id := make([]byte, 8)
 	_, _ = rand.Read(id)
@@ -84,11 +70,6 @@ func NewFarmTokenUses(ctx context.Context, dsn string, max int, log *slog.Logger
 	go t.maintain(ctx)
 	return t, nil
 }
-
-// poolTx lets pgx.BeginFunc start a transaction on the pool.
-type poolTx struct{ p *pgxpool.Pool }
-
-func (p poolTx) Begin(ctx context.Context) (pgx.Tx, error) { return p.p.Begin(ctx) }
 
 // Begin implements TokenUses.
 func (t *farmTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(bool), error) {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"os"
 	"strings"
@@ -56,22 +55,9 @@ func farmNodeName() string {
 }
 
 func openFarmTunnels(ctx context.Context, dsn string, srv *Server) (*farmTunnels, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+	pool, err := openFarmDB(ctx, dsn, "tunnel", farmTunnelSchema)
 	if err != nil {
-		return nil, fmt.Errorf("farm.database: %w", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	err = pgx.BeginFunc(cctx, poolTx{pool}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(cctx, `SELECT pg_advisory_xact_lock(4242018)`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(cctx, farmTunnelSchema)
-		return err
-	})
-	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("farm.database: creating the tunnel table: %w", err)
+		return nil, err
 	}
 	return &farmTunnels{pool: pool, node: farmNodeName(), srv: srv}, nil
 }
