@@ -115,7 +115,8 @@ func newBrokerRigWith(t *testing.T, edit func(string) string) *brokerRig {
 	r, rdpPort := newRDPRig(t)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
-	gwPort, brokerPort, adminPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	ports := testkit.FreePorts(t, 3)
+	gwPort, brokerPort, adminPort := ports[0], ports[1], ports[2]
 	r.gw = fmt.Sprintf("127.0.0.1:%d", gwPort)
 	r.cfg = filepath.Join(dir, "deskway.yaml")
 	write := func(join string) {

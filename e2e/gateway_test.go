@@ -69,10 +69,11 @@ func setup(t *testing.T) *rig {
 	r, rdpPort := newRDPRig(t)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
-	gwPort := testkit.FreePort(t)
+	ports := testkit.FreePorts(t, 2)
+	gwPort := ports[0]
 	r.gw = fmt.Sprintf("127.0.0.1:%d", gwPort)
 	r.cfg = filepath.Join(dir, "deskway.yaml")
-	body := fmt.Sprintf(gatewayConfig, dir, testkit.FreePort(t), cert, key, gwPort, rdpPort)
+	body := fmt.Sprintf(gatewayConfig, dir, ports[1], cert, key, gwPort, rdpPort)
 	if err := os.WriteFile(r.cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}

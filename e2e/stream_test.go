@@ -97,7 +97,8 @@ func startStreamWith(t *testing.T, tlsMode, window, cert, key, clients, extra st
 	f.WriteAt([]byte(strings.Repeat("golden image ", 1000)), 40<<20)
 	f.Truncate(64 << 20)
 	f.Close()
-	port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
+	ports := testkit.FreePorts(t, 2)
+	port, adminPort := ports[0], ports[1]
 	cfg := filepath.Join(dir, "deskway.yaml")
 	body := fmt.Sprintf(streamConfig, filepath.Join(dir, "state"), adminPort, cert, key, port, tlsMode, window, base, clients, extra)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {

@@ -111,3 +111,14 @@ func FreePort(t testing.TB) int {
 	}
 	return p
 }
+
+// FreePorts returns n different free ports, for one server's listeners:
+// FreePort twice may give the same port.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	p, err := loopback.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

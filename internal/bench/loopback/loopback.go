@@ -15,16 +15,37 @@ import (
 // where the kernel picks the local ports of outgoing connections: a port
 // from there can be taken by any connection before the server binds it.
 func FreePort() (int, error) {
-	for range 200 {
+	ports, err := FreePorts(1)
+	if err != nil {
+		return 0, err
+	}
+	return ports[0], nil
+}
+
+// FreePorts returns n different ports as FreePort does: each is held
+// while the next is drawn, so two of one server's listeners never get the
+// same port.
+func FreePorts(n int) ([]int, error) {
+	var held []net.Listener
+	defer func() {
+		for _, ln := range held {
+			ln.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for try := 0; len(ports) < n && try < 200*n; try++ {
 		port := 20000 + rand.IntN(12000)
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
 		}
-		ln.Close()
-		return port, nil
+		held = append(held, ln)
+		ports = append(ports, port)
 	}
-	return 0, errors.New("bench: no free port between 20000 and 32000 on 127.0.0.1")
+	if len(ports) < n {
+		return nil, errors.New("bench: no free port between 20000 and 32000 on 127.0.0.1")
+	}
+	return ports, nil
 }
 
 // WaitPort waits up to d for addr to accept a connection.
