@@ -495,6 +495,14 @@ func TestNetbootAnswersRouterSolicitations(t *testing.T) {
 		return ns, srv
 	}
 	solicit := func(ns *netns) (string, error) {
+		// A new interface's link-local address is tentative until duplicate
+		// address detection ends; rdisc6 cannot send from it before.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			out, _ := exec.Command("ip", "netns", "exec", ns.name, "ip", "-6", "addr", "show", "dev", "cli0", "scope", "link").Output()
+			if strings.Contains(string(out), "fe80") && !strings.Contains(string(out), "tentative") {
+				break
+			}
+		}
 		out, err := exec.Command("ip", "netns", "exec", ns.name, "rdisc6", "-1", "-n", "-w", "1500", "-r", "4", "cli0").CombinedOutput()
 		return string(out), err
 	}
