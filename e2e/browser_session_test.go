@@ -43,6 +43,7 @@ func TestBrowserDesktopClipboardResizeKeys(t *testing.T) {
 		t.Fatalf("the policy allows the clipboard, yet the gateway withheld a channel:\n%s", lastLines(log, 10))
 	}
 	s := newSessionX(t, b.xrdp.User)
+	s.waitClipboardChannel(t)
 
 	// Copied in the session (an X client owning the CLIPBOARD selection,
 	// as a text editor's Copy does): the page's client is told, fetches
@@ -203,6 +204,20 @@ func (s *sessionX) command(name string, args ...string) *exec.Cmd {
 	c := exec.Command(name, args...)
 	c.Env = s.env
 	return c
+}
+
+// waitClipboardChannel waits until the session's channel server has
+// joined the clipboard channel. xrdp-chansrv starts watching who owns the
+// X clipboard only then, and does not look at the owner it finds: a copy
+// made earlier never reaches the client (a person copies after the
+// desktop has been shown a while, a test right after it appears). The
+// atoms it interns just before it starts watching mark the moment.
+func (s *sessionX) waitClipboardChannel(t *testing.T) {
+	t.Helper()
+	eventually(t, 20*time.Second, "xrdp-chansrv to join the clipboard channel", func() (bool, string) {
+		out, err := s.command("xlsatoms", "-name", "XRDP_CLIP_PROPERTY_ATOM").Output()
+		return err == nil && strings.Contains(string(out), "XRDP_CLIP_PROPERTY_ATOM"), fmt.Sprintf("xlsatoms: %q %v", out, err)
+	})
 }
 
 // copy makes text the session's clipboard: xclip owns the selection
