@@ -24,6 +24,7 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
+	"github.com/deskway/deskway/internal/bench/childproc"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
 )
@@ -487,15 +488,15 @@ func measureXfreerdp(ctx context.Context, r *rig, window time.Duration, shot str
 		return -1
 	}
 	t0 := time.Now()
-	p, err := start([]string{"DISPLAY=" + r.display}, "xfreerdp", file, "/u:"+benchUser, "/p:"+r.password, "/cert:ignore", "/gt:http",
+	p, err := childproc.Start([]string{"DISPLAY=" + r.display}, "xfreerdp", file, "/u:"+benchUser, "/p:"+r.password, "/cert:ignore", "/gt:http",
 		fmt.Sprintf("/size:%dx%d", r.desktopW, r.desktopH), "/log-level:ERROR")
 	if err != nil {
 		return s, err
 	}
-	defer p.stop()
+	defer p.Stop()
 	for edge() < 0 {
 		if time.Since(t0) > time.Minute {
-			return s, fmt.Errorf("xfreerdp showed no desktop in a minute:\n%s", p.tail(20))
+			return s, fmt.Errorf("xfreerdp showed no desktop in a minute:\n%s", p.Tail(20))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -1,15 +1,12 @@
 package browserbench
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -20,10 +17,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
+	"github.com/deskway/deskway/internal/bench/childproc"
 	"github.com/deskway/deskway/internal/bench/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
@@ -57,65 +53,6 @@ while :; do
 done'
 `
 
-// proc is a started program, stopped with its process group.
-type proc struct {
-	cmd *exec.Cmd
-	out *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func start(env []string, name string, args ...string) (*proc, error) {
-	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), env...)
-	out := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	return &proc{cmd: cmd, out: out}, nil
-}
-
-func (p *proc) stop() {
-	if p == nil || p.cmd.Process == nil {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	}
-}
-
-// tail is the last lines a process wrote, for an error message.
-func (p *proc) tail(n int) string {
-	lines := strings.Split(strings.TrimSpace(p.out.String()), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
 // rig is one xrdp host, a deskway gateway on its own (so its CPU is the
 // gateway's alone), a broker, agent and portal beside it, and an Xvfb for
 // xfreerdp.
@@ -126,8 +63,8 @@ type rig struct {
 	adminPort, webPort   int
 	brokerPort           int
 	display              string
-	gw, rest             *proc
-	procs                []*proc
+	gw, rest             *childproc.Proc
+	procs                []*childproc.Proc
 	client               *http.Client
 	portal, adminToken   string
 	brokerURL, xrdpAddr  string
@@ -142,7 +79,7 @@ type rig struct {
 func (r *rig) close() {
 	_ = os.Remove(moveFlag)
 	for i := len(r.procs) - 1; i >= 0; i-- {
-		r.procs[i].stop()
+		r.procs[i].Stop()
 	}
 	_ = exec.Command("pkill", "-KILL", "-u", benchUser).Run()
 }
@@ -218,7 +155,7 @@ func (r *rig) setUp(ctx context.Context) error {
 		return err
 	}
 	r.deskwayExe = exe
-	if r.xrdpCertSHA256, err = certSHA256("/etc/xrdp/cert.pem"); err != nil {
+	if r.xrdpCertSHA256, err = childproc.CertSHA256("/etc/xrdp/cert.pem"); err != nil {
 		return fmt.Errorf("browserbench: xrdp's certificate: %w", err)
 	}
 	// The host account, its session and the file that moves its window.
@@ -264,7 +201,7 @@ func (r *rig) setUp(ctx context.Context) error {
 	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
 	_ = os.Remove("/var/run/xrdp/xrdp.pid")
 	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := start(nil, c[0], c[1:]...)
+		p, err := childproc.Start(nil, c[0], c[1:]...)
 		if err != nil {
 			return err
 		}
@@ -282,7 +219,7 @@ func (r *rig) setUp(ctx context.Context) error {
 		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
 			continue
 		}
-		p, err := start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
+		p, err := childproc.Start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
 		if err != nil {
 			return err
 		}
@@ -315,11 +252,11 @@ func (r *rig) setUp(ctx context.Context) error {
 	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.adminPort, r.adminToken, r.tokenKey, r.gwPort, r.webPort, r.rdpPort, r.xrdpCertSHA256)), 0o600); err != nil {
 		return err
 	}
-	if r.gw, err = start(nil, exe, "gateway", "-c", gwCfg); err != nil {
+	if r.gw, err = childproc.Start(nil, exe, "gateway", "-c", gwCfg); err != nil {
 		return err
 	}
 	r.procs = append(r.procs, r.gw)
-	r.gatewayPID = r.gw.cmd.Process.Pid
+	r.gatewayPID = r.gw.Pid()
 	r.gatewayAdminURL = fmt.Sprintf("https://127.0.0.1:%d", r.adminPort)
 	restCfg := filepath.Join(r.dir, "rest.yaml")
 	write := func(join string) error {
@@ -335,7 +272,7 @@ func (r *rig) setUp(ctx context.Context) error {
 	if err := write(strings.TrimSpace(string(out))); err != nil {
 		return err
 	}
-	if r.rest, err = start(nil, exe, "run", "-c", restCfg); err != nil {
+	if r.rest, err = childproc.Start(nil, exe, "run", "-c", restCfg); err != nil {
 		return err
 	}
 	r.procs = append(r.procs, r.rest)
@@ -343,7 +280,7 @@ func (r *rig) setUp(ctx context.Context) error {
 	r.brokerURL = fmt.Sprintf("https://127.0.0.1:%d", r.brokerPort)
 	for _, a := range []string{fmt.Sprintf("127.0.0.1:%d", r.gwPort), fmt.Sprintf("127.0.0.1:%d", r.brokerPort), fmt.Sprintf("127.0.0.1:%d", r.webPort)} {
 		if err := loopback.WaitPort(a, 20*time.Second); err != nil {
-			return fmt.Errorf("deskway: %w\n%s\n%s", err, r.gw.tail(10), r.rest.tail(10))
+			return fmt.Errorf("deskway: %w\n%s\n%s", err, r.gw.Tail(10), r.rest.Tail(10))
 		}
 	}
 	// The agent registers the host; wait until a launch succeeds.
@@ -351,7 +288,7 @@ func (r *rig) setUp(ctx context.Context) error {
 		if _, err := r.launchRDP(ctx); err == nil {
 			break
 		} else if time.Now().After(deadline) {
-			return fmt.Errorf("browserbench: the broker cannot launch: %w\n%s", err, r.rest.tail(20))
+			return fmt.Errorf("browserbench: the broker cannot launch: %w\n%s", err, r.rest.Tail(20))
 		}
 	}
 	return nil
@@ -406,20 +343,4 @@ func (r *rig) gatewayBytes(ctx context.Context) (uint64, error) {
 		}
 	}
 	return n, nil
-}
-
-func certSHA256(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	blk, _ := pem.Decode(b)
-	if blk == nil {
-		return "", fmt.Errorf("%s holds no PEM block", path)
-	}
-	if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(blk.Bytes)
-	return hex.EncodeToString(sum[:]), nil
 }

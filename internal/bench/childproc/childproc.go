@@ -1,0 +1,113 @@
+// Package childproc starts the programs a bench runs beside deskway
+// (xrdp, Xvfb, clients, deskway's own roles) each in its own process
+// group, keeps what they print for error messages, and stops them with
+// everything they started.
+package childproc
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Proc is a started program.
+type Proc struct {
+	Cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Start runs name with args in a process group of its own, with env
+// added to this process's environment.
+func Start(env []string, name string, args ...string) (*Proc, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Proc{Cmd: cmd, out: out, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// Exited is closed once the program has ended and was collected.
+func (p *Proc) Exited() <-chan struct{} { return p.done }
+
+// Pid is the program's process id.
+func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+
+// Stop ends the program's process group: SIGTERM, then SIGKILL for a
+// group still there after five seconds. It returns once the program was
+// collected.
+func (p *Proc) Stop() {
+	if p == nil || p.Cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// Output is everything the program printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Tail is the last n lines the program printed, for an error message.
+func (p *Proc) Tail(n int) string {
+	lines := strings.Split(strings.TrimSpace(p.out.String()), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// CertSHA256 is the SHA-256 of the DER certificate in the PEM file at
+// path, in hex: what a gateway resource policy pins a host's
+// certificate with.
+func CertSHA256(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return "", fmt.Errorf("%s holds no PEM block", path)
+	}
+	if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	sum := sha256.Sum256(blk.Bytes)
+	return hex.EncodeToString(sum[:]), nil
+}
