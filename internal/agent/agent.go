@@ -26,6 +26,9 @@ type Deps struct {
 	Client *brokerclient.Client
 	// Sessions lists the host's sessions now; nil means the host reports none.
 	Sessions func() ([]brokerapi.Session, error)
+	// Usage reads what the host's sessions use, to report with them
+	// (ReadSessionUsage); nil reports none.
+	Usage func() ([]SessionUsage, error)
 	// Proc is the /proc to read counters from.
 	Proc string
 	// Control carries out session commands; nil answers each that this
@@ -43,6 +46,9 @@ type Agent struct {
 	d    Deps
 	cred string
 	beat time.Duration
+	// cpu and usageFailing belong to Run's heartbeats.
+	cpu          cpuMeter
+	usageFailing bool
 }
 
 // New builds an agent; Run registers and reports.
@@ -198,10 +204,8 @@ func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []broker
 	*prev = cur
 	_, drainErr := os.Stat(a.cfg.DrainFile)
 	hb := brokerapi.Heartbeat{Host: a.cfg.Name, CPU: l.CPU, Memory: l.Memory, DiskIdle: l.DiskIdle,
-		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, Drain: drainErr == nil, Sessions: sessions}
-	if hb.Sessions == nil {
-		hb.Sessions = []brokerapi.Session{}
-	}
+		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, MajorFaultsPerSec: l.MajorFaultsPerSec,
+		SwapInPerSec: l.SwapInPerSec, SwapOutPerSec: l.SwapOutPerSec, Drain: drainErr == nil, Sessions: a.withUsage(sessions)}
 	cmds, err := a.d.Client.Heartbeat(ctx, a.cred, hb)
 	var se *brokerclient.StatusError
 	if errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusUnauthorized) {
@@ -219,6 +223,27 @@ func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []broker
 		return nil
 	}
 	return err
+}
+
+// withUsage returns the sessions with what each uses now; without
+// Deps.Usage, or when it fails, they go with none (zero) and the
+// heartbeat goes anyway.
+func (a *Agent) withUsage(sessions []brokerapi.Session) []brokerapi.Session {
+	var usage []SessionUsage
+	if a.d.Usage != nil {
+		u, err := a.d.Usage()
+		switch {
+		case err != nil && !a.usageFailing:
+			a.d.Logger.Warn("reading the sessions' memory and CPU; they are reported as 0 until it works", "error", err)
+		case err == nil && a.usageFailing:
+			a.d.Logger.Info("reading the sessions' memory and CPU works again")
+		}
+		a.usageFailing = err != nil
+		if err == nil {
+			usage = u
+		}
+	}
+	return a.cpu.annotate(sessions, usage, time.Now())
 }
 
 // carryOut runs one session command and answers the broker with the

@@ -23,8 +23,9 @@ import (
 const key = "agent-test-token-key-0123456789abcdef0"
 
 // TestAgentAgainstBroker runs the agent loop against a real broker:
-// registration, heartbeats with this machine's /proc counters, session
-// events as the host's sessions change, and drain through the drain file.
+// registration, heartbeats with this machine's /proc counters and the
+// sessions' memory and CPU, session events as the host's sessions change,
+// and drain through the drain file.
 func TestAgentAgainstBroker(t *testing.T) {
 	dir := t.TempDir()
 	cfg := &config.Config{StateDir: dir, Auth: config.Auth{TokenKey: config.NewSecret(key)},
@@ -55,6 +56,13 @@ func TestAgentAgainstBroker(t *testing.T) {
 	var mu sync.Mutex
 	sessions := []brokerapi.Session{}
 	set := func(ss ...brokerapi.Session) { mu.Lock(); sessions = ss; mu.Unlock() }
+	// ann's session holds 300 MiB and uses a fifth of a core: 20 ticks a
+	// second, counted from the first reading.
+	start := time.Now()
+	usage := func() ([]agent.SessionUsage, error) {
+		ticks := uint64(time.Since(start).Seconds()*20) + 5000
+		return []agent.SessionUsage{{User: "ann", Display: "10", PSSBytes: 300 << 20, CPUTicks: ticks, Processes: 4}}, nil
+	}
 	drain := filepath.Join(dir, "drain")
 	acfg := &config.Agent{Broker: srv.URL, JoinToken: config.NewSecret(join), Name: "host-a", Address: "10.0.0.5",
 		Port: 3389, Sessions: "none", SessionPoll: config.Duration(50 * time.Millisecond), DrainFile: drain}
@@ -64,7 +72,8 @@ func TestAgentAgainstBroker(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			return append([]brokerapi.Session(nil), sessions...), nil
-		}})
+		},
+		Usage: usage})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +123,22 @@ func TestAgentAgainstBroker(t *testing.T) {
 	}
 	set(brokerapi.Session{User: "ann", State: "active"})
 	waitFor("logon", func() bool { return state() == store.Active })
+	// The heartbeats carry what the session uses: its memory, and once
+	// two readings are apart, its CPU.
+	var ann store.Session
+	waitFor("the session's usage", func() bool {
+		ss, _ := st.Sessions(context.Background(), "ann", false, 1)
+		if len(ss) == 1 {
+			ann = ss[0]
+		}
+		return ann.Memory > 0 && ann.CPU > 0
+	})
+	if ann.Memory != 300<<20 || ann.CPU < 0.1 || ann.CPU > 0.3 {
+		t.Fatalf("ann's session as stored = %+v, want 300 MiB and about 0.2 of a core", ann)
+	}
+	if h := host(); h.SessionMemory != 300<<20 {
+		t.Fatalf("host's memory per session = %d, want %d", h.SessionMemory, 300<<20)
+	}
 	set(brokerapi.Session{User: "ann", State: "disconnected"})
 	waitFor("disconnect", func() bool { return state() == store.Disconnected })
 	set()

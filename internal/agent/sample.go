@@ -21,6 +21,13 @@ type Counters struct {
 	MemSome10 float64 // PSI memory "some" avg10, percent
 	Disks     map[string]DiskCounters
 	HasPSI    bool
+	// From /proc/vmstat, cumulative since boot: major page faults (a page
+	// read from disk, which a session feels as a stall) and pages swapped
+	// in and out. Memory use alone cannot tell a full host from one that
+	// thrashes; these can.
+	MajorFaults uint64
+	SwapIn      uint64
+	SwapOut     uint64
 }
 
 // DiskCounters are one block device's fields from /proc/diskstats.
@@ -36,6 +43,8 @@ type Load struct {
 	DiskIdle       float64 // idle fraction of the busiest disk
 	DiskLatencyMS  float64 // average ms per request of the slowest disk
 	MemoryPressure float64 // fraction of time some task stalled on memory
+	// Page activity over the interval, pages per second.
+	MajorFaultsPerSec, SwapInPerSec, SwapOutPerSec float64
 }
 
 // ReadCounters reads /proc under root (normally "/proc").
@@ -58,6 +67,11 @@ func ReadCounters(root string) (Counters, error) {
 		return c, fmt.Errorf("agent: %w", err)
 	}
 	c.Disks = parseDiskstats(disks, isWholeDisk)
+	vm, err := os.ReadFile(filepath.Join(root, "vmstat"))
+	if err != nil {
+		return c, fmt.Errorf("agent: %w", err)
+	}
+	c.MajorFaults, c.SwapIn, c.SwapOut = parseVmstat(vm)
 	if psi, err := os.ReadFile(filepath.Join(root, "pressure", "memory")); err == nil {
 		c.MemSome10, c.HasPSI = parsePSI(psi), true
 	}
@@ -117,6 +131,31 @@ func parseMeminfo(b []byte) (total, avail uint64) {
 	return total, avail
 }
 
+// parseVmstat returns the pgmajfault, pswpin and pswpout counters; one
+// the kernel does not show reads as 0.
+func parseVmstat(b []byte) (majfault, swapIn, swapOut uint64) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		var dst *uint64
+		switch name {
+		case "pgmajfault":
+			dst = &majfault
+		case "pswpin":
+			dst = &swapIn
+		case "pswpout":
+			dst = &swapOut
+		default:
+			continue
+		}
+		*dst, _ = strconv.ParseUint(strings.TrimSpace(val), 10, 64)
+	}
+	return majfault, swapIn, swapOut
+}
+
 func parseDiskstats(b []byte, keep func(string) bool) map[string]DiskCounters {
 	out := map[string]DiskCounters{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
@@ -146,9 +185,9 @@ func parsePSI(b []byte) float64 {
 	return 0
 }
 
-// minDiskWindowMS is the shortest interval disk idleness and latency are
-// judged over.
-const minDiskWindowMS = 500
+// minWindowMS is the shortest interval disk idleness, disk latency and
+// page rates are judged over.
+const minWindowMS = 500
 
 // Between derives the load over the interval from a to b.
 func Between(a, b Counters) Load {
@@ -166,7 +205,7 @@ func Between(a, b Counters) Load {
 		// few milliseconds (the heartbeat right after registering) one
 		// request in flight reads as a saturated disk, which would mark a
 		// new host unhealthy. Such a window says nothing of the disk.
-		if !ok || wall < minDiskWindowMS || d.BusyMS < p.BusyMS || d.IOs < p.IOs {
+		if !ok || wall < minWindowMS || d.BusyMS < p.BusyMS || d.IOs < p.IOs {
 			continue
 		}
 		idle := clamp(1 - float64(d.BusyMS-p.BusyMS)/wall)
@@ -176,7 +215,22 @@ func Between(a, b Counters) Load {
 		}
 	}
 	l.MemoryPressure = clamp(b.MemSome10 / 100)
+	// Over a few milliseconds one fault would read as hundreds a second.
+	if wall >= minWindowMS {
+		l.MajorFaultsPerSec = perSec(a.MajorFaults, b.MajorFaults, wall)
+		l.SwapInPerSec = perSec(a.SwapIn, b.SwapIn, wall)
+		l.SwapOutPerSec = perSec(a.SwapOut, b.SwapOut, wall)
+	}
 	return l
+}
+
+// perSec is a cumulative counter's rate from a to b over ms milliseconds;
+// a counter that went back (a reboot between readings) gives 0.
+func perSec(a, b uint64, ms float64) float64 {
+	if b < a {
+		return 0
+	}
+	return float64(b-a) / ms * 1000
 }
 
 func clamp(v float64) float64 { return min(1, max(0, v)) }

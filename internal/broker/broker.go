@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -994,6 +995,14 @@ func fraction(name string, v float64) error {
 	return nil
 }
 
+// rate checks a count per second (or share of a core): finite, not negative.
+func rate(name string, v float64) error {
+	if v < 0 || v != v || math.IsInf(v, 1) {
+		return fmt.Errorf("%s %g is not a rate of 0 or more", name, v)
+	}
+	return nil
+}
+
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	c, ok := s.agent(w, r)
 	if !ok {
@@ -1008,24 +1017,35 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := errors.Join(fraction("cpu", hb.CPU), fraction("memory", hb.Memory), fraction("disk_idle", hb.DiskIdle),
-		fraction("memory_pressure", hb.MemoryPressure))
+		fraction("memory_pressure", hb.MemoryPressure), rate("major_faults_per_s", hb.MajorFaultsPerSec),
+		rate("swap_in_per_s", hb.SwapInPerSec), rate("swap_out_per_s", hb.SwapOutPerSec))
 	if hb.DiskLatencyMS < 0 || hb.DiskLatencyMS != hb.DiskLatencyMS {
 		err = errors.Join(err, fmt.Errorf("disk_latency_ms %g is negative", hb.DiskLatencyMS))
 	}
 	sessions := map[string]string{}
+	var usage map[string]store.Usage
 	for _, ss := range hb.Sessions {
 		if ss.User == "" || (ss.State != store.Active && ss.State != store.Disconnected) {
 			err = errors.Join(err, fmt.Errorf("session %+v needs a user and a state of active or disconnected", ss))
 			break
 		}
+		if e := rate("cpu", ss.CPU); e != nil {
+			err = errors.Join(err, fmt.Errorf("session of %q: %w", ss.User, e))
+			break
+		}
 		sessions[ss.User] = ss.State
+		if usage == nil {
+			usage = map[string]store.Usage{}
+		}
+		usage[ss.User] = store.Usage{Memory: ss.MemoryBytes, CPU: ss.CPU}
 	}
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
 	rep := store.Report{Host: hb.Host, Registration: c.Registration, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
-		MemPressure: hb.MemoryPressure, Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions,
+		MemPressure: hb.MemoryPressure, MajorFaults: hb.MajorFaultsPerSec, SwapIn: hb.SwapInPerSec, SwapOut: hb.SwapOutPerSec,
+		Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions, Usage: usage,
 		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
 	if g, ok := s.groups.Load().byName[c.Group]; ok {
 		rep.TrustSessions = g.TrustHostSessions
@@ -1280,9 +1300,10 @@ func (s *Server) AdminHandler() *http.ServeMux {
 				"address": h.Address, "port": h.Port, "weight": h.Weight, "session_limit": h.SessionLimit,
 				"logon_limit": h.LogonLimit, "sessions": h.Sessions, "pending_logons": h.Pending, "cpu": h.CPU,
 				"memory": h.Mem, "disk_idle": h.DiskIdle, "disk_latency_ms": h.DiskLatency,
-				"memory_pressure": h.MemPressure, "unhealthy": h.Unhealthy, "admin_drain": h.AdminDrain,
-				"agent_drain": h.AgentDrain, "assigned_user": h.AssignedUser, "last_seen": h.LastSeen,
-				"status": HostStatus(h, stale, false, "")})
+				"memory_pressure": h.MemPressure, "major_faults_per_s": h.MajorFaults, "swap_in_per_s": h.SwapIn,
+				"swap_out_per_s": h.SwapOut, "session_memory_bytes": h.SessionMemory, "unhealthy": h.Unhealthy,
+				"admin_drain": h.AdminDrain, "agent_drain": h.AgentDrain, "assigned_user": h.AssignedUser,
+				"last_seen": h.LastSeen, "status": HostStatus(h, stale, false, "")})
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
@@ -1318,7 +1339,8 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		out := make([]map[string]any, 0, len(ss))
 		for _, x := range ss {
 			out = append(out, map[string]any{"id": x.ID, "user": x.User, "delivery_group": x.Group, "host": x.Host,
-				"state": x.State, "created": x.CreatedAt, "updated": x.UpdatedAt, "verified": !x.Unverified})
+				"state": x.State, "created": x.CreatedAt, "updated": x.UpdatedAt, "verified": !x.Unverified,
+				"memory_bytes": x.Memory, "cpu": x.CPU})
 		}
 		writeJSON(w, http.StatusOK, out)
 	})

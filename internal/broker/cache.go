@@ -523,6 +523,7 @@ func (c *localCache) loadLocked(r store.Report) bool {
 		return false
 	}
 	h.CPU, h.Mem, h.DiskIdle, h.DiskLatency, h.MemPressure = r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure
+	h.MajorFaults, h.SwapIn, h.SwapOut, h.SessionMemory = r.MajorFaults, r.SwapIn, r.SwapOut, r.SessionMemory()
 	h.Unhealthy, h.AgentDrain, h.LastSeen = r.Unhealthy, r.Drain, r.Now
 	c.hosts[r.Host] = h
 	return true
@@ -587,6 +588,10 @@ func (c *localCache) reconcileLocked(r store.Report) {
 			continue
 		}
 		st, ok := r.Sessions[s.User]
+		if u, reported := r.Usage[s.User]; reported && ok {
+			s.Memory, s.CPU = u.Memory, u.CPU
+			c.live[k] = s
+		}
 		switch {
 		case ok && st != s.State:
 			if s.State == store.Launching && h.Pending > 0 {

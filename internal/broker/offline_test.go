@@ -66,8 +66,16 @@ func TestDatabaseOutageUsesLocalHostCache(t *testing.T) {
 	if got := testutil.ToFloat64(mustCounter(t, r.reg, "deskway_broker_launches_total", "result", "placed_offline")); got != 10 {
 		t.Fatalf("placed_offline = %v, want 10", got)
 	}
-	// Agents keep reporting; the broker takes their reports.
-	r.beat("h1", creds["h1"], brokerapi.Heartbeat{DiskIdle: 0.9})
+	// Agents keep reporting; the broker takes their reports, and the
+	// admin API shows them from the local copy.
+	r.beat("h1", creds["h1"], brokerapi.Heartbeat{DiskIdle: 0.9, SwapOutPerSec: 7})
+	shown := map[string]any{}
+	for _, h := range r.adminList("/api/v1/broker/hosts") {
+		shown[h["name"].(string)] = h["swap_out_per_s"]
+	}
+	if shown["h1"] != 7.0 {
+		t.Fatalf("swap out per second of the hosts in the admin API during the outage = %v, want 7 on h1", shown)
+	}
 	if err := r.client.Events(context.Background(), creds["h1"], brokerapi.Events{Host: "h1", Events: []brokerapi.Event{{User: "during0", State: "active"}}}); err != nil {
 		t.Fatalf("event during the outage: %v", err)
 	}

@@ -89,13 +89,15 @@ func newAgent(cfg *config.Agent, stateDir string, log *slog.Logger) (*agent.Agen
 	}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}}
 	var sessions func() ([]brokerapi.Session, error)
+	var usage func() ([]agent.SessionUsage, error)
 	var control agent.Controller
 	if cfg.Sessions == "xrdp" {
 		sessions = func() ([]brokerapi.Session, error) { return agent.XRDPSessions("/proc") }
+		usage = func() ([]agent.SessionUsage, error) { return agent.ReadSessionUsage("/proc") }
 		control = &agent.XRDP{}
 	}
 	return agent.New(cfg, agent.Deps{Logger: log, Client: &brokerclient.Client{Base: cfg.Broker, HTTP: hc}, Sessions: sessions,
-		Control: control, CredentialFile: filepath.Join(stateDir, agentCredentialFile)})
+		Usage: usage, Control: control, CredentialFile: filepath.Join(stateDir, agentCredentialFile)})
 }
 
 // newBroker opens the broker's store and builds the role.

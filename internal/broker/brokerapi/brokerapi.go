@@ -100,6 +100,13 @@ type Heartbeat struct {
 	// MemoryPressure is the share of time tasks stalled on memory (PSI
 	// "some"), 0 to 1: the page cache losing to working sets.
 	MemoryPressure float64 `json:"memory_pressure"`
+	// MajorFaultsPerSec, SwapInPerSec and SwapOutPerSec are the host's
+	// major page faults and pages swapped in and out per second since the
+	// previous heartbeat: a host whose memory is full pages in what its
+	// sessions touch, which they feel as stalls.
+	MajorFaultsPerSec float64 `json:"major_faults_per_s"`
+	SwapInPerSec      float64 `json:"swap_in_per_s"`
+	SwapOutPerSec     float64 `json:"swap_out_per_s"`
 	// Drain asks for no new sessions (the host's own drain switch).
 	Drain    bool      `json:"drain"`
 	Sessions []Session `json:"sessions"`
@@ -110,6 +117,14 @@ type Session struct {
 	User string `json:"user"`
 	// State is active or disconnected.
 	State string `json:"state"`
+	// MemoryBytes is the proportional set size (Pss) of the session's
+	// processes: shared pages divided among those mapping them, so the
+	// sessions of a host add up to the memory they hold.
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// CPU is the share of one core the session's processes used since
+	// the previous heartbeat (above 1 on several cores); 0 on an agent's
+	// first heartbeat.
+	CPU float64 `json:"cpu"`
 }
 
 // Events reports session changes as they happen.

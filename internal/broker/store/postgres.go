@@ -117,6 +117,21 @@ func (postgres) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
 	return n > 0, nil
 }
 
+// usageSQL sets the usage of a host's live sessions from three arrays
+// read in step. $1 host, $2 users, $3 memory, $4 CPU.
+const usageSQL = `UPDATE sessions s SET memory_bytes = u.mem, cpu = u.cpu
+    FROM unnest($2::text[], $3::bigint[], $4::float8[]) AS u(user_name, mem, cpu)
+    WHERE s.host_name = $1 AND s.user_name = u.user_name AND s.state <> 'ended'`
+
+func (postgres) usage(ctx context.Context, db *sql.DB, host string, u []userUsage) error {
+	users, mem, cpu := make([]string, len(u)), make([]int64, len(u)), make([]float64, len(u))
+	for i, x := range u {
+		users[i], mem[i], cpu[i] = x.user, x.memory, x.cpu
+	}
+	_, err := db.ExecContext(ctx, usageSQL, host, users, mem, cpu)
+	return err
+}
+
 func (postgres) lockHost(ctx context.Context, tx *sql.Tx, host string) error {
 	var one int
 	err := tx.QueryRowContext(ctx, `SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE`, host).Scan(&one)

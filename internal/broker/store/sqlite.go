@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -152,6 +153,30 @@ func (d sqlite) event(ctx context.Context, db *sql.DB, e Event) (bool, error) {
 		return false, err
 	}
 	return true, tx.Commit()
+}
+
+// sqliteUsageSQL sets the usage of a host's live sessions from a JSON
+// array of [user, memory, CPU]. $1 host, $2 the array.
+const sqliteUsageSQL = `UPDATE sessions SET memory_bytes = u.mem, cpu = u.cpu
+    FROM (SELECT json_extract(value, '$[0]') AS user_name, json_extract(value, '$[1]') AS mem,
+        json_extract(value, '$[2]') AS cpu FROM json_each($2)) AS u
+    WHERE sessions.host_name = $1 AND sessions.user_name = u.user_name AND sessions.state <> 'ended'`
+
+func (d sqlite) usage(ctx context.Context, db *sql.DB, host string, u []userUsage) error {
+	rows := make([][3]any, len(u))
+	for i, x := range u {
+		rows[i] = [3]any{x.user, x.memory, x.cpu}
+	}
+	arg, err := json.Marshal(rows)
+	if err != nil {
+		return err
+	}
+	st, err := d.stmts.get(ctx, db, sqliteUsageSQL)
+	if err != nil {
+		return err
+	}
+	_, err = st.ExecContext(ctx, host, string(arg))
+	return err
 }
 
 func (sqlite) lockHost(context.Context, *sql.Tx, string) error { return nil }

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,6 +68,11 @@ type Host struct {
 	// Registration identifies one join of the host: the agent's credential
 	// names it, and a later join of the same name has another.
 	Registration string
+	// MajorFaults, SwapIn and SwapOut are pages per second.
+	MajorFaults, SwapIn, SwapOut float64
+	// SessionMemory is the average memory (Pss, bytes) of the sessions
+	// the host last reported; 0 when its agent reports none.
+	SessionMemory uint64
 }
 
 // Session is one user's session on a host.
@@ -81,6 +87,10 @@ type Session struct {
 	// Unverified marks a session its host reported that the broker did
 	// not place; launches never reconnect to it.
 	Unverified bool
+	// Memory (Pss, bytes) and CPU (share of one core) are what the
+	// session used as its host last reported; 0 until it reports them.
+	Memory uint64
+	CPU    float64
 }
 
 // Launch asks for a host for User in Group.
@@ -139,6 +149,30 @@ type Report struct {
 	// TrustSessions lets sessions the broker did not place draw their
 	// users' launches (the delivery group's trust_host_sessions).
 	TrustSessions bool
+	// MajorFaults, SwapIn and SwapOut are pages per second.
+	MajorFaults, SwapIn, SwapOut float64
+	// Usage maps user to what the user's session uses, for the users of
+	// Sessions whose usage the agent reported.
+	Usage map[string]Usage `json:",omitempty"`
+}
+
+// Usage is what one session uses, as its host's agent reports it.
+type Usage struct {
+	Memory uint64  // bytes (Pss)
+	CPU    float64 // share of one core since the agent's previous report
+}
+
+// SessionMemory is the average memory of the sessions r reports usage
+// for, 0 when none.
+func (r Report) SessionMemory() uint64 {
+	if len(r.Usage) == 0 {
+		return 0
+	}
+	var sum uint64
+	for _, u := range r.Usage {
+		sum += u.Memory
+	}
+	return sum / uint64(len(r.Usage))
 }
 
 // Event is a session change an agent reports as it happens, for one or
@@ -172,6 +206,9 @@ type dialect interface {
 	place(ctx context.Context, db *sql.DB, l Launch) (Placement, error)
 	event(ctx context.Context, db *sql.DB, e Event) (bool, error)
 	lockHost(ctx context.Context, tx *sql.Tx, host string) error
+	// usage sets the memory and CPU of host's live sessions of the users
+	// named, in one statement.
+	usage(ctx context.Context, db *sql.DB, host string, u []userUsage) error
 	migrateLock(ctx context.Context, tx *sql.Tx) error
 }
 
@@ -534,14 +571,17 @@ func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
 // Heartbeat records a report's load and health and, when the sessions on
 // the host differ from the database's, reconciles them: sessions the host
 // no longer has end, sessions it has that the broker did not place are
-// recorded, launches unseen past the logon grace end as failed.
+// recorded, launches unseen past the logon grace end as failed. Then it
+// records what the sessions use.
 func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 	now := r.Now.UnixMilli()
 	// last_seen never goes back: a report written back after an outage
 	// is older than the ones that came since.
 	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET cpu = $2, mem = $3, disk_idle = $4, disk_latency = $5, mem_pressure = $6,
-		unhealthy = $7, agent_drain = $8, last_seen = CASE WHEN last_seen > $9 THEN last_seen ELSE $9 END WHERE name = $1 AND registration = $10`,
-		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now, r.Registration)
+		unhealthy = $7, agent_drain = $8, last_seen = CASE WHEN last_seen > $9 THEN last_seen ELSE $9 END,
+		major_faults = $11, swap_in = $12, swap_out = $13, session_memory = $14 WHERE name = $1 AND registration = $10`,
+		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now, r.Registration,
+		r.MajorFaults, r.SwapIn, r.SwapOut, bigint(r.SessionMemory()))
 	if err != nil {
 		return fmt.Errorf("store: heartbeat %s: %w", r.Host, err)
 	}
@@ -552,9 +592,52 @@ func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 	if err != nil {
 		return err
 	}
-	if !needsReconcile(live, r) {
+	if needsReconcile(live, r) {
+		if err := s.reconcile(ctx, r); err != nil {
+			return err
+		}
+	}
+	return s.recordUsage(ctx, r, live)
+}
+
+// recordUsage stores the sessions' usage where it differs from what live,
+// the host's live sessions before the report, holds: an agent that
+// reports none costs no write.
+func (s *Store) recordUsage(ctx context.Context, r Report, live []Session) error {
+	was := make(map[string]Usage, len(live))
+	for _, ss := range live {
+		was[ss.User] = Usage{Memory: ss.Memory, CPU: ss.CPU}
+	}
+	var changed []userUsage
+	for user, u := range r.Usage {
+		if old, ok := was[user]; !ok || old != u {
+			changed = append(changed, userUsage{user: user, memory: bigint(u.Memory), cpu: u.CPU})
+		}
+	}
+	if len(changed) == 0 {
 		return nil
 	}
+	if err := s.dialect.usage(ctx, s.db, r.Host, changed); err != nil {
+		return fmt.Errorf("store: usage of %s: %w", r.Host, err)
+	}
+	return nil
+}
+
+// userUsage is one user's session usage as a row takes it.
+type userUsage struct {
+	user   string
+	memory int64
+	cpu    float64
+}
+
+// bigint is v for a BIGINT column, which holds no more than MaxInt64.
+func bigint(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
+
+// reconcile makes the host's live sessions those r reports: sessions the
+// host no longer has end, sessions it has that the broker did not place
+// are recorded, launches unseen past the logon grace end as failed.
+func (s *Store) reconcile(ctx context.Context, r Report) error {
+	now := r.Now.UnixMilli()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
@@ -567,7 +650,8 @@ func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 	if err := tx.QueryRowContext(ctx, `SELECT group_name FROM hosts WHERE name = $1`, r.Host).Scan(&group); err != nil {
 		return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
 	}
-	if live, err = s.liveSessions(ctx, tx, r.Host); err != nil {
+	live, err := s.liveSessions(ctx, tx, r.Host)
+	if err != nil {
 		return err
 	}
 	seen := map[string]bool{}
@@ -640,7 +724,7 @@ type querier interface {
 }
 
 func (s *Store) liveSessions(ctx context.Context, q querier, host string) ([]Session, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
+	rows, err := q.QueryContext(ctx, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified, memory_bytes, cpu
 		FROM sessions WHERE host_name = $1 AND state <> 'ended'`, host)
 	if err != nil {
 		return nil, fmt.Errorf("store: sessions of %s: %w", host, err)
@@ -655,7 +739,7 @@ func scanSessions(rows *sql.Rows) ([]Session, error) {
 		var ss Session
 		var created, updated int64
 		var verified bool
-		if err := rows.Scan(&ss.ID, &ss.User, &ss.Group, &ss.Host, &ss.State, &created, &updated, &verified); err != nil {
+		if err := rows.Scan(&ss.ID, &ss.User, &ss.Group, &ss.Host, &ss.State, &created, &updated, &verified, &ss.Memory, &ss.CPU); err != nil {
 			return nil, fmt.Errorf("store: scan session: %w", err)
 		}
 		ss.CreatedAt, ss.UpdatedAt, ss.Unverified = time.UnixMilli(created), time.UnixMilli(updated), !verified
@@ -737,7 +821,7 @@ func (s *Store) sessionRows(ctx context.Context, q SessionQuery, count bool) ([]
 	}
 	n := len(args)
 	args = append(args, q.Limit, q.Offset)
-	rows, err := s.query(ctx, s.read, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified
+	rows, err := s.query(ctx, s.read, `SELECT id, user_name, group_name, host_name, state, created_at, updated_at, verified, memory_bytes, cpu
 		FROM sessions`+where+fmt.Sprintf(` ORDER BY created_at DESC, id LIMIT $%d OFFSET $%d`, n+1, n+2), args...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: sessions: %w", err)
@@ -764,7 +848,7 @@ func (s *Store) SessionPage(ctx context.Context, q SessionQuery) ([]Session, int
 func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 	rows, err := s.query(ctx, s.read, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,
 		sessions, pending, cpu, mem, disk_idle, disk_latency, mem_pressure, unhealthy, admin_drain, agent_drain,
-		COALESCE(assigned_user, ''), registered_at, last_seen, registration
+		COALESCE(assigned_user, ''), registered_at, last_seen, registration, major_faults, swap_in, swap_out, session_memory
 		FROM hosts WHERE ($1 = '' OR group_name = $1) ORDER BY name`, group)
 	if err != nil {
 		return nil, fmt.Errorf("store: hosts: %w", err)
@@ -776,7 +860,8 @@ func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 		var reg, seen int64
 		if err := rows.Scan(&h.Name, &h.Group, &h.Zone, &h.Address, &h.Port, &h.Weight, &h.SessionLimit, &h.LogonLimit,
 			&h.Sessions, &h.Pending, &h.CPU, &h.Mem, &h.DiskIdle, &h.DiskLatency, &h.MemPressure, &h.Unhealthy,
-			&h.AdminDrain, &h.AgentDrain, &h.AssignedUser, &reg, &seen, &h.Registration); err != nil {
+			&h.AdminDrain, &h.AgentDrain, &h.AssignedUser, &reg, &seen, &h.Registration, &h.MajorFaults, &h.SwapIn, &h.SwapOut,
+			&h.SessionMemory); err != nil {
 			return nil, fmt.Errorf("store: scan host: %w", err)
 		}
 		h.RegisteredAt, h.LastSeen = time.UnixMilli(reg), time.UnixMilli(seen)

@@ -16,14 +16,18 @@ import (
 // eachStore runs fn against a fresh SQLite file and a fresh database on a
 // real PostgreSQL server: the same tests prove both dialects.
 func eachStore(t *testing.T, fn func(t *testing.T, open func() *store.Store)) {
+	eachDSN(t, func(t *testing.T, dsn string) {
+		fn(t, func() *store.Store { return openStore(t, dsn) })
+	})
+}
+
+// eachDSN is eachStore for tests that reach into the database itself.
+func eachDSN(t *testing.T, fn func(t *testing.T, dsn string)) {
 	t.Run("sqlite", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "broker.db")
-		fn(t, func() *store.Store { return openStore(t, path) })
+		fn(t, filepath.Join(t.TempDir(), "broker.db"))
 	})
 	t.Run("postgres", func(t *testing.T) {
-		pg := testkit.StartPostgres(t)
-		dsn := pg.NewDB(t)
-		fn(t, func() *store.Store { return openStore(t, dsn) })
+		fn(t, testkit.StartPostgres(t).NewDB(t))
 	})
 }
 
