@@ -14,12 +14,14 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/deskway/deskway/internal/agent"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
 // TestConsoleInBrowser is an administrator and a helpdesk agent at the
 // admin console in chromium, with a real xrdp session open through the
-// gateway: the dashboard counts it, the admin drains the host and
+// gateway: the dashboard counts it, the hosts and sessions pages show
+// the memory and CPU the agent reads of it, the admin drains the host and
 // disconnects the tunnel (both visible in the admin API and in the audit
 // trail under the admin's name), and the helpdesk agent sees no drain
 // and is refused one.
@@ -99,6 +101,51 @@ func TestConsoleInBrowser(t *testing.T) {
 			chromedp.Navigate(portal+"/admin/"), chromedp.WaitVisible(chromedp.CSS(".counts")))
 	}
 
+	// The agent reads the session's processes from the process tree
+	// under its xrdp-sesman: all of the user's, the X server among them,
+	// and reports their memory with the session.
+	var mine agent.SessionUsage
+	for try := 0; ; try++ {
+		usage, err := agent.ReadSessionUsage("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range usage {
+			if u.User == b.xrdp.User {
+				mine = u
+			}
+		}
+		procs := running(t, b.xrdp.User)
+		if mine.PSSBytes > 1<<20 && mine.Processes >= 2 && mine.Processes == len(procs) {
+			t.Logf("the session: %+v\n%s", mine, strings.Join(procs, "\n"))
+			break
+		}
+		if try == 5 {
+			t.Fatalf("the session's usage %+v (all %+v); the user runs %d processes:\n%s", mine, usage, len(procs), strings.Join(procs, "\n"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var sessions []map[string]any
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		api("/api/v1/broker/sessions?user="+b.xrdp.User, &sessions)
+		if len(sessions) == 1 && sessions[0]["memory_bytes"].(float64) > 1<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the admin API's sessions carry no memory from the agent's heartbeat: %v", sessions)
+		}
+	}
+	// The heartbeat carried the agent's reading: memory moves a little
+	// between readings, a wrong unit or process set would move it far.
+	if got := sessions[0]["memory_bytes"].(float64); got < float64(mine.PSSBytes)/2 || got > 2*float64(mine.PSSBytes) {
+		t.Fatalf("the broker has the session's memory as %.0f bytes, the agent's reading is %d", got, mine.PSSBytes)
+	}
+	var hosts []map[string]any
+	api("/api/v1/broker/hosts", &hosts)
+	if len(hosts) != 1 || hosts[0]["session_memory_bytes"].(float64) <= 1<<20 || hosts[0]["major_faults_per_s"] == nil || hosts[0]["swap_out_per_s"] == nil {
+		t.Fatalf("the admin API's hosts: %v", hosts)
+	}
+
 	signIn("ada", "Ada-Admin-1")
 	counts := strings.Join(strings.Fields(read(chromedp.Text(chromedp.CSS(".counts")))), " ")
 	if !strings.Contains(counts, "1 tunnels") || !strings.Contains(counts, "1 live sessions") || !strings.Contains(counts, "1 hosts") {
@@ -109,8 +156,19 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the dashboard draws %d charts (%v), want 4", charts, err)
 	}
 	shot(t, ctx, b.artifacts, "console-1-dashboard")
+	must(chromedp.Navigate(portal+"/admin/sessions"), chromedp.WaitVisible(chromedp.CSS("tr[data-session] td.memory")))
+	if m, c := read(chromedp.Text(chromedp.CSS("tr[data-session] td.memory"))), read(chromedp.Text(chromedp.CSS("tr[data-session] td.cpu"))); !strings.HasSuffix(m, " MiB") && !strings.HasSuffix(m, " GiB") || !strings.HasSuffix(c, "%") {
+		t.Fatalf("the sessions page shows memory %q and CPU %q", m, c)
+	}
+	shot(t, ctx, b.artifacts, "console-1b-sessions")
 	// Drain the host.
 	must(chromedp.Navigate(portal+"/admin/hosts"), chromedp.WaitVisible(chromedp.CSS("tr[data-host='xrdp-host']")))
+	if m := read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.session-memory"))); !strings.HasSuffix(m, " MiB") && !strings.HasSuffix(m, " GiB") {
+		t.Fatalf("the hosts page shows memory per session %q", m)
+	}
+	if f, sw := read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.faults"))), read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.swap"))); f == "" || !strings.Contains(sw, " / ") {
+		t.Fatalf("the hosts page shows major faults %q and swap %q", f, sw)
+	}
 	shot(t, ctx, b.artifacts, "console-2-hosts")
 	must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/drain'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
 	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "xrdp-host: drained") {
@@ -120,7 +178,6 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the drained host's status reads %q", st)
 	}
 	shot(t, ctx, b.artifacts, "console-3-host-drained")
-	var hosts []map[string]any
 	api("/api/v1/broker/hosts", &hosts)
 	if len(hosts) != 1 || hosts[0]["admin_drain"] != true {
 		t.Fatalf("the admin API shows hosts %v after the console's drain", hosts)

@@ -124,6 +124,12 @@ type (
 		AgentDrain    bool      `json:"agent_drain"`
 		LastSeen      time.Time `json:"last_seen"`
 		Status        string    `json:"status"`
+		// Memory per session, and the page activity that tells a host
+		// out of memory from one merely using it.
+		SessionMemory uint64  `json:"session_memory_bytes"`
+		MajorFaults   float64 `json:"major_faults_per_s"`
+		SwapIn        float64 `json:"swap_in_per_s"`
+		SwapOut       float64 `json:"swap_out_per_s"`
 	}
 	consoleSession struct {
 		ID            string    `json:"id"`
@@ -132,6 +138,10 @@ type (
 		Host          string    `json:"host"`
 		State         string    `json:"state"`
 		Updated       time.Time `json:"updated"`
+		// MemoryBytes is 0 until the host's agent reports it; CPU is
+		// the share of one core.
+		MemoryBytes uint64  `json:"memory_bytes"`
+		CPU         float64 `json:"cpu"`
 	}
 	consoleTunnel struct {
 		ID        uint32    `json:"id"`

@@ -128,7 +128,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		}
 		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc)
 	}
-	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "join": strings.Join}).ParseFS(assets, "templates/layout.html")
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "rate": rate, "join": strings.Join}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}
@@ -571,6 +571,22 @@ func (s *Server) notice(r *http.Request) string {
 
 // pct shows a 0-1 fraction as a percentage.
 func pct(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
+
+// rate shows a count per second for a person: tenths where they matter,
+// thousands as k.
+func rate(f float64) string {
+	switch {
+	case f == 0:
+		return "0"
+	case f >= 10000:
+		return fmt.Sprintf("%.0fk", f/1000)
+	case f >= 1000:
+		return fmt.Sprintf("%.1fk", f/1000)
+	case f >= 10:
+		return fmt.Sprintf("%.0f", f)
+	}
+	return fmt.Sprintf("%.1f", f)
+}
 
 // humanBytes shows a byte count with a unit.
 func humanBytes(n uint64) string {
