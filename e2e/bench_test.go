@@ -343,3 +343,67 @@ func TestBrowserBenchSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionhostBenchSmoke runs a short `deskway bench sessionhost`:
+// three users log on through the gateway with xfreerdp and run the
+// workload in their xrdp desktops, then the broker places two under a
+// session limit of 2 and refuses the third. It checks that every action
+// ran and passed its own check (the editor's sentence reached the file,
+// the unpacked document matched), that typing took at least its keys'
+// delay (a workload that skipped the editor would report less), and the
+// counters the report is read by.
+func TestSessionhostBenchSmoke(t *testing.T) {
+	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
+	testkit.RequireRoot(t)
+	out := t.TempDir()
+	res := runBench(t, out, "sessionhost", "--users", "3", "--interval", "8s", "--think", "1s", "--session-limit", "2")
+	actions := map[string]int{}
+	steps := map[string]int{}
+	for _, p := range res.Points {
+		if p.System != "deskway" || p.Scenario == "capacity" {
+			continue
+		}
+		steps[p.Scenario]++
+		if _, failed := p.Params["logon_failed"]; failed {
+			continue
+		}
+		m := p.Metrics
+		if m["failed_actions"] != 0 || m["actions"] == 0 || m["logon_s"] <= 0 || m["mem_bytes_per_session"] < 8<<20 || m["host_cpu_pct"] <= 0 || m["client_cpu_pct"] <= 0 {
+			t.Errorf("%s step %v: %v", p.Scenario, p.Params["users"], m)
+		}
+		for k, v := range m {
+			if a, ok := strings.CutSuffix(k, "_median_ms"); ok {
+				actions[a]++
+				if a == "edit" && v < 1000 {
+					t.Errorf("typing %d keys at 15 ms each took %v ms", len("GoThe quarterly figures for 12345 look fine; send them to the team by Friday."), v)
+				}
+			}
+		}
+	}
+	for _, a := range []string{"edit", "search", "compress", "files", "scroll"} {
+		if actions[a] == 0 {
+			t.Errorf("no step timed %s: %v", a, actions)
+		}
+	}
+	if steps["ramp-gateway"] != 3 || steps["ramp-broker"] != 3 {
+		t.Errorf("steps %v, want 3 in each ramp (the broker's third refused)", steps)
+	}
+	if res.Summary["broker_last_placement_users"] != 2 || res.Summary["broker_session_limit"] != 2 {
+		t.Errorf("summary %v: the broker should place 2 users under a limit of 2", res.Summary)
+	}
+	for _, p := range res.Points {
+		if p.Scenario == "ramp-broker" && fmt.Sprint(p.Params["users"]) == "3" {
+			if why := fmt.Sprint(p.Params["logon_failed"]); !strings.Contains(why, "503") || !strings.Contains(why, "full") {
+				t.Errorf("the third launch: %s", why)
+			}
+		}
+	}
+	if res.SummaryText["limiting_counter"] == "" || res.Summary["memory_bytes_per_session"] < 8<<20 {
+		t.Errorf("summary %v %v", res.Summary, res.SummaryText)
+	}
+	for _, f := range []string{"result.md", "action-time.svg", "counters.svg", "memory.svg"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}

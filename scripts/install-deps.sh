@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   xrdp xorgxrdp freerdp2-x11 xvfb xterm imagemagick   # RDP host, client, display, screenshots
   x11-utils                                            # xmessage for session messages, xwininfo to see them, xdpyinfo for a resized session
+  xdotool vim-tiny                                     # the session-host bench's workload types into an editor in each desktop
   xclip xinput x11-xserver-utils                       # the session's clipboard, the keys that reach it and its keymap (xmodmap), for browser desktops
   chromium                                             # the portal tested in a real browser (chromedp)
   slapd ldap-utils                                     # a real LDAP directory for the portal's sign-in (tests start their own)

@@ -22,13 +22,14 @@ import (
 	"github.com/deskway/deskway/internal/bench/netbootbench"
 	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/bench/sessionhost"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd(), benchNetbootCmd())
+	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd(), benchNetbootCmd(), benchSessionhostCmd())
 	return c
 }
 
@@ -432,5 +433,52 @@ func benchNetbootCmd() *cobra.Command {
 	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
 	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")
 	c.Flags().StringVar(&o.Helper, "nbdroot", "", "the deskway-nbdroot program (default: beside this deskway)")
+	return c
+}
+
+func benchSessionhostCmd() *cobra.Command {
+	var out string
+	var o sessionhost.Options
+	c := &cobra.Command{
+		Use:   "sessionhost",
+		Short: "How many users one xrdp session host holds before they feel it: users log on one by one through the gateway and run a timed workload; then the same ramp through the broker",
+		Long: `Starts xrdp (as root: it adds the host users dwload01…), a deskway
+gateway, the broker with the host's agent, and an Xvfb for the xfreerdp
+clients, all on loopback. Users log on one per --interval and run a
+knowledge worker's actions in their desktops, timed inside the session.
+The degradation point is the first user count whose average action time
+passes the first users' average plus a second, or whose logon fails.
+Then the broker, with the session limit this suggests, places the same
+ramp: it must stop at or before that point.
+
+--suggest-limit runs the first ramp alone and prints the delivery group
+setting for a host like this one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			res, outcome, err := sessionhost.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			printSummary(cmd, res, out)
+			if o.SuggestOnly {
+				if outcome.SuggestLimit == 0 {
+					return fmt.Errorf("bench: the host served %d users without degrading: ramp further (--users) before drawing a limit from it", len(outcome.Steps))
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "# a host like this one holds %d users; in the delivery group:\nsession_limit: %d\n", outcome.SuggestLimit, outcome.SuggestLimit)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the charts")
+	c.Flags().IntVar(&o.Users, "users", 24, "most users a ramp logs on")
+	c.Flags().DurationVar(&o.Interval, "interval", 30*time.Second, "time between logons: each step's measuring window")
+	c.Flags().DurationVar(&o.Think, "think", 2*time.Second, "idle time after each action")
+	c.Flags().IntVar(&o.BaselineSteps, "baseline-steps", 2, "first steps whose actions make the baseline")
+	c.Flags().Float64Var(&o.AddMS, "threshold-ms", 1000, "how far above the baseline the average action may go")
+	c.Flags().IntVar(&o.Beyond, "beyond", 1, "steps the first ramp goes on past the degradation point")
+	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "run the first ramp only and print the session limit it suggests")
+	c.Flags().IntVar(&o.SessionLimit, "session-limit", 0, "the broker ramp's session limit, in place of the suggested one (to check a chosen limit)")
 	return c
 }

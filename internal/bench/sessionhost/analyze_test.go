@@ -1,0 +1,96 @@
+package sessionhost
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func stepOf(users int, times ...float64) Step {
+	return Step{Users: users, Actions: map[string][]float64{"edit": times}}
+}
+
+func TestFindDegradation(t *testing.T) {
+	steps := []Step{
+		stepOf(1, 100, 300), // baseline: the first two steps' actions together
+		stepOf(2, 200, 200),
+		stepOf(3, 1100, 1100), // 1,100 is not past 200 + 1,000
+		stepOf(4, 1300, 1200), // 1,250 is
+		stepOf(5, 5000),
+	}
+	if b := Baseline(steps, 2); b != 200 {
+		t.Fatalf("baseline %v, want 200", b)
+	}
+	d := FindDegradation(steps, 2, 1000)
+	if d.Users != 4 || !strings.Contains(d.Why, "1250 ms") {
+		t.Fatalf("degradation %+v, want at 4 users with an average of 1250 ms", d)
+	}
+	if SuggestLimit(d) != 3 {
+		t.Fatalf("suggested limit %d, want 3", SuggestLimit(d))
+	}
+	// The baseline steps themselves are never the point, however slow.
+	if d := FindDegradation([]Step{stepOf(1, 100), stepOf(2, 9000), stepOf(3, 200)}, 2, 1000); d.Users != 0 {
+		t.Fatalf("degradation %+v inside the baseline", d)
+	}
+	// A failed logon is the point, even while actions are fast.
+	failed := []Step{stepOf(1, 100), stepOf(2, 100), {Users: 3, LogonFailed: "xfreerdp ended"}}
+	if d := FindDegradation(failed, 2, 1000); d.Users != 3 || !strings.Contains(d.Why, "logon failed") {
+		t.Fatalf("degradation %+v, want the failed logon at 3", d)
+	}
+	if d := FindDegradation(steps[:3], 2, 1000); d.Users != 0 || SuggestLimit(d) != 0 {
+		t.Fatalf("a ramp that never degraded: %+v, limit %d", d, SuggestLimit(d))
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	v := []float64{40, 10, 30, 20}
+	if p := percentile(v, 50); p != 25 {
+		t.Errorf("median %v, want 25", p)
+	}
+	if p := percentile(v, 100); p != 40 {
+		t.Errorf("p100 %v", p)
+	}
+	if !math.IsNaN(percentile(nil, 50)) || !math.IsNaN(Step{}.Mean()) {
+		t.Error("no actions must read as no figure, not 0 ms")
+	}
+}
+
+func TestLimitingCounter(t *testing.T) {
+	th := Thresholds(50, 25, 20)
+	steps := []Step{
+		{Users: 1, MachineCPUPct: 40, DiskIdlePct: 100},
+		{Users: 2, MachineCPUPct: 70, DiskIdlePct: 40}, // disk first
+		{Users: 3, MachineCPUPct: 95, DiskIdlePct: 30, MemUsedPct: 95},
+	}
+	cs := Crossings(steps, th)
+	got := map[string]int{}
+	for _, c := range cs {
+		got[c.Counter] = c.Users
+	}
+	if got["disk idle"] != 2 || got["cpu"] != 3 || got["memory"] != 3 || got["disk latency"] != 0 {
+		t.Fatalf("crossings %v", got)
+	}
+	if l := Limiting(cs, Degradation{Users: 3}); l != "disk idle" {
+		t.Errorf("limiting %q, want disk idle (crossed first)", l)
+	}
+	// A counter that crossed only after the degradation point does not
+	// explain it.
+	if l := Limiting(cs, Degradation{Users: 1}); l != "none" {
+		t.Errorf("limiting %q, want none", l)
+	}
+}
+
+func TestParseReport(t *testing.T) {
+	r, err := parseReport("tok dwload01 edit 1234", "tok")
+	if err != nil || r.User != "dwload01" || r.Action != "edit" || r.MS != 1234 || r.Failed {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if r, err := parseReport("tok dwload01 search failed", "tok"); err != nil || !r.Failed {
+		t.Fatalf("%+v %v", r, err)
+	}
+	for _, bad := range []string{"other dwload01 edit 12", "tok dwload01 edit", "tok dwload01 edit -5", "tok dwload01 edit twelve", "tok a b 1 extra"} {
+		if _, err := parseReport(bad, "tok"); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

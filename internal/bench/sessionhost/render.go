@@ -1,0 +1,279 @@
+package sessionhost
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+// paperServers are the Terminal Server paper's x64 Knowledge Worker
+// results (its Table 1): the users each server held, and its cores.
+var paperServers = []struct {
+	server string
+	cores  int
+	users  float64
+}{
+	{"HP DL385, 2 × Opteron", 2, 240},
+	{"HP DL585, 4 × Opteron", 4, 380},
+	{"HP DL585, 4 × dual-core Opteron", 8, 620},
+}
+
+// atCapacity is the step the summary's per-session figures come from:
+// the last one before the degradation point (the host full but serving
+// well), or the last step of a ramp that never degraded.
+func atCapacity(out *Outcome) (Step, bool) {
+	var best Step
+	found := false
+	for _, s := range out.Steps {
+		if out.Degradation.Users > 0 && s.Users >= out.Degradation.Users {
+			break
+		}
+		if s.LogonFailed == "" {
+			best, found = s, true
+		}
+	}
+	return best, found
+}
+
+func summarize(res *report.Result, out *Outcome, o Options) {
+	for _, s := range out.Steps {
+		res.Points = append(res.Points, stepPoint("ramp-gateway", s))
+	}
+	for _, s := range out.BrokerSteps {
+		res.Points = append(res.Points, stepPoint("ramp-broker", s))
+	}
+	for _, p := range paperServers {
+		res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "paper", Params: map[string]any{"server": p.server, "cores": p.cores},
+			Metrics: map[string]float64{"users": p.users, "users_per_core": p.users / float64(p.cores)}})
+	}
+	cores := runtime.NumCPU()
+	capacity := 0
+	if out.Degradation.Users > 0 {
+		capacity = out.Degradation.Users - 1
+	}
+	res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "deskway", Params: map[string]any{"server": "this machine", "cores": cores},
+		Metrics: map[string]float64{"users": float64(capacity), "users_per_core": float64(capacity) / float64(cores)}})
+
+	res.Summary["degradation_users"] = float64(out.Degradation.Users)
+	res.Summary["baseline_ms"] = round(out.Baseline)
+	res.Summary["suggested_session_limit"] = float64(out.SuggestLimit)
+	res.Summary["users_per_core"] = round(float64(capacity) / float64(cores))
+	res.SummaryText["limiting_counter"] = out.Limiting
+	res.SummaryText["degradation_reason"] = out.Degradation.Why
+	if out.Degradation.Users == 0 {
+		res.SummaryText["degradation_reason"] = fmt.Sprintf("none within %d users", len(out.Steps))
+	}
+	if s, ok := atCapacity(out); ok {
+		res.Summary["memory_bytes_per_session"] = math.Round(s.MemPerSession)
+		res.Summary["client_cpu_pct"] = round(s.ClientCPUPct)
+		res.Summary["host_cpu_pct"] = round(s.HostCPUPct)
+	}
+	if len(out.BrokerSteps) > 0 {
+		res.Summary["broker_session_limit"] = float64(out.BrokerLimit)
+		res.Summary["broker_last_placement_users"] = float64(out.BrokerLast)
+		if out.Degradation.Users > 0 {
+			res.Summary["broker_gap_users"] = float64(out.Degradation.Users - out.BrokerLast)
+		}
+	}
+	res.Notes = []string{
+		fmt.Sprintf("Users log on one every %v, each with xfreerdp (%s, %d bpp, no wallpaper or themes) on an Xvfb, through deskway's gateway with a token of its own (`deskway token`), to xrdp on this machine. Each session's xterm runs the workload: edit (an editor in a new window, a sentence typed at a key per 15 ms with xdotool, saved, checked), search (grep -w in %d MiB), compress (gzip and gunzip of %d MiB, compared), files (list and read %d files), scroll (%d lines in the terminal), %v idle after each. The workload times every action with bash's clock inside the session and sends it to the bench; a step's window is the interval after its user's workload started.",
+			o.Interval, o.Size, o.BPP, o.Files.SearchBytes>>20, o.Files.CompressBytes>>20, o.Files.FolderFiles, o.Files.ScrollLines, o.Think),
+		fmt.Sprintf("Degradation point: the first step after the %d baseline steps whose average action time passes the baseline (the average over the baseline steps' actions) + %.0f ms, or whose user's logon failed. The ramp goes on %d step(s) past it.", o.BaselineSteps, o.AddMS, o.Beyond),
+		"CPU: machine_cpu_pct is every process, as a share of all cores (/proc/stat); client_cpu_pct the xfreerdp clients and their Xvfb; gateway_cpu_pct the gateway; host_cpu_pct the machine less clients, gateway, broker with agent, and the bench: the session host's own share. Memory per session is the average over sessions of the sum of Pss (/proc/PID/smaps_rollup) of the session's processes, as the agent reports it. Disk and memory pressure as the agent reads them (/proc/diskstats, /proc/pressure/memory), paging from /proc/vmstat.",
+		"Broker ramp: the broker starts afresh with the delivery group's session_limit set to the suggested limit (one below the degradation point) or --session-limit, the host's agent reporting every second, and the broker's default health thresholds; users launch through POST /api/v1/launch and open the .rdp file with xfreerdp. It goes until the broker refuses or one user past the limit.",
+		"The paper's servers ran Windows Server 2003 x64 with Office (Word, Excel, Outlook, Internet Explorer) per user on dedicated hardware with separate client machines; here the workload is lighter applications on xrdp and the clients share the machine, so per-core figures compare the method, not the software.",
+	}
+}
+
+func round(v float64) float64 {
+	if math.IsNaN(v) {
+		return 0
+	}
+	return math.Round(v*10) / 10
+}
+
+func stepPoint(scenario string, s Step) report.Point {
+	m := map[string]float64{
+		"logon_s": round(s.LogonS), "actions": float64(len(s.all())), "failed_actions": float64(s.Failed),
+		"mean_ms": round(s.Mean()), "median_ms": round(s.Percentile(50)), "p95_ms": round(s.Percentile(95)),
+		"machine_cpu_pct": round(s.MachineCPUPct), "host_cpu_pct": round(s.HostCPUPct), "client_cpu_pct": round(s.ClientCPUPct),
+		"gateway_cpu_pct": round(s.GatewayCPUPct), "mem_used_pct": round(s.MemUsedPct), "mem_bytes_per_session": math.Round(s.MemPerSession),
+		"disk_idle_pct": round(s.DiskIdlePct), "disk_latency_ms": round(s.DiskLatencyMS), "mem_pressure_pct": round(s.MemPressurePct),
+		"major_faults_per_s": round(s.MajorFaultsPerS), "swap_in_per_s": round(s.SwapInPerS), "swap_out_per_s": round(s.SwapOutPerS),
+	}
+	for a, ts := range s.Actions {
+		m[a+"_median_ms"] = round(percentile(ts, 50))
+	}
+	p := report.Point{Scenario: scenario, System: "deskway", Params: map[string]any{"users": s.Users}, Metrics: m}
+	if s.LogonFailed != "" {
+		p.Params["logon_failed"] = s.LogonFailed
+	}
+	return p
+}
+
+func ms(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func stepTable(title string, steps []Step, broker bool) report.Table {
+	t := report.Table{Title: title, Head: []string{"users", "logon s", "actions", "median ms", "p95 ms", "mean ms", "failed",
+		"CPU machine %", "host %", "clients %", "gateway %", "mem used %", "MiB/session", "disk idle %", "disk ms", "maj faults/s", "swap in/s"}}
+	if broker {
+		t.Head = append(t.Head, "placed")
+	}
+	for _, s := range steps {
+		if s.LogonFailed != "" {
+			row := []string{fmt.Sprint(s.Users), "failed: " + strings.ReplaceAll(s.LogonFailed, "|", "/")}
+			for len(row) < len(t.Head) {
+				row = append(row, "")
+			}
+			if broker {
+				row[len(row)-1] = fmt.Sprint(s.Placed)
+			}
+			t.Rows = append(t.Rows, row)
+			continue
+		}
+		row := []string{fmt.Sprint(s.Users), fmt.Sprintf("%.1f", s.LogonS), fmt.Sprint(len(s.all())), ms(s.Percentile(50)), ms(s.Percentile(95)), ms(s.Mean()), fmt.Sprint(s.Failed),
+			fmt.Sprintf("%.0f", s.MachineCPUPct), fmt.Sprintf("%.0f", s.HostCPUPct), fmt.Sprintf("%.0f", s.ClientCPUPct), fmt.Sprintf("%.0f", s.GatewayCPUPct),
+			fmt.Sprintf("%.0f", s.MemUsedPct), fmt.Sprintf("%.0f", s.MemPerSession/(1<<20)), fmt.Sprintf("%.0f", s.DiskIdlePct), fmt.Sprintf("%.1f", s.DiskLatencyMS),
+			fmt.Sprintf("%.0f", s.MajorFaultsPerS), fmt.Sprintf("%.0f", s.SwapInPerS)}
+		if broker {
+			row = append(row, fmt.Sprint(s.Placed))
+		}
+		t.Rows = append(t.Rows, row)
+	}
+	return t
+}
+
+func write(res *report.Result, out *Outcome, o Options) error {
+	if err := res.WriteJSON(o.Out); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Session-host capacity\n\n`%s`, %s, %d CPUs, %.0f GiB.\n\n", res.Command, res.Started.Format("2006-01-02 15:04 UTC"), res.Machine.CPUs, float64(res.Machine.MemBytes)/(1<<30))
+	deg := "not reached"
+	if out.Degradation.Users > 0 {
+		deg = fmt.Sprintf("**%d users** (%s)", out.Degradation.Users, out.Degradation.Why)
+	}
+	fmt.Fprintf(&b, "Baseline %.0f ms; degradation point %s; limiting counter: **%s**; suggested session limit: **%d**.\n\n", out.Baseline, deg, out.Limiting, out.SuggestLimit)
+	if s, ok := atCapacity(out); ok {
+		fmt.Fprintf(&b, "At %d users (the last step before it): %.0f MiB per session, the session host %.0f %% of the machine's CPU, the clients %.0f %%, the gateway %.0f %%.\n\n",
+			s.Users, s.MemPerSession/(1<<20), s.HostCPUPct, s.ClientCPUPct, s.GatewayCPUPct)
+	}
+	if len(out.BrokerSteps) > 0 {
+		fmt.Fprintf(&b, "Broker (session_limit %d): last placement at **%d users**", out.BrokerLimit, out.BrokerLast)
+		if out.Degradation.Users > 0 {
+			fmt.Fprintf(&b, ", %d below the degradation point", out.Degradation.Users-out.BrokerLast)
+		}
+		fmt.Fprintf(&b, "; the next launch: %s.\n\n", orNone(out.BrokerRefusal))
+	}
+	b.WriteString(stepTable("Ramp through the gateway", out.Steps, false).Markdown())
+	ct := report.Table{Title: "Counters against their thresholds", Head: []string{"counter", "threshold", "first crossed at users", "value then"}}
+	th := Thresholds(50, 25, 20)
+	for i, c := range out.Crossings {
+		at, v := "never", ""
+		if c.Users > 0 {
+			at, v = fmt.Sprint(c.Users), fmt.Sprintf("%.1f", c.Value)
+		}
+		ct.Rows = append(ct.Rows, []string{c.Counter, th[i].Limit, at, v})
+	}
+	b.WriteString(ct.Markdown())
+	at := report.Table{Title: "Median time per action (ms) by step", Head: []string{"users"}}
+	names := actionNames(out.Steps)
+	at.Head = append(at.Head, names...)
+	for _, s := range out.Steps {
+		row := []string{fmt.Sprint(s.Users)}
+		for _, n := range names {
+			row = append(row, ms(percentile(s.Actions[n], 50)))
+		}
+		at.Rows = append(at.Rows, row)
+	}
+	b.WriteString(at.Markdown())
+	pt := report.Table{Title: "Users per core: the paper's servers beside this one", Head: []string{"system", "server", "cores", "users", "users per core"}}
+	for _, p := range res.Points {
+		if p.Scenario == "capacity" {
+			pt.Rows = append(pt.Rows, []string{p.System, fmt.Sprint(p.Params["server"]), fmt.Sprint(p.Params["cores"]), fmt.Sprintf("%.0f", p.Metrics["users"]), fmt.Sprintf("%.1f", p.Metrics["users_per_core"])})
+		}
+	}
+	b.WriteString(pt.Markdown())
+	if len(out.BrokerSteps) > 0 {
+		b.WriteString(stepTable(fmt.Sprintf("Ramp through the broker (session_limit %d)", out.BrokerLimit), out.BrokerSteps, true).Markdown())
+	}
+	b.WriteString("## How it was measured\n\n")
+	for _, n := range res.Notes {
+		b.WriteString("- " + n + "\n")
+	}
+	b.WriteString("\n![action time](action-time.svg)\n![counters](counters.svg)\n![memory per session](memory.svg)\n")
+	if err := os.WriteFile(filepath.Join(o.Out, "result.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return charts(out, o)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none refused"
+	}
+	return s
+}
+
+func actionNames(steps []Step) []string {
+	seen := map[string]bool{}
+	for _, s := range steps {
+		for a := range s.Actions {
+			seen[a] = true
+		}
+	}
+	var out []string
+	for a := range seen {
+		out = append(out, a)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func charts(out *Outcome, o Options) error {
+	series := func(name string, steps []Step, f func(Step) float64) report.Series {
+		s := report.Series{Name: name}
+		for _, st := range steps {
+			if st.LogonFailed != "" {
+				continue
+			}
+			if v := f(st); !math.IsNaN(v) {
+				s.X, s.Y = append(s.X, float64(st.Users)), append(s.Y, v)
+			}
+		}
+		return s
+	}
+	act := []report.Series{
+		series("mean", out.Steps, Step.Mean),
+		series("p95", out.Steps, func(s Step) float64 { return s.Percentile(95) }),
+	}
+	if len(out.BrokerSteps) > 0 {
+		act = append(act, series("mean (broker ramp)", out.BrokerSteps, Step.Mean))
+	}
+	if err := report.LineChart(filepath.Join(o.Out, "action-time.svg"), "Action time against users (dashed: baseline + 1 s)", "users", "ms", act, out.Baseline+o.AddMS); err != nil {
+		return err
+	}
+	if err := report.LineChart(filepath.Join(o.Out, "counters.svg"), "Counters against users", "users", "%", []report.Series{
+		series("CPU, machine", out.Steps, func(s Step) float64 { return s.MachineCPUPct }),
+		series("CPU, session host", out.Steps, func(s Step) float64 { return s.HostCPUPct }),
+		series("CPU, clients", out.Steps, func(s Step) float64 { return s.ClientCPUPct }),
+		series("memory used", out.Steps, func(s Step) float64 { return s.MemUsedPct }),
+		series("disk idle", out.Steps, func(s Step) float64 { return s.DiskIdlePct }),
+	}, 90); err != nil {
+		return err
+	}
+	return report.LineChart(filepath.Join(o.Out, "memory.svg"), "Memory per session (Pss of its processes)", "users", "MiB", []report.Series{
+		series("MiB per session", out.Steps, func(s Step) float64 { return s.MemPerSession / (1 << 20) }),
+	}, 0)
+}

@@ -1,0 +1,455 @@
+package sessionhost
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deskway/deskway/internal/bench/childproc"
+	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/tlsconf"
+)
+
+//go:embed workload.sh
+var workloadScript []byte
+
+// userPrefix names the host accounts the bench logs on: dwload01, dwload02…
+const userPrefix = "dwload"
+
+// rig is one xrdp host, a deskway gateway on its own (its CPU is counted
+// apart from the host's), the broker with the host's agent, an Xvfb for
+// the xfreerdp clients, and the collector of the workloads' reports.
+type rig struct {
+	o          Options
+	dir        string
+	exe        string
+	password   string
+	users      []string
+	rdpPort    int
+	gwPort     int
+	brokerPort int
+	adminPort  int
+	adminToken string
+	display    string
+	xrdpSHA256 string
+	tokenKey   string
+	frontToken string
+	client     *http.Client
+	xrdp       []*childproc.Proc
+	xvfb       *childproc.Proc
+	gw, rest   *childproc.Proc
+	col        *collector
+	runToken   string
+}
+
+func randomString(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+// startwm is each user's session: an xterm that runs the workload, whose
+// window shows the scrolled document.
+const startwm = `#!/bin/sh
+exec xterm -geometry 100x30+0+0 -bg white -fg black -e bash "$HOME/workload/workload.sh" %s %s %d
+`
+
+// setUp starts xrdp, the Xvfb and the gateway, and prepares the users;
+// the broker starts with each ramp (startBroker).
+func (r *rig) setUp(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return errors.New("sessionhost: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the users " + userPrefix + "01…")
+	}
+	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "xdotool", "vim.tiny", "gzip", "bash", "useradd", "chpasswd", "pkill"} {
+		if _, err := exec.LookPath(p); err != nil {
+			return fmt.Errorf("sessionhost: %s is missing (make deps installs it)", p)
+		}
+	}
+	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
+		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
+			c.Close()
+			return fmt.Errorf("sessionhost: a session manager already listens on %s; stop it first", a)
+		}
+	}
+	var err error
+	if r.exe, err = os.Executable(); err != nil {
+		return err
+	}
+	if r.xrdpSHA256, err = childproc.CertSHA256("/etc/xrdp/cert.pem"); err != nil {
+		return fmt.Errorf("sessionhost: xrdp's certificate: %w", err)
+	}
+	r.runToken = randomString(16)
+	if r.col, err = newCollector(r.runToken, r.o.Log); err != nil {
+		return err
+	}
+	go r.col.serve(ctx)
+
+	r.password = "Load-" + randomString(12)
+	for i := 1; i <= r.o.Users; i++ {
+		name := fmt.Sprintf("%s%02d", userPrefix, i)
+		if err := r.prepareUser(name); err != nil {
+			return err
+		}
+		r.users = append(r.users, name)
+	}
+
+	ports, err := loopback.FreePorts(4)
+	if err != nil {
+		return err
+	}
+	r.rdpPort, r.gwPort, r.brokerPort, r.adminPort = ports[0], ports[1], ports[2], ports[3]
+	if err := r.startXRDP(); err != nil {
+		return err
+	}
+	if err := r.startXvfb(); err != nil {
+		return err
+	}
+	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
+		return err
+	}
+	pemCert, err := os.ReadFile(filepath.Join(r.dir, "tls.crt"))
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemCert)
+	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	r.tokenKey, r.frontToken, r.adminToken = randomString(40), randomString(24), randomString(24)
+	gwCfg := filepath.Join(r.dir, "gateway.yaml")
+	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.tokenKey, r.gwPort, r.rdpPort, r.xrdpSHA256)), 0o600); err != nil {
+		return err
+	}
+	if r.gw, err = childproc.Start(nil, r.exe, "gateway", "-c", gwCfg); err != nil {
+		return err
+	}
+	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.gwPort), 20*time.Second); err != nil {
+		return fmt.Errorf("sessionhost: the gateway: %w\n%s", err, r.gw.Tail(10))
+	}
+	return nil
+}
+
+const gatewayYAML = `state_dir: %[1]s/gw
+log: {level: warn, format: json}
+tls: {cert: %[1]s/tls.crt, key: %[1]s/tls.key}
+auth:
+  token_key: "%[2]s"
+gateway:
+  listen: "127.0.0.1:%[3]d"
+  public_name: "127.0.0.1:%[3]d"
+  connection_policies:
+  - {name: load, groups: [load], auth_methods: [paa]}
+  resource_policies:
+  - {name: rdp, groups: [load], hosts: [127.0.0.1], ports: [%[4]d], host_certificate_sha256: [%[5]s]}
+`
+
+// prepareUser makes a host account with the workload's files and a
+// session that runs it. Every user has files of their own, as every
+// worker has their own documents: their page cache grows with the users.
+func (r *rig) prepareUser(name string) error {
+	if _, err := user.Lookup(name); err != nil {
+		if out, err := exec.Command("useradd", "-m", "-s", "/bin/bash", name).CombinedOutput(); err != nil {
+			return fmt.Errorf("useradd %s: %v %s", name, err, out)
+		}
+	}
+	cp := exec.Command("chpasswd")
+	cp.Stdin = strings.NewReader(name + ":" + r.password + "\n")
+	if out, err := cp.CombinedOutput(); err != nil {
+		return fmt.Errorf("chpasswd: %v %s", err, out)
+	}
+	_ = exec.Command("pkill", "-KILL", "-u", name).Run()
+	home := "/home/" + name
+	dir := filepath.Join(home, "workload")
+	_ = os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Join(dir, "files"), 0o755); err != nil {
+		return err
+	}
+	rng := mrand.New(mrand.NewPCG(uint64(len(name)), uint64(name[len(name)-1])))
+	files := map[string][]byte{
+		"workload.sh": workloadScript,
+		"big.txt":     words(rng, r.o.Files.SearchBytes),
+		"doc.txt":     words(rng, r.o.Files.CompressBytes),
+		"long.txt":    lines(rng, r.o.Files.ScrollLines),
+		"note.txt":    []byte("Notes\n"),
+	}
+	for i := 0; i < r.o.Files.FolderFiles; i++ {
+		files[fmt.Sprintf("files/letter-%03d.txt", i)] = words(rng, 16<<10)
+	}
+	for f, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			return err
+		}
+	}
+	wm := fmt.Sprintf(startwm, r.col.Addr(), r.runToken, r.o.Think.Milliseconds())
+	if err := os.WriteFile(filepath.Join(home, "startwm.sh"), []byte(wm), 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.Command("chown", "-R", name+":", dir, filepath.Join(home, "startwm.sh")).CombinedOutput(); err != nil {
+		return fmt.Errorf("chown: %v %s", err, out)
+	}
+	return nil
+}
+
+// vocabulary is what the generated documents are written in; "meridian"
+// is the word the search action looks for.
+var vocabulary = strings.Fields(`the a report quarter budget team meeting figures sales customer
+project review plan draft invoice schedule office account meridian market growth cost
+forecast supplier contract delivery region manager policy agenda update summary`)
+
+// words is n bytes of text made of the vocabulary, in lines of about 70.
+func words(rng *mrand.Rand, n int) []byte {
+	var b bytes.Buffer
+	b.Grow(n + 80)
+	col := 0
+	for b.Len() < n {
+		w := vocabulary[rng.IntN(len(vocabulary))]
+		b.WriteString(w)
+		col += len(w) + 1
+		if col > 70 {
+			b.WriteByte('\n')
+			col = 0
+		} else {
+			b.WriteByte(' ')
+		}
+	}
+	return b.Bytes()[:n]
+}
+
+// lines is a numbered document of n lines, for the terminal to scroll.
+func lines(rng *mrand.Rand, n int) []byte {
+	var b bytes.Buffer
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "%5d  %s\n", i, strings.TrimSpace(string(words(rng, 70))))
+	}
+	return b.Bytes()
+}
+
+func (r *rig) startXRDP() error {
+	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
+	if err != nil {
+		return err
+	}
+	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://127.0.0.1:"+strconv.Itoa(r.rdpPort))
+	iniPath := filepath.Join(r.dir, "xrdp.ini")
+	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
+	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
+	_ = os.Remove("/var/run/xrdp/xrdp.pid")
+	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
+		p, err := childproc.Start(nil, c[0], c[1:]...)
+		if err != nil {
+			return err
+		}
+		r.xrdp = append(r.xrdp, p)
+	}
+	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.rdpPort), 10*time.Second); err != nil {
+		return fmt.Errorf("sessionhost: xrdp: %w", err)
+	}
+	return nil
+}
+
+// startXvfb starts the X server the clients draw into, on the first free
+// display from :150.
+func (r *rig) startXvfb() error {
+	for n := 150; n < 200; n++ {
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
+			continue
+		}
+		p, err := childproc.Start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
+		if err != nil {
+			return err
+		}
+		r.xvfb = p
+		for i := 0; i < 100; i++ {
+			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+				r.display = fmt.Sprintf(":%d", n)
+				return nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return errors.New("sessionhost: Xvfb did not start")
+	}
+	return errors.New("sessionhost: no free X display from :150 to :199")
+}
+
+const restYAML = `state_dir: %[1]s
+log: {level: info, format: json}
+admin: {listen: "127.0.0.1:%[11]d", tokens: ["%[12]s"]}
+tls: {cert: %[2]s/tls.crt, key: %[2]s/tls.key}
+auth:
+  token_key: "%[3]s"
+  users:
+%[4]sbroker:
+  listen: "127.0.0.1:%[5]d"
+  gateway: "127.0.0.1:%[6]d"
+  frontend_tokens: ["%[7]s"]
+  heartbeat_interval: 1s
+  delivery_groups:
+  - {name: desk, groups: [load], host_username: user, session_limit: %[8]d}
+agent:
+  broker: https://127.0.0.1:%[5]d
+  broker_ca: %[2]s/tls.crt
+  join_token: "%[9]s"
+  name: xrdp-host
+  address: 127.0.0.1
+  port: %[10]d
+  sessions: xrdp
+  session_poll: 500ms
+`
+
+// startBroker starts the broker with the host's agent, a fresh database
+// and the delivery group's session limit (0: none the ramp can reach).
+func (r *rig) startBroker(ctx context.Context, name string, limit int) error {
+	if limit <= 0 {
+		limit = 10 * r.o.Users
+	}
+	state := filepath.Join(r.dir, "broker-"+name)
+	var users strings.Builder
+	for _, u := range r.users {
+		fmt.Fprintf(&users, "  - {name: %s, password: %q, groups: [load]}\n", u, r.password)
+	}
+	cfg := filepath.Join(r.dir, "broker-"+name+".yaml")
+	write := func(join string) error {
+		return os.WriteFile(cfg, []byte(fmt.Sprintf(restYAML, state, r.dir, r.tokenKey, users.String(), r.brokerPort, r.gwPort, r.frontToken, limit, join, r.rdpPort, r.adminPort, r.adminToken)), 0o600)
+	}
+	if err := write("placeholder"); err != nil {
+		return err
+	}
+	out, err := exec.Command(r.exe, "token", "join", "-c", cfg, "--group", "desk", "--ttl", "1h").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("deskway token join: %v %s", err, out)
+	}
+	if err := write(strings.TrimSpace(string(out))); err != nil {
+		return err
+	}
+	if r.rest, err = childproc.Start(nil, r.exe, "run", "-c", cfg); err != nil {
+		return err
+	}
+	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.brokerPort), 20*time.Second); err != nil {
+		return fmt.Errorf("sessionhost: the broker: %w\n%s", err, r.rest.Tail(10))
+	}
+	// The host is registered once its agent's first heartbeat is in.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		if h, err := r.host(ctx); err == nil && h.LastSeen != "" {
+			return nil
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("sessionhost: the agent did not register the host: %v\n%s", err, r.rest.Tail(20))
+		}
+	}
+}
+
+func (r *rig) stopBroker() {
+	r.rest.Stop()
+	r.rest = nil
+}
+
+// hostView is the broker's view of the session host.
+type hostView struct {
+	Name     string `json:"name"`
+	Sessions int    `json:"sessions"`
+	Status   string `json:"status"`
+	LastSeen string `json:"last_seen"`
+}
+
+// host asks the broker's admin API about the session host.
+func (r *rig) host(ctx context.Context) (hostView, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("https://127.0.0.1:%d/api/v1/broker/hosts", r.adminPort), nil)
+	req.Header.Set("Authorization", "Bearer "+r.adminToken)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return hostView{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return hostView{}, fmt.Errorf("GET /api/v1/broker/hosts: %s %s", resp.Status, b)
+	}
+	var hosts []hostView
+	if err := json.Unmarshal(b, &hosts); err != nil {
+		return hostView{}, err
+	}
+	for _, h := range hosts {
+		if h.Name == "xrdp-host" {
+			return h, nil
+		}
+	}
+	return hostView{}, errors.New("the broker lists no host xrdp-host")
+}
+
+// launch asks the broker for user's desktop: an .rdp file through the
+// gateway, or the broker's refusal (503 when no host takes the launch).
+func (r *rig) launch(ctx context.Context, user string) (rdp string, status int, err error) {
+	req, _ := http.NewRequestWithContext(ctx, "POST", fmt.Sprintf("https://127.0.0.1:%d/api/v1/launch", r.brokerPort), strings.NewReader(`{"delivery_group":"desk"}`))
+	req.SetBasicAuth(user, r.password)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return "", resp.StatusCode, fmt.Errorf("launch: %s %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	var lr struct {
+		RDP string `json:"rdp"`
+	}
+	if err := json.Unmarshal(b, &lr); err != nil {
+		return "", resp.StatusCode, err
+	}
+	return lr.RDP, resp.StatusCode, nil
+}
+
+// mintToken is a gateway token for user to the host, as `deskway token`
+// mints it.
+func (r *rig) mintToken(user string) (string, error) {
+	out, err := exec.Command(r.exe, "token", "-c", filepath.Join(r.dir, "gateway.yaml"), "--user", user, "--groups", "load",
+		"--host", "127.0.0.1", "--port", strconv.Itoa(r.rdpPort), "--ttl", "10m").Output()
+	if err != nil {
+		return "", fmt.Errorf("deskway token: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// close stops everything and ends the users' sessions.
+func (r *rig) close() {
+	if r.rest != nil {
+		r.rest.Stop()
+	}
+	r.gw.Stop()
+	r.xvfb.Stop()
+	for i := len(r.xrdp) - 1; i >= 0; i-- {
+		r.xrdp[i].Stop()
+	}
+	r.endSessions()
+}
+
+// endSessions ends every bench user's processes: the sessions of a ramp.
+func (r *rig) endSessions() {
+	for _, u := range r.users {
+		_ = exec.Command("pkill", "-KILL", "-u", u).Run()
+	}
+}
