@@ -473,8 +473,8 @@ setting for a host like this one.`,
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the charts")
 	c.Flags().IntVar(&o.Users, "users", 24, "most users a ramp logs on")
-	c.Flags().DurationVar(&o.Interval, "interval", 30*time.Second, "time between logons: each step's measuring window")
-	c.Flags().DurationVar(&o.Think, "think", 2*time.Second, "idle time after each action")
+	c.Flags().DurationVar(&o.Interval, "interval", 20*time.Second, "time between logons: each step's measuring window")
+	c.Flags().DurationVar(&o.Think, "think", time.Second, "idle time after each action")
 	c.Flags().IntVar(&o.BaselineSteps, "baseline-steps", 2, "first steps whose actions make the baseline")
 	c.Flags().Float64Var(&o.AddMS, "threshold-ms", 1000, "how far above the baseline the average action may go")
 	c.Flags().IntVar(&o.Beyond, "beyond", 1, "steps the first ramp goes on past the degradation point")

@@ -10,12 +10,13 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deskway/deskway/internal/bench/childproc"
 )
 
 // Require stops the test when a program is missing: a skip on a
@@ -123,7 +124,7 @@ func tail(s string, n int) string {
 func Xvfb(t testing.TB) string {
 	t.Helper()
 	Require(t, "Xvfb")
-	removeStaleX(90, 139)
+	childproc.RemoveStaleX(90, 139)
 	for n := 90; n < 140; n++ {
 		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
 			continue
@@ -191,28 +192,6 @@ var DesktopColor = [3]uint8{0, 0, 128}
 // (X11DisplayOffset 10 and MaxSessions 50 in Debian's sesman.ini).
 var xrdpDisplays = [2]int{10, 60}
 
-// removeStaleX deletes the socket and lock file of every X display from
-// first to last whose server is gone. A server killed with SIGKILL, as
-// the tests end their xrdp sessions, leaves both behind, and xrdp-sesman
-// and Xvfb take such a display as busy: after fifty runs sesman has none
-// left and refuses every login ("no display in range is available").
-func removeStaleX(first, last int) {
-	for n := first; n <= last; n++ {
-		lock := fmt.Sprintf("/tmp/.X%d-lock", n)
-		sock := fmt.Sprintf("/tmp/.X11-unix/X%d", n)
-		if b, err := os.ReadFile(lock); err == nil {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
-				continue // its server is running
-			}
-		} else if !os.IsNotExist(err) {
-			continue
-		}
-		_ = os.Remove(lock)
-		_ = os.Remove(sock)
-	}
-}
-
 // StartXRDP starts xrdp-sesman and xrdp on 127.0.0.1:port with a test user.
 func StartXRDP(t testing.TB, port int) *XRDP {
 	t.Helper()
@@ -235,7 +214,7 @@ func StartXRDP(t testing.TB, port int) *XRDP {
 	run(t, "chown", x.User, home+"/startwm.sh")
 	// Leftovers of an earlier run would be reconnected to; start clean.
 	_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
-	removeStaleX(xrdpDisplays[0], xrdpDisplays[1])
+	childproc.RemoveStaleX(xrdpDisplays[0], xrdpDisplays[1])
 	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
 	_ = os.Chmod("/var/run/xrdp/sockdir", 0o3777|os.ModeSticky)
 	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
@@ -260,7 +239,7 @@ func StartXRDP(t testing.TB, port int) *XRDP {
 	Start(t, nil, "xrdp", "--nodaemon", "--config", cfgPath)
 	t.Cleanup(func() {
 		_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
-		removeStaleX(xrdpDisplays[0], xrdpDisplays[1])
+		childproc.RemoveStaleX(xrdpDisplays[0], xrdpDisplays[1])
 	})
 	if err := WaitPort(x.Addr, 10*time.Second); err != nil {
 		t.Fatal(err)

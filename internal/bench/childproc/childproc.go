@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -91,6 +92,28 @@ func (p *Proc) Tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// RemoveStaleX deletes the socket and lock file of every X display from
+// first to last whose server is gone. A server killed with SIGKILL
+// leaves both behind, and xrdp-sesman and Xvfb take such a display as
+// busy: after as many killed sessions as sesman has displays, it
+// refuses every login ("no display in range is available").
+func RemoveStaleX(first, last int) {
+	for n := first; n <= last; n++ {
+		lock := fmt.Sprintf("/tmp/.X%d-lock", n)
+		sock := fmt.Sprintf("/tmp/.X11-unix/X%d", n)
+		if b, err := os.ReadFile(lock); err == nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
+				continue // its server is running
+			}
+		} else if !os.IsNotExist(err) {
+			continue
+		}
+		_ = os.Remove(lock)
+		_ = os.Remove(sock)
+	}
 }
 
 // CertSHA256 is the SHA-256 of the DER certificate in the PEM file at

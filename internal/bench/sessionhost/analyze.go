@@ -17,9 +17,9 @@ type Step struct {
 	LogonS      float64
 	LogonFailed string
 	// Actions are the times (ms) of the actions completed in the window,
-	// by action; Failed counts actions whose check failed.
+	// by action; Failed counts actions whose check failed, by action.
 	Actions map[string][]float64
-	Failed  int
+	Failed  map[string]int
 	// Counters over the window.
 	MachineCPUPct    float64 // every process on the machine, % of all cores
 	ClientCPUPct     float64 // the xfreerdp clients and their X server
@@ -37,6 +37,15 @@ type Step struct {
 	// Placed is, in a broker ramp, whether the broker placed this step's
 	// user on the host.
 	Placed bool
+}
+
+// failed is how many of the step's actions failed.
+func (s Step) failed() int {
+	n := 0
+	for _, f := range s.Failed {
+		n += f
+	}
+	return n
 }
 
 // all is every action time of the step.

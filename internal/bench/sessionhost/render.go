@@ -100,7 +100,7 @@ func round(v float64) float64 {
 
 func stepPoint(scenario string, s Step) report.Point {
 	m := map[string]float64{
-		"logon_s": round(s.LogonS), "actions": float64(len(s.all())), "failed_actions": float64(s.Failed),
+		"logon_s": round(s.LogonS), "actions": float64(len(s.all())), "failed_actions": float64(s.failed()),
 		"mean_ms": round(s.Mean()), "median_ms": round(s.Percentile(50)), "p95_ms": round(s.Percentile(95)),
 		"machine_cpu_pct": round(s.MachineCPUPct), "host_cpu_pct": round(s.HostCPUPct), "client_cpu_pct": round(s.ClientCPUPct),
 		"gateway_cpu_pct": round(s.GatewayCPUPct), "mem_used_pct": round(s.MemUsedPct), "mem_bytes_per_session": math.Round(s.MemPerSession),
@@ -109,6 +109,9 @@ func stepPoint(scenario string, s Step) report.Point {
 	}
 	for a, ts := range s.Actions {
 		m[a+"_median_ms"] = round(percentile(ts, 50))
+	}
+	for a, n := range s.Failed {
+		m[a+"_failed"] = float64(n)
 	}
 	p := report.Point{Scenario: scenario, System: "deskway", Params: map[string]any{"users": s.Users}, Metrics: m}
 	if s.LogonFailed != "" {
@@ -142,7 +145,7 @@ func stepTable(title string, steps []Step, broker bool) report.Table {
 			t.Rows = append(t.Rows, row)
 			continue
 		}
-		row := []string{fmt.Sprint(s.Users), fmt.Sprintf("%.1f", s.LogonS), fmt.Sprint(len(s.all())), ms(s.Percentile(50)), ms(s.Percentile(95)), ms(s.Mean()), fmt.Sprint(s.Failed),
+		row := []string{fmt.Sprint(s.Users), fmt.Sprintf("%.1f", s.LogonS), fmt.Sprint(len(s.all())), ms(s.Percentile(50)), ms(s.Percentile(95)), ms(s.Mean()), fmt.Sprint(s.failed()),
 			fmt.Sprintf("%.0f", s.MachineCPUPct), fmt.Sprintf("%.0f", s.HostCPUPct), fmt.Sprintf("%.0f", s.ClientCPUPct), fmt.Sprintf("%.0f", s.GatewayCPUPct),
 			fmt.Sprintf("%.0f", s.MemUsedPct), fmt.Sprintf("%.0f", s.MemPerSession/(1<<20)), fmt.Sprintf("%.0f", s.DiskIdlePct), fmt.Sprintf("%.1f", s.DiskLatencyMS),
 			fmt.Sprintf("%.0f", s.MajorFaultsPerS), fmt.Sprintf("%.0f", s.SwapInPerS)}

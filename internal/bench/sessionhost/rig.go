@@ -59,6 +59,8 @@ type rig struct {
 	gw, rest   *childproc.Proc
 	col        *collector
 	runToken   string
+	// displays are the first and last X display sesman gives sessions.
+	displays [2]int
 }
 
 func randomString(n int) string {
@@ -79,7 +81,7 @@ func (r *rig) setUp(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return errors.New("sessionhost: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the users " + userPrefix + "01…")
 	}
-	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "xdotool", "vim.tiny", "gzip", "bash", "useradd", "chpasswd", "pkill"} {
+	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "xdotool", "vim.tiny", "gzip", "bash", "useradd", "chpasswd", "pkill", "pgrep"} {
 		if _, err := exec.LookPath(p); err != nil {
 			return fmt.Errorf("sessionhost: %s is missing (make deps installs it)", p)
 		}
@@ -242,6 +244,10 @@ func lines(rng *mrand.Rand, n int) []byte {
 	return b.Bytes()
 }
 
+// startXRDP starts xrdp on the bench's port, from the system's
+// configuration, and its session manager with room for every user: the
+// system's MaxSessions (50 on Debian) would refuse users past it, which
+// is the configuration's limit, not the host's.
 func (r *rig) startXRDP() error {
 	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
 	if err != nil {
@@ -252,10 +258,25 @@ func (r *rig) startXRDP() error {
 	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
+	sesman, err := os.ReadFile("/etc/xrdp/sesman.ini")
+	if err != nil {
+		return err
+	}
+	r.displays[0], r.displays[1] = 10, 60
+	if m := regexp.MustCompile(`(?m)^X11DisplayOffset=(\d+)`).FindSubmatch(sesman); m != nil {
+		r.displays[0], _ = strconv.Atoi(string(m[1]))
+	}
+	r.displays[1] = r.displays[0] + max(50, r.o.Users+10)
+	sesman = regexp.MustCompile(`(?m)^MaxSessions=\d+`).ReplaceAll(sesman, []byte(fmt.Sprintf("MaxSessions=%d", r.displays[1]-r.displays[0])))
+	sesmanPath := filepath.Join(r.dir, "sesman.ini")
+	if err := os.WriteFile(sesmanPath, sesman, 0o644); err != nil {
+		return err
+	}
+	childproc.RemoveStaleX(r.displays[0], r.displays[1])
 	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
 	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
 	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
+	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon", "--config", sesmanPath}, {"xrdp", "--nodaemon", "--config", iniPath}} {
 		p, err := childproc.Start(nil, c[0], c[1:]...)
 		if err != nil {
 			return err
@@ -447,9 +468,27 @@ func (r *rig) close() {
 	r.endSessions()
 }
 
-// endSessions ends every bench user's processes: the sessions of a ramp.
+// endSessions ends every bench user's processes, the sessions of a
+// ramp: asked first, so that each X server removes its display's socket
+// and lock, then killed; displays left behind are freed.
 func (r *rig) endSessions() {
+	for _, u := range r.users {
+		_ = exec.Command("pkill", "-TERM", "-u", u).Run()
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		left := false
+		for _, u := range r.users {
+			if exec.Command("pgrep", "-u", u).Run() == nil {
+				left = true
+				break
+			}
+		}
+		if !left {
+			break
+		}
+	}
 	for _, u := range r.users {
 		_ = exec.Command("pkill", "-KILL", "-u", u).Run()
 	}
+	childproc.RemoveStaleX(r.displays[0], r.displays[1])
 }

@@ -70,10 +70,10 @@ func (o *Options) defaults() {
 		o.Users = 24
 	}
 	if o.Interval <= 0 {
-		o.Interval = 30 * time.Second
+		o.Interval = 20 * time.Second
 	}
 	if o.Think <= 0 {
-		o.Think = 2 * time.Second
+		o.Think = time.Second
 	}
 	if o.BaselineSteps <= 0 {
 		o.BaselineSteps = 2
@@ -264,7 +264,7 @@ func (r *rig) logon(ctx context.Context, user string, viaBroker bool, step *Step
 	case <-c.Exited():
 		step.LogonFailed = "xfreerdp ended before the desktop's workload started: " + c.Tail(5)
 	case <-time.After(r.o.LogonTimeout):
-		step.LogonFailed = fmt.Sprintf("the workload did not start within %v of starting xfreerdp", r.o.LogonTimeout)
+		step.LogonFailed = fmt.Sprintf("the workload did not start within %v of starting xfreerdp: %s", r.o.LogonTimeout, c.Tail(5))
 	case <-ctx.Done():
 		return c, ctx.Err()
 	}
@@ -301,10 +301,10 @@ func (r *rig) measure(ctx context.Context, clients []*childproc.Proc, step *Step
 	step.DiskLatencyMS = l.DiskLatencyMS
 	step.MemPressurePct = l.MemoryPressure * 100
 	step.MajorFaultsPerS, step.SwapInPerS, step.SwapOutPerS = l.MajorFaultsPerSec, l.SwapInPerSec, l.SwapOutPerSec
-	step.Actions = map[string][]float64{}
+	step.Actions, step.Failed = map[string][]float64{}, map[string]int{}
 	for _, rep := range r.col.between(from, to) {
 		if rep.Failed {
-			step.Failed++
+			step.Failed[rep.Action]++
 			continue
 		}
 		step.Actions[rep.Action] = append(step.Actions[rep.Action], rep.MS)

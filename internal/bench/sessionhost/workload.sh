@@ -32,13 +32,21 @@ timed() {
 
 # edit opens a note in an editor in its own window, types a sentence into
 # it as a person would (a key every 15 ms), saves and quits, and checks
-# the sentence reached the file.
+# the sentence reached the file. The editor writes a copy of the note
+# once it has started (-c runs after it took over the terminal): keys
+# sent before that would reach the terminal's line discipline instead.
 edit() {
 	local title=edit-$$-$RANDOM line="The quarterly figures for $RANDOM look fine; send them to the team by Friday."
+	local ready=$dir/.editor-ready i=0
+	rm -f "$ready"
 	xterm -xrm 'XTerm*allowSendEvents: true' -xrm 'XTerm*allowTitleOps: false' -title "$title" \
-		-geometry 90x20+60+60 -e vim.tiny -u NONE -N -n "$dir/note.txt" &
+		-geometry 90x20+60+60 -e vim.tiny -u NONE -N -n -c "w! $ready" "$dir/note.txt" &
 	local pid=$! wid
 	wid=$(xdotool search --sync --onlyvisible --name "^$title\$" | head -n 1) || return 1
+	until [ -e "$ready" ]; do
+		((i++ < 3000)) || return 1
+		sleep 0.02
+	done
 	xdotool type --window "$wid" --delay 15 "Go$line" &&
 		xdotool key --window "$wid" Escape &&
 		xdotool type --window "$wid" --delay 15 ":wq" &&
