@@ -109,7 +109,9 @@ type Degradation struct {
 }
 
 // FindDegradation is the first step after the baseline's whose average
-// action time passes baseline + addMS, or whose user failed to log on.
+// action time passes baseline + addMS, or more than a tenth of whose
+// actions failed (a failed action has no time, and would otherwise keep
+// a failing host's average low), or whose user failed to log on.
 func FindDegradation(steps []Step, baselineSteps int, addMS float64) Degradation {
 	base := Baseline(steps, baselineSteps)
 	for i, s := range steps {
@@ -118,6 +120,9 @@ func FindDegradation(steps []Step, baselineSteps int, addMS float64) Degradation
 		}
 		if i < baselineSteps {
 			continue
+		}
+		if f, n := s.failed(), len(s.all()); f*10 > f+n {
+			return Degradation{Users: s.Users, Why: fmt.Sprintf("%d of %d actions failed", f, f+n)}
 		}
 		if m := s.Mean(); m > base+addMS {
 			return Degradation{Users: s.Users, Why: fmt.Sprintf("average action %.0f ms > baseline %.0f ms + %.0f ms", m, base, addMS)}

@@ -37,6 +37,14 @@ func TestFindDegradation(t *testing.T) {
 	if d := FindDegradation(failed, 2, 1000); d.Users != 3 || !strings.Contains(d.Why, "logon failed") {
 		t.Fatalf("degradation %+v, want the failed logon at 3", d)
 	}
+	// Failing actions have no time: past a tenth of them, the host is
+	// degraded however fast the rest were.
+	failing := []Step{stepOf(1, 100), stepOf(2, 100), stepOf(3, 100, 100, 100, 100, 100, 100, 100, 100, 100), stepOf(4, 100, 100, 100, 100, 100, 100, 100, 100)}
+	failing[2].Failed = map[string]int{"edit": 1} // 1 of 10: not past a tenth
+	failing[3].Failed = map[string]int{"edit": 2}
+	if d := FindDegradation(failing, 2, 1000); d.Users != 4 || !strings.Contains(d.Why, "2 of 10 actions failed") {
+		t.Fatalf("degradation %+v, want the failing actions at 4", d)
+	}
 	if d := FindDegradation(steps[:3], 2, 1000); d.Users != 0 || SuggestLimit(d) != 0 {
 		t.Fatalf("a ramp that never degraded: %+v, limit %d", d, SuggestLimit(d))
 	}
