@@ -161,22 +161,41 @@ func Thresholds(diskIdleMinPct, diskLatencyMaxMS, memPressureMaxPct float64) []T
 	}
 }
 
-// Crossing is the first step at which a counter passed its threshold.
+// Crossing is where a counter passed its threshold for good.
 type Crossing struct {
 	Counter string
-	Users   int // 0: never
-	Value   float64
+	// Users is the first step from which the counter stayed past its
+	// threshold through the degradation point (or the ramp's end); 0:
+	// never. A single step past it (a burst of writeback, a logon) does
+	// not explain a host that degrades later.
+	Users int
+	Value float64
+	// StepsOver counts every step past the threshold, sustained or not.
+	StepsOver int
 }
 
-// Crossings lists, for each threshold, the first step past it.
-func Crossings(steps []Step, th []Threshold) []Crossing {
+// Crossings lists, for each threshold, where the counter crossed it for
+// good before the degradation point d (0: the whole ramp).
+func Crossings(steps []Step, th []Threshold, d Degradation) []Crossing {
 	out := make([]Crossing, 0, len(th))
 	for _, t := range th {
 		c := Crossing{Counter: t.Counter}
 		for _, s := range steps {
-			if over, v := t.Over(s); over {
+			if s.LogonFailed != "" {
+				continue
+			}
+			over, v := t.Over(s)
+			if over {
+				c.StepsOver++
+			}
+			if d.Users > 0 && s.Users > d.Users {
+				continue
+			}
+			switch {
+			case over && c.Users == 0:
 				c.Users, c.Value = s.Users, v
-				break
+			case !over:
+				c.Users, c.Value = 0, 0
 			}
 		}
 		out = append(out, c)

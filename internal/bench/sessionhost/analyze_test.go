@@ -66,25 +66,37 @@ func TestPercentile(t *testing.T) {
 func TestLimitingCounter(t *testing.T) {
 	th := Thresholds(50, 25, 20)
 	steps := []Step{
-		{Users: 1, MachineCPUPct: 40, DiskIdlePct: 100},
-		{Users: 2, MachineCPUPct: 70, DiskIdlePct: 40}, // disk first
+		{Users: 1, MachineCPUPct: 40, DiskIdlePct: 100, DiskLatencyMS: 30}, // a burst of writeback
+		{Users: 2, MachineCPUPct: 70, DiskIdlePct: 40},                     // disk first, for good
 		{Users: 3, MachineCPUPct: 95, DiskIdlePct: 30, MemUsedPct: 95},
+		{Users: 4, MachineCPUPct: 95, DiskIdlePct: 30, MemUsedPct: 80},
 	}
-	cs := Crossings(steps, th)
-	got := map[string]int{}
+	d := Degradation{Users: 3}
+	cs := Crossings(steps, th, d)
+	got, over := map[string]int{}, map[string]int{}
 	for _, c := range cs {
-		got[c.Counter] = c.Users
+		got[c.Counter], over[c.Counter] = c.Users, c.StepsOver
 	}
-	if got["disk idle"] != 2 || got["cpu"] != 3 || got["memory"] != 3 || got["disk latency"] != 0 {
-		t.Fatalf("crossings %v", got)
+	if got["disk idle"] != 2 || got["cpu"] != 3 || got["memory"] != 3 || got["disk latency"] != 0 || over["disk latency"] != 1 || over["memory"] != 1 {
+		t.Fatalf("crossings %v, steps over %v", got, over)
 	}
-	if l := Limiting(cs, Degradation{Users: 3}); l != "disk idle" {
+	if l := Limiting(cs, d); l != "disk idle" {
 		t.Errorf("limiting %q, want disk idle (crossed first)", l)
 	}
-	// A counter that crossed only after the degradation point does not
-	// explain it.
-	if l := Limiting(cs, Degradation{Users: 1}); l != "none" {
-		t.Errorf("limiting %q, want none", l)
+	// Past the degradation point memory fell back: it still crossed by
+	// then. A counter that crossed only after the degradation point does
+	// not explain it.
+	early := Crossings(steps, th, Degradation{Users: 2})
+	for _, c := range early {
+		if c.Counter == "cpu" && c.Users != 0 {
+			t.Errorf("cpu crossed at %d, after the degradation point", c.Users)
+		}
+	}
+	if l := Limiting(Crossings(steps[:1], th, Degradation{Users: 1}), Degradation{Users: 1}); l != "disk latency" {
+		t.Errorf("limiting %q, want disk latency (past it at the point itself)", l)
+	}
+	if l := Limiting(Crossings(steps[1:2], th[:1], Degradation{Users: 2}), Degradation{Users: 2}); l != "none" {
+		t.Errorf("limiting %q, want none (no counter past its threshold)", l)
 	}
 }
 

@@ -85,6 +85,7 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 		fmt.Sprintf("Users log on one every %v, each with xfreerdp (%s, %d bpp, no wallpaper or themes) on an Xvfb, through deskway's gateway with a token of its own (`deskway token`), to xrdp on this machine. Each session's xterm runs the workload: edit (an editor in a new window, a sentence typed at a key per 15 ms with xdotool, saved, checked), search (grep -w in %d MiB), compress (gzip and gunzip of %d MiB, compared), files (list and read %d files), scroll (%d lines in the terminal), %v idle after each. The workload times every action with bash's clock inside the session and sends it to the bench; a step's window is the interval after its user's workload started.",
 			o.Interval, o.Size, o.BPP, o.Files.SearchBytes>>20, o.Files.CompressBytes>>20, o.Files.FolderFiles, o.Files.ScrollLines, o.Think),
 		fmt.Sprintf("Degradation point: the first step after the %d baseline steps whose average action time passes the baseline (the average over the baseline steps' actions) + %.0f ms, or more than a tenth of whose actions failed, or whose user's logon failed. The ramp goes on %d step(s) past it.", o.BaselineSteps, o.AddMS, o.Beyond),
+		"Limiting counter: of the counters that went past their thresholds (table above) and stayed past them through the degradation point, the one that did so first; a single step past one (writeback, a burst of logons) does not count.",
 		"CPU: machine_cpu_pct is every process, as a share of all cores (/proc/stat); client_cpu_pct the xfreerdp clients and their Xvfb; gateway_cpu_pct the gateway; host_cpu_pct the machine less clients, gateway, broker with agent, and the bench: the session host's own share. Memory per session is the average over sessions of the sum of Pss (/proc/PID/smaps_rollup) of the session's processes, as the agent reports it. Disk and memory pressure as the agent reads them (/proc/diskstats, /proc/pressure/memory), paging from /proc/vmstat.",
 		"Broker ramp: the broker starts afresh with the delivery group's session_limit set to the suggested limit (one below the degradation point) or --session-limit, the host's agent reporting every second, and the broker's default health thresholds; users launch through POST /api/v1/launch and open the .rdp file with xfreerdp. It goes until the broker refuses or one user past the limit.",
 		"The paper's servers ran Windows Server 2003 x64 with Office (Word, Excel, Outlook, Internet Explorer) per user on dedicated hardware with separate client machines; here the workload is lighter applications on xrdp and the clients share the machine, so per-core figures compare the method, not the software.",
@@ -180,14 +181,14 @@ func write(res *report.Result, out *Outcome, o Options) error {
 		fmt.Fprintf(&b, "; the next launch: %s.\n\n", orNone(out.BrokerRefusal))
 	}
 	b.WriteString(stepTable("Ramp through the gateway", out.Steps, false).Markdown())
-	ct := report.Table{Title: "Counters against their thresholds", Head: []string{"counter", "threshold", "first crossed at users", "value then"}}
+	ct := report.Table{Title: "Counters against their thresholds", Head: []string{"counter", "threshold", "past it for good from users", "value then", "steps past it"}}
 	th := Thresholds(50, 25, 20)
 	for i, c := range out.Crossings {
 		at, v := "never", ""
 		if c.Users > 0 {
 			at, v = fmt.Sprint(c.Users), fmt.Sprintf("%.1f", c.Value)
 		}
-		ct.Rows = append(ct.Rows, []string{c.Counter, th[i].Limit, at, v})
+		ct.Rows = append(ct.Rows, []string{c.Counter, th[i].Limit, at, v, fmt.Sprint(c.StepsOver)})
 	}
 	b.WriteString(ct.Markdown())
 	at := report.Table{Title: "Median time per action (ms) by step", Head: []string{"users"}}

@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/childproc"
@@ -113,6 +114,9 @@ func (r *rig) setUp(ctx context.Context) error {
 		}
 		r.users = append(r.users, name)
 	}
+	// The users' files on disk before the first logon: their writeback
+	// would otherwise show as the first steps' disk latency.
+	syscall.Sync()
 
 	ports, err := loopback.FreePorts(4)
 	if err != nil {

@@ -143,7 +143,7 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 	}
 	out.Baseline = Baseline(out.Steps, o.BaselineSteps)
 	out.Degradation = FindDegradation(out.Steps, o.BaselineSteps, o.AddMS)
-	out.Crossings = Crossings(out.Steps, Thresholds(50, 25, 20))
+	out.Crossings = Crossings(out.Steps, Thresholds(50, 25, 20), out.Degradation)
 	out.Limiting = Limiting(out.Crossings, out.Degradation)
 	out.SuggestLimit = SuggestLimit(out.Degradation)
 

@@ -21,12 +21,14 @@ send() {
 # timed runs "$@" and reports its time as action $1's.
 timed() {
 	local name=$1 start=$EPOCHREALTIME end
+	why=
 	shift
 	if "$@"; then
 		end=$EPOCHREALTIME
 		send "$name" $(((${end/./} - ${start/./}) / 1000))
 	else
 		send "$name" failed
+		printf '%s %s failed: %s\n' "$(date +%T.%N)" "$name" "$why" >>"$dir/failures.log"
 	fi
 }
 
@@ -42,17 +44,18 @@ edit() {
 	xterm -xrm 'XTerm*allowSendEvents: true' -xrm 'XTerm*allowTitleOps: false' -title "$title" \
 		-geometry 90x20+60+60 -e vim.tiny -u NONE -N -n -c "w! $ready" "$dir/note.txt" &
 	local pid=$! wid
-	wid=$(xdotool search --sync --onlyvisible --name "^$title\$" | head -n 1) || return 1
+	wid=$(xdotool search --sync --onlyvisible --name "^$title\$" | head -n 1) || { why="no editor window"; return 1; }
 	until [ -e "$ready" ]; do
-		((i++ < 3000)) || return 1
+		((i++ < 3000)) || { why="the editor did not start in a minute"; return 1; }
 		sleep 0.02
 	done
-	xdotool type --window "$wid" --delay 15 "Go$line" &&
+	local err
+	err=$({ xdotool type --window "$wid" --delay 15 "Go$line" &&
 		xdotool key --window "$wid" Escape &&
 		xdotool type --window "$wid" --delay 15 ":wq" &&
-		xdotool key --window "$wid" Return || return 1
+		xdotool key --window "$wid" Return; } 2>&1 >/dev/null) || { why="xdotool failed: $(printf %s "$err" | grep -v XGetInputFocus | tail -n 3 | tr '\n' '|')"; return 1; }
 	wait $pid
-	grep -qF "$line" "$dir/note.txt"
+	grep -qF "$line" "$dir/note.txt" || { why="the note ends: $(tail -c 200 "$dir/note.txt" | tr '\n' '|')"; return 1; }
 }
 
 # search looks for phrases in a large text file.
