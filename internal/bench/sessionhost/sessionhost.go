@@ -91,7 +91,7 @@ func (o *Options) defaults() {
 		o.BPP = 16
 	}
 	if o.Files.SearchBytes == 0 {
-		o.Files = FileSizes{SearchBytes: 32 << 20, CompressBytes: 2 << 20, ScrollLines: 3000, FolderFiles: 40}
+		o.Files = FileSizes{SearchBytes: 64 << 20, CompressBytes: 8 << 20, ScrollLines: 3000, FolderFiles: 40}
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
