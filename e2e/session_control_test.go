@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,10 +57,13 @@ func TestSessionControlOnXRDP(t *testing.T) {
 		t.Fatalf("session ls:\n%s", o)
 	}
 	display := sessionDisplay(t, b.xrdp.User)
-	desk := userProcs(t, b.xrdp.User, "xterm")
-	if len(desk) != 1 {
-		t.Fatalf("%s runs xterms %v, want 1", b.xrdp.User, desk)
-	}
+	// The session is active once its X server has the client; the
+	// desktop's xterm starts a moment later.
+	var desk []int
+	eventually(t, 20*time.Second, "the session's xterm", func() (bool, string) {
+		desk = userProcs(t, b.xrdp.User, "xterm")
+		return len(desk) == 1, b.xrdp.User + " runs xterms " + strconv.Itoa(len(desk)) + ", want 1"
+	})
 
 	// A message shows in the session, and so on the user's screen.
 	white := func() int { return testkit.CountColor(testkit.Screenshot(t, b.display, ""), 255, 255, 255) }
