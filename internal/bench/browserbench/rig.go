@@ -212,29 +212,12 @@ func (r *rig) setUp(ctx context.Context) error {
 	}
 
 	// Xvfb for xfreerdp.
-	for n := 150; n < 200 && r.display == ""; n++ {
-		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
-			continue
-		}
-		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
-			continue
-		}
-		p, err := childproc.Start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
-		if err != nil {
-			return err
-		}
-		r.procs = append(r.procs, p)
-		for i := 0; i < 100; i++ {
-			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
-				r.display = fmt.Sprintf(":%d", n)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	xvfb, display, err := childproc.StartXvfb()
+	if err != nil {
+		return fmt.Errorf("browserbench: %w", err)
 	}
-	if r.display == "" {
-		return errors.New("browserbench: Xvfb did not start")
-	}
+	r.procs = append(r.procs, xvfb)
+	r.display = display
 
 	// deskway: the gateway alone, then broker, agent and portal.
 	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {

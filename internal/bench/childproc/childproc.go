@@ -116,6 +116,32 @@ func RemoveStaleX(first, last int) {
 	}
 }
 
+// StartXvfb starts an X server for clients to draw into, on the first
+// free display from :150, and returns it with its display (":150").
+func StartXvfb() (*Proc, string, error) {
+	for n := 150; n < 200; n++ {
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
+			continue
+		}
+		p, err := Start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
+		if err != nil {
+			return nil, "", err
+		}
+		for i := 0; i < 100; i++ {
+			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+				return p, fmt.Sprintf(":%d", n), nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		p.Stop()
+		return nil, "", fmt.Errorf("Xvfb :%d did not start: %s", n, p.Tail(5))
+	}
+	return nil, "", fmt.Errorf("no free X display from :150 to :199")
+}
+
 // CertSHA256 is the SHA-256 of the DER certificate in the PEM file at
 // path, in hex: what a gateway resource policy pins a host's
 // certificate with.

@@ -126,8 +126,8 @@ func (r *rig) setUp(ctx context.Context) error {
 	if err := r.startXRDP(); err != nil {
 		return err
 	}
-	if err := r.startXvfb(); err != nil {
-		return err
+	if r.xvfb, r.display, err = childproc.StartXvfb(); err != nil {
+		return fmt.Errorf("sessionhost: %w", err)
 	}
 	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
 		return err
@@ -291,33 +291,6 @@ func (r *rig) startXRDP() error {
 		return fmt.Errorf("sessionhost: xrdp: %w", err)
 	}
 	return nil
-}
-
-// startXvfb starts the X server the clients draw into, on the first free
-// display from :150.
-func (r *rig) startXvfb() error {
-	for n := 150; n < 200; n++ {
-		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
-			continue
-		}
-		if _, err := os.Stat(fmt.Sprintf("/tmp/.X%d-lock", n)); err == nil {
-			continue
-		}
-		p, err := childproc.Start(nil, "Xvfb", fmt.Sprintf(":%d", n), "-screen", "0", "1920x1080x24", "-nolisten", "tcp")
-		if err != nil {
-			return err
-		}
-		r.xvfb = p
-		for i := 0; i < 100; i++ {
-			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
-				r.display = fmt.Sprintf(":%d", n)
-				return nil
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return errors.New("sessionhost: Xvfb did not start")
-	}
-	return errors.New("sessionhost: no free X display from :150 to :199")
 }
 
 const restYAML = `state_dir: %[1]s
