@@ -295,7 +295,7 @@ func TestBrokerBenchEndToEnd(t *testing.T) {
 // shape: both systems in every run, every console page, the summary keys.
 func TestPortalBenchSmoke(t *testing.T) {
 	out := t.TempDir()
-	res := runBench(t, out, "portal", "--sessions", "80", "--runs", "2", "--console-requests", "5", "--concurrency", "4")
+	res := runBench(t, out, "portal", "--users", "30", "--sessions", "80", "--runs", "2", "--console-requests", "5", "--concurrency", "4")
 	for _, k := range []string{"portal_launches_per_s", "api_launches_per_s", "portal_ratio_api", "console_p99_ms_10k_sessions"} {
 		if res.Summary[k] <= 0 {
 			t.Errorf("summary %s = %v", k, res.Summary[k])
@@ -305,7 +305,7 @@ func TestPortalBenchSmoke(t *testing.T) {
 	for _, p := range res.Points {
 		seen[p.Scenario+"/"+p.System]++
 		if p.Scenario == "console" && fmt.Sprint(p.Params["sessions"]) != "80" {
-			t.Errorf("console timed with %v sessions, want the 80 the storms left", p.Params["sessions"])
+			t.Errorf("console timed with %v sessions, want the 80 asked for", p.Params["sessions"])
 		}
 	}
 	if seen["launch/deskway-api"] != 2 || seen["launch/deskway-portal"] != 2 || seen["console/deskway"] != 5 {

@@ -579,11 +579,10 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (caller, b
 // onBehalf settles whom a request is for: a front end names the user (and
 // the groups of a user the broker does not know); a user asking for
 // themself names nobody.
-func (s *Server) onBehalf(w http.ResponseWriter, r *http.Request, who caller, user string, groups []string) (caller, bool) {
+func (s *Server) onBehalf(who caller, user string, groups []string) (caller, *refusal) {
 	switch {
 	case who.frontend && user == "":
-		s.fail(w, r, http.StatusBadRequest, "a front end acting on behalf of a user must name the user")
-		return who, false
+		return who, refuse(http.StatusBadRequest, "a front end acting on behalf of a user must name the user")
 	case who.frontend:
 		if u, found := s.users.Lookup(user); found {
 			// A local account's groups and zone are the broker's to know.
@@ -592,14 +591,12 @@ func (s *Server) onBehalf(w http.ResponseWriter, r *http.Request, who caller, us
 			who.user, who.groups = user, groups
 		}
 	case user != "" || len(groups) > 0:
-		s.fail(w, r, http.StatusBadRequest, "user and groups are for front ends; a user asking for themself leaves them out")
-		return who, false
+		return who, refuse(http.StatusBadRequest, "user and groups are for front ends; a user asking for themself leaves them out")
 	}
 	if !validUser(who.user) {
-		s.fail(w, r, http.StatusBadRequest, "user name %q is empty, too long or has control characters", who.user)
-		return who, false
+		return who, refuse(http.StatusBadRequest, "user name %q is empty, too long or has control characters", who.user)
 	}
-	return who, true
+	return who, nil
 }
 
 // user settles whom a user's own request is for: the user authenticated,
@@ -614,7 +611,12 @@ func (s *Server) user(w http.ResponseWriter, r *http.Request) (caller, bool) {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return who, false
 	}
-	return s.onBehalf(w, r, who, req.User, req.Groups)
+	who, rf := s.onBehalf(who, req.User, req.Groups)
+	if rf != nil {
+		s.refused(w, r, rf)
+		return who, false
+	}
+	return who, true
 }
 
 // desktops lists the delivery groups a user may launch, each with the
@@ -624,14 +626,24 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	out, rf := s.desktopsOf(r.Context(), who)
+	if rf != nil {
+		s.refused(w, r, rf)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// desktopsOf lists the delivery groups who may launch, with who's live
+// session in each.
+func (s *Server) desktopsOf(ctx context.Context, who caller) ([]brokerapi.Desktop, *refusal) {
 	var live []store.Session
 	var err error
-	if s.offlineFor(r, func() error { live, err = s.store.Sessions(r.Context(), who.user, false, 100); return err }) {
+	if s.offlineFor(ctx, func() error { live, err = s.store.Sessions(ctx, who.user, false, 100); return err }) {
 		live, err = s.cache.sessions(who.user), nil
 	}
 	if err != nil {
-		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
-		return
+		return nil, refuse(http.StatusServiceUnavailable, "%v", err)
 	}
 	out := []brokerapi.Desktop{}
 	for _, g := range s.groups.Load().list {
@@ -648,7 +660,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, d)
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // userLogoff is a user (or a front end on their behalf) logging their
@@ -658,36 +670,42 @@ func (s *Server) userLogoff(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id := r.PathValue("id")
+	st, rf := s.logoffOwn(r.Context(), who, r.PathValue("id"))
+	if rf != nil {
+		s.refused(w, r, rf)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, st)
+}
+
+// logoffOwn queues the logoff of who's own live session id.
+func (s *Server) logoffOwn(ctx context.Context, who caller, id string) (brokerapi.CommandStatus, *refusal) {
 	var mine bool
 	var c store.Command
 	var err error
-	if s.offlineFor(r, func() error {
+	if s.offlineFor(ctx, func() error {
 		var live []store.Session
-		if live, err = s.store.Sessions(r.Context(), who.user, false, 100); err != nil {
+		if live, err = s.store.Sessions(ctx, who.user, false, 100); err != nil {
 			return err
 		}
 		mine = slices.ContainsFunc(live, func(ss store.Session) bool { return ss.ID == id && ss.User == who.user })
 		if !mine {
 			return nil
 		}
-		c, err = s.store.QueueCommand(r.Context(), id, brokerapi.Logoff, "", s.now())
+		c, err = s.store.QueueCommand(ctx, id, brokerapi.Logoff, "", s.now())
 		return err
 	}) {
-		s.fail(w, r, http.StatusServiceUnavailable, "logging off needs the broker's database, which is unreachable: try again in a moment")
-		return
+		return brokerapi.CommandStatus{}, refuse(http.StatusServiceUnavailable, "logging off needs the broker's database, which is unreachable: try again in a moment")
 	}
 	switch {
 	case err == nil && !mine, errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrSessionEnded):
 		// Another user's session and no session read the same.
-		s.fail(w, r, http.StatusNotFound, "you have no live session %q", id)
-		return
+		return brokerapi.CommandStatus{}, refuse(http.StatusNotFound, "you have no live session %q", id)
 	case err != nil:
-		s.fail(w, r, http.StatusServiceUnavailable, "%v", err)
-		return
+		return brokerapi.CommandStatus{}, refuse(http.StatusServiceUnavailable, "%v", err)
 	}
 	s.log.Info("user logoff queued", "command", c.ID, "session", id, "user", who.user, "host", c.Host)
-	writeJSON(w, http.StatusAccepted, commandStatus(c))
+	return commandStatus(c), nil
 }
 
 // entitled reports whether the user or one of their groups may launch g.
@@ -733,30 +751,47 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
-	if who, ok = s.onBehalf(w, r, who, req.User, req.Groups); !ok {
-		s.m.launches.WithLabelValues("bad_request").Inc()
+	resp, rf := s.launchFor(r.Context(), start, who, req)
+	if rf != nil {
+		s.refused(w, r, rf)
 		return
+	}
+	if strings.Contains(r.Header.Get("Accept"), "application/x-rdp") {
+		w.Header().Set("Content-Type", "application/x-rdp")
+		w.Header().Set("Content-Disposition", `attachment; filename="`+req.DeliveryGroup+`.rdp"`)
+		_, _ = io.WriteString(w, resp.RDP)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// launchFor places a launch by who (a user, or a front end naming one in
+// req) that began at start, and mints its token.
+func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, *refusal) {
+	who, rf := s.onBehalf(who, req.User, req.Groups)
+	if rf != nil {
+		s.m.launches.WithLabelValues("bad_request").Inc()
+		return nil, rf
 	}
 	g, found := s.groups.Load().byName[req.DeliveryGroup]
 	if !found {
 		s.m.launches.WithLabelValues("bad_request").Inc()
-		s.fail(w, r, http.StatusNotFound, "no delivery group named %q", req.DeliveryGroup)
-		return
+		return nil, refuse(http.StatusNotFound, "no delivery group named %q", req.DeliveryGroup)
 	}
 	if !entitled(g, who.user, who.groups) {
 		s.m.launches.WithLabelValues("denied").Inc()
-		s.fail(w, r, http.StatusForbidden, "user %s is not entitled to delivery group %q: an administrator adds the user or one of their groups to it", who.user, g.Name)
-		return
+		return nil, refuse(http.StatusForbidden, "user %s is not entitled to delivery group %q: an administrator adds the user or one of their groups to it", who.user, g.Name)
 	}
+	retryAfter := max(time.Second, s.cfg.RetryAfter.D().Round(time.Second))
 	if s.sem != nil {
 		select {
 		case s.sem <- struct{}{}:
 			defer func() { <-s.sem }()
 		default:
 			s.m.launches.WithLabelValues("throttled").Inc()
-			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, s.cfg.RetryAfter.D().Round(time.Second).Seconds()))))
-			s.fail(w, r, http.StatusServiceUnavailable, "broker busy: %d launches in progress (broker.max_concurrent_launches); retry", cap(s.sem))
-			return
+			rf := refuse(http.StatusServiceUnavailable, "broker busy: %d launches in progress (broker.max_concurrent_launches); retry", cap(s.sem))
+			rf.retryAfter = retryAfter
+			return nil, rf
 		}
 	}
 	s.m.inflight.Inc()
@@ -768,7 +803,7 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	if zone == "" {
 		zone = s.cfg.Zone
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.LaunchTimeout.D())
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.LaunchTimeout.D())
 	defer cancel()
 	now := s.now()
 	stale := now.Add(-s.cfg.HeartbeatTimeout.D())
@@ -787,24 +822,22 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 				hosts, herr := s.store.Hosts(ctx, g.Name)
 				if herr != nil {
 					s.m.launches.WithLabelValues("no_host").Inc()
-					s.fail(w, r, http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
-					return
+					return nil, refuse(http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
 				}
 				msg, busy = Explain(g.Name, hosts, stale, g.Kind == "personal", who.user)
 			}
 			s.m.launches.WithLabelValues("no_host").Inc()
+			rf := refuse(http.StatusServiceUnavailable, "%s", msg)
 			if busy {
-				w.Header().Set("Retry-After", strconv.Itoa(int(max(1, s.cfg.RetryAfter.D().Round(time.Second).Seconds()))))
+				rf.retryAfter = retryAfter
 			}
-			s.fail(w, r, http.StatusServiceUnavailable, "%s", msg)
-			return
+			return nil, rf
 		}
 		s.m.busyWaits.Inc()
 		select {
 		case <-ctx.Done():
 			s.m.launches.WithLabelValues("error").Inc()
-			s.fail(w, r, http.StatusServiceUnavailable, "launch timed out waiting for a host: %s", msg)
-			return
+			return nil, refuse(http.StatusServiceUnavailable, "launch timed out waiting for a host: %s", msg)
 		case <-time.After(wait):
 		}
 		waited += wait
@@ -813,14 +846,12 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		s.m.launches.WithLabelValues("error").Inc()
-		s.fail(w, r, http.StatusServiceUnavailable, "placement failed: %v", err)
-		return
+		return nil, refuse(http.StatusServiceUnavailable, "placement failed: %v", err)
 	}
 	tok, err := s.tokens.Mint(who.user, who.groups, p.Address, p.Port, s.cfg.TokenTTL.D())
 	if err != nil {
 		s.m.launches.WithLabelValues("error").Inc()
-		s.fail(w, r, http.StatusInternalServerError, "%v", err)
-		return
+		return nil, refuse(http.StatusInternalServerError, "%v", err)
 	}
 	result := "placed"
 	if p.Reconnect {
@@ -837,16 +868,9 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 	if g.HostUsername == "none" {
 		hostUser = ""
 	}
-	resp := brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
+	return &brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
 		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok,
-		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, hostUser)}
-	if strings.Contains(r.Header.Get("Accept"), "application/x-rdp") {
-		w.Header().Set("Content-Type", "application/x-rdp")
-		w.Header().Set("Content-Disposition", `attachment; filename="`+g.Name+`.rdp"`)
-		_, _ = io.WriteString(w, resp.RDP)
-		return
-	}
-	writeJSON(w, http.StatusOK, resp)
+		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, hostUser)}, nil
 }
 
 // agent authenticates an agent credential, before any of the body is read.
@@ -1160,7 +1184,7 @@ func (s *Server) queueCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	var c store.Command
 	var err error
-	if s.offlineFor(r, func() error { c, err = s.store.QueueCommand(r.Context(), id, kind, req.Text, s.now()); return err }) {
+	if s.offlineFor(r.Context(), func() error { c, err = s.store.QueueCommand(r.Context(), id, kind, req.Text, s.now()); return err }) {
 		s.fail(w, r, http.StatusServiceUnavailable, "session commands need the database, which is unreachable: try again when it returns")
 		return
 	}
@@ -1285,7 +1309,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		group := r.URL.Query().Get("delivery_group")
 		var hosts []store.Host
 		var err error
-		if s.offlineFor(r, func() error { hosts, err = s.store.Hosts(r.Context(), group); return err }) {
+		if s.offlineFor(r.Context(), func() error { hosts, err = s.store.Hosts(r.Context(), group); return err }) {
 			hosts, err = s.cache.snapshot(group), nil
 			fromCache(w)
 		}
@@ -1323,7 +1347,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		var ss []store.Session
 		var total int
 		var err error
-		if s.offlineFor(r, func() error {
+		if s.offlineFor(r.Context(), func() error {
 			ss, total, err = s.store.SessionPage(r.Context(), sq)
 			return err
 		}) {
@@ -1348,7 +1372,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		id := r.PathValue("id")
 		var live bool
 		var err error
-		if s.offlineFor(r, func() error { live, err = s.store.EndSession(r.Context(), id, s.now()); return err }) {
+		if s.offlineFor(r.Context(), func() error { live, err = s.store.EndSession(r.Context(), id, s.now()); return err }) {
 			s.fail(w, r, http.StatusServiceUnavailable, "ending a session record needs the database, which is unreachable: try again when it returns")
 			return
 		}
@@ -1371,7 +1395,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	mux.HandleFunc("GET /api/v1/broker/commands/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var c store.Command
 		var err error
-		if s.offlineFor(r, func() error {
+		if s.offlineFor(r.Context(), func() error {
 			c, err = s.store.CommandByID(r.Context(), r.PathValue("id"), s.now(), s.commandTTL())
 			return err
 		}) {
@@ -1391,7 +1415,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	mux.HandleFunc("DELETE /api/v1/broker/hosts/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		var err error
-		if s.offlineFor(r, func() error { err = s.store.RemoveHost(r.Context(), name); return err }) {
+		if s.offlineFor(r.Context(), func() error { err = s.store.RemoveHost(r.Context(), name); return err }) {
 			s.fail(w, r, http.StatusServiceUnavailable, "removing a host needs the database, which is unreachable: try again when it returns (drain the host meanwhile)")
 			return
 		}
@@ -1435,12 +1459,12 @@ func (s *Server) AdminHandler() *http.ServeMux {
 // offlineFor runs query unless the database is known to be unreachable,
 // and reports whether the answer must come from the local host cache
 // instead: the database was unreachable, or became so during query.
-func (s *Server) offlineFor(r *http.Request, query func() error) bool {
+func (s *Server) offlineFor(ctx context.Context, query func() error) bool {
 	if s.offline.Load() {
 		return true
 	}
 	err := query()
-	return err != nil && r.Context().Err() == nil && s.dbDown(err)
+	return err != nil && ctx.Err() == nil && s.dbDown(err)
 }
 
 // fromCache marks an admin answer as the local host cache's: current as

@@ -281,6 +281,7 @@ func TestThrottleAnswers503AndClientsRetry(t *testing.T) {
 	for i := range 4 {
 		r.agent(fmt.Sprint("h", i), "desk", "")
 	}
+	local := r.b.Local(50)
 	var wg sync.WaitGroup
 	errs := make(chan error, 40)
 	retries := make(chan int, 40)
@@ -288,10 +289,18 @@ func TestThrottleAnswers503AndClientsRetry(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, n, err := r.client.Launch(context.Background(), brokerclient.Bearer("frontend-token"),
-				brokerapi.LaunchRequest{DeliveryGroup: "desk", User: fmt.Sprint("user", i), Groups: []string{"bench"}})
+			req := brokerapi.LaunchRequest{DeliveryGroup: "desk", User: fmt.Sprint("user", i), Groups: []string{"bench"}}
+			if i%2 == 0 {
+				_, n, err := r.client.Launch(context.Background(), brokerclient.Bearer("frontend-token"), req)
+				errs <- err
+				retries <- n
+				return
+			}
+			// Half from a portal in the broker's process, which must
+			// retry as a client over HTTPS does: most of its first tries
+			// are turned away too.
+			_, err := local.Launch(context.Background(), req)
 			errs <- err
-			retries <- n
 		}()
 	}
 	wg.Wait()
@@ -307,8 +316,8 @@ func TestThrottleAnswers503AndClientsRetry(t *testing.T) {
 		total += n
 	}
 	throttled := testutil.ToFloat64(mustCounter(t, r.reg, "deskway_broker_launches_total", "result", "throttled"))
-	if throttled == 0 || float64(total) != throttled {
-		t.Fatalf("%v launches throttled, clients retried %d times: want some, and one retry per 503", throttled, total)
+	if total == 0 || throttled <= float64(total) {
+		t.Fatalf("%v launches throttled, clients over HTTPS retried %d times: want some, and one retry per 503, with the in-process ones' besides", throttled, total)
 	}
 	live, _ := r.store.Sessions(context.Background(), "", false, 100)
 	if len(live) != 40 {

@@ -392,8 +392,9 @@ func benchPortalCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
-	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")
-	c.Flags().IntVar(&o.Sessions, "sessions", 10000, "sessions the storms leave for the console (users per run and system: this ÷ 2 ÷ runs)")
+	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each system, taking turns")
+	c.Flags().IntVar(&o.Users, "users", 5000, "new users launching in each run of each system")
+	c.Flags().IntVar(&o.Sessions, "sessions", 10000, "live sessions in the database when the console is timed")
 	c.Flags().IntVar(&o.Concurrency, "concurrency", 16, "launches in flight")
 	c.Flags().IntVar(&o.ConsoleRequests, "console-requests", 300, "timed requests per console page")
 	return c

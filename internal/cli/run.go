@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
 	"github.com/deskway/deskway/internal/netboot"
@@ -146,9 +147,9 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		api = append(api, b.AdminHandler())
 	}
 	if cfg.Web != nil {
-		var local http.Handler
+		var local *broker.Local
 		if cfg.Web.LocalBroker() && rl.broker != nil {
-			local = rl.broker.Guarded()
+			local = rl.broker.Local(portalLaunchRetries)
 		}
 		wb, err := newWeb(cfg, log, reg, local)
 		if err != nil {

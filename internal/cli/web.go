@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/broker"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/deskway/deskway/internal/config"
-	"github.com/deskway/deskway/internal/inprocess"
 	"github.com/deskway/deskway/internal/web"
 )
 
@@ -26,11 +26,16 @@ import (
 // none, so sign-ins survive a restart.
 const webCookieKeyFile = "web-cookie.key"
 
+// portalLaunchRetries is how many times the portal tries a launch again
+// when the broker asks it to wait (its launch cap reached, every host busy
+// with logons) before showing the user the refusal.
+const portalLaunchRetries = 3
+
 // newWeb builds the portal from the config: its users, its broker (this
 // deskway's unless web.broker names another) and its cookie key. A
 // non-nil local is the broker of this process: the portal calls it
 // without TLS or a socket.
-func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, local http.Handler) (*web.Server, error) {
+func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, local *broker.Local) (*web.Server, error) {
 	w := cfg.Web
 	users, err := auth.NewUsers(cfg.Auth.Users)
 	if err != nil {
@@ -98,14 +103,15 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, loc
 		}
 		ltc = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	bc := &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: 3}
+	var bc web.Broker = brokerclient.FrontEnd{Client: &brokerclient.Client{Base: w.Broker, HTTP: hc, MaxRetries: portalLaunchRetries},
+		Token: w.FrontendToken.Value()}
 	if local != nil {
-		bc.HTTP = &http.Client{Timeout: 30 * time.Second, Transport: &inprocess.Transport{Handler: local}}
+		bc = local
 		log.Info("the portal calls this process's broker directly", "role", "web")
 	}
 	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		Broker:   bc, FrontendToken: w.FrontendToken.Value(), CookieKey: key,
+		Broker:   bc, CookieKey: key,
 		OIDCClient: oc, LDAPTLS: ltc, AdminAPI: admin})
 }
 

@@ -49,10 +49,9 @@ type Deps struct {
 	Users *auth.Users
 	// Throttle locks out users and addresses after repeated bad passwords.
 	Throttle *auth.Throttle
-	// Broker is the broker the portal asks, as a front end with
-	// FrontendToken, for a user's desktops and launches.
-	Broker        *brokerclient.Client
-	FrontendToken string
+	// Broker is the broker the portal asks, as a front end, for a user's
+	// desktops and launches.
+	Broker Broker
 	// CookieKey signs sign-in cookies (32 bytes or more).
 	CookieKey []byte
 	// OIDCClient is the HTTP client for the OIDC provider (its CA).
@@ -63,6 +62,15 @@ type Deps struct {
 	// trusts the admin listener's certificate).
 	AdminAPI *http.Client
 	Now      func() time.Time
+}
+
+// Broker is what the portal asks a broker on a signed-in user's behalf:
+// brokerclient.FrontEnd over HTTPS, or broker.Local in the broker's own
+// process. The broker's refusals are *brokerclient.StatusError.
+type Broker interface {
+	Desktops(ctx context.Context, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error)
+	Launch(ctx context.Context, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, error)
+	Logoff(ctx context.Context, session string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error)
 }
 
 // Server is the portal.
@@ -85,8 +93,8 @@ type Server struct {
 
 // New builds the portal.
 func New(cfg *config.Web, d Deps) (*Server, error) {
-	if d.Logger == nil || d.Users == nil || d.Broker == nil || d.FrontendToken == "" {
-		return nil, errors.New("web: logger, users, broker and front-end token are required")
+	if d.Logger == nil || d.Users == nil || d.Broker == nil {
+		return nil, errors.New("web: logger, users and broker are required")
 	}
 	if len(d.CookieKey) < 32 {
 		return nil, errors.New("web: the cookie key must be at least 32 bytes")
@@ -444,7 +452,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: s.notice(r)}
 	p.ConsoleLink = s.console != nil && s.console.role(si) != ""
 	p.Browser = s.browserClient
-	ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), forUser(si))
+	ds, err := s.d.Broker.Desktops(r.Context(), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("listing a user's desktops", "user", si.User, "error", err)
 		p.Error = "Your desktops cannot be listed right now: " + brokerMessage(err)
@@ -483,7 +491,7 @@ func forUser(si signIn) brokerapi.DesktopsRequest {
 // desktopsFailed shows the desktops page with what went wrong.
 func (s *Server) desktopsFailed(w http.ResponseWriter, r *http.Request, si signIn, msg string) {
 	p := page{User: si.User, CSRF: s.codec.csrf(si), Error: msg, Browser: s.browserClient}
-	if ds, err := s.d.Broker.Desktops(r.Context(), brokerclient.Bearer(s.d.FrontendToken), forUser(si)); err == nil {
+	if ds, err := s.d.Broker.Desktops(r.Context(), forUser(si)); err == nil {
 		p.Desktops = ds
 	}
 	s.render(w, http.StatusBadGateway, "desktops.html", p)
@@ -513,8 +521,7 @@ func (s *Server) launch(w http.ResponseWriter, r *http.Request) {
 // startDesktop asks the broker for a session of group for si's user. When
 // it fails it has shown the desktops page with the reason.
 func (s *Server) startDesktop(w http.ResponseWriter, r *http.Request, si signIn, group string) (*brokerapi.LaunchResponse, bool) {
-	res, _, err := s.d.Broker.Launch(r.Context(), brokerclient.Bearer(s.d.FrontendToken),
-		brokerapi.LaunchRequest{DeliveryGroup: group, User: si.User, Groups: si.Groups})
+	res, err := s.d.Broker.Launch(r.Context(), brokerapi.LaunchRequest{DeliveryGroup: group, User: si.User, Groups: si.Groups})
 	if err != nil {
 		result := "error"
 		var se *brokerclient.StatusError
@@ -542,7 +549,7 @@ func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	group := r.PostFormValue("delivery_group")
-	_, err := s.d.Broker.Logoff(r.Context(), brokerclient.Bearer(s.d.FrontendToken), r.PostFormValue("session"), forUser(si))
+	_, err := s.d.Broker.Logoff(r.Context(), r.PostFormValue("session"), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("portal logoff failed", "user", si.User, "error", err)
 		s.desktopsFailed(w, r, si, "Your session could not be logged off: "+brokerMessage(err))

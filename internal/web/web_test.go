@@ -100,7 +100,7 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 		t.Fatal(err)
 	}
 	c := &clock{t: time.Now()}
-	p, err := web.New(cfg.Web, web.Deps{Logger: log, Users: users, Broker: bc, FrontendToken: cfg.Web.FrontendToken.Value(),
+	p, err := web.New(cfg.Web, web.Deps{Logger: log, Users: users, Broker: brokerclient.FrontEnd{Client: bc, Token: cfg.Web.FrontendToken.Value()},
 		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), OIDCClient: oidcClient, Now: c.now})
 	if err != nil {
 		t.Fatal(err)

@@ -105,15 +105,25 @@ func (c *Client) do(ctx context.Context, path string, cred Credentials, in, out 
 // (its launch cap is reached, or every host is busy with logons) it waits
 // that long, give or take half, and tries again, up to MaxRetries times.
 func (c *Client) Launch(ctx context.Context, cred Credentials, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, int, error) {
-	for try := 0; ; try++ {
+	return RetryLaunch(ctx, c.MaxRetries, func(ctx context.Context) (*brokerapi.LaunchResponse, error) {
 		var out brokerapi.LaunchResponse
-		err := c.do(ctx, "/api/v1/launch", cred, req, &out)
+		if err := c.do(ctx, "/api/v1/launch", cred, req, &out); err != nil {
+			return nil, err
+		}
+		return &out, nil
+	})
+}
+
+// RetryLaunch runs launch until it succeeds or fails otherwise than with
+// a 503 StatusError carrying a RetryAfter, waiting that long, give or take
+// half, between tries, and trying at most retries times more. It returns
+// the tries made after the first.
+func RetryLaunch(ctx context.Context, retries int, launch func(context.Context) (*brokerapi.LaunchResponse, error)) (*brokerapi.LaunchResponse, int, error) {
+	for try := 0; ; try++ {
+		out, err := launch(ctx)
 		se, ok := err.(*StatusError)
-		if !ok || se.Status != http.StatusServiceUnavailable || se.RetryAfter == 0 || try >= c.MaxRetries {
-			if err != nil {
-				return nil, try, err
-			}
-			return &out, try, nil
+		if !ok || se.Status != http.StatusServiceUnavailable || se.RetryAfter == 0 || try >= retries {
+			return out, try, err
 		}
 		wait := time.Duration(float64(se.RetryAfter) * (0.5 + rand.Float64()))
 		select {
@@ -169,4 +179,28 @@ func (c *Client) CommandResult(ctx context.Context, credential, id string, res b
 // Events reports session changes.
 func (c *Client) Events(ctx context.Context, credential string, ev brokerapi.Events) error {
 	return c.do(ctx, "/api/v1/agent/events", Bearer(credential), ev, nil)
+}
+
+// FrontEnd is a portal's view of a broker over HTTPS: a user's calls,
+// made on their behalf with a front-end token.
+type FrontEnd struct {
+	Client *Client
+	Token  string
+}
+
+// Launch starts or reconnects a session for the user req names,
+// retrying as Client.Launch does.
+func (f FrontEnd) Launch(ctx context.Context, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, error) {
+	res, _, err := f.Client.Launch(ctx, Bearer(f.Token), req)
+	return res, err
+}
+
+// Desktops lists the delivery groups the user req names may launch.
+func (f FrontEnd) Desktops(ctx context.Context, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error) {
+	return f.Client.Desktops(ctx, Bearer(f.Token), req)
+}
+
+// Logoff asks for the user's own session id to be logged off.
+func (f FrontEnd) Logoff(ctx context.Context, id string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error) {
+	return f.Client.Logoff(ctx, Bearer(f.Token), id, req)
 }
