@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -356,7 +357,7 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
 	testkit.RequireRoot(t)
 	out := t.TempDir()
-	res := runBench(t, out, "sessionhost", "--users", "3", "--interval", "8s", "--think", "1s", "--session-limit", "2")
+	res := runBench(t, out, "sessionhost", "--users", "3", "--ramps", "2", "--interval", "8s", "--think", "1s", "--session-limit", "2")
 	actions := map[string]int{}
 	steps := map[string]int{}
 	for _, p := range res.Points {
@@ -364,6 +365,9 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 			continue
 		}
 		steps[p.Scenario]++
+		if p.Scenario == "degradation" {
+			continue
+		}
 		if _, failed := p.Params["logon_failed"]; failed {
 			continue
 		}
@@ -385,8 +389,8 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 			t.Errorf("no step timed %s: %v", a, actions)
 		}
 	}
-	if steps["ramp-gateway"] != 3 || steps["ramp-broker"] != 3 {
-		t.Errorf("steps %v, want 3 in each ramp (the broker's third refused)", steps)
+	if steps["ramp-gateway"] != 6 || steps["degradation"] != 2 || steps["ramp-broker"] != 3 || res.Summary["ramps"] != 2 {
+		t.Errorf("steps %v, summary %v: want 3 in each of the two measuring ramps, a point for each, and 3 in the broker's (its third refused)", steps, res.Summary)
 	}
 	if res.Summary["broker_last_placement_users"] != 2 || res.Summary["broker_session_limit"] != 2 {
 		t.Errorf("summary %v: the broker should place 2 users under a limit of 2", res.Summary)
@@ -405,5 +409,14 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Error(err)
 		}
+	}
+	// --suggest-limit: three users at a time do not slow this host by a
+	// second, so no limit can be drawn, and the command says so and fails
+	// rather than print one. (The printout itself is unit-tested.)
+	cmd := exec.Command(build(t), "bench", "sessionhost", "--users", "3", "--ramps", "1", "--interval", "8s", "--suggest-limit")
+	b, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || !strings.Contains(string(b), "served 3 users without degrading in every ramp: ramp further (--users)") || strings.Contains(string(b), "session_limit:") {
+		t.Errorf("--suggest-limit with no degradation: %v\n%s", err, lastLines(string(b), 10))
 	}
 }

@@ -452,8 +452,10 @@ passes the first users' average plus a second, or whose logon fails.
 Then the broker, with the session limit this suggests, places the same
 ramp: it must stop at or before that point.
 
---suggest-limit runs the first ramp alone and prints the delivery group
-setting for a host like this one.`,
+The measuring ramp runs --ramps times (3 by default): the point moves
+from ramp to ramp, and the suggested limit is one below the ramp that
+degraded first. --suggest-limit runs the measuring ramps alone and
+prints the delivery group setting for a host like this one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
@@ -464,10 +466,11 @@ setting for a host like this one.`,
 			}
 			printSummary(cmd, res, out)
 			if o.SuggestOnly {
-				if outcome.SuggestLimit == 0 {
-					return fmt.Errorf("bench: the host served %d users without degrading: ramp further (--users) before drawing a limit from it", len(outcome.Steps))
+				text, err := sessionhost.Suggestion(outcome.Ramps)
+				if err != nil {
+					return fmt.Errorf("bench: %w", err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "# a host like this one holds %d users; in the delivery group:\nsession_limit: %d\n", outcome.SuggestLimit, outcome.SuggestLimit)
+				fmt.Fprint(cmd.OutOrStdout(), text)
 			}
 			return nil
 		},
@@ -478,8 +481,9 @@ setting for a host like this one.`,
 	c.Flags().DurationVar(&o.Think, "think", time.Second, "idle time after each action")
 	c.Flags().IntVar(&o.BaselineSteps, "baseline-steps", 2, "first steps whose actions make the baseline")
 	c.Flags().Float64Var(&o.AddMS, "threshold-ms", 1000, "how far above the baseline the average action may go")
-	c.Flags().IntVar(&o.Beyond, "beyond", 1, "steps the first ramp goes on past the degradation point")
-	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "run the first ramp only and print the session limit it suggests")
+	c.Flags().IntVar(&o.Ramps, "ramps", 3, "measuring ramps, one after the other; the suggested limit is one below the one that degraded first")
+	c.Flags().IntVar(&o.Beyond, "beyond", 1, "steps a measuring ramp goes on past its degradation point")
+	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "run the measuring ramps only and print the session limit they suggest")
 	c.Flags().IntVar(&o.SessionLimit, "session-limit", 0, "the broker ramp's session limit, in place of the suggested one (to check a chosen limit)")
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // Step is what one step of a ramp measured: the users logged on, the
@@ -231,4 +232,81 @@ func SuggestLimit(d Degradation) int {
 		return 0
 	}
 	return d.Users - 1
+}
+
+// Ramp is one measuring ramp and what it found.
+type Ramp struct {
+	Steps       []Step
+	Baseline    float64
+	Degradation Degradation
+	Crossings   []Crossing
+	Limiting    string
+}
+
+// Analyze finds a measured ramp's baseline, degradation point and
+// limiting counter, with the thresholds th.
+func Analyze(steps []Step, baselineSteps int, addMS float64, th []Threshold) Ramp {
+	r := Ramp{Steps: steps, Baseline: Baseline(steps, baselineSteps), Degradation: FindDegradation(steps, baselineSteps, addMS)}
+	r.Crossings = Crossings(steps, th, r.Degradation)
+	r.Limiting = Limiting(r.Crossings, r.Degradation)
+	return r
+}
+
+// point orders ramps by degradation point, a ramp that never degraded
+// after every one that did.
+func (r Ramp) point() int {
+	if r.Degradation.Users == 0 {
+		return math.MaxInt
+	}
+	return r.Degradation.Users
+}
+
+// MedianRamp is the index of the ramp whose degradation point is the
+// median (the lower middle one of an even count): the run's headline.
+func MedianRamp(ramps []Ramp) int {
+	idx := make([]int, len(ramps))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return ramps[idx[a]].point() < ramps[idx[b]].point() })
+	return idx[(len(idx)-1)/2]
+}
+
+// WorstRamp is the index of the ramp that degraded first: the one a
+// session limit must hold for.
+func WorstRamp(ramps []Ramp) int {
+	w := 0
+	for i, r := range ramps {
+		if r.point() < ramps[w].point() {
+			w = i
+		}
+	}
+	return w
+}
+
+// Suggestion is what --suggest-limit prints for ramps: the
+// delivery-group setting for a host like the one measured, drawn from
+// the ramp that degraded first; an error when none degraded.
+func Suggestion(ramps []Ramp) (string, error) {
+	w := ramps[WorstRamp(ramps)]
+	limit := SuggestLimit(w.Degradation)
+	if limit == 0 {
+		most := 0
+		for _, r := range ramps {
+			most = max(most, len(r.Steps))
+		}
+		if w.Degradation.Users == 1 {
+			return "", fmt.Errorf("the first user already passed the degradation threshold (%s): no limit can be drawn", w.Degradation.Why)
+		}
+		return "", fmt.Errorf("the host served %d users without degrading in every ramp: ramp further (--users) before drawing a limit from it", most)
+	}
+	points := make([]string, len(ramps))
+	for i, r := range ramps {
+		points[i] = "none"
+		if r.Degradation.Users > 0 {
+			points[i] = fmt.Sprint(r.Degradation.Users)
+		}
+	}
+	return fmt.Sprintf("# degradation points of %d ramp(s): %s; the first came at %d users.\n# a host like this one holds %d users; in the delivery group:\nsession_limit: %d\n",
+		len(ramps), strings.Join(points, ", "), w.Degradation.Users, limit, limit), nil
 }

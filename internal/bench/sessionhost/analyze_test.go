@@ -114,3 +114,58 @@ func TestParseReport(t *testing.T) {
 		}
 	}
 }
+
+// TestRampsMedianWorstAndSuggestion: the headline is the ramp with the
+// median point, the limit is drawn from the one that degraded first, a
+// ramp that never degraded counts as past every one that did, and the
+// printout names every ramp's point.
+func TestRampsMedianWorstAndSuggestion(t *testing.T) {
+	at := func(users ...int) []Ramp {
+		var rs []Ramp
+		for _, u := range users {
+			r := Ramp{Steps: make([]Step, max(u, 20))}
+			if u > 0 {
+				r.Degradation = Degradation{Users: u, Why: "slow"}
+			}
+			rs = append(rs, r)
+		}
+		return rs
+	}
+	for _, c := range []struct {
+		points        []int
+		median, worst int
+	}{
+		{[]int{26, 22, 24}, 2, 1},
+		{[]int{0, 22, 24}, 2, 1}, // none counts last
+		{[]int{0, 0, 18}, 0, 2},
+		{[]int{25}, 0, 0},
+		{[]int{20, 21}, 0, 0}, // even: the lower middle
+	} {
+		rs := at(c.points...)
+		if m, w := MedianRamp(rs), WorstRamp(rs); m != c.median || w != c.worst {
+			t.Errorf("points %v: median ramp %d, worst %d; want %d, %d", c.points, m, w, c.median, c.worst)
+		}
+	}
+	text, err := Suggestion(at(26, 22, 0))
+	if err != nil || !strings.Contains(text, "session_limit: 21\n") || !strings.Contains(text, "26, 22, none") {
+		t.Fatalf("suggestion %q, %v; want session_limit 21 from the ramp at 22 and every point named", text, err)
+	}
+	if _, err := Suggestion(at(0, 0)); err == nil || !strings.Contains(err.Error(), "served 20 users without degrading") {
+		t.Errorf("no ramp degraded: %v", err)
+	}
+}
+
+// TestAnalyzeRamp: a ramp's point, baseline and limiting counter come
+// from its own steps.
+func TestAnalyzeRamp(t *testing.T) {
+	steps := []Step{
+		{Users: 1, Actions: map[string][]float64{"edit": {400}}, MachineCPUPct: 20, DiskIdlePct: 90},
+		{Users: 2, Actions: map[string][]float64{"edit": {400}}, MachineCPUPct: 40, DiskIdlePct: 90},
+		{Users: 3, Actions: map[string][]float64{"edit": {900}}, MachineCPUPct: 95, DiskIdlePct: 90},
+		{Users: 4, Actions: map[string][]float64{"edit": {1500}}, MachineCPUPct: 99, DiskIdlePct: 90},
+	}
+	r := Analyze(steps, 2, 1000, Thresholds(50, 25, 20))
+	if r.Baseline != 400 || r.Degradation.Users != 4 || r.Limiting != "cpu" || len(r.Steps) != 4 {
+		t.Fatalf("ramp %+v", r)
+	}
+}

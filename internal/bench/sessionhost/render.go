@@ -42,8 +42,15 @@ func atCapacity(out *Outcome) (Step, bool) {
 }
 
 func summarize(res *report.Result, out *Outcome, o Options) {
-	for _, s := range out.Steps {
-		res.Points = append(res.Points, stepPoint("ramp-gateway", s))
+	for i, r := range out.Ramps {
+		for _, s := range r.Steps {
+			p := stepPoint("ramp-gateway", s)
+			p.Params["ramp"] = i + 1
+			res.Points = append(res.Points, p)
+		}
+		res.Points = append(res.Points, report.Point{Scenario: "degradation", System: "deskway",
+			Params:  map[string]any{"ramp": i + 1, "why": r.Degradation.Why, "limiting_counter": r.Limiting},
+			Metrics: map[string]float64{"degradation_users": float64(r.Degradation.Users), "baseline_ms": round(r.Baseline)}})
 	}
 	for _, s := range out.BrokerSteps {
 		res.Points = append(res.Points, stepPoint("ramp-broker", s))
@@ -60,7 +67,11 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 	res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "deskway", Params: map[string]any{"server": "this machine", "cores": cores},
 		Metrics: map[string]float64{"users": float64(capacity), "users_per_core": float64(capacity) / float64(cores)}})
 
+	res.Summary["ramps"] = float64(len(out.Ramps))
 	res.Summary["degradation_users"] = float64(out.Degradation.Users)
+	if len(out.Ramps) > 0 {
+		res.Summary["degradation_users_worst"] = float64(out.Ramps[out.Worst].Degradation.Users)
+	}
 	res.Summary["baseline_ms"] = round(out.Baseline)
 	res.Summary["suggested_session_limit"] = float64(out.SuggestLimit)
 	res.Summary["users_per_core"] = round(float64(capacity) / float64(cores))
@@ -80,14 +91,18 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 		if out.Degradation.Users > 0 {
 			res.Summary["broker_gap_users"] = float64(out.Degradation.Users - out.BrokerLast)
 		}
+		if w := out.Ramps[out.Worst].Degradation.Users; w > 0 {
+			res.Summary["broker_gap_users_worst"] = float64(w - out.BrokerLast)
+		}
 	}
 	res.Notes = []string{
 		fmt.Sprintf("Users log on one every %v, each with xfreerdp (%s, %d bpp, no wallpaper or themes) on an Xvfb, through deskway's gateway with a token of its own (`deskway token`), to xrdp on this machine. Each session's xterm runs the workload: edit (an editor in a new window, a sentence typed at a key per 15 ms with xdotool, saved, checked), search (grep -w in %d MiB), compress (gzip and gunzip of %d MiB, compared), files (list and read %d files), scroll (%d lines in the terminal), %v idle after each. The workload times every action with bash's clock inside the session and sends it to the bench; a step's window is the interval after its user's workload started.",
 			o.Interval, o.Size, o.BPP, o.Files.SearchBytes>>20, o.Files.CompressBytes>>20, o.Files.FolderFiles, o.Files.ScrollLines, o.Think),
-		fmt.Sprintf("Degradation point: the first step after the %d baseline steps whose average action time passes the baseline (the average over the baseline steps' actions) + %.0f ms, or more than a tenth of whose actions failed, or whose user's logon failed. The ramp goes on %d step(s) past it.", o.BaselineSteps, o.AddMS, o.Beyond),
+		fmt.Sprintf("Degradation point: the first step after the %d baseline steps whose average action time passes the baseline (the average over the baseline steps' actions) + %.0f ms, or more than a tenth of whose actions failed, or whose user's logon failed. A ramp goes on %d step(s) past it.", o.BaselineSteps, o.AddMS, o.Beyond),
+		fmt.Sprintf("%d measuring ramps, one after the other, every session ended between them. Headlines (degradation_users, limiting counter, per-session figures, charts) are the ramp with the median degradation point; degradation_users_worst is the ramp that degraded first, and the suggested session limit is one below it, since a limit must hold on the host's worst showing.", len(out.Ramps)),
 		"Limiting counter: of the counters that went past their thresholds (table above) and stayed past them through the degradation point, the one that did so first; a single step past one (writeback, a burst of logons) does not count.",
 		"CPU: machine_cpu_pct is every process, as a share of all cores (/proc/stat); client_cpu_pct the xfreerdp clients and their Xvfb; gateway_cpu_pct the gateway; host_cpu_pct the machine less clients, gateway, broker with agent, and the bench: the session host's own share. Memory per session is the average over sessions of the sum of Pss (/proc/PID/smaps_rollup) of the session's processes, as the agent reports it. Disk and memory pressure as the agent reads them (/proc/diskstats, /proc/pressure/memory), paging from /proc/vmstat.",
-		"Broker ramp: the broker starts afresh with the delivery group's session_limit set to the suggested limit (one below the degradation point) or --session-limit, the host's agent reporting every second, and the broker's default health thresholds; users launch through POST /api/v1/launch and open the .rdp file with xfreerdp. It goes until the broker refuses or one user past the limit.",
+		"Broker ramp: the broker starts afresh with the delivery group's session_limit set to the suggested limit (one below the worst ramp's degradation point) or --session-limit, the host's agent reporting every second, and the broker's default health thresholds; users launch through POST /api/v1/launch and open the .rdp file with xfreerdp. It goes until the broker refuses or one user past the limit.",
 		"The paper's servers ran Windows Server 2003 x64 with Office (Word, Excel, Outlook, Internet Explorer) per user on dedicated hardware with separate client machines; here the workload is lighter applications on xrdp and the clients share the machine, so per-core figures compare the method, not the software.",
 	}
 }
@@ -168,7 +183,12 @@ func write(res *report.Result, out *Outcome, o Options) error {
 	if out.Degradation.Users > 0 {
 		deg = fmt.Sprintf("**%d users** (%s)", out.Degradation.Users, out.Degradation.Why)
 	}
-	fmt.Fprintf(&b, "Baseline %.0f ms; degradation point %s; limiting counter: **%s**; suggested session limit: **%d**.\n\n", out.Baseline, deg, out.Limiting, out.SuggestLimit)
+	worst := "not reached"
+	if w := out.Ramps[out.Worst].Degradation.Users; w > 0 {
+		worst = fmt.Sprintf("**%d users**", w)
+	}
+	fmt.Fprintf(&b, "%d ramps. The median ramp: baseline %.0f ms; degradation point %s; limiting counter: **%s**. The worst ramp degraded at %s; suggested session limit: **%d**.\n\n",
+		len(out.Ramps), out.Baseline, deg, out.Limiting, worst, out.SuggestLimit)
 	if s, ok := atCapacity(out); ok {
 		fmt.Fprintf(&b, "At %d users (the last step before it): %.0f MiB per session, the session host %.0f %% of the machine's CPU, the clients %.0f %%, the gateway %.0f %%.\n\n",
 			s.Users, s.MemPerSession/(1<<20), s.HostCPUPct, s.ClientCPUPct, s.GatewayCPUPct)
@@ -176,11 +196,32 @@ func write(res *report.Result, out *Outcome, o Options) error {
 	if len(out.BrokerSteps) > 0 {
 		fmt.Fprintf(&b, "Broker (session_limit %d): last placement at **%d users**", out.BrokerLimit, out.BrokerLast)
 		if out.Degradation.Users > 0 {
-			fmt.Fprintf(&b, ", %d below the degradation point", out.Degradation.Users-out.BrokerLast)
+			fmt.Fprintf(&b, ", %d below the median ramp's degradation point", out.Degradation.Users-out.BrokerLast)
+		}
+		if w := out.Ramps[out.Worst].Degradation.Users; w > 0 {
+			fmt.Fprintf(&b, " and %d below the worst's", w-out.BrokerLast)
 		}
 		fmt.Fprintf(&b, "; the next launch: %s.\n\n", orNone(out.BrokerRefusal))
 	}
-	b.WriteString(stepTable("Ramp through the gateway", out.Steps, false).Markdown())
+	rt := report.Table{Title: "Measuring ramps", Head: []string{"ramp", "baseline (ms)", "degradation point (users)", "why", "limiting counter"}}
+	for i, r := range out.Ramps {
+		name := fmt.Sprint(i + 1)
+		switch {
+		case i == out.Median && i == out.Worst:
+			name += " (median, worst)"
+		case i == out.Median:
+			name += " (median)"
+		case i == out.Worst:
+			name += " (worst)"
+		}
+		pt, why := "none", fmt.Sprintf("within %d users", len(r.Steps))
+		if r.Degradation.Users > 0 {
+			pt, why = fmt.Sprint(r.Degradation.Users), r.Degradation.Why
+		}
+		rt.Rows = append(rt.Rows, []string{name, fmt.Sprintf("%.0f", r.Baseline), pt, why, r.Limiting})
+	}
+	b.WriteString(rt.Markdown())
+	b.WriteString(stepTable(fmt.Sprintf("Ramp %d through the gateway (the median)", out.Median+1), out.Steps, false).Markdown())
 	ct := report.Table{Title: "Counters against their thresholds", Head: []string{"counter", "threshold", "past it for good from users", "value then", "steps past it"}}
 	th := Thresholds(50, 25, 20)
 	for i, c := range out.Crossings {
@@ -258,10 +299,11 @@ func charts(out *Outcome, o Options) error {
 		}
 		return s
 	}
-	act := []report.Series{
-		series("mean", out.Steps, Step.Mean),
-		series("p95", out.Steps, func(s Step) float64 { return s.Percentile(95) }),
+	var act []report.Series
+	for i, r := range out.Ramps {
+		act = append(act, series(fmt.Sprintf("mean, ramp %d", i+1), r.Steps, Step.Mean))
 	}
+	act = append(act, series("p95 (median ramp)", out.Steps, func(s Step) float64 { return s.Percentile(95) }))
 	if len(out.BrokerSteps) > 0 {
 		act = append(act, series("mean (broker ramp)", out.BrokerSteps, Step.Mean))
 	}

@@ -51,7 +51,12 @@ type Options struct {
 	// Beyond is how many steps a ramp goes on past the degradation point,
 	// to show the curve past it.
 	Beyond int
-	// SuggestOnly runs the first ramp alone and suggests a session limit.
+	// Ramps is how many measuring ramps run, one after the other: the
+	// degradation point moves from ramp to ramp on a shared machine, and
+	// a session limit must hold for the ramp that degraded first.
+	Ramps int
+	// SuggestOnly runs the measuring ramps alone and suggests a session
+	// limit.
 	SuggestOnly bool
 	// SessionLimit, when set, is the broker ramp's session limit in place
 	// of the suggested one: to check a limit an administrator chose.
@@ -68,6 +73,9 @@ type Options struct {
 func (o *Options) defaults() {
 	if o.Users <= 0 {
 		o.Users = 24
+	}
+	if o.Ramps <= 0 {
+		o.Ramps = 3
 	}
 	if o.Interval <= 0 {
 		o.Interval = 20 * time.Second
@@ -100,12 +108,20 @@ func (o *Options) defaults() {
 
 // Outcome is what a run found, beside the result it wrote.
 type Outcome struct {
-	Steps        []Step // the gateway ramp
-	BrokerSteps  []Step // the broker ramp (none with SuggestOnly)
-	Baseline     float64
-	Degradation  Degradation
-	Crossings    []Crossing
-	Limiting     string
+	// Ramps are the measuring ramps through the gateway, in order; Median
+	// is the one whose degradation point is the median, Worst the one
+	// that degraded first.
+	Ramps         []Ramp
+	Median, Worst int
+	// Steps, Baseline, Degradation, Crossings and Limiting are the median
+	// ramp's: the run's headline.
+	Steps       []Step
+	BrokerSteps []Step // the broker ramp (none with SuggestOnly)
+	Baseline    float64
+	Degradation Degradation
+	Crossings   []Crossing
+	Limiting    string
+	// SuggestLimit is one below the worst ramp's degradation point.
 	SuggestLimit int
 	// BrokerLimit is the session limit the broker ramp ran with.
 	BrokerLimit int
@@ -132,20 +148,24 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 		Summary: map[string]float64{}, SummaryText: map[string]string{}}
 	out := &Outcome{}
 
-	if err := r.startBroker(ctx, "measure", 0); err != nil {
-		return nil, nil, err
+	for i := 1; i <= o.Ramps; i++ {
+		if err := r.startBroker(ctx, "measure", 0); err != nil {
+			return nil, nil, err
+		}
+		o.Log.Info("ramp through the gateway: a user logs on every interval", "ramp", i, "of", o.Ramps, "users", o.Users, "interval", o.Interval)
+		steps, err := r.ramp(ctx, false, o.Users)
+		r.stopBroker()
+		if err != nil {
+			return nil, nil, err
+		}
+		ramp := Analyze(steps, o.BaselineSteps, o.AddMS, Thresholds(50, 25, 20))
+		o.Log.Info("ramp measured", "ramp", i, "degradation_users", ramp.Degradation.Users, "why", ramp.Degradation.Why, "limiting", ramp.Limiting)
+		out.Ramps = append(out.Ramps, ramp)
 	}
-	o.Log.Info("ramp through the gateway: a user logs on every interval", "users", o.Users, "interval", o.Interval)
-	out.Steps, err = r.ramp(ctx, false, o.Users)
-	r.stopBroker()
-	if err != nil {
-		return nil, nil, err
-	}
-	out.Baseline = Baseline(out.Steps, o.BaselineSteps)
-	out.Degradation = FindDegradation(out.Steps, o.BaselineSteps, o.AddMS)
-	out.Crossings = Crossings(out.Steps, Thresholds(50, 25, 20), out.Degradation)
-	out.Limiting = Limiting(out.Crossings, out.Degradation)
-	out.SuggestLimit = SuggestLimit(out.Degradation)
+	out.Median, out.Worst = MedianRamp(out.Ramps), WorstRamp(out.Ramps)
+	m := out.Ramps[out.Median]
+	out.Steps, out.Baseline, out.Degradation, out.Crossings, out.Limiting = m.Steps, m.Baseline, m.Degradation, m.Crossings, m.Limiting
+	out.SuggestLimit = SuggestLimit(out.Ramps[out.Worst].Degradation)
 
 	out.BrokerLimit = out.SuggestLimit
 	if o.SessionLimit > 0 {
