@@ -49,11 +49,22 @@ edit() {
 		((i++ < 3000)) || { why="the editor did not start in a minute"; return 1; }
 		sleep 0.02
 	done
-	local err
-	err=$({ xdotool type --window "$wid" --delay 15 "Go$line" &&
-		xdotool key --window "$wid" Escape &&
-		xdotool type --window "$wid" --delay 15 ":wq" &&
-		xdotool key --window "$wid" Return; } 2>&1 >/dev/null) || { why="xdotool failed: $(printf %s "$err" | grep -v XGetInputFocus | tail -n 3 | tr '\n' '|')"; return 1; }
+	# Each step is sent on its own so that a failure names it. Saving
+	# (":w") leaves the window up; quitting closes it while xdotool may
+	# still be sending the key's release to it, an X error about a window
+	# that is gone, so the quit is not checked by its exit status but by
+	# the editor ending.
+	local step err
+	for step in "type Go$line" "key Escape" "type :w" "key Return"; do
+		err=$(xdotool ${step%% *} --window "$wid" --delay 15 "${step#* }" 2>&1 >/dev/null) ||
+			{ why="xdotool ${step%% *} failed: $(printf %s "$err" | grep -v XGetInputFocus | head -n 4 | tr '\n' '|')"; return 1; }
+	done
+	xdotool type --window "$wid" --delay 15 ":q" 2>/dev/null && xdotool key --window "$wid" Return 2>/dev/null
+	i=0
+	while kill -0 $pid 2>/dev/null; do
+		((i++ < 1500)) || { why="the editor did not quit in 30 s"; kill $pid; return 1; }
+		sleep 0.02
+	done
 	wait $pid
 	grep -qF "$line" "$dir/note.txt" || { why="the note ends: $(tail -c 200 "$dir/note.txt" | tr '\n' '|')"; return 1; }
 }
