@@ -204,7 +204,7 @@ func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []broker
 	*prev = cur
 	_, drainErr := os.Stat(a.cfg.DrainFile)
 	hb := brokerapi.Heartbeat{Host: a.cfg.Name, CPU: l.CPU, Memory: l.Memory, DiskIdle: l.DiskIdle,
-		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, MajorFaultsPerSec: l.MajorFaultsPerSec,
+		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, CPUPressure: l.CPUPressure, MajorFaultsPerSec: l.MajorFaultsPerSec,
 		SwapInPerSec: l.SwapInPerSec, SwapOutPerSec: l.SwapOutPerSec, Drain: drainErr == nil, Sessions: a.withUsage(sessions)}
 	cmds, err := a.d.Client.Heartbeat(ctx, a.cred, hb)
 	var se *brokerclient.StatusError

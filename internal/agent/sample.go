@@ -19,6 +19,9 @@ type Counters struct {
 	MemTotal  uint64 // bytes
 	MemAvail  uint64
 	MemSome10 float64 // PSI memory "some" avg10, percent
+	// CPUSome10 is PSI cpu "some" avg10, percent: the share of the last
+	// 10 s in which a runnable task waited for a CPU.
+	CPUSome10 float64
 	Disks     map[string]DiskCounters
 	HasPSI    bool
 	// From /proc/vmstat, cumulative since boot: major page faults (a page
@@ -43,6 +46,9 @@ type Load struct {
 	DiskIdle       float64 // idle fraction of the busiest disk
 	DiskLatencyMS  float64 // average ms per request of the slowest disk
 	MemoryPressure float64 // fraction of time some task stalled on memory
+	// CPUPressure is the fraction of time some runnable task waited for a
+	// CPU, over the whole machine (/proc/pressure/cpu is the root cgroup's).
+	CPUPressure float64
 	// Page activity over the interval, pages per second.
 	MajorFaultsPerSec, SwapInPerSec, SwapOutPerSec float64
 }
@@ -72,8 +78,12 @@ func ReadCounters(root string) (Counters, error) {
 		return c, fmt.Errorf("agent: %w", err)
 	}
 	c.MajorFaults, c.SwapIn, c.SwapOut = parseVmstat(vm)
+	// A kernel without PSI has no /proc/pressure: both read as 0.
 	if psi, err := os.ReadFile(filepath.Join(root, "pressure", "memory")); err == nil {
 		c.MemSome10, c.HasPSI = parsePSI(psi), true
+	}
+	if psi, err := os.ReadFile(filepath.Join(root, "pressure", "cpu")); err == nil {
+		c.CPUSome10 = parsePSI(psi)
 	}
 	return c, nil
 }
@@ -215,6 +225,7 @@ func Between(a, b Counters) Load {
 		}
 	}
 	l.MemoryPressure = clamp(b.MemSome10 / 100)
+	l.CPUPressure = clamp(b.CPUSome10 / 100)
 	// Over a few milliseconds one fault would read as hundreds a second.
 	if wall >= minWindowMS {
 		l.MajorFaultsPerSec = perSec(a.MajorFaults, b.MajorFaults, wall)

@@ -72,6 +72,8 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"heartbeat for another host", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h2","cpu":0.1,"memory":0.1,"disk_idle":0.9}`, 403, `credential is for host "h1", not "h2"`},
 		{"heartbeat with join token", "/api/v1/agent/heartbeat", "Bearer " + mustJoin(r), `{"host":"h1","disk_idle":0.9}`, 401, "agent credential refused"},
 		{"heartbeat bad fraction", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h1","cpu":1.5,"disk_idle":0.9}`, 400, "cpu 1.5 is not a fraction"},
+		{"heartbeat negative CPU pressure", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h1","disk_idle":0.9,"cpu_pressure":-0.1}`, 400, "cpu_pressure -0.1 is not a fraction"},
+		{"heartbeat CPU pressure above 1", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h1","disk_idle":0.9,"cpu_pressure":1.5}`, 400, "cpu_pressure 1.5 is not a fraction"},
 		{"heartbeat negative swap rate", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h1","disk_idle":0.9,"swap_out_per_s":-3}`, 400, "swap_out_per_s -3 is not a rate"},
 		{"heartbeat negative session CPU", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h1","disk_idle":0.9,"sessions":[{"user":"x","state":"active","memory_bytes":1,"cpu":-0.5}]}`, 400, `session of "x": cpu -0.5 is not a rate`},
 		{"heartbeat session memory below zero", "/api/v1/agent/heartbeat", "Bearer " + cred, `{"host":"h1","disk_idle":0.9,"sessions":[{"user":"x","state":"active","memory_bytes":-1}]}`, 400, "not the expected JSON"},

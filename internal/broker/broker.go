@@ -1041,7 +1041,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := errors.Join(fraction("cpu", hb.CPU), fraction("memory", hb.Memory), fraction("disk_idle", hb.DiskIdle),
-		fraction("memory_pressure", hb.MemoryPressure), rate("major_faults_per_s", hb.MajorFaultsPerSec),
+		fraction("memory_pressure", hb.MemoryPressure), fraction("cpu_pressure", hb.CPUPressure), rate("major_faults_per_s", hb.MajorFaultsPerSec),
 		rate("swap_in_per_s", hb.SwapInPerSec), rate("swap_out_per_s", hb.SwapOutPerSec))
 	if hb.DiskLatencyMS < 0 || hb.DiskLatencyMS != hb.DiskLatencyMS {
 		err = errors.Join(err, fmt.Errorf("disk_latency_ms %g is negative", hb.DiskLatencyMS))
@@ -1068,7 +1068,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rep := store.Report{Host: hb.Host, Registration: c.Registration, CPU: hb.CPU, Mem: hb.Memory, DiskIdle: hb.DiskIdle, DiskLatency: hb.DiskLatencyMS,
-		MemPressure: hb.MemoryPressure, MajorFaults: hb.MajorFaultsPerSec, SwapIn: hb.SwapInPerSec, SwapOut: hb.SwapOutPerSec,
+		MemPressure: hb.MemoryPressure, CPUPressure: hb.CPUPressure, MajorFaults: hb.MajorFaultsPerSec, SwapIn: hb.SwapInPerSec, SwapOut: hb.SwapOutPerSec,
 		Unhealthy: Unhealthy(s.cfg.Health, hb), Drain: hb.Drain, Sessions: sessions, Usage: usage,
 		Now: s.now(), LogonGrace: s.cfg.LogonGrace.D()}
 	if g, ok := s.groups.Load().byName[c.Group]; ok {
@@ -1324,7 +1324,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 				"address": h.Address, "port": h.Port, "weight": h.Weight, "session_limit": h.SessionLimit,
 				"logon_limit": h.LogonLimit, "sessions": h.Sessions, "pending_logons": h.Pending, "cpu": h.CPU,
 				"memory": h.Mem, "disk_idle": h.DiskIdle, "disk_latency_ms": h.DiskLatency,
-				"memory_pressure": h.MemPressure, "major_faults_per_s": h.MajorFaults, "swap_in_per_s": h.SwapIn,
+				"memory_pressure": h.MemPressure, "cpu_pressure": h.CPUPressure, "major_faults_per_s": h.MajorFaults, "swap_in_per_s": h.SwapIn,
 				"swap_out_per_s": h.SwapOut, "session_memory_bytes": h.SessionMemory, "unhealthy": h.Unhealthy,
 				"admin_drain": h.AdminDrain, "agent_drain": h.AgentDrain, "assigned_user": h.AssignedUser,
 				"last_seen": h.LastSeen, "status": HostStatus(h, stale, false, "")})

@@ -494,6 +494,7 @@ func (c *localCache) register(h store.Host) {
 	if old, ok := c.hosts[h.Name]; ok {
 		h.Sessions, h.Pending, h.AssignedUser = old.Sessions, old.Pending, old.AssignedUser
 		h.CPU, h.Mem, h.DiskIdle, h.DiskLatency, h.MemPressure = old.CPU, old.Mem, old.DiskIdle, old.DiskLatency, old.MemPressure
+		h.CPUPressure = old.CPUPressure
 		h.Unhealthy, h.AdminDrain, h.AgentDrain = old.Unhealthy, old.AdminDrain, old.AgentDrain
 	} else {
 		h.DiskIdle = 1
@@ -522,7 +523,7 @@ func (c *localCache) loadLocked(r store.Report) bool {
 	if !ok {
 		return false
 	}
-	h.CPU, h.Mem, h.DiskIdle, h.DiskLatency, h.MemPressure = r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure
+	h.CPU, h.Mem, h.DiskIdle, h.DiskLatency, h.MemPressure, h.CPUPressure = r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.CPUPressure
 	h.MajorFaults, h.SwapIn, h.SwapOut, h.SessionMemory = r.MajorFaults, r.SwapIn, r.SwapOut, r.SessionMemory()
 	h.Unhealthy, h.AgentDrain, h.LastSeen = r.Unhealthy, r.Drain, r.Now
 	c.hosts[r.Host] = h

@@ -13,9 +13,12 @@ import (
 )
 
 // Unhealthy says why a host reporting hb should take no new sessions under
-// the thresholds h, or returns "" when it is healthy. The thresholds are
-// the Terminal Server sizing guidance: disks at least half idle, under
-// 25 ms a request, and memory not so short that the page cache thrashes.
+// the thresholds h, or returns "" when it is healthy. The disk and memory
+// thresholds are the Terminal Server sizing guidance: disks at least half
+// idle, under 25 ms a request, and memory not so short that the page cache
+// thrashes. CPU is judged by pressure, how often runnable tasks wait for
+// a CPU, not by how busy it is: waiting is what users feel, and a host
+// 95% busy can still serve everyone promptly.
 func Unhealthy(h config.Health, hb brokerapi.Heartbeat) string {
 	var why []string
 	if idle := hb.DiskIdle * 100; idle < h.DiskIdleMinPct {
@@ -26,6 +29,9 @@ func Unhealthy(h config.Health, hb brokerapi.Heartbeat) string {
 	}
 	if p := hb.MemoryPressure * 100; p > h.MemoryPressureMaxPct {
 		why = append(why, fmt.Sprintf("memory pressure %.0f%% > %.0f%%", p, h.MemoryPressureMaxPct))
+	}
+	if p := hb.CPUPressure * 100; p > h.CPUPressureMaxPct {
+		why = append(why, fmt.Sprintf("cpu pressure %.0f%% > %.0f%%", p, h.CPUPressureMaxPct))
 	}
 	return strings.Join(why, ", ")
 }

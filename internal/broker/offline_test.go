@@ -68,13 +68,17 @@ func TestDatabaseOutageUsesLocalHostCache(t *testing.T) {
 	}
 	// Agents keep reporting; the broker takes their reports, and the
 	// admin API shows them from the local copy.
-	r.beat("h1", creds["h1"], brokerapi.Heartbeat{DiskIdle: 0.9, SwapOutPerSec: 7})
-	shown := map[string]any{}
+	r.beat("h1", creds["h1"], brokerapi.Heartbeat{DiskIdle: 0.9, SwapOutPerSec: 7, CPUPressure: 0.35})
+	shown, pressure := map[string]any{}, map[string]any{}
 	for _, h := range r.adminList("/api/v1/broker/hosts") {
 		shown[h["name"].(string)] = h["swap_out_per_s"]
+		pressure[h["name"].(string)] = h["cpu_pressure"]
 	}
 	if shown["h1"] != 7.0 {
 		t.Fatalf("swap out per second of the hosts in the admin API during the outage = %v, want 7 on h1", shown)
+	}
+	if pressure["h1"] != 0.35 {
+		t.Fatalf("CPU pressure of the hosts in the admin API during the outage = %v, want 0.35 on h1", pressure)
 	}
 	if err := r.client.Events(context.Background(), creds["h1"], brokerapi.Events{Host: "h1", Events: []brokerapi.Event{{User: "during0", State: "active"}}}); err != nil {
 		t.Fatalf("event during the outage: %v", err)

@@ -71,6 +71,7 @@ func TestBrokerStartsDuringAnOutage(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	go r.b.Maintain(ctx)
 	cred := r.agent("h1", "desk", "")
+	r.beat("h1", cred, brokerapi.Heartbeat{DiskIdle: 0.9, CPUPressure: 0.3})
 	fe := brokerclient.Bearer("frontend-token")
 	launch := func(c *brokerclient.Client, user string) *brokerapi.LaunchResponse {
 		t.Helper()
@@ -99,6 +100,12 @@ func TestBrokerStartsDuringAnOutage(t *testing.T) {
 	b2 := restartBroker(t, cfg)
 	if !strings.Contains(b2.logs.String(), "database unreachable at start") {
 		t.Fatalf("the outage start is not logged:\n%s", b2.logs.String())
+	}
+	// The saved cache kept what h1 last reported.
+	rec := httptest.NewRecorder()
+	b2.b.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/broker/hosts", nil))
+	if !strings.Contains(rec.Body.String(), `"cpu_pressure":0.3`) {
+		t.Fatalf("hosts from the saved cache = %s, want h1's cpu_pressure 0.3", rec.Body.String())
 	}
 	if _, err := b2.client.Heartbeat(context.Background(), cred, brokerapi.Heartbeat{Host: "h1", DiskIdle: 0.9}); err != nil {
 		t.Fatalf("heartbeat during the outage: %v", err)

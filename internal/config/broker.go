@@ -27,6 +27,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 	setDefault(&b.Health.DiskIdleMinPct, 50)
 	setDefault(&b.Health.DiskLatencyMaxMS, 25)
 	setDefault(&b.Health.MemoryPressureMaxPct, 20)
+	setDefault(&b.Health.CPUPressureMaxPct, 60)
 	for i := range b.DeliveryGroups {
 		g := &b.DeliveryGroups[i]
 		setDefault(&g.Kind, "pooled")
@@ -65,7 +66,8 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	for _, h := range []struct {
 		key string
 		v   float64
-	}{{"disk_idle_min_pct", b.Health.DiskIdleMinPct}, {"memory_pressure_max_pct", b.Health.MemoryPressureMaxPct}} {
+	}{{"disk_idle_min_pct", b.Health.DiskIdleMinPct}, {"memory_pressure_max_pct", b.Health.MemoryPressureMaxPct},
+		{"cpu_pressure_max_pct", b.Health.CPUPressureMaxPct}} {
 		if h.v < 0 || h.v > 100 {
 			bad("broker.health."+h.key, "%g is not a percentage", h.v)
 		}

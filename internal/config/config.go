@@ -361,12 +361,16 @@ type Agent struct {
 	DrainFile string `yaml:"drain_file"`
 }
 
-// Health holds the thresholds past which a host takes no new sessions,
-// from the Terminal Server sizing guidance.
+// Health holds the thresholds past which a host takes no new sessions:
+// the disk and memory ones from the Terminal Server sizing guidance, and
+// CPU pressure.
 type Health struct {
 	DiskIdleMinPct       float64 `yaml:"disk_idle_min_pct"`
 	DiskLatencyMaxMS     float64 `yaml:"disk_latency_max_ms"`
 	MemoryPressureMaxPct float64 `yaml:"memory_pressure_max_pct"`
+	// CPUPressureMaxPct bounds the share of time runnable tasks wait for
+	// a CPU (PSI): waiting is what users feel, where CPU busy is not.
+	CPUPressureMaxPct float64 `yaml:"cpu_pressure_max_pct"`
 }
 
 // DeliveryGrp is a delivery group: a set of hosts and who may launch on them.

@@ -195,3 +195,28 @@ func TestFarmDatabase(t *testing.T) {
 		t.Fatalf("prefixes %v, %v", p, err)
 	}
 }
+
+// TestCPUPressureThreshold: broker.health.cpu_pressure_max_pct defaults to
+// 60, keeps a value set, and is a percentage like the other thresholds.
+func TestCPUPressureThreshold(t *testing.T) {
+	const base = "auth:\n  token_key: 0123456789abcdef0123456789abcdef\nbroker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk, groups: [staff]}\n"
+	c, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Broker.Health.CPUPressureMaxPct; got != 60 {
+		t.Fatalf("cpu_pressure_max_pct default = %g, want 60", got)
+	}
+	if c, err = Parse([]byte(base + "  health: {cpu_pressure_max_pct: 45}\n")); err != nil {
+		t.Fatalf("cpu_pressure_max_pct 45 refused: %v", err)
+	}
+	if got := c.Broker.Health.CPUPressureMaxPct; got != 45 {
+		t.Fatalf("cpu_pressure_max_pct set to 45 reads %g", got)
+	}
+	for _, v := range []string{"101", "-1"} {
+		_, err := Parse([]byte(base + "  health: {cpu_pressure_max_pct: " + v + "}\n"))
+		if err == nil || !strings.Contains(err.Error(), "broker.health.cpu_pressure_max_pct") || !strings.Contains(err.Error(), "not a percentage") {
+			t.Errorf("cpu_pressure_max_pct %s: got %v, want an error naming the key", v, err)
+		}
+	}
+}

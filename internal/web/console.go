@@ -130,6 +130,9 @@ type (
 		MajorFaults   float64 `json:"major_faults_per_s"`
 		SwapIn        float64 `json:"swap_in_per_s"`
 		SwapOut       float64 `json:"swap_out_per_s"`
+		// CPUPressure is the share of time runnable tasks waited for a
+		// CPU: what users feel of a busy CPU.
+		CPUPressure float64 `json:"cpu_pressure"`
 	}
 	consoleSession struct {
 		ID            string    `json:"id"`

@@ -41,6 +41,9 @@ type portal struct {
 	srv   *httptest.Server
 	clock *clock
 	p     *web.Server
+	// agent and hostCred send h1's heartbeats.
+	agent    *brokerclient.Client
+	hostCred string
 }
 
 // newPortal starts a real broker (SQLite, one registered host) and the
@@ -49,7 +52,8 @@ func newPortal(t *testing.T) *portal { return newPortalWith(t, nil) }
 
 // newPortalWith is newPortal with identity providers: setup gets the
 // portal's public URL and web section to add them to, and returns a
-// client that trusts the OIDC provider, if there is one.
+// client that trusts the OIDC provider, if there is one. A console setup
+// adds without an api reads the broker's admin API.
 func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *http.Client) *portal {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
@@ -67,6 +71,11 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 	var oidcClient *http.Client
 	if setup != nil {
 		oidcClient = setup(publicURL, cfg.Web)
+	}
+	var admin *httptest.Server
+	if cn := cfg.Web.Console; cn != nil && cn.API == "" {
+		admin = httptest.NewUnstartedServer(nil)
+		cn.API = "https://" + admin.Listener.Addr().String()
 	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -88,6 +97,13 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	var adminAPI *http.Client
+	if admin != nil {
+		admin.Config.Handler = b.AdminHandler()
+		admin.StartTLS()
+		t.Cleanup(admin.Close)
+		adminAPI = admin.Client()
+	}
 	bs := httptest.NewTLSServer(b.Handler())
 	t.Cleanup(bs.Close)
 	bc := &brokerclient.Client{Base: bs.URL, HTTP: bs.Client()}
@@ -101,14 +117,14 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 	}
 	c := &clock{t: time.Now()}
 	p, err := web.New(cfg.Web, web.Deps{Logger: log, Users: users, Broker: brokerclient.FrontEnd{Client: bc, Token: cfg.Web.FrontendToken.Value()},
-		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), OIDCClient: oidcClient, Now: c.now})
+		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), OIDCClient: oidcClient, AdminAPI: adminAPI, Now: c.now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.Config.Handler = p.Handler()
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return &portal{t: t, srv: srv, clock: c, p: p}
+	return &portal{t: t, srv: srv, clock: c, p: p, agent: bc, hostCred: reg.Credential}
 }
 
 // do sends a request as a browser on the portal's own pages would.

@@ -100,6 +100,12 @@ type Heartbeat struct {
 	// MemoryPressure is the share of time tasks stalled on memory (PSI
 	// "some"), 0 to 1: the page cache losing to working sets.
 	MemoryPressure float64 `json:"memory_pressure"`
+	// CPUPressure is the share of time at least one runnable task waited
+	// for a CPU (PSI cpu "some" avg10), 0 to 1: waiting is what users
+	// feel, where CPU busy only says how much is used. It is the whole
+	// machine's (/proc/pressure/cpu is the root cgroup's), whatever
+	// cgroup the agent runs in.
+	CPUPressure float64 `json:"cpu_pressure"`
 	// MajorFaultsPerSec, SwapInPerSec and SwapOutPerSec are the host's
 	// major page faults and pages swapped in and out per second since the
 	// previous heartbeat: a host whose memory is full pages in what its

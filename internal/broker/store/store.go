@@ -59,6 +59,7 @@ type Host struct {
 	DiskIdle     float64 // 0..1
 	DiskLatency  float64 // milliseconds per request
 	MemPressure  float64 // 0..1
+	CPUPressure  float64 // 0..1, share of time runnable tasks waited for a CPU
 	Unhealthy    string  // why the host takes no new sessions; empty when healthy
 	AdminDrain   bool
 	AgentDrain   bool
@@ -138,6 +139,7 @@ type Report struct {
 	DiskIdle     float64
 	DiskLatency  float64
 	MemPressure  float64
+	CPUPressure  float64
 	Unhealthy    string
 	Drain        bool
 	// Sessions maps user to state (active or disconnected) on the host now.
@@ -579,9 +581,9 @@ func (s *Store) Heartbeat(ctx context.Context, r Report) error {
 	// is older than the ones that came since.
 	res, err := s.db.ExecContext(ctx, `UPDATE hosts SET cpu = $2, mem = $3, disk_idle = $4, disk_latency = $5, mem_pressure = $6,
 		unhealthy = $7, agent_drain = $8, last_seen = CASE WHEN last_seen > $9 THEN last_seen ELSE $9 END,
-		major_faults = $11, swap_in = $12, swap_out = $13, session_memory = $14 WHERE name = $1 AND registration = $10`,
+		major_faults = $11, swap_in = $12, swap_out = $13, session_memory = $14, cpu_pressure = $15 WHERE name = $1 AND registration = $10`,
 		r.Host, r.CPU, r.Mem, r.DiskIdle, r.DiskLatency, r.MemPressure, r.Unhealthy, r.Drain, now, r.Registration,
-		r.MajorFaults, r.SwapIn, r.SwapOut, bigint(r.SessionMemory()))
+		r.MajorFaults, r.SwapIn, r.SwapOut, bigint(r.SessionMemory()), r.CPUPressure)
 	if err != nil {
 		return fmt.Errorf("store: heartbeat %s: %w", r.Host, err)
 	}
@@ -848,8 +850,8 @@ func (s *Store) SessionPage(ctx context.Context, q SessionQuery) ([]Session, int
 func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 	rows, err := s.query(ctx, s.read, `SELECT name, group_name, zone, address, port, weight, session_limit, logon_limit,
 		sessions, pending, cpu, mem, disk_idle, disk_latency, mem_pressure, unhealthy, admin_drain, agent_drain,
-		COALESCE(assigned_user, ''), registered_at, last_seen, registration, major_faults, swap_in, swap_out, session_memory
-		FROM hosts WHERE ($1 = '' OR group_name = $1) ORDER BY name`, group)
+		COALESCE(assigned_user, ''), registered_at, last_seen, registration, major_faults, swap_in, swap_out, session_memory,
+		cpu_pressure FROM hosts WHERE ($1 = '' OR group_name = $1) ORDER BY name`, group)
 	if err != nil {
 		return nil, fmt.Errorf("store: hosts: %w", err)
 	}
@@ -861,7 +863,7 @@ func (s *Store) Hosts(ctx context.Context, group string) ([]Host, error) {
 		if err := rows.Scan(&h.Name, &h.Group, &h.Zone, &h.Address, &h.Port, &h.Weight, &h.SessionLimit, &h.LogonLimit,
 			&h.Sessions, &h.Pending, &h.CPU, &h.Mem, &h.DiskIdle, &h.DiskLatency, &h.MemPressure, &h.Unhealthy,
 			&h.AdminDrain, &h.AgentDrain, &h.AssignedUser, &reg, &seen, &h.Registration, &h.MajorFaults, &h.SwapIn, &h.SwapOut,
-			&h.SessionMemory); err != nil {
+			&h.SessionMemory, &h.CPUPressure); err != nil {
 			return nil, fmt.Errorf("store: scan host: %w", err)
 		}
 		h.RegisteredAt, h.LastSeen = time.UnixMilli(reg), time.UnixMilli(seen)

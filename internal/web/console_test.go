@@ -1,0 +1,49 @@
+package web_test
+
+import (
+	"context"
+	"net/http"
+	"regexp"
+	"testing"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/config"
+)
+
+// TestConsoleHostsShowCPUPressure: the console's hosts page shows the CPU
+// pressure h1's agent reported, read through the broker's admin API, and
+// the reason the host is unhealthy once it is over the threshold.
+func TestConsoleHostsShowCPUPressure(t *testing.T) {
+	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		w.Console = &config.Console{Admins: []string{"staff"}, Token: config.NewSecret("console-admin-token")}
+		return nil
+	})
+	cookie := p.signIn("alice", "Alice-Pass-1")
+	row := regexp.MustCompile(`(?s)<tr data-host="h1">.*?</tr>`)
+	cell := regexp.MustCompile(`<td class="cpu-pressure">([^<]*)</td>`)
+	status := regexp.MustCompile(`<td class="status">([^<]*)</td>`)
+	hostRow := func(cpuPressure float64) (pressure, st string) {
+		t.Helper()
+		if _, err := p.agent.Heartbeat(context.Background(), p.hostCred,
+			brokerapi.Heartbeat{Host: "h1", DiskIdle: 0.9, CPU: 0.95, CPUPressure: cpuPressure, Sessions: []brokerapi.Session{}}); err != nil {
+			t.Fatal(err)
+		}
+		resp := p.do("GET", "/admin/hosts", nil, cookie, nil)
+		body := read(resp)
+		r := row.FindString(body)
+		if resp.StatusCode != http.StatusOK || r == "" {
+			t.Fatalf("hosts page: %s\n%s", resp.Status, body)
+		}
+		c, s := cell.FindStringSubmatch(r), status.FindStringSubmatch(r)
+		if c == nil || s == nil {
+			t.Fatalf("h1's row has no CPU pressure or status cell:\n%s", r)
+		}
+		return c[1], s[1]
+	}
+	if pressure, st := hostRow(0.42); pressure != "42%" || st != "ok" {
+		t.Fatalf("h1 at 42%% CPU pressure shows %q, status %q", pressure, st)
+	}
+	if pressure, st := hostRow(0.9); pressure != "90%" || st != "unhealthy (cpu pressure 90% &gt; 60%)" {
+		t.Fatalf("h1 at 90%% CPU pressure shows %q, status %q", pressure, st)
+	}
+}
