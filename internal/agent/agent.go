@@ -144,10 +144,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.register(ctx); err != nil {
 		return err
 	}
-	prev, err := ReadCounters(a.d.Proc)
+	first, err := ReadCounters(a.d.Proc)
 	if err != nil {
 		return err
 	}
+	prev := newLoadWindow(first)
 	known, _ := a.d.Sessions()
 	// A farm's agents start together after an outage; a tenth of jitter
 	// keeps their heartbeats from arriving in lockstep.
@@ -157,7 +158,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer poll.Stop()
 	renew := time.NewTicker(renewEvery)
 	defer renew.Stop()
-	send := func() error { return a.heartbeat(ctx, &prev, known) }
+	send := func() error { return a.heartbeat(ctx, prev, known) }
 	if err := send(); err != nil {
 		return err
 	}
@@ -193,15 +194,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// heartbeat reports load since *prev and the sessions; it registers again
-// when the broker no longer knows the host or its credential.
-func (a *Agent) heartbeat(ctx context.Context, prev *Counters, sessions []brokerapi.Session) error {
+// heartbeat reports the load over w's window and the sessions; it
+// registers again when the broker no longer knows the host or its
+// credential.
+func (a *Agent) heartbeat(ctx context.Context, w *loadWindow, sessions []brokerapi.Session) error {
 	cur, err := ReadCounters(a.d.Proc)
 	if err != nil {
 		return err
 	}
-	l := Between(*prev, cur)
-	*prev = cur
+	l := w.add(cur)
 	_, drainErr := os.Stat(a.cfg.DrainFile)
 	hb := brokerapi.Heartbeat{Host: a.cfg.Name, CPU: l.CPU, Memory: l.Memory, DiskIdle: l.DiskIdle,
 		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, CPUPressure: l.CPUPressure, MajorFaultsPerSec: l.MajorFaultsPerSec,

@@ -100,8 +100,8 @@ func TestHeartbeatCarriesCPUPressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.cred = "credential"
-	prev := Counters{At: time.Now().Add(-2 * time.Second)}
-	if err := a.heartbeat(context.Background(), &prev, []brokerapi.Session{}); err != nil {
+	w := newLoadWindow(Counters{At: time.Now().Add(-2 * time.Second)})
+	if err := a.heartbeat(context.Background(), w, []brokerapi.Session{}); err != nil {
 		t.Fatal(err)
 	}
 	fraction := func(v any, want float64) bool { f, ok := v.(float64); return ok && near(f, want) }
@@ -112,10 +112,50 @@ func TestHeartbeatCarriesCPUPressure(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "pressure", "cpu"), []byte("some avg10=0.00 avg60=20.00 avg300=10.00 total=123456999\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.heartbeat(context.Background(), &prev, []brokerapi.Session{}); err != nil {
+	if err := a.heartbeat(context.Background(), w, []brokerapi.Session{}); err != nil {
 		t.Fatal(err)
 	}
 	if hb := <-got; !fraction(hb["cpu_pressure"], 0) {
 		t.Fatalf("heartbeat after the pressure fell: cpu_pressure %v, want 0", hb["cpu_pressure"])
+	}
+}
+
+// TestLoadWindow: with heartbeats every second, the disk's load is read
+// over the last ten seconds or more, so one second of writeback (300
+// requests of 35 ms) does not read as a slow disk, while a disk slow for
+// the whole window still does; until the agent has run that long, the
+// load runs from its first reading.
+func TestLoadWindow(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(sec int, ios, ioms uint64) Counters {
+		return Counters{At: t0.Add(time.Duration(sec) * time.Second), Disks: map[string]DiskCounters{"vda": {IOs: ios, IOms: ioms, BusyMS: ioms / 10}}}
+	}
+	w := newLoadWindow(at(0, 0, 0))
+	var ios, ioms uint64
+	var l Load
+	for sec := 1; sec <= 20; sec++ {
+		per, ms := uint64(100), uint64(1) // 100 requests a second at 1 ms
+		if sec == 15 {
+			per, ms = 300, 35
+		}
+		ios, ioms = ios+per, ioms+per*ms
+		l = w.add(at(sec, ios, ioms))
+		if sec == 5 && !near(l.DiskLatencyMS, 1) {
+			t.Fatalf("at 5 s, from the first reading: latency %v ms, want 1", l.DiskLatencyMS)
+		}
+		if sec == 15 && l.DiskLatencyMS >= 25 {
+			t.Fatalf("one second of 35 ms requests read as %.1f ms over the window: want it averaged with the ten before", l.DiskLatencyMS)
+		}
+	}
+	if len(w.samples) > 12 {
+		t.Fatalf("%d readings kept for a 10 s window of 1 s heartbeats", len(w.samples))
+	}
+	// Slow for the whole window: unhealthy it is.
+	for sec := 21; sec <= 32; sec++ {
+		ios, ioms = ios+100, ioms+100*40
+		l = w.add(at(sec, ios, ioms))
+	}
+	if !near(l.DiskLatencyMS, 40) {
+		t.Fatalf("a disk at 40 ms for 12 s read as %.1f ms", l.DiskLatencyMS)
 	}
 }

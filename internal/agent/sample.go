@@ -245,3 +245,38 @@ func perSec(a, b uint64, ms float64) float64 {
 }
 
 func clamp(v float64) float64 { return min(1, max(0, v)) }
+
+// LoadWindow is the shortest time a heartbeat's load is read over, the
+// span of the kernel's pressure averages (avg10). Over one heartbeat
+// interval (a second, on a busy bench) a burst of writeback as a user
+// logs on reads as a slow disk, and the broker would turn users away
+// from a host with room: health is judged on what lasts.
+const LoadWindow = 10 * time.Second
+
+// loadWindow keeps the counter readings of the last LoadWindow, so that
+// each heartbeat's load runs from the newest reading at least that old.
+type loadWindow struct {
+	samples []Counters
+}
+
+func newLoadWindow(first Counters) *loadWindow { return &loadWindow{samples: []Counters{first}} }
+
+// add records cur and returns the load since the newest reading at least
+// LoadWindow before it, or since the oldest kept while none is that old
+// (the first heartbeats after the agent starts).
+func (w *loadWindow) add(cur Counters) Load {
+	base := w.samples[0]
+	for _, s := range w.samples {
+		if cur.At.Sub(s.At) < LoadWindow {
+			break
+		}
+		base = s
+	}
+	w.samples = append(w.samples, cur)
+	// Keep the newest reading at least a window old (the next base) and
+	// every one after it.
+	for len(w.samples) > 1 && cur.At.Sub(w.samples[1].At) >= LoadWindow {
+		w.samples = w.samples[1:]
+	}
+	return Between(base, cur)
+}

@@ -291,9 +291,9 @@ func TestHeartbeatCarriesUsage(t *testing.T) {
 	a.cred = "credential"
 	// The previous reading, two seconds ago: 1,000 major faults, 100 pages
 	// in and none out since.
-	prev := Counters{At: time.Now().Add(-2 * time.Second), MajorFaults: 400, SwapIn: 100, SwapOut: 600}
+	w := newLoadWindow(Counters{At: time.Now().Add(-2 * time.Second), MajorFaults: 400, SwapIn: 100, SwapOut: 600})
 	sessions := []brokerapi.Session{{User: "ann", State: "active"}}
-	if err := a.heartbeat(context.Background(), &prev, sessions); err != nil {
+	if err := a.heartbeat(context.Background(), w, sessions); err != nil {
 		t.Fatal(err)
 	}
 	hb := <-got
@@ -314,7 +314,7 @@ func TestHeartbeatCarriesUsage(t *testing.T) {
 	}
 	usageErr = errors.New("permission denied")
 	for range 2 {
-		if err := a.heartbeat(context.Background(), &prev, sessions); err != nil {
+		if err := a.heartbeat(context.Background(), w, sessions); err != nil {
 			t.Fatal(err)
 		}
 		if s := session(<-got); s["user"] != "ann" || s["memory_bytes"] != 0.0 || s["cpu"] != 0.0 {

@@ -68,6 +68,11 @@ broker:
     # The demo user is a gateway account, not one of this machine's: the
     # .rdp file names no host user, and the client gives it (/u: /p:).
     host_username: none
+  # This machine is the session host and runs everything else too, so
+  # a busy moment (a build, a test run) is not a host too busy for users:
+  # no CPU pressure limit here. A dedicated session host keeps the default.
+  health:
+    cpu_pressure_max_pct: 100
 agent:
   broker: https://localhost:%[12]s
   broker_ca: %[1]s/tls.crt

@@ -118,6 +118,9 @@ broker:
   gateway: "127.0.0.1:%[6]d"
   frontend_tokens: ["%[7]s"]
   heartbeat_interval: 1s
+  # The browser, xfreerdp, the gateway and the host share two cores: the
+  # bench measures the gateway, not whether the host has room.
+  health: {cpu_pressure_max_pct: 100}
   delivery_groups:
   - {name: desk, groups: [bench]}
 agent:

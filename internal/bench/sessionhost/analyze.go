@@ -5,6 +5,8 @@ import (
 	"math"
 	"sort"
 	"strings"
+
+	"github.com/deskway/deskway/internal/config"
 )
 
 // Step is what one step of a ramp measured: the users logged on, the
@@ -31,6 +33,7 @@ type Step struct {
 	DiskIdlePct      float64
 	DiskLatencyMS    float64
 	MemPressurePct   float64
+	CPUPressurePct   float64 // share of the window's last 10 s some runnable task waited for a CPU
 	MajorFaultsPerS  float64
 	SwapInPerS       float64
 	SwapOutPerS      float64
@@ -143,13 +146,16 @@ type Threshold struct {
 }
 
 // Thresholds are the counters the Terminal Server paper sizes hosts by,
-// with the limits its guidance (and deskway's broker health defaults)
-// sets: processors near saturation, memory nearly all in use or
-// stalling tasks, disks busy more than half the time or slow, and
-// paging.
-func Thresholds(diskIdleMinPct, diskLatencyMaxMS, memPressureMaxPct float64) []Threshold {
+// with the limits its guidance and the broker's health thresholds h
+// set: processors near saturation or tasks waiting for them, memory
+// nearly all in use or stalling tasks, disks busy more than half the
+// time or slow, and paging.
+func Thresholds(h config.Health) []Threshold {
+	diskIdleMinPct, diskLatencyMaxMS, memPressureMaxPct := h.DiskIdleMinPct, h.DiskLatencyMaxMS, h.MemoryPressureMaxPct
 	return []Threshold{
 		{"cpu", func(s Step) (bool, float64) { return s.MachineCPUPct >= 90, s.MachineCPUPct }, "processors ≥ 90 % busy"},
+		{"cpu pressure", func(s Step) (bool, float64) { return s.CPUPressurePct > h.CPUPressureMaxPct, s.CPUPressurePct },
+			fmt.Sprintf("tasks waiting for a CPU > %.0f %% of the time", h.CPUPressureMaxPct)},
 		{"memory", func(s Step) (bool, float64) { return s.MemUsedPct >= 90, s.MemUsedPct }, "memory ≥ 90 % in use"},
 		{"memory pressure", func(s Step) (bool, float64) { return s.MemPressurePct > memPressureMaxPct, s.MemPressurePct },
 			fmt.Sprintf("tasks stalled on memory > %.0f %% of the time", memPressureMaxPct)},
@@ -309,4 +315,12 @@ func Suggestion(ramps []Ramp) (string, error) {
 	}
 	return fmt.Sprintf("# degradation points of %d ramp(s): %s; the first came at %d users.\n# a host like this one holds %d users; in the delivery group:\nsession_limit: %d\n",
 		len(ramps), strings.Join(points, ", "), w.Degradation.Users, limit, limit), nil
+}
+
+// BrokerHealth is the broker's default health thresholds: the limits a
+// ramp's counters are held against, and what the broker ramp runs with.
+func BrokerHealth() config.Health {
+	c := config.Config{Broker: &config.Broker{}}
+	c.ApplyDefaults()
+	return c.Broker.Health
 }

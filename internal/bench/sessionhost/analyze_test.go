@@ -64,7 +64,7 @@ func TestPercentile(t *testing.T) {
 }
 
 func TestLimitingCounter(t *testing.T) {
-	th := Thresholds(50, 25, 20)
+	th := Thresholds(BrokerHealth())
 	steps := []Step{
 		{Users: 1, MachineCPUPct: 40, DiskIdlePct: 100, DiskLatencyMS: 30}, // a burst of writeback
 		{Users: 2, MachineCPUPct: 70, DiskIdlePct: 40},                     // disk first, for good
@@ -164,7 +164,7 @@ func TestAnalyzeRamp(t *testing.T) {
 		{Users: 3, Actions: map[string][]float64{"edit": {900}}, MachineCPUPct: 95, DiskIdlePct: 90},
 		{Users: 4, Actions: map[string][]float64{"edit": {1500}}, MachineCPUPct: 99, DiskIdlePct: 90},
 	}
-	r := Analyze(steps, 2, 1000, Thresholds(50, 25, 20))
+	r := Analyze(steps, 2, 1000, Thresholds(BrokerHealth()))
 	if r.Baseline != 400 || r.Degradation.Users != 4 || r.Limiting != "cpu" || len(r.Steps) != 4 {
 		t.Fatalf("ramp %+v", r)
 	}

@@ -101,7 +101,7 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 		fmt.Sprintf("Degradation point: the first step after the %d baseline steps whose average action time passes the baseline (the average over the baseline steps' actions) + %.0f ms, or more than a tenth of whose actions failed, or whose user's logon failed. A ramp goes on %d step(s) past it.", o.BaselineSteps, o.AddMS, o.Beyond),
 		fmt.Sprintf("%d measuring ramps, one after the other, every session ended between them. Headlines (degradation_users, limiting counter, per-session figures, charts) are the ramp with the median degradation point; degradation_users_worst is the ramp that degraded first, and the suggested session limit is one below it, since a limit must hold on the host's worst showing.", len(out.Ramps)),
 		"Limiting counter: of the counters that went past their thresholds (table above) and stayed past them through the degradation point, the one that did so first; a single step past one (writeback, a burst of logons) does not count.",
-		"CPU: machine_cpu_pct is every process, as a share of all cores (/proc/stat); client_cpu_pct the xfreerdp clients and their Xvfb; gateway_cpu_pct the gateway; host_cpu_pct the machine less clients, gateway, broker with agent, and the bench: the session host's own share. Memory per session is the average over sessions of the sum of Pss (/proc/PID/smaps_rollup) of the session's processes, as the agent reports it. Disk and memory pressure as the agent reads them (/proc/diskstats, /proc/pressure/memory), paging from /proc/vmstat.",
+		"CPU: machine_cpu_pct is every process, as a share of all cores (/proc/stat); client_cpu_pct the xfreerdp clients and their Xvfb; gateway_cpu_pct the gateway; host_cpu_pct the machine less clients, gateway, broker with agent, and the bench: the session host's own share. Memory per session is the average over sessions of the sum of Pss (/proc/PID/smaps_rollup) of the session's processes, as the agent reports it. Disk, memory pressure and CPU pressure as the agent reads them (/proc/diskstats, /proc/pressure/memory and /proc/pressure/cpu, some avg10 at the end of the window), paging from /proc/vmstat.",
 		"Broker ramp: the broker starts afresh with the delivery group's session_limit set to the suggested limit (one below the worst ramp's degradation point) or --session-limit, the host's agent reporting every second, and the broker's default health thresholds; users launch through POST /api/v1/launch and open the .rdp file with xfreerdp. It goes until the broker refuses or one user past the limit.",
 		"The paper's servers ran Windows Server 2003 x64 with Office (Word, Excel, Outlook, Internet Explorer) per user on dedicated hardware with separate client machines; here the workload is lighter applications on xrdp and the clients share the machine, so per-core figures compare the method, not the software.",
 	}
@@ -120,7 +120,7 @@ func stepPoint(scenario string, s Step) report.Point {
 		"mean_ms": round(s.Mean()), "median_ms": round(s.Percentile(50)), "p95_ms": round(s.Percentile(95)),
 		"machine_cpu_pct": round(s.MachineCPUPct), "host_cpu_pct": round(s.HostCPUPct), "client_cpu_pct": round(s.ClientCPUPct),
 		"gateway_cpu_pct": round(s.GatewayCPUPct), "mem_used_pct": round(s.MemUsedPct), "mem_bytes_per_session": math.Round(s.MemPerSession),
-		"disk_idle_pct": round(s.DiskIdlePct), "disk_latency_ms": round(s.DiskLatencyMS), "mem_pressure_pct": round(s.MemPressurePct),
+		"disk_idle_pct": round(s.DiskIdlePct), "disk_latency_ms": round(s.DiskLatencyMS), "mem_pressure_pct": round(s.MemPressurePct), "cpu_pressure_pct": round(s.CPUPressurePct),
 		"major_faults_per_s": round(s.MajorFaultsPerS), "swap_in_per_s": round(s.SwapInPerS), "swap_out_per_s": round(s.SwapOutPerS),
 	}
 	for a, ts := range s.Actions {
@@ -145,7 +145,7 @@ func ms(v float64) string {
 
 func stepTable(title string, steps []Step, broker bool) report.Table {
 	t := report.Table{Title: title, Head: []string{"users", "logon s", "actions", "median ms", "p95 ms", "mean ms", "failed",
-		"CPU machine %", "host %", "clients %", "gateway %", "mem used %", "MiB/session", "disk idle %", "disk ms", "maj faults/s", "swap in/s"}}
+		"CPU machine %", "CPU pressure %", "host %", "clients %", "gateway %", "mem used %", "MiB/session", "disk idle %", "disk ms", "maj faults/s", "swap in/s"}}
 	if broker {
 		t.Head = append(t.Head, "placed")
 	}
@@ -162,7 +162,7 @@ func stepTable(title string, steps []Step, broker bool) report.Table {
 			continue
 		}
 		row := []string{fmt.Sprint(s.Users), fmt.Sprintf("%.1f", s.LogonS), fmt.Sprint(len(s.all())), ms(s.Percentile(50)), ms(s.Percentile(95)), ms(s.Mean()), fmt.Sprint(s.failed()),
-			fmt.Sprintf("%.0f", s.MachineCPUPct), fmt.Sprintf("%.0f", s.HostCPUPct), fmt.Sprintf("%.0f", s.ClientCPUPct), fmt.Sprintf("%.0f", s.GatewayCPUPct),
+			fmt.Sprintf("%.0f", s.MachineCPUPct), fmt.Sprintf("%.0f", s.CPUPressurePct), fmt.Sprintf("%.0f", s.HostCPUPct), fmt.Sprintf("%.0f", s.ClientCPUPct), fmt.Sprintf("%.0f", s.GatewayCPUPct),
 			fmt.Sprintf("%.0f", s.MemUsedPct), fmt.Sprintf("%.0f", s.MemPerSession/(1<<20)), fmt.Sprintf("%.0f", s.DiskIdlePct), fmt.Sprintf("%.1f", s.DiskLatencyMS),
 			fmt.Sprintf("%.0f", s.MajorFaultsPerS), fmt.Sprintf("%.0f", s.SwapInPerS)}
 		if broker {
@@ -223,7 +223,7 @@ func write(res *report.Result, out *Outcome, o Options) error {
 	b.WriteString(rt.Markdown())
 	b.WriteString(stepTable(fmt.Sprintf("Ramp %d through the gateway (the median)", out.Median+1), out.Steps, false).Markdown())
 	ct := report.Table{Title: "Counters against their thresholds", Head: []string{"counter", "threshold", "past it for good from users", "value then", "steps past it"}}
-	th := Thresholds(50, 25, 20)
+	th := Thresholds(BrokerHealth())
 	for i, c := range out.Crossings {
 		at, v := "never", ""
 		if c.Users > 0 {
@@ -316,6 +316,7 @@ func charts(out *Outcome, o Options) error {
 		series("CPU, clients", out.Steps, func(s Step) float64 { return s.ClientCPUPct }),
 		series("memory used", out.Steps, func(s Step) float64 { return s.MemUsedPct }),
 		series("disk idle", out.Steps, func(s Step) float64 { return s.DiskIdlePct }),
+		series("CPU pressure", out.Steps, func(s Step) float64 { return s.CPUPressurePct }),
 	}, 90); err != nil {
 		return err
 	}

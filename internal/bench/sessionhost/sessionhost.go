@@ -158,7 +158,7 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		ramp := Analyze(steps, o.BaselineSteps, o.AddMS, Thresholds(50, 25, 20))
+		ramp := Analyze(steps, o.BaselineSteps, o.AddMS, Thresholds(BrokerHealth()))
 		o.Log.Info("ramp measured", "ramp", i, "degradation_users", ramp.Degradation.Users, "why", ramp.Degradation.Why, "limiting", ramp.Limiting)
 		out.Ramps = append(out.Ramps, ramp)
 	}
@@ -320,6 +320,7 @@ func (r *rig) measure(ctx context.Context, clients []*childproc.Proc, step *Step
 	step.DiskIdlePct = l.DiskIdle * 100
 	step.DiskLatencyMS = l.DiskLatencyMS
 	step.MemPressurePct = l.MemoryPressure * 100
+	step.CPUPressurePct = l.CPUPressure * 100
 	step.MajorFaultsPerS, step.SwapInPerS, step.SwapOutPerS = l.MajorFaultsPerSec, l.SwapInPerSec, l.SwapOutPerSec
 	step.Actions, step.Failed = map[string][]float64{}, map[string]int{}
 	for _, rep := range r.col.between(from, to) {
