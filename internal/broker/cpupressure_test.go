@@ -41,7 +41,7 @@ func TestUnhealthyCPUPressure(t *testing.T) {
 }
 
 // TestCPUPressureTurnsHostAway: the only host of a group reports its
-// tasks waiting for a CPU 90% of the time (over the default 60%): a launch
+// tasks waiting for a CPU 90% of the time (over the default 80%): a launch
 // is refused, naming CPU pressure, and the admin API shows the value.
 // When it reports 10%, it takes launches again.
 func TestCPUPressureTurnsHostAway(t *testing.T) {
@@ -63,11 +63,11 @@ func TestCPUPressureTurnsHostAway(t *testing.T) {
 
 	r.beat("h1", cred, brokerapi.Heartbeat{DiskIdle: 0.9, CPU: 0.97, CPUPressure: 0.9})
 	err := launch("alice")
-	want := `no host of delivery group "desk" can take a launch: 1 unhealthy (h1: cpu pressure 90% > 60%)`
+	want := `no host of delivery group "desk" can take a launch: 1 unhealthy (h1: cpu pressure 90% > 80%)`
 	if status(err) != http.StatusServiceUnavailable || err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("launch on a host under CPU pressure: %v\nwant 503 with %q", err, want)
 	}
-	if h := shown(); h["cpu_pressure"] != 0.9 || h["status"] != "unhealthy" || h["unhealthy"] != "cpu pressure 90% > 60%" {
+	if h := shown(); h["cpu_pressure"] != 0.9 || h["status"] != "unhealthy" || h["unhealthy"] != "cpu pressure 90% > 80%" {
 		t.Fatalf("the host under CPU pressure in the admin API = %v", h)
 	}
 

@@ -27,7 +27,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 	setDefault(&b.Health.DiskIdleMinPct, 50)
 	setDefault(&b.Health.DiskLatencyMaxMS, 25)
 	setDefault(&b.Health.MemoryPressureMaxPct, 20)
-	setDefault(&b.Health.CPUPressureMaxPct, 60)
+	setDefault(&b.Health.CPUPressureMaxPct, 80)
 	for i := range b.DeliveryGroups {
 		g := &b.DeliveryGroups[i]
 		setDefault(&g.Kind, "pooled")

@@ -204,8 +204,8 @@ func TestCPUPressureThreshold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Broker.Health.CPUPressureMaxPct; got != 60 {
-		t.Fatalf("cpu_pressure_max_pct default = %g, want 60", got)
+	if got := c.Broker.Health.CPUPressureMaxPct; got != 80 {
+		t.Fatalf("cpu_pressure_max_pct default = %g, want 80", got)
 	}
 	if c, err = Parse([]byte(base + "  health: {cpu_pressure_max_pct: 45}\n")); err != nil {
 		t.Fatalf("cpu_pressure_max_pct 45 refused: %v", err)

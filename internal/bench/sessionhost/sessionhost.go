@@ -149,6 +149,9 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 	out := &Outcome{}
 
 	for i := 1; i <= o.Ramps; i++ {
+		if i > 1 {
+			r.waitCPUCalm(ctx, quietCPUPressurePct, 2*time.Minute)
+		}
 		if err := r.startBroker(ctx, "measure", 0); err != nil {
 			return nil, nil, err
 		}
@@ -172,6 +175,10 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 		out.BrokerLimit = o.SessionLimit
 	}
 	if !o.SuggestOnly && out.BrokerLimit > 0 {
+		// The last ramp's users have only just gone: their waiting is still
+		// in the kernel's 10-second pressure average, and the broker would
+		// take the host for saturated before anyone logged on.
+		r.waitCPUCalm(ctx, quietCPUPressurePct, 2*time.Minute)
 		if err := r.startBroker(ctx, "place", out.BrokerLimit); err != nil {
 			return nil, nil, err
 		}
@@ -373,4 +380,22 @@ func (r *rig) waitSessionsGone(ctx context.Context) {
 		}
 		r.endSessions()
 	}
+}
+
+// quietCPUPressurePct is the CPU pressure under which a host counts as
+// idle again between ramps.
+const quietCPUPressurePct = 5
+
+// waitCPUCalm waits until the machine's CPU pressure (some avg10) is under
+// pct, or for at most limit.
+func (r *rig) waitCPUCalm(ctx context.Context, pct float64, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		c, err := agent.ReadCounters("/proc")
+		if err != nil || c.CPUSome10 < pct {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	r.o.Log.Warn("the host's CPU pressure stayed high between ramps", "limit", limit)
 }
