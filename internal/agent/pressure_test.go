@@ -2,11 +2,8 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -83,16 +80,7 @@ func TestReadCountersCPUPressure(t *testing.T) {
 // carries cpu_pressure as a fraction, read afresh from /proc for that
 // heartbeat.
 func TestHeartbeatCarriesCPUPressure(t *testing.T) {
-	got := make(chan map[string]any, 2)
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var hb map[string]any
-		if err := json.NewDecoder(r.Body).Decode(&hb); err != nil {
-			t.Error(err)
-		}
-		got <- hb
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	defer srv.Close()
+	srv, got := heartbeatSink(t, 2)
 	root := fakePressureProc(t, cpuPSI, memoryPSI)
 	a, err := New(&config.Agent{Name: "h1"}, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proc: root,
 		Client: &brokerclient.Client{Base: srv.URL, HTTP: srv.Client()}})

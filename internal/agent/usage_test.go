@@ -259,16 +259,7 @@ func TestCPUMeter(t *testing.T) {
 // memory and CPU; when reading usage fails, the heartbeat goes anyway
 // with none.
 func TestHeartbeatCarriesUsage(t *testing.T) {
-	got := make(chan map[string]any, 4)
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var hb map[string]any
-		if err := json.NewDecoder(r.Body).Decode(&hb); err != nil {
-			t.Error(err)
-		}
-		got <- hb
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	defer srv.Close()
+	srv, got := heartbeatSink(t, 4)
 	root := t.TempDir()
 	for name, body := range map[string]string{
 		"stat": "cpu  100 0 50 800 50 0 0 0 0 0\n", "meminfo": "MemTotal: 1000 kB\nMemAvailable: 500 kB\n", "diskstats": "",
@@ -324,4 +315,20 @@ func TestHeartbeatCarriesUsage(t *testing.T) {
 	if n := strings.Count(logs.String(), "permission denied"); n != 1 {
 		t.Fatalf("the failure was logged %d times, want once:\n%s", n, logs)
 	}
+}
+
+// heartbeatSink is a broker that takes up to n heartbeats and hands each
+// to the test as decoded JSON.
+func heartbeatSink(t *testing.T, n int) (*httptest.Server, <-chan map[string]any) {
+	got := make(chan map[string]any, n)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var hb map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&hb); err != nil {
+			t.Error(err)
+		}
+		got <- hb
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, got
 }

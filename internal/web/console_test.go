@@ -43,7 +43,7 @@ func TestConsoleHostsShowCPUPressure(t *testing.T) {
 	if pressure, st := hostRow(0.42); pressure != "42%" || st != "ok" {
 		t.Fatalf("h1 at 42%% CPU pressure shows %q, status %q", pressure, st)
 	}
-	if pressure, st := hostRow(0.9); pressure != "90%" || st != "unhealthy (cpu pressure 90% &gt; 60%)" {
+	if pressure, st := hostRow(0.9); pressure != "90%" || st != "unhealthy (cpu pressure 90% &gt; 80%)" {
 		t.Fatalf("h1 at 90%% CPU pressure shows %q, status %q", pressure, st)
 	}
 }

@@ -15,19 +15,11 @@ import (
 // (an older agent, or a kernel without PSI) sets it back to 0.
 func TestHeartbeatRecordsCPUPressure(t *testing.T) {
 	eachStore(t, func(t *testing.T, open func() *store.Store) {
-		ctx := context.Background()
 		f := setup(t, open())
 		f.host("h1", "desk", "", 10, 10)
 		f.host("h2", "desk", "", 10, 10)
-		beat := func(host string, r store.Report) {
-			t.Helper()
-			r.Host, r.Now, r.LogonGrace = host, t0.Add(10*time.Second), time.Minute
-			if err := f.s.Heartbeat(ctx, r); err != nil {
-				t.Fatal(err)
-			}
-		}
-		beat("h1", store.Report{DiskIdle: 1, MemPressure: 0.25, CPUPressure: 0.875, Unhealthy: "cpu pressure 88% > 60%"})
-		beat("h2", store.Report{DiskIdle: 1, CPUPressure: 0.125})
+		f.beat("h1", store.Report{DiskIdle: 1, MemPressure: 0.25, CPUPressure: 0.875, Unhealthy: "cpu pressure 88% > 60%"})
+		f.beat("h2", store.Report{DiskIdle: 1, CPUPressure: 0.125})
 		hs := f.hosts()
 		if h := hs["h1"]; h.CPUPressure != 0.875 || h.MemPressure != 0.25 || h.Unhealthy != "cpu pressure 88% > 60%" {
 			t.Fatalf("h1 = cpu pressure %g, memory pressure %g, unhealthy %q; want 0.875, 0.25 and the report's reason",
@@ -36,7 +28,7 @@ func TestHeartbeatRecordsCPUPressure(t *testing.T) {
 		if h := hs["h2"]; h.CPUPressure != 0.125 {
 			t.Fatalf("h2's cpu pressure = %g, want 0.125", h.CPUPressure)
 		}
-		beat("h1", store.Report{DiskIdle: 1})
+		f.beat("h1", store.Report{DiskIdle: 1})
 		if h := f.hosts()["h1"]; h.CPUPressure != 0 || h.Unhealthy != "" {
 			t.Fatalf("h1 after a report without cpu pressure = %g, %q", h.CPUPressure, h.Unhealthy)
 		}

@@ -85,6 +85,15 @@ func (f *fixture) mustLaunch(user string, mod ...func(*store.Launch)) store.Plac
 	return p
 }
 
+// beat applies host's report r as its agent's heartbeat 10 s after t0.
+func (f *fixture) beat(host string, r store.Report) {
+	f.t.Helper()
+	r.Host, r.Now, r.LogonGrace = host, t0.Add(10*time.Second), time.Minute
+	if err := f.s.Heartbeat(context.Background(), r); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func (f *fixture) hosts() map[string]store.Host {
 	f.t.Helper()
 	hs, err := f.s.Hosts(context.Background(), "")

@@ -21,13 +21,6 @@ func TestHeartbeatRecordsUsage(t *testing.T) {
 		f.mustLaunch("ann")
 		f.mustLaunch("bob")
 		f.host("h2", "desk", "", 10, 10) // after the launches: both are on h1
-		beat := func(host string, r store.Report) {
-			t.Helper()
-			r.Host, r.Now, r.LogonGrace = host, t0.Add(10*time.Second), time.Minute
-			if err := f.s.Heartbeat(ctx, r); err != nil {
-				t.Fatal(err)
-			}
-		}
 		sessions := func(host string) map[string]store.Session {
 			t.Helper()
 			ss, _, err := f.s.SessionPage(ctx, store.SessionQuery{Host: host, Limit: 100})
@@ -46,10 +39,10 @@ func TestHeartbeatRecordsUsage(t *testing.T) {
 		// figures must not reach h1's sessions.
 		u1 := map[string]string{"ann": store.Active, "bob": store.Disconnected, "carl": store.Active}
 		use1 := map[string]store.Usage{"ann": {Memory: 300 << 20, CPU: 0.5}, "bob": {Memory: 100 << 20, CPU: 0}, "carl": {Memory: 50 << 20, CPU: 0.125}}
-		beat("h1", store.Report{DiskIdle: 1, MajorFaults: 12.5, SwapIn: 3, SwapOut: 40.25, Sessions: u1, Usage: use1})
+		f.beat("h1", store.Report{DiskIdle: 1, MajorFaults: 12.5, SwapIn: 3, SwapOut: 40.25, Sessions: u1, Usage: use1})
 		u2 := map[string]string{"ann": store.Active, "zed": store.Active}
 		use2 := map[string]store.Usage{"ann": {Memory: 999 << 20, CPU: 3}, "zed": {Memory: 1 << 20, CPU: 0.01}}
-		beat("h2", store.Report{DiskIdle: 1, Sessions: u2, Usage: use2})
+		f.beat("h2", store.Report{DiskIdle: 1, Sessions: u2, Usage: use2})
 
 		if h := f.hosts()["h1"]; h.MajorFaults != 12.5 || h.SwapIn != 3 || h.SwapOut != 40.25 || h.SessionMemory != 150<<20 {
 			t.Fatalf("h1 = faults %g, swap in %g out %g, memory per session %d; want 12.5, 3, 40.25, %d",
@@ -71,7 +64,7 @@ func TestHeartbeatRecordsUsage(t *testing.T) {
 		// reports no page activity sets the host's back to 0.
 		use1["carl"] = store.Usage{Memory: 60 << 20, CPU: 1.5}
 		delete(use1, "bob") // and says nothing of bob's
-		beat("h1", store.Report{DiskIdle: 1, Sessions: u1, Usage: use1})
+		f.beat("h1", store.Report{DiskIdle: 1, Sessions: u1, Usage: use1})
 		if got := sessions("h1"); got["carl"].Memory != 60<<20 || got["carl"].CPU != 1.5 || got["ann"].Memory != 300<<20 || got["bob"].Memory != 100<<20 {
 			t.Fatalf("h1's sessions after the second report = %+v", got)
 		}
@@ -80,7 +73,7 @@ func TestHeartbeatRecordsUsage(t *testing.T) {
 		}
 		// An agent that reports no usage at all (an older one): no memory
 		// per session on the host; the sessions keep their last figures.
-		beat("h1", store.Report{DiskIdle: 1, Sessions: u1})
+		f.beat("h1", store.Report{DiskIdle: 1, Sessions: u1})
 		if h := f.hosts()["h1"]; h.SessionMemory != 0 {
 			t.Fatalf("h1's memory per session after a report without usage = %d", h.SessionMemory)
 		}
