@@ -485,5 +485,6 @@ prints the delivery group setting for a host like this one.`,
 	c.Flags().IntVar(&o.Beyond, "beyond", 1, "steps a measuring ramp goes on past its degradation point")
 	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "run the measuring ramps only and print the session limit they suggest")
 	c.Flags().IntVar(&o.SessionLimit, "session-limit", 0, "the broker ramp's session limit, in place of the suggested one (to check a chosen limit)")
+	c.Flags().Float64Var(&o.CPUPressureMaxPct, "cpu-pressure-max-pct", 0, "the broker ramp's broker.health.cpu_pressure_max_pct (0: the broker's default); 100 turns it off")
 	return c
 }

@@ -305,6 +305,7 @@ auth:
   gateway: "127.0.0.1:%[6]d"
   frontend_tokens: ["%[7]s"]
   heartbeat_interval: 1s
+  health: {cpu_pressure_max_pct: %[13]g}
   delivery_groups:
   - {name: desk, groups: [load], host_username: user, session_limit: %[8]d}
 agent:
@@ -331,7 +332,7 @@ func (r *rig) startBroker(ctx context.Context, name string, limit int) error {
 	}
 	cfg := filepath.Join(r.dir, "broker-"+name+".yaml")
 	write := func(join string) error {
-		return os.WriteFile(cfg, []byte(fmt.Sprintf(restYAML, state, r.dir, r.tokenKey, users.String(), r.brokerPort, r.gwPort, r.frontToken, limit, join, r.rdpPort, r.adminPort, r.adminToken)), 0o600)
+		return os.WriteFile(cfg, []byte(fmt.Sprintf(restYAML, state, r.dir, r.tokenKey, users.String(), r.brokerPort, r.gwPort, r.frontToken, limit, join, r.rdpPort, r.adminPort, r.adminToken, r.o.CPUPressureMaxPct)), 0o600)
 	}
 	if err := write("placeholder"); err != nil {
 		return err
