@@ -478,13 +478,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) err
 // fail answers with a JSON error and logs it.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
-	lvl := slog.LevelInfo
-	if status >= 500 && status != http.StatusServiceUnavailable {
-		lvl = slog.LevelError
-	}
-	s.log.Log(r.Context(), lvl, "request refused", "method", r.Method, "path", r.URL.Path, "status", status,
+	s.log.Log(r.Context(), refusalLevel(status), "request refused", "method", r.Method, "path", r.URL.Path, "status", status,
 		"remote", r.RemoteAddr, "error", msg)
 	writeJSON(w, status, brokerapi.Error{Error: msg})
+}
+
+// refusalLevel is how loud a refusal with status is logged: an error
+// only when the broker itself failed, not when a client was turned away
+// or the database is out (503, which its own log lines report).
+func refusalLevel(status int) slog.Level {
+	if status >= 500 && status != http.StatusServiceUnavailable {
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

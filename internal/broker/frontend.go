@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -94,10 +93,6 @@ func (l *Local) Logoff(ctx context.Context, id string, req brokerapi.DesktopsReq
 // localRefusal logs rf as the HTTP API logs its refusals and returns it
 // as a front end over HTTPS would read it.
 func (s *Server) localRefusal(ctx context.Context, call string, rf *refusal) error {
-	lvl := slog.LevelInfo
-	if rf.status >= 500 && rf.status != http.StatusServiceUnavailable {
-		lvl = slog.LevelError
-	}
-	s.log.Log(ctx, lvl, "request refused", "call", call, "status", rf.status, "remote", RemoteAddr, "error", rf.msg)
+	s.log.Log(ctx, refusalLevel(rf.status), "request refused", "call", call, "status", rf.status, "remote", RemoteAddr, "error", rf.msg)
 	return &brokerclient.StatusError{Status: rf.status, Message: rf.msg, RetryAfter: rf.retryAfter}
 }
