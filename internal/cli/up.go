@@ -70,9 +70,12 @@ broker:
     host_username: none
   # This machine is the session host and runs everything else too, so
   # a busy moment (a build, a test run) is not a host too busy for users:
-  # no CPU pressure limit here. A dedicated session host keeps the default.
+  # no CPU pressure or disk limits here. A dedicated session host keeps
+  # the defaults.
   health:
     cpu_pressure_max_pct: 100
+    disk_idle_min_pct: 0
+    disk_latency_max_ms: 100000
 agent:
   broker: https://localhost:%[12]s
   broker_ca: %[1]s/tls.crt

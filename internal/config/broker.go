@@ -24,10 +24,12 @@ func (c *Config) brokerDefaults(b *Broker) {
 	if b.Gateway == "" && c.Gateway != nil {
 		b.Gateway = c.Gateway.PublicName
 	}
-	setDefault(&b.Health.DiskIdleMinPct, 50)
-	setDefault(&b.Health.DiskLatencyMaxMS, 25)
-	setDefault(&b.Health.MemoryPressureMaxPct, 20)
-	setDefault(&b.Health.CPUPressureMaxPct, 80)
+	// All zero is no health section at all: a written one has its
+	// defaults from UnmarshalYAML, and a latency maximum of 0 is no config
+	// anyone means.
+	if b.Health == (Health{}) {
+		b.Health = DefaultHealth()
+	}
 	for i := range b.DeliveryGroups {
 		g := &b.DeliveryGroups[i]
 		setDefault(&g.Kind, "pooled")

@@ -373,6 +373,37 @@ type Health struct {
 	CPUPressureMaxPct float64 `yaml:"cpu_pressure_max_pct"`
 }
 
+// DefaultHealth is the thresholds a broker uses where its config is silent.
+func DefaultHealth() Health {
+	return Health{DiskIdleMinPct: 50, DiskLatencyMaxMS: 25, MemoryPressureMaxPct: 20, CPUPressureMaxPct: 80}
+}
+
+// UnmarshalYAML implements yaml.Unmarshaler so that a threshold written
+// down is kept even at 0 (disk_idle_min_pct: 0 turns the disk idle check
+// off, as a pressure maximum of 100 does its check), and one left out
+// takes its default.
+func (h *Health) UnmarshalYAML(n *yaml.Node) error {
+	// A map, not the struct: the decoder's strictness about unknown keys
+	// does not reach into a custom unmarshaler, so the keys are checked here.
+	var m map[string]float64
+	if err := n.Decode(&m); err != nil {
+		return err
+	}
+	*h = DefaultHealth()
+	fields := map[string]*float64{
+		"disk_idle_min_pct": &h.DiskIdleMinPct, "disk_latency_max_ms": &h.DiskLatencyMaxMS,
+		"memory_pressure_max_pct": &h.MemoryPressureMaxPct, "cpu_pressure_max_pct": &h.CPUPressureMaxPct,
+	}
+	for k, v := range m {
+		f, ok := fields[k]
+		if !ok {
+			return fmt.Errorf("line %d: broker.health has no key %q (it has disk_idle_min_pct, disk_latency_max_ms, memory_pressure_max_pct, cpu_pressure_max_pct)", n.Line, k)
+		}
+		*f = v
+	}
+	return nil
+}
+
 // DeliveryGrp is a delivery group: a set of hosts and who may launch on them.
 type DeliveryGrp struct {
 	Name        string `yaml:"name"`

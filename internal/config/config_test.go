@@ -197,7 +197,7 @@ func TestFarmDatabase(t *testing.T) {
 }
 
 // TestCPUPressureThreshold: broker.health.cpu_pressure_max_pct defaults to
-// 60, keeps a value set, and is a percentage like the other thresholds.
+// 80, keeps a value set, and is a percentage like the other thresholds.
 func TestCPUPressureThreshold(t *testing.T) {
 	const base = "auth:\n  token_key: 0123456789abcdef0123456789abcdef\nbroker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk, groups: [staff]}\n"
 	c, err := Parse([]byte(base))
@@ -217,6 +217,32 @@ func TestCPUPressureThreshold(t *testing.T) {
 		_, err := Parse([]byte(base + "  health: {cpu_pressure_max_pct: " + v + "}\n"))
 		if err == nil || !strings.Contains(err.Error(), "broker.health.cpu_pressure_max_pct") || !strings.Contains(err.Error(), "not a percentage") {
 			t.Errorf("cpu_pressure_max_pct %s: got %v, want an error naming the key", v, err)
+		}
+	}
+}
+
+// TestHealthZeroKept: a threshold written as 0 stays 0 (disk_idle_min_pct:
+// 0 is how a shared machine turns the disk idle check off), the keys left
+// out keep their defaults, and a misspelt key or a word is refused.
+func TestHealthZeroKept(t *testing.T) {
+	const base = "auth:\n  token_key: 0123456789abcdef0123456789abcdef\nbroker:\n  gateway: gw:443\n  delivery_groups:\n  - {name: desk, groups: [staff]}\n"
+	c, err := Parse([]byte(base + "  health: {disk_idle_min_pct: 0, disk_latency_max_ms: 5000}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Health{DiskIdleMinPct: 0, DiskLatencyMaxMS: 5000, MemoryPressureMaxPct: 20, CPUPressureMaxPct: 80}
+	if c.Broker.Health != want {
+		t.Fatalf("health = %+v, want %+v", c.Broker.Health, want)
+	}
+	if c, err = Parse([]byte(base + "  health: {}\n")); err != nil || c.Broker.Health != DefaultHealth() {
+		t.Fatalf("empty health section: %+v, %v; want the defaults", c.Broker.Health, err)
+	}
+	for in, msg := range map[string]string{
+		"  health: {disk_idle_min: 0}\n":        `no key "disk_idle_min"`,
+		"  health: {disk_idle_min_pct: lots}\n": "cannot unmarshal",
+	} {
+		if _, err := Parse([]byte(base + in)); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%q: got %v, want an error with %q", in, err, msg)
 		}
 	}
 }

@@ -120,7 +120,7 @@ broker:
   heartbeat_interval: 1s
   # The browser, xfreerdp, the gateway and the host share two cores: the
   # bench measures the gateway, not whether the host has room.
-  health: {cpu_pressure_max_pct: 100}
+  health: {cpu_pressure_max_pct: 100, disk_idle_min_pct: 0, disk_latency_max_ms: 100000}
   delivery_groups:
   - {name: desk, groups: [bench]}
 agent:

@@ -316,11 +316,3 @@ func Suggestion(ramps []Ramp) (string, error) {
 	return fmt.Sprintf("# degradation points of %d ramp(s): %s; the first came at %d users.\n# a host like this one holds %d users; in the delivery group:\nsession_limit: %d\n",
 		len(ramps), strings.Join(points, ", "), w.Degradation.Users, limit, limit), nil
 }
-
-// BrokerHealth is the broker's default health thresholds: the limits a
-// ramp's counters are held against, and what the broker ramp runs with.
-func BrokerHealth() config.Health {
-	c := config.Config{Broker: &config.Broker{}}
-	c.ApplyDefaults()
-	return c.Broker.Health
-}

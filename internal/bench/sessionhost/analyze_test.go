@@ -4,6 +4,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/deskway/deskway/internal/config"
 )
 
 func stepOf(users int, times ...float64) Step {
@@ -64,7 +66,7 @@ func TestPercentile(t *testing.T) {
 }
 
 func TestLimitingCounter(t *testing.T) {
-	th := Thresholds(BrokerHealth())
+	th := Thresholds(config.DefaultHealth())
 	steps := []Step{
 		{Users: 1, MachineCPUPct: 40, DiskIdlePct: 100, DiskLatencyMS: 30}, // a burst of writeback
 		{Users: 2, MachineCPUPct: 70, DiskIdlePct: 40},                     // disk first, for good
@@ -164,7 +166,7 @@ func TestAnalyzeRamp(t *testing.T) {
 		{Users: 3, Actions: map[string][]float64{"edit": {900}}, MachineCPUPct: 95, DiskIdlePct: 90},
 		{Users: 4, Actions: map[string][]float64{"edit": {1500}}, MachineCPUPct: 99, DiskIdlePct: 90},
 	}
-	r := Analyze(steps, 2, 1000, Thresholds(BrokerHealth()))
+	r := Analyze(steps, 2, 1000, Thresholds(config.DefaultHealth()))
 	if r.Baseline != 400 || r.Degradation.Users != 4 || r.Limiting != "cpu" || len(r.Steps) != 4 {
 		t.Fatalf("ramp %+v", r)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/config"
 )
 
 // paperServers are the Terminal Server paper's x64 Knowledge Worker
@@ -223,7 +224,7 @@ func write(res *report.Result, out *Outcome, o Options) error {
 	b.WriteString(rt.Markdown())
 	b.WriteString(stepTable(fmt.Sprintf("Ramp %d through the gateway (the median)", out.Median+1), out.Steps, false).Markdown())
 	ct := report.Table{Title: "Counters against their thresholds", Head: []string{"counter", "threshold", "past it for good from users", "value then", "steps past it"}}
-	th := Thresholds(BrokerHealth())
+	th := Thresholds(config.DefaultHealth())
 	for i, c := range out.Crossings {
 		at, v := "never", ""
 		if c.Users > 0 {

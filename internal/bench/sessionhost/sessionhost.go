@@ -23,6 +23,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/childproc"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/config"
 )
 
 // FileSizes are the workload's documents, per user.
@@ -81,7 +82,7 @@ func (o *Options) defaults() {
 		o.Ramps = 3
 	}
 	if o.CPUPressureMaxPct <= 0 {
-		o.CPUPressureMaxPct = BrokerHealth().CPUPressureMaxPct
+		o.CPUPressureMaxPct = config.DefaultHealth().CPUPressureMaxPct
 	}
 	if o.Interval <= 0 {
 		o.Interval = 20 * time.Second
@@ -167,7 +168,7 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		ramp := Analyze(steps, o.BaselineSteps, o.AddMS, Thresholds(BrokerHealth()))
+		ramp := Analyze(steps, o.BaselineSteps, o.AddMS, Thresholds(config.DefaultHealth()))
 		o.Log.Info("ramp measured", "ramp", i, "degradation_users", ramp.Degradation.Users, "why", ramp.Degradation.Why, "limiting", ramp.Limiting)
 		out.Ramps = append(out.Ramps, ramp)
 	}
