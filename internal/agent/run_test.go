@@ -32,8 +32,9 @@ func TestAgentAgainstBroker(t *testing.T) {
 		Broker: &config.Broker{Database: filepath.Join(dir, "b.db"), Gateway: "gw:443", HeartbeatInterval: config.Duration(200 * time.Millisecond),
 			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Users: []string{"ann"}}},
 			// The counters are this machine's, busy running the tests:
-			// its tasks waiting for a CPU must not turn the launch away.
-			Health: config.Health{CPUPressureMaxPct: 100}}}
+			// its tasks waiting for a CPU or its disk must not turn the
+			// launch away.
+			Health: config.Health{CPUPressureMaxPct: 100, DiskIdleMinPct: 0, DiskLatencyMaxMS: 100000, MemoryPressureMaxPct: 20}}}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

@@ -363,7 +363,9 @@ type Agent struct {
 
 // Health holds the thresholds past which a host takes no new sessions:
 // the disk and memory ones from the Terminal Server sizing guidance, and
-// CPU pressure.
+// CPU pressure. Read from YAML, a key left out takes its default; built
+// in Go, a Health is taken as it is unless it is all zero (start from
+// DefaultHealth).
 type Health struct {
 	DiskIdleMinPct       float64 `yaml:"disk_idle_min_pct"`
 	DiskLatencyMaxMS     float64 `yaml:"disk_latency_max_ms"`
