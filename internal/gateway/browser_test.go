@@ -513,7 +513,10 @@ func TestBrowserWithholdingCannotBeDodged(t *testing.T) {
 		h, host, b := withholdingSession(t, []string{"drives"}, x224.ProtocolSSL, nil)
 		mark := len(h.logs.String())
 		b.send(t, []byte{0x44, 0x05, 0x00, 0x00, 0x00})
-		b.send(t, connectInitial("cliprdr"))
+		// The gateway may already have closed on the first packet, and
+		// then this write fails: what matters is that nothing reaches
+		// the host.
+		_ = ws.WriteFrame(b.conn, ws.MaskFrameInPlace(ws.NewBinaryFrame(connectInitial("cliprdr"))))
 		if _, err := b.next(); err == nil {
 			t.Fatal("the session went on")
 		}
