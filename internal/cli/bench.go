@@ -117,7 +117,7 @@ func (f *benchFlags) register(c *cobra.Command, scenario string) {
 	c.Flags().DurationVar(&f.warmup, "warmup", 2*time.Second, "settle time after each ramp step")
 	c.Flags().DurationVar(&f.window, "window", 4*time.Second, "measurement window of each ramp step")
 	c.Flags().DurationVar(&f.tput, "throughput-duration", 10*time.Second, "length of each throughput measurement")
-	c.Flags().IntVar(&f.relayLoops, "relay-loops", -1, "the gateway's relay_loops (default: its own, one event loop per CPU; 0: goroutines)")
+	c.Flags().IntVar(&f.relayLoops, "relay-loops", -1, "the gateway's relay_loops (default: its own, two event loops per CPU; 0: goroutines)")
 	c.Flags().IntVar(&f.runs, "runs", 3, "runs of the KW v1 and v2 ramps and the throughput test for every system, interleaved")
 	c.Flags().StringVar(&f.cpuLoads, "cpu-loads", "1000,2000", "KW v1 tunnel counts where CPU per round trip and memory per tunnel are compared")
 }

@@ -133,7 +133,7 @@ type Gateway struct {
 	MaxUnauthenticated        int `yaml:"max_unauthenticated"`
 	MaxUnauthenticatedPerAddr int `yaml:"max_unauthenticated_per_address"`
 	// RelayLoops is how many event loops relay open websocket tunnels
-	// (default: one per CPU the process may use); 0 relays every tunnel on
+	// (default: two per CPU the process may use); 0 relays every tunnel on
 	// two goroutines of its own instead.
 	RelayLoops *int `yaml:"relay_loops"`
 	// ConsentMessage, when set, is shown to the user who must accept it.
@@ -678,7 +678,10 @@ func (c *Config) ApplyDefaults() {
 		setDefault(&g.ShutdownGrace, Duration(30*time.Second))
 		setDefault(&g.MaxTunnels, 20000)
 		if g.RelayLoops == nil {
-			n := runtime.GOMAXPROCS(0)
+			// Two per CPU, not one: each loop's tunnels then wait behind
+			// fewer others while a loop works through its ready sockets,
+			// which held more KW v1 tunnels under 40 ms in the gateway bench.
+			n := 2 * runtime.GOMAXPROCS(0)
 			g.RelayLoops = &n
 		}
 		if g.RADIUS != nil {

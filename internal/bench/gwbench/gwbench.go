@@ -32,7 +32,7 @@ type Options struct {
 	Window      time.Duration
 	ThroughputD time.Duration
 	// RelayLoops is the gateway's relay_loops; negative leaves its default
-	// (one event loop per CPU), 0 relays on goroutines.
+	// (two event loops per CPU), 0 relays on goroutines.
 	RelayLoops int
 	// Runs is how many times every system runs the knowledge-worker
 	// ramps and the throughput test, interleaved (default 3).
