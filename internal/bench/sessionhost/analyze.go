@@ -151,20 +151,19 @@ type Threshold struct {
 // nearly all in use or stalling tasks, disks busy more than half the
 // time or slow, and paging.
 func Thresholds(h config.Health) []Threshold {
-	diskIdleMinPct, diskLatencyMaxMS, memPressureMaxPct := h.DiskIdleMinPct, h.DiskLatencyMaxMS, h.MemoryPressureMaxPct
 	return []Threshold{
 		{"cpu", func(s Step) (bool, float64) { return s.MachineCPUPct >= 90, s.MachineCPUPct }, "processors ≥ 90 % busy"},
 		{"cpu pressure", func(s Step) (bool, float64) { return s.CPUPressurePct > h.CPUPressureMaxPct, s.CPUPressurePct },
 			fmt.Sprintf("tasks waiting for a CPU > %.0f %% of the time", h.CPUPressureMaxPct)},
 		{"memory", func(s Step) (bool, float64) { return s.MemUsedPct >= 90, s.MemUsedPct }, "memory ≥ 90 % in use"},
-		{"memory pressure", func(s Step) (bool, float64) { return s.MemPressurePct > memPressureMaxPct, s.MemPressurePct },
-			fmt.Sprintf("tasks stalled on memory > %.0f %% of the time", memPressureMaxPct)},
+		{"memory pressure", func(s Step) (bool, float64) { return s.MemPressurePct > h.MemoryPressureMaxPct, s.MemPressurePct },
+			fmt.Sprintf("tasks stalled on memory > %.0f %% of the time", h.MemoryPressureMaxPct)},
 		{"paging", func(s Step) (bool, float64) { return s.MajorFaultsPerS > 100 || s.SwapInPerS > 10, s.MajorFaultsPerS },
 			"> 100 major page faults/s or > 10 pages/s swapped in"},
-		{"disk idle", func(s Step) (bool, float64) { return s.DiskIdlePct < diskIdleMinPct, s.DiskIdlePct },
-			fmt.Sprintf("busiest disk idle < %.0f %%", diskIdleMinPct)},
-		{"disk latency", func(s Step) (bool, float64) { return s.DiskLatencyMS > diskLatencyMaxMS, s.DiskLatencyMS },
-			fmt.Sprintf("> %.0f ms per disk request", diskLatencyMaxMS)},
+		{"disk idle", func(s Step) (bool, float64) { return s.DiskIdlePct < h.DiskIdleMinPct, s.DiskIdlePct },
+			fmt.Sprintf("busiest disk idle < %.0f %%", h.DiskIdleMinPct)},
+		{"disk latency", func(s Step) (bool, float64) { return s.DiskLatencyMS > h.DiskLatencyMaxMS, s.DiskLatencyMS },
+			fmt.Sprintf("> %.0f ms per disk request", h.DiskLatencyMaxMS)},
 	}
 }
 

@@ -157,7 +157,7 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 
 	for i := 1; i <= o.Ramps; i++ {
 		if i > 1 {
-			r.waitCPUCalm(ctx, quietCPUPressurePct, calmWait)
+			r.waitCPUCalm(ctx)
 		}
 		if err := r.startBroker(ctx, "measure", 0); err != nil {
 			return nil, nil, err
@@ -185,7 +185,7 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 		// The last ramp's users have only just gone: their waiting is still
 		// in the kernel's 10-second pressure average, and the broker would
 		// take the host for saturated before anyone logged on.
-		r.waitCPUCalm(ctx, quietCPUPressurePct, calmWait)
+		r.waitCPUCalm(ctx)
 		if err := r.startBroker(ctx, "place", out.BrokerLimit); err != nil {
 			return nil, nil, err
 		}
@@ -399,15 +399,15 @@ const (
 )
 
 // waitCPUCalm waits until the machine's CPU pressure (some avg10) is under
-// pct, or for at most limit.
-func (r *rig) waitCPUCalm(ctx context.Context, pct float64, limit time.Duration) {
-	deadline := time.Now().Add(limit)
+// quietCPUPressurePct, or for at most calmWait.
+func (r *rig) waitCPUCalm(ctx context.Context) {
+	deadline := time.Now().Add(calmWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		c, err := agent.ReadCounters("/proc")
-		if err != nil || c.CPUSome10 < pct {
+		if err != nil || c.CPUSome10 < quietCPUPressurePct {
 			return
 		}
 		time.Sleep(time.Second)
 	}
-	r.o.Log.Warn("the host's CPU pressure stayed high between ramps", "limit", limit)
+	r.o.Log.Warn("the host's CPU pressure stayed high between ramps", "limit", calmWait)
 }
