@@ -91,6 +91,11 @@ func (l *Lockout) Error() string { return l.Reason }
 func (t *Throttle) Check(user string, addr netip.Addr) *Lockout {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.checkLocked(user, addr)
+}
+
+// checkLocked is Check with t.mu held.
+func (t *Throttle) checkLocked(user string, addr netip.Addr) *Lockout {
 	now, src := t.now(), Source(addr)
 	if f := t.live(t.addr[src], now); f != nil && f.count >= t.perAddr {
 		return t.lockout(f, now, fmt.Sprintf("%d failed logins from %s", f.count, addr))
@@ -180,8 +185,8 @@ func (t *Throttle) lockout(f *failures, now time.Time, why string) *Lockout {
 	return &Lockout{Reason: why + "; try again in " + retry.Round(time.Second).String(), RetryAfter: retry}
 }
 
-// count adds a failure for k in m, bounding m.
-func count[K comparable](t *Throttle, m map[K]*failures, k K, now time.Time) {
+// count adds a failure for k in m, bounding m, and returns k's window.
+func count[K comparable](t *Throttle, m map[K]*failures, k K, now time.Time) *failures {
 	f, ok := m[k]
 	if !ok || now.Sub(f.first) > t.window {
 		if len(m) >= t.maxKeys {
@@ -191,6 +196,7 @@ func count[K comparable](t *Throttle, m map[K]*failures, k K, now time.Time) {
 		m[k] = f
 	}
 	f.count++
+	return f
 }
 
 // prune drops expired windows, then, if still full, the oldest half.

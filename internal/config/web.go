@@ -3,6 +3,7 @@ package config
 import (
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -169,6 +170,9 @@ func (c *Config) webDefaults(w *Web) {
 // was left empty), so a process running both can connect them directly.
 func (w *Web) LocalBroker() bool { return w.localBroker }
 
+// userFilterAttribute is the (ATTRIBUTE={user}) a user filter needs.
+var userFilterAttribute = regexp.MustCompile(`\([A-Za-z][A-Za-z0-9;-]*=\{user\}\)`)
+
 func validateWeb(w *Web, bad func(string, string, ...any)) {
 	if _, _, err := net.SplitHostPort(w.Listen); err != nil {
 		bad("web.listen", "%q is not host:port", w.Listen)
@@ -211,8 +215,10 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		if l.BaseDN == "" {
 			bad("web.ldap.base_dn", "is empty: where users are searched, e.g. dc=example,dc=com")
 		}
-		if !strings.Contains(l.UserFilter, "{user}") {
-			bad("web.ldap.user_filter", "%q does not name {user}", l.UserFilter)
+		if !userFilterAttribute.MatchString(l.UserFilter) {
+			// The portal checks that the entry found holds the typed name
+			// in that attribute: a directory also matches look-alikes.
+			bad("web.ldap.user_filter", "%q has no (ATTRIBUTE={user}) comparing an attribute with the typed name", l.UserFilter)
 		}
 		if !strings.Contains(l.GroupFilter, "{dn}") {
 			bad("web.ldap.group_filter", "%q does not name {dn}", l.GroupFilter)

@@ -26,6 +26,8 @@ type signIn struct {
 	Seen   int64 `json:"seen"`
 	// Via is how they signed in: "" (a local account), "ldap" or "oidc".
 	Via string `json:"via,omitempty"`
+	// DN is a directory sign-in's entry, read again at launch.
+	DN string `json:"dn,omitempty"`
 }
 
 // cookieCodec signs and checks sign-in cookies and CSRF tokens.

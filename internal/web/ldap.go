@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"time"
 
@@ -56,43 +57,101 @@ func (l *ldapLogin) dial(ctx context.Context) (*ldap.Conn, error) {
 	return conn, nil
 }
 
-// authenticate checks user's password and returns the name to sign in
-// as and every group the user is in, directly or through other groups.
-// errWrongPassword says the directory refused; any other error, that it
-// could not be asked.
-func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (string, []string, error) {
+// ldapEntry is a directory user who signed in.
+type ldapEntry struct {
+	// name is the user's name as the directory spells it (or the
+	// username attribute's value): the portal's and the broker's key.
+	name   string
+	dn     string
+	groups []string
+}
+
+// filterAttribute finds the attributes a user filter compares with the
+// typed name: uid in (&(objectClass=person)(uid={user})).
+var filterAttribute = regexp.MustCompile(`\(([A-Za-z][A-Za-z0-9;-]*)=\{user\}\)`)
+
+// matchedName is the value of one of the filter's attributes in e that
+// is the typed name, up to case, as the directory spells it; "" when
+// none is: the directory matched the entry to a name that is not its own.
+func (l *ldapLogin) matchedName(e *ldap.Entry, typed string) string {
+	for _, m := range filterAttribute.FindAllStringSubmatch(l.cfg.UserFilter, -1) {
+		for _, v := range e.GetAttributeValues(m[1]) {
+			if strings.EqualFold(v, typed) {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+// authenticate checks user's password and returns the entry: the name
+// to sign in as, its DN and every group the user is in, directly or
+// through other groups. errWrongPassword says the directory refused; any
+// other error, that it could not be asked.
+func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (ldapEntry, error) {
 	// An empty password is an unauthenticated bind, which directories
 	// accept without checking anything.
 	if user == "" || password == "" {
-		return "", nil, errWrongPassword
+		return ldapEntry{}, errWrongPassword
 	}
 	select {
 	case l.slots <- struct{}{}:
 		defer func() { <-l.slots }()
 	default:
-		return "", nil, errDirectoryBusy
+		return ldapEntry{}, errDirectoryBusy
 	}
 	conn, err := l.dial(ctx)
 	if err != nil {
-		return "", nil, err
+		return ldapEntry{}, err
 	}
 	defer conn.Close()
 	// Each operation has its own timeout; ctx bounds them all.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	reader := func() error {
-		if l.cfg.BindDN == "" {
-			return nil
+	if err := l.reader(conn); err != nil {
+		return ldapEntry{}, err
+	}
+	entry, err := l.find(conn, user)
+	if err != nil {
+		return ldapEntry{}, err
+	}
+	if err := conn.Bind(entry.DN, password); err != nil {
+		if ldap.IsErrorWithCode(err, ldap.LDAPResultInvalidCredentials) {
+			return ldapEntry{}, errWrongPassword
 		}
-		if err := conn.Bind(l.cfg.BindDN, l.cfg.BindPassword.Value()); err != nil {
-			return fmt.Errorf("the directory refused web.ldap.bind_dn %q: %w", l.cfg.BindDN, err)
-		}
+		return ldapEntry{}, fmt.Errorf("the directory: binding as %s: %w", entry.DN, err)
+	}
+	// Groups are read as the reader: a user may not be allowed to.
+	if err := l.reader(conn); err != nil {
+		return ldapEntry{}, err
+	}
+	groups, err := l.groups(ctx, conn, entry.DN)
+	if err != nil {
+		return ldapEntry{}, err
+	}
+	return ldapEntry{name: l.entryName(entry, user), dn: entry.DN, groups: groups}, nil
+}
+
+// reader binds conn as web.ldap.bind_dn, when there is one.
+func (l *ldapLogin) reader(conn *ldap.Conn) error {
+	if l.cfg.BindDN == "" {
 		return nil
 	}
-	if err := reader(); err != nil {
-		return "", nil, err
+	if err := conn.Bind(l.cfg.BindDN, l.cfg.BindPassword.Value()); err != nil {
+		return fmt.Errorf("the directory refused web.ldap.bind_dn %q: %w", l.cfg.BindDN, err)
 	}
+	return nil
+}
+
+// find searches the one entry user names. errWrongPassword when there is
+// none, several, or one the directory matched to a name that is not the
+// entry's own (a look-alike spelling): a name must point at one person,
+// and only by itself.
+func (l *ldapLogin) find(conn *ldap.Conn, user string) (*ldap.Entry, error) {
 	attrs := []string{"dn"}
+	for _, m := range filterAttribute.FindAllStringSubmatch(l.cfg.UserFilter, -1) {
+		attrs = append(attrs, m[1])
+	}
 	if l.cfg.UsernameAttribute != "" {
 		attrs = append(attrs, l.cfg.UsernameAttribute)
 	}
@@ -100,32 +159,22 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (st
 	res, err := conn.Search(ldap.NewSearchRequest(l.cfg.BaseDN, ldap.ScopeWholeSubtree, ldap.NeverDerefAliases, 2, 10, false,
 		filter, attrs, nil))
 	if err != nil && !ldap.IsErrorWithCode(err, ldap.LDAPResultSizeLimitExceeded) {
-		return "", nil, fmt.Errorf("the directory: searching %s: %w", filter, err)
+		return nil, fmt.Errorf("the directory: searching %s: %w", filter, err)
 	}
-	if res == nil || len(res.Entries) != 1 {
-		// None, or several: a name must point at one person.
-		return "", nil, errWrongPassword
+	if res == nil || len(res.Entries) != 1 || l.matchedName(res.Entries[0], user) == "" {
+		return nil, errWrongPassword
 	}
-	entry := res.Entries[0]
-	if err := conn.Bind(entry.DN, password); err != nil {
-		if ldap.IsErrorWithCode(err, ldap.LDAPResultInvalidCredentials) {
-			return "", nil, errWrongPassword
-		}
-		return "", nil, fmt.Errorf("the directory: binding as %s: %w", entry.DN, err)
+	return res.Entries[0], nil
+}
+
+// entryName is the name a signed-in entry goes by: the username
+// attribute's value, or the name it was found by as the directory spells
+// it, so that "Carol" and "carol" are one portal user.
+func (l *ldapLogin) entryName(e *ldap.Entry, typed string) string {
+	if a := l.cfg.UsernameAttribute; a != "" && e.GetAttributeValue(a) != "" {
+		return e.GetAttributeValue(a)
 	}
-	name := user
-	if a := l.cfg.UsernameAttribute; a != "" && entry.GetAttributeValue(a) != "" {
-		name = entry.GetAttributeValue(a)
-	}
-	// Groups are read as the reader: a user may not be allowed to.
-	if err := reader(); err != nil {
-		return "", nil, err
-	}
-	groups, err := l.groups(ctx, conn, entry.DN)
-	if err != nil {
-		return "", nil, err
-	}
-	return name, groups, nil
+	return l.matchedName(e, typed)
 }
 
 // groups collects the groups holding dn, then the groups holding those,

@@ -1,9 +1,12 @@
 package web_test
 
 import (
+	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/deskway/deskway/internal/config"
@@ -95,5 +98,94 @@ func TestLDAPNameThatResolvesToALocalAccount(t *testing.T) {
 	body := read(p.do("GET", "/", nil, p.signIn("lara", "Lara-LDAP-1"), nil))
 	if !strings.Contains(body, "Signed in as <strong>lara.m</strong>") {
 		t.Fatalf("lara's page:\n%s", body)
+	}
+}
+
+// carolPortal is a portal whose directory holds carol, in ops (staff).
+func carolPortal(t *testing.T) *portal {
+	return newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "carol", Password: "Carol-LDAP-1", Groups: []string{"ops"}}},
+			[]testkit.LDAPGroup{{CN: "staff"}, {CN: "ops", Groups: []string{"staff"}}})
+		w.LDAP = &config.LDAP{URL: dir.URL, BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
+		return nil
+	})
+}
+
+// TestLDAPConcurrentSignInsCountBeforeTheDirectory: 30 sign-ins for one
+// directory user at once, 29 wrong and the right one, get no more than
+// the throttle's five past it to the directory; the rest are turned away
+// as throttled without being checked.
+func TestLDAPConcurrentSignInsCountBeforeTheDirectory(t *testing.T) {
+	p := carolPortal(t)
+	const n = 30
+	codes := make(chan int, n)
+	start := make(chan struct{})
+	c := &http.Client{Transport: p.srv.Client().Transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	var wg sync.WaitGroup
+	for i := range n {
+		pw := "wrong-" + strconv.Itoa(i)
+		if i == n/2 {
+			pw = "Carol-LDAP-1"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", p.srv.URL+"/signin", strings.NewReader(url.Values{"user": {"carol"}, "password": {pw}}.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+			<-start
+			resp, err := c.Do(req)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(codes)
+	seen := map[int]int{}
+	for c := range codes {
+		seen[c]++
+	}
+	checked := seen[http.StatusUnauthorized] + seen[http.StatusSeeOther]
+	if checked > 5 || seen[http.StatusTooManyRequests] != n-checked {
+		t.Fatalf("of %d concurrent sign-ins as carol %d were checked by the directory (at most 5 may be): answers %v", n, checked, seen)
+	}
+}
+
+// TestLDAPLookAlikeNamesShareTheLockout: with carol locked out, names
+// the directory matches to carol (fullwidth, mixed, mathematical bold)
+// are locked out too; unlocked, they are refused rather than made second
+// portal users, and "Carol" signs in as the directory's carol.
+func TestLDAPLookAlikeNamesShareTheLockout(t *testing.T) {
+	p := carolPortal(t)
+	variants := []string{"ｃａｒｏｌ", "cａrol", "𝐜𝐚𝐫𝐨𝐥"}
+	// Unlocked: each variant with the right password is refused.
+	for _, v := range variants {
+		r := p.do("POST", "/signin", url.Values{"user": {v}, "password": {"Carol-LDAP-1"}}, nil, nil)
+		if b := read(r); r.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("sign-in as %q with carol's password: %s\n%s", v, r.Status, b)
+		}
+	}
+	body := read(p.do("GET", "/", nil, p.signIn("Carol", "Carol-LDAP-1"), nil))
+	if !strings.Contains(body, "Signed in as <strong>carol</strong>") {
+		t.Fatalf("Carol's page:\n%s", body)
+	}
+	// The three refusals counted against carol: two more wrong passwords
+	// lock her, and every spelling with her.
+	p2 := carolPortal(t)
+	for range 5 {
+		p2.do("POST", "/signin", url.Values{"user": {"carol"}, "password": {"wrong"}}, nil, nil)
+	}
+	for _, v := range append(variants, "carol", "CAROL") {
+		r := p2.do("POST", "/signin", url.Values{"user": {v}, "password": {"Carol-LDAP-1"}}, nil, nil)
+		if b := read(r); r.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("with carol locked out, sign-in as %q: %s\n%s", v, r.Status, b)
+		}
 	}
 }

@@ -22,7 +22,6 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -347,79 +346,6 @@ func (s *Server) signinPage(w http.ResponseWriter, r *http.Request) {
 func remoteAddr(r *http.Request) netip.Addr {
 	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
 	return ap.Addr()
-}
-
-func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	if err := r.ParseForm(); err != nil {
-		s.render(w, http.StatusBadRequest, "signin.html", s.signinData(page{Error: "The form could not be read; try again."}))
-		return
-	}
-	name, pw := r.PostFormValue("user"), r.PostFormValue("password")
-	from := remoteAddr(r)
-	if lk := s.d.Throttle.Check(name, from); lk != nil {
-		s.signins.WithLabelValues("throttled").Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
-		s.render(w, http.StatusTooManyRequests, "signin.html", s.signinData(page{Name: name,
-			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
-		return
-	}
-	refuse := func() {
-		s.d.Throttle.Fail(name, from)
-		s.signins.WithLabelValues("wrong").Inc()
-		s.d.Logger.Info("portal sign-in refused", "user", name, "remote", r.RemoteAddr)
-		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
-	}
-	// A local account is checked here; any other name, in the directory.
-	var user, via string
-	var groups []string
-	if u, found := s.d.Users.Lookup(name); found {
-		if !u.CheckPassword(pw) {
-			refuse()
-			return
-		}
-		user, groups, via = u.Name, u.Groups, ""
-	} else if s.ldap != nil {
-		if name != strings.TrimSpace(name) || strings.ContainsFunc(name, func(c rune) bool { return c < ' ' || c == 0x7f }) {
-			// A directory ignores the spaces, and "alice " would be a
-			// second name for alice, with a lockout of its own.
-			refuse()
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
-		var err error
-		user, groups, err = s.ldap.authenticate(ctx, name, pw)
-		cancel()
-		if err == nil && s.isLocal(user) {
-			s.d.Logger.Warn("a directory sign-in resolved to a local account's name; refused", "typed", name, "user", user)
-			err = errWrongPassword
-		}
-		if errors.Is(err, errWrongPassword) {
-			refuse()
-			return
-		}
-		if err != nil {
-			s.signins.WithLabelValues("ldap_unreachable").Inc()
-			s.d.Logger.Warn("the directory could not check a sign-in", "user", name, "error", err)
-			s.render(w, http.StatusServiceUnavailable, "signin.html", s.signinData(page{Name: name,
-				Error: "The directory does not answer, so your password cannot be checked; try again later."}))
-			return
-		}
-		via = "ldap"
-	} else {
-		refuse()
-		return
-	}
-	s.d.Throttle.Succeed(user, from)
-	now := s.d.Now().Unix()
-	s.setCookie(w, signIn{ID: newID(), User: user, Groups: groups, Issued: now, Seen: now, Via: via})
-	result := via
-	if result == "" {
-		result = "ok"
-	}
-	s.signins.WithLabelValues(result).Inc()
-	s.d.Logger.Info("portal sign-in", "user", user, "via", result, "groups", groups, "remote", r.RemoteAddr)
-	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
 func (s *Server) signout(w http.ResponseWriter, r *http.Request) {

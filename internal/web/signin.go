@@ -1,0 +1,112 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/text/cases"
+	"golang.org/x/text/unicode/norm"
+)
+
+// signin checks a name and password: a local account's here, any other
+// name's in the directory. Each attempt counts against the throttle
+// before its password is checked, so that concurrent guesses cannot all
+// pass a limit none of them has reached yet; it is uncounted when it
+// succeeds or the password could not be checked.
+func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		s.render(w, http.StatusBadRequest, "signin.html", s.signinData(page{Error: "The form could not be read; try again."}))
+		return
+	}
+	name, pw := r.PostFormValue("user"), r.PostFormValue("password")
+	from := remoteAddr(r)
+	// Names a directory matches to one entry count as one: the throttle
+	// keys on the folded form, not on what was typed.
+	att, lk := s.d.Throttle.Reserve(foldName(name), from)
+	if lk != nil {
+		s.signins.WithLabelValues("throttled").Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+		s.render(w, http.StatusTooManyRequests, "signin.html", s.signinData(page{Name: name,
+			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
+		return
+	}
+	refuse := func() {
+		att.Fail()
+		s.signins.WithLabelValues("wrong").Inc()
+		s.d.Logger.Info("portal sign-in refused", "user", name, "remote", r.RemoteAddr)
+		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
+	}
+	var si signIn
+	if u, found := s.d.Users.Lookup(name); found {
+		if !u.CheckPassword(pw) {
+			refuse()
+			return
+		}
+		si = signIn{User: u.Name, Groups: u.Groups}
+	} else if s.ldap != nil {
+		if !canonicalName(name) {
+			// A directory ignores surrounding spaces and matches
+			// look-alike letters ("ｃａｒｏｌ" for carol): each would be a
+			// second name for one entry, with a lockout of its own.
+			refuse()
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+		e, err := s.ldap.authenticate(ctx, name, pw)
+		cancel()
+		if err == nil && s.isLocal(e.name) {
+			s.d.Logger.Warn("a directory sign-in resolved to a local account's name; refused", "typed", name, "user", e.name)
+			err = errWrongPassword
+		}
+		if errors.Is(err, errWrongPassword) {
+			refuse()
+			return
+		}
+		if err != nil {
+			att.Release()
+			s.signins.WithLabelValues("ldap_unreachable").Inc()
+			s.d.Logger.Warn("the directory could not check a sign-in", "user", name, "error", err)
+			s.render(w, http.StatusServiceUnavailable, "signin.html", s.signinData(page{Name: name,
+				Error: "The directory does not answer, so your password cannot be checked; try again later."}))
+			return
+		}
+		si = signIn{User: e.name, Groups: e.groups, Via: "ldap", DN: e.dn}
+	} else {
+		refuse()
+		return
+	}
+	att.Succeed(si.User)
+	now := s.d.Now().Unix()
+	si.ID, si.Issued, si.Seen = newID(), now, now
+	s.setCookie(w, si)
+	result := si.Via
+	if result == "" {
+		result = "ok"
+	}
+	s.signins.WithLabelValues(result).Inc()
+	s.d.Logger.Info("portal sign-in", "user", si.User, "via", result, "groups", si.Groups, "remote", r.RemoteAddr)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// foldName is the form of a typed name the throttle counts under:
+// compatibility-normalised and case-folded, so that every spelling a
+// directory would match to one entry counts as that entry's.
+func foldName(name string) string {
+	return norm.NFKC.String(cases.Fold().String(norm.NFKC.String(name)))
+}
+
+// canonicalName reports whether a typed name is one a directory can only
+// read as itself: no surrounding spaces or control characters, and
+// already in Unicode compatibility form (no fullwidth or mathematical
+// look-alikes of plain letters).
+func canonicalName(name string) bool {
+	return name != "" && name == strings.TrimSpace(name) &&
+		!strings.ContainsFunc(name, func(c rune) bool { return c < ' ' || c == 0x7f }) &&
+		norm.NFKC.IsNormalString(name)
+}
