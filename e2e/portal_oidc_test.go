@@ -141,7 +141,7 @@ func TestPortalProvidersInBrowser(t *testing.T) {
 		t.Fatalf("nora (no group) is not told she has no desktop: %v", err)
 	}
 	shot(t, ctx, art, "4-user-in-no-group")
-	if !strings.Contains(p.Log.String(), `"msg":"portal sign-in","role":"web","user":"olga","via":"oidc"`) {
+	if !strings.Contains(p.Log.String(), `"msg":"portal sign-in","role":"web","user":"olga@127.0.0.1","via":"oidc"`) {
 		t.Fatalf("the portal did not log olga's provider sign-in:\n%s", lastLines(p.Log.String(), 20))
 	}
 	// The directory: lara's staff comes through ops.

@@ -1,9 +1,11 @@
 package config
 
 import (
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -115,6 +117,15 @@ type OIDC struct {
 	GroupsClaim   string `yaml:"groups_claim"`
 	// Label is the sign-in button's text.
 	Label string `yaml:"label"`
+	// Namespace is what a provider user's name is qualified with,
+	// USERNAME@NAMESPACE, so that they are never a directory user or a
+	// user of another provider by the same name (default: the issuer's
+	// host name).
+	Namespace string `yaml:"namespace"`
+	// Accounts maps a provider user's subject (the ID token's sub) to the
+	// account they sign in as instead: how an operator says that a
+	// provider user is the directory user or desktop account of that name.
+	Accounts map[string]string `yaml:"accounts"`
 }
 
 func (c *Config) webDefaults(w *Web) {
@@ -145,6 +156,9 @@ func (c *Config) webDefaults(w *Web) {
 		setDefault(&o.UsernameClaim, "preferred_username")
 		setDefault(&o.GroupsClaim, "groups")
 		setDefault(&o.Label, "Sign in with your organisation")
+		if u, err := url.Parse(o.Issuer); err == nil {
+			setDefault(&o.Namespace, u.Hostname())
+		}
 	}
 	setDefault(&w.Title, "Deskway")
 	setDefault(&w.SessionIdle, Duration(30*time.Minute))
@@ -170,6 +184,8 @@ func (c *Config) webDefaults(w *Web) {
 // was left empty), so a process running both can connect them directly.
 func (w *Web) LocalBroker() bool { return w.localBroker }
 
+func isControl(c rune) bool { return c < ' ' || c == 0x7f }
+
 // userFilterAttribute is the (ATTRIBUTE={user}) a user filter needs.
 var userFilterAttribute = regexp.MustCompile(`\([A-Za-z][A-Za-z0-9;-]*=\{user\}\)`)
 
@@ -192,6 +208,14 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if o.ClientID == "" {
 			bad("web.oidc.client_id", "is empty: the client id the provider gave this portal")
+		}
+		if o.Namespace == "" || strings.ContainsAny(o.Namespace, "@\\/ ") || strings.ContainsFunc(o.Namespace, isControl) {
+			bad("web.oidc.namespace", "%q is not a name to qualify provider users with (USER@NAMESPACE): no spaces, @, \\ or /", o.Namespace)
+		}
+		for _, sub := range slices.Sorted(maps.Keys(o.Accounts)) {
+			if account := o.Accounts[sub]; sub == "" || account == "" || account != strings.TrimSpace(account) || strings.ContainsFunc(account, isControl) || len(account) > 256 {
+				bad("web.oidc.accounts", "%q: %q is not a subject mapped to an account name", sub, account)
+			}
 		}
 		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("web.public_url", "%q is not https://HOST[:PORT]: OIDC needs it for the address the provider sends people back to (PUBLIC_URL/oidc/callback)", w.PublicURL)

@@ -201,17 +201,29 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider gave no usable user name (claim %q).", s.oidc.cfg.UsernameClaim), nil)
 		return
 	}
-	if s.isLocal(user) {
+	name := s.oidc.account(idt.Subject, user)
+	if s.isLocal(name) {
 		// Names at a provider are often the user's to choose.
 		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: %q is the name of a local account of this portal; an administrator renames one of the two.", user), nil)
 		return
 	}
 	groups := stringList(claims[s.oidc.cfg.GroupsClaim])
 	now := s.d.Now().Unix()
-	s.setCookie(w, signIn{ID: newID(), User: user, Groups: groups, Issued: now, Seen: now, Via: "oidc"})
+	s.setCookie(w, signIn{ID: newID(), User: name, Groups: groups, Issued: now, Seen: now, Via: "oidc"})
 	s.signins.WithLabelValues("oidc").Inc()
-	s.d.Logger.Info("portal sign-in", "user", user, "via", "oidc", "groups", groups, "remote", r.RemoteAddr)
+	s.d.Logger.Info("portal sign-in", "user", name, "via", "oidc", "subject", idt.Subject, "groups", groups, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// account is the name a provider user signs in as: the account
+// web.oidc.accounts maps their subject to, or their name qualified with
+// the provider's namespace, so that a provider user named carol is not
+// the directory's carol, whose sessions the broker keys by that name.
+func (o *oidcLogin) account(subject, user string) string {
+	if a, ok := o.cfg.Accounts[subject]; ok {
+		return a
+	}
+	return user + "@" + o.cfg.Namespace
 }
 
 // endSession is where sign-out sends a person who signed in through the

@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/testkit"
 )
@@ -81,7 +83,7 @@ func TestOIDCSignIn(t *testing.T) {
 	}
 	// The right one: back at the portal, signed in with the staff group.
 	resp, body = signInOIDC(t, p, browser, "alice.oidc", "Alice-OIDC-1")
-	if resp.Request.URL.String() != p.srv.URL+"/" || !strings.Contains(body, "Signed in as <strong>alice.oidc</strong>") || !strings.Contains(body, "<h2>desk</h2>") {
+	if resp.Request.URL.String() != p.srv.URL+"/" || !strings.Contains(body, "Signed in as <strong>alice.oidc@127.0.0.1</strong>") || !strings.Contains(body, "<h2>desk</h2>") {
 		t.Fatalf("after signing in at the provider: %s %s\n%s", resp.Status, resp.Request.URL, body)
 	}
 	// Sign-out goes on to the provider's logout.
@@ -106,7 +108,7 @@ func TestOIDCSignIn(t *testing.T) {
 	}
 	// A user in no group signs in and is told what to do.
 	_, body = signInOIDC(t, p, browser, "nora", "Nora-OIDC-1")
-	if !strings.Contains(body, "Signed in as <strong>nora</strong>") || !strings.Contains(body, "You may launch no desktop") {
+	if !strings.Contains(body, "Signed in as <strong>nora@127.0.0.1</strong>") || !strings.Contains(body, "You may launch no desktop") {
 		t.Fatalf("nora's page:\n%s", body)
 	}
 }
@@ -142,5 +144,83 @@ func TestOIDCCallbackChecksStateAndFlow(t *testing.T) {
 	r = p.do("GET", "/oidc/callback?error=Your+account+is+locked.+Call+0800", nil, nil, nil)
 	if body := read(r); strings.Contains(body, "0800") {
 		t.Fatalf("a made-up error code reached the page:\n%s", body)
+	}
+}
+
+var sessionField = regexp.MustCompile(`name="session" value="([^"]+)"`)
+
+// TestOIDCUserIsNotTheDirectoryUserOfTheSameName: a provider user named
+// carol neither sees nor logs off the directory's carol's session; one
+// whose subject web.oidc.accounts maps to carol does.
+func TestOIDCUserIsNotTheDirectoryUserOfTheSameName(t *testing.T) {
+	var prov *testkit.OIDCProvider
+	p := newPortalWith(t, func(publicURL string, w *config.Web) *http.Client {
+		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "carol", Password: "Carol-LDAP-1", Groups: []string{"staff"}}},
+			[]testkit.LDAPGroup{{CN: "staff"}})
+		w.LDAP = &config.LDAP{URL: dir.URL, BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
+		prov = testkit.StartOIDC(t, "deskway-portal", "portal-secret", []string{publicURL + "/oidc/callback"}, []testkit.OIDCUser{
+			{Username: "carol", Password: "Carol-OIDC-1", Groups: []string{"staff"}},
+			{Username: "carla", Password: "Carla-OIDC-1", Groups: []string{"staff"}},
+		})
+		// The test provider's subjects are usera, userb, ... in order:
+		// carla (userb) is mapped to the directory's carol.
+		w.OIDC = &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret"),
+			Accounts: map[string]string{"userb": "carol"}}
+		return prov.Client
+	})
+	// The directory's carol launches desk, and h1 reports her session.
+	ldapCarol := p.signIn("carol", "Carol-LDAP-1")
+	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, ldapCarol, nil)))[1]
+	if r := p.do("POST", "/launch", url.Values{"delivery_group": {"desk"}, "csrf": {csrf}}, ldapCarol, nil); r.StatusCode != http.StatusOK {
+		t.Fatalf("carol's launch: %s\n%s", r.Status, read(r))
+	}
+	if _, err := p.agent.Heartbeat(context.Background(), p.hostCred, brokerapi.Heartbeat{Host: "h1", DiskIdle: 0.9,
+		Sessions: []brokerapi.Session{{User: "carol", State: "active"}}}); err != nil {
+		t.Fatal(err)
+	}
+	m := sessionField.FindStringSubmatch(read(p.do("GET", "/", nil, ldapCarol, nil)))
+	if m == nil {
+		t.Fatal("the directory's carol has no session to log off")
+	}
+	session := m[1]
+	newBrowser := func() *http.Client {
+		roots := prov.Client.Transport.(*http.Transport).TLSClientConfig.RootCAs.Clone()
+		roots.AddCert(p.srv.Certificate())
+		jar, _ := cookiejar.New(nil)
+		return &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	}
+	// The provider's carol is carol@127.0.0.1: no session, and carol's is
+	// not hers to log off.
+	b := newBrowser()
+	_, body := signInOIDC(t, p, b, "carol", "Carol-OIDC-1")
+	if !strings.Contains(body, "Signed in as <strong>carol@127.0.0.1</strong>") || strings.Contains(body, session) || !strings.Contains(body, "Not running.") {
+		t.Errorf("the provider's carol sees:\n%s", body)
+	}
+	logoff := func(b *http.Client, csrf string) *http.Response {
+		req, _ := http.NewRequest("POST", p.srv.URL+"/logoff", strings.NewReader(url.Values{"csrf": {csrf}, "session": {session}, "delivery_group": {"desk"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		nf := &http.Client{Jar: b.Jar, Transport: b.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := nf.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	if r := logoff(b, csrfField.FindStringSubmatch(body)[1]); r.StatusCode == http.StatusSeeOther {
+		t.Fatalf("the provider's carol logged off the directory's carol's session: %s %s", r.Status, r.Header.Get("Location"))
+	}
+	if !strings.Contains(read(p.do("GET", "/", nil, ldapCarol, nil)), session) {
+		t.Fatal("the directory's carol lost her session to the provider's carol")
+	}
+	// carla, mapped to carol by the configuration, is carol.
+	b = newBrowser()
+	_, body = signInOIDC(t, p, b, "carla", "Carla-OIDC-1")
+	if !strings.Contains(body, "Signed in as <strong>carol</strong>") || !strings.Contains(body, session) {
+		t.Fatalf("carla, mapped to carol, sees:\n%s", body)
+	}
+	if r := logoff(b, csrfField.FindStringSubmatch(body)[1]); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("carla, mapped to carol, could not log off carol's session: %s\n%s", r.Status, read(r))
 	}
 }
