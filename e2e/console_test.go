@@ -245,7 +245,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "desk: entitlements saved") {
 		t.Fatalf("after Save the page says %q", n)
 	}
-	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "ada") || !strings.Contains(g, "set by admin token 1 for admin, web console: ada") {
+	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "ada") || !strings.Contains(g, "set by console token 1 for admin, web console: ada") {
 		t.Fatalf("the desk group after Save reads %q", g)
 	}
 	shot(t, ctx, b.artifacts, "console-5b-groups-entitled")

@@ -99,6 +99,9 @@ func changedSecrets(a, b *config.Config) string {
 	if values(a.Admin.Tokens) != values(b.Admin.Tokens) {
 		changed = append(changed, "admin.tokens")
 	}
+	if values(a.Admin.ConsoleTokens) != values(b.Admin.ConsoleTokens) {
+		changed = append(changed, "admin.console_tokens")
+	}
 	if a.Broker != nil && b.Broker != nil && values(a.Broker.FrontendTokens) != values(b.Broker.FrontendTokens) {
 		changed = append(changed, "broker.frontend_tokens")
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -146,6 +147,18 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		serve = append(serve, func(ctx context.Context) error { return b.Serve(ctx, bln, tc) })
 		api = append(api, b.AdminHandler())
 	}
+	var consoleTokens []string
+	for _, t := range cfg.Admin.ConsoleTokens {
+		consoleTokens = append(consoleTokens, t.Value())
+	}
+	if cfg.Web != nil && cfg.Web.Console != nil && !cfg.Web.Console.Token.IsSet() && cfg.Web.Console.LocalAPI() {
+		cn := cfg.Web.Console
+		// The console of this process needs a credential only this
+		// process's admin API takes: one made for this run.
+		t := rand.Text()
+		cn.Token = config.NewSecret(t)
+		consoleTokens = append(consoleTokens, t)
+	}
 	if cfg.Web != nil {
 		var local *broker.Local
 		if cfg.Web.LocalBroker() && rl.broker != nil {
@@ -186,7 +199,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		adminTokens = append(adminTokens, t.Value())
 	}
 	api = append(api, rl.adminHandler())
-	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, API: api, Audit: audit,
+	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, ConsoleTokens: consoleTokens, API: api, Audit: audit,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil)}
 	serve = append(serve, func(ctx context.Context) error { return admin.Serve(ctx, aln, tc) })
 	closeAll = func() {} // the servers own their listeners from here

@@ -59,6 +59,10 @@ type Admin struct {
 	Listen string `yaml:"listen"`
 	// Tokens are bearer tokens accepted by the admin API (/metrics is open).
 	Tokens []Secret `yaml:"tokens"`
+	// ConsoleTokens are the web consoles' credentials: accepted as admin
+	// tokens, and the only ones whose requests may name the console user
+	// they act for (Deskway-Actor) in the audit trail.
+	ConsoleTokens []Secret `yaml:"console_tokens"`
 }
 
 // TLS names a certificate and key in PEM files.
@@ -554,6 +558,11 @@ func (c *Config) resolveSecrets() error {
 			return fmt.Errorf("admin.tokens[%d]: %w", i, err)
 		}
 	}
+	for i := range c.Admin.ConsoleTokens {
+		if err := c.Admin.ConsoleTokens[i].Resolve(); err != nil {
+			return fmt.Errorf("admin.console_tokens[%d]: %w", i, err)
+		}
+	}
 	if err := c.Auth.TokenKey.Resolve(); err != nil {
 		return fmt.Errorf("auth.token_key: %w", err)
 	}
@@ -748,8 +757,9 @@ func (c *Config) Validate() error {
 	if a := c.Agent; a != nil {
 		validateAgent(a, bad)
 	}
+	c.validateAdminConsoleTokens(bad)
 	if w := c.Web; w != nil {
-		validateWeb(w, bad)
+		c.validateWeb(w, bad)
 	}
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"maps"
 	"net"
 	"net/url"
@@ -64,11 +65,20 @@ type Console struct {
 	// APICA is the PEM file its certificate is checked against; empty
 	// means this deskway's own certificate.
 	APICA string `yaml:"api_ca"`
-	// Token is the admin token the console acts with; empty means this
-	// config's first admin.tokens entry. Every action is audited as the
-	// token's and the person's.
+	// Token is the credential the console acts with: one of the
+	// admin.console_tokens of the deskway at API. Empty means this
+	// config's first admin.console_tokens entry or, with neither, one made
+	// at each start that only this process's admin API accepts. Every
+	// action is audited as the token's and the person's.
 	Token Secret `yaml:"token"`
+	// localAPI is set when API was empty and filled in with this
+	// config's admin listener.
+	localAPI bool
 }
+
+// LocalAPI says the console's admin API is this config's own
+// (web.console.api was left empty).
+func (cn *Console) LocalAPI() bool { return cn.localAPI }
 
 // LDAP is a directory the portal signs people in against: it finds the
 // user with a reader account, binds as the user to check the password,
@@ -137,10 +147,11 @@ func (c *Config) webDefaults(w *Web) {
 					host = "127.0.0.1"
 				}
 				cn.API = "https://" + net.JoinHostPort(host, port)
+				cn.localAPI = true
 			}
 		}
-		if !cn.Token.IsSet() && len(c.Admin.Tokens) > 0 {
-			cn.Token = c.Admin.Tokens[0]
+		if !cn.Token.IsSet() && len(c.Admin.ConsoleTokens) > 0 {
+			cn.Token = c.Admin.ConsoleTokens[0]
 		}
 	}
 	if l := w.LDAP; l != nil {
@@ -189,7 +200,7 @@ func isControl(c rune) bool { return c < ' ' || c == 0x7f }
 // userFilterAttribute is the (ATTRIBUTE={user}) a user filter needs.
 var userFilterAttribute = regexp.MustCompile(`\([A-Za-z][A-Za-z0-9;-]*=\{user\}\)`)
 
-func validateWeb(w *Web, bad func(string, string, ...any)) {
+func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 	if _, _, err := net.SplitHostPort(w.Listen); err != nil {
 		bad("web.listen", "%q is not host:port", w.Listen)
 	}
@@ -228,8 +239,15 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		if u, err := url.Parse(cn.API); err != nil || u.Scheme != "https" || u.Host == "" {
 			bad("web.console.api", "%q is not an https:// URL (leave it empty for this config's admin listener)", cn.API)
 		}
-		if !cn.Token.IsSet() {
-			bad("web.console.token", "is empty: set it, or add admin.tokens to this config")
+		if !cn.Token.IsSet() && !cn.localAPI {
+			bad("web.console.token", "is empty: set it to one of admin.console_tokens of the deskway at web.console.api")
+		}
+		if cn.Token.IsSet() && slices.ContainsFunc(c.Admin.Tokens, func(t Secret) bool { return t.Value() == cn.Token.Value() }) {
+			// An admin token's requests name nobody but the token.
+			bad("web.console.token", "is one of admin.tokens, whose requests the audit trail cannot attribute to a console user: use one of admin.console_tokens")
+		}
+		if cn.Token.IsSet() && cn.localAPI && !slices.ContainsFunc(c.Admin.ConsoleTokens, func(t Secret) bool { return t.Value() == cn.Token.Value() }) {
+			bad("web.console.token", "is not one of admin.console_tokens, so this deskway's admin API would refuse the console: add it there, or leave web.console.token empty")
 		}
 	}
 	if l := w.LDAP; l != nil {
@@ -250,5 +268,17 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 	}
 	if w.SessionIdle.D() <= 0 || w.SessionMax.D() < w.SessionIdle.D() {
 		bad("web.session_idle", "%s must be positive and no longer than web.session_max %s", w.SessionIdle.D(), w.SessionMax.D())
+	}
+}
+
+// validateAdminConsoleTokens checks that no console credential is also
+// an admin token, which names nobody in the audit trail.
+func (c *Config) validateAdminConsoleTokens(bad func(string, string, ...any)) {
+	for i, t := range c.Admin.ConsoleTokens {
+		if !t.IsSet() {
+			bad(fmt.Sprintf("admin.console_tokens[%d]", i), "is empty")
+		} else if slices.ContainsFunc(c.Admin.Tokens, func(a Secret) bool { return a.Value() == t.Value() }) {
+			bad(fmt.Sprintf("admin.console_tokens[%d]", i), "is also in admin.tokens: a credential is a console's or an administrator's, not both")
+		}
 	}
 }

@@ -61,6 +61,9 @@ type Admin struct {
 	Registry *prometheus.Registry
 	// Tokens are accepted as "Authorization: Bearer <token>" on /api/ and /debug/.
 	Tokens []string
+	// ConsoleTokens are accepted as Tokens are, from a web console: the
+	// only credentials whose ActorHeader the audit trail records.
+	ConsoleTokens []string
 	// API muxes, each owning a path prefix under /api/v1/.
 	API []*http.ServeMux
 	// Throttle counts wrong tokens per source address, as wrong passwords
@@ -73,25 +76,38 @@ type Admin struct {
 	refused admission.Refusals // wrong or missing tokens, logged at most once a second
 }
 
-// authorized says which admin token r carries: its place in Tokens,
-// counted from 1, or 0 for none.
-func (a *Admin) authorized(r *http.Request) int {
+// credential is the admin token a request carries.
+type credential struct {
+	// n is its place in Tokens or ConsoleTokens, counted from 1; 0 for
+	// none.
+	n       int
+	console bool
+}
+
+// authorized says which admin token r carries.
+func (a *Admin) authorized(r *http.Request) credential {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
+		return credential{}
+	}
+	find := func(tokens []string) int {
+		for i, t := range tokens {
+			if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
+				return i + 1
+			}
+		}
 		return 0
 	}
-	for i, t := range a.Tokens {
-		if t != "" && subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
-			return i + 1
-		}
+	if n := find(a.Tokens); n > 0 {
+		return credential{n: n}
 	}
-	return 0
+	return credential{n: find(a.ConsoleTokens), console: true}
 }
 
 // refuse answers a request without a valid admin token, counting a wrong
 // one against its address; past the throttle's limit the address gets 429
-// before its token is looked at. Otherwise it returns the token's place.
-func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
+// before its token is looked at. Otherwise it returns the token.
+func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (credential, bool) {
 	ap, _ := netip.ParseAddrPort(r.RemoteAddr)
 	from := ap.Addr()
 	if a.Throttle != nil {
@@ -101,11 +117,11 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 			w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
 			w.WriteHeader(http.StatusTooManyRequests)
 			_ = json.NewEncoder(w).Encode(map[string]string{"error": "admin API refused: " + lk.Reason})
-			return 0, true
+			return credential{}, true
 		}
 	}
-	if n := a.authorized(r); n > 0 {
-		return n, false
+	if c := a.authorized(r); c.n > 0 {
+		return c, false
 	}
 	why := "no admin token"
 	if r.Header.Get("Authorization") != "" {
@@ -119,7 +135,7 @@ func (a *Admin) refuse(w http.ResponseWriter, r *http.Request) (int, bool) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = io.WriteString(w, `{"error":"admin API needs Authorization: Bearer <admin token>"}`+"\n")
-	return 0, true
+	return credential{}, true
 }
 
 // Handler returns the admin mux.
@@ -168,7 +184,7 @@ func (a *Admin) Handler() http.Handler {
 }
 
 // record writes an action to the audit trail and the log.
-func (a *Admin) record(r *http.Request, token, status int) {
+func (a *Admin) record(r *http.Request, token credential, status int) {
 	if status == 0 {
 		status = http.StatusOK
 	}
@@ -183,10 +199,14 @@ func (a *Admin) record(r *http.Request, token, status int) {
 	}
 }
 
-// actor is who sends r with admin token number token, as the audit trail
-// names them.
-func actor(r *http.Request, token int) string {
-	a := fmt.Sprintf("admin token %d", token)
+// actor is who sends r with token, as the audit trail names them. Only a
+// console's credential names the person it acts for: anyone holding an
+// admin token could name anybody.
+func actor(r *http.Request, token credential) string {
+	if !token.console {
+		return fmt.Sprintf("admin token %d", token.n)
+	}
+	a := fmt.Sprintf("console token %d", token.n)
 	if on := onBehalfOf(r); on != "" {
 		a += " for " + on
 	}
@@ -203,8 +223,9 @@ func Actor(ctx context.Context) string {
 	return a
 }
 
-// ActorHeader names, in a request with an admin token, the person a front
-// end (the web console) acts for; the audit trail records both.
+// ActorHeader names, in a request with a console token, the person the
+// web console acts for; the audit trail records both. Requests with an
+// admin token are recorded as the token's whatever they say here.
 const ActorHeader = "Deskway-Actor"
 
 // onBehalfOf is the request's ActorHeader, cut to 128 printable characters.

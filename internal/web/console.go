@@ -31,7 +31,8 @@ const (
 const consolePageSize = 50
 
 // console is the admin console: pages over the admin API, which it calls
-// with an admin token, naming the person it acts for.
+// with a console token (admin.console_tokens), naming the person it acts
+// for.
 type console struct {
 	cfg    *config.Console
 	client *http.Client

@@ -86,6 +86,7 @@ const (
 	tokenKey      = "portalbench-token-key-0123456789abcdef"
 	frontendToken = "portalbench-frontend"
 	adminToken    = "portalbench-admin"
+	consoleToken  = "portalbench-console"
 	password      = "Bench-Pass-1"
 )
 
@@ -113,7 +114,8 @@ func (o *Options) start(ctx context.Context, wg *sync.WaitGroup, dir string, n i
 		users = append(users, config.User{Name: fmt.Sprintf("user%05d", i), Password: config.NewSecret(password), Groups: []string{"staff"}})
 	}
 	users = append(users, config.User{Name: "ops", Password: config.NewSecret(password), Groups: []string{"admins"}})
-	cfg := &config.Config{StateDir: dir, Admin: config.Admin{Listen: "127.0.0.1:0", Tokens: []config.Secret{config.NewSecret(adminToken)}},
+	cfg := &config.Config{StateDir: dir, Admin: config.Admin{Listen: "127.0.0.1:0", Tokens: []config.Secret{config.NewSecret(adminToken)},
+		ConsoleTokens: []config.Secret{config.NewSecret(consoleToken)}},
 		Auth: config.Auth{TokenKey: config.NewSecret(tokenKey), Users: users,
 			// Thousands of sign-ins from one address are the bench, not an attack.
 			MaxFailures: 1000, MaxFailuresPerAddress: 1 << 20},
@@ -171,7 +173,8 @@ func (o *Options) start(ctx context.Context, wg *sync.WaitGroup, dir string, n i
 	if r.broker, err = serve(func(ln net.Listener) error { return b.Serve(ctx, ln, tc) }); err != nil {
 		return nil, err
 	}
-	adm := &obs.Admin{Log: quiet, Registry: prometheus.NewRegistry(), Tokens: []string{adminToken}, API: []*http.ServeMux{b.AdminHandler()},
+	adm := &obs.Admin{Log: quiet, Registry: prometheus.NewRegistry(), Tokens: []string{adminToken}, ConsoleTokens: []string{consoleToken},
+		API:      []*http.ServeMux{b.AdminHandler()},
 		Throttle: auth.NewThrottle(1000, 1<<20, time.Minute, nil)}
 	if r.admin, err = serve(func(ln net.Listener) error { return adm.Serve(ctx, ln, tc) }); err != nil {
 		return nil, err
