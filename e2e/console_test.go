@@ -171,7 +171,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot(t, ctx, b.artifacts, "console-2-hosts")
 	must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/drain'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
-	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "xrdp-host: drained") {
+	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "Host drained.") {
 		t.Fatalf("after Drain the page says %q", n)
 	}
 	if st := read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.status"))); !strings.Contains(st, "drain") {
@@ -242,7 +242,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	must(chromedp.Navigate(portal+"/admin/groups"), chromedp.WaitVisible(chromedp.ID("users-desk")),
 		chromedp.SetValue(chromedp.ID("users-desk"), "ada"),
 		chromedp.Click(chromedp.CSS("form[action='/admin/groups/desk/entitlements'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
-	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "desk: entitlements saved") {
+	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "Entitlements saved") {
 		t.Fatalf("after Save the page says %q", n)
 	}
 	if g := read(chromedp.Text(chromedp.CSS("tr[data-group='desk']"))); !strings.Contains(g, "ada") || !strings.Contains(g, "set by console token 1 for admin, web console: ada") {

@@ -154,7 +154,7 @@ func TestPortalSignInLaunchAndConnect(t *testing.T) {
 	must(chromedp.Click(chromedp.CSS("li.desktop[data-group='desk'] form.logoff button")),
 		chromedp.WaitVisible(chromedp.CSS(".notice")))
 	text = read(chromedp.Text(chromedp.CSS(".notice")))
-	if !strings.Contains(text, "Logging off desk") {
+	if !strings.Contains(text, "Logging off: the session") {
 		t.Fatalf("after Log off the page says %q", text)
 	}
 	shot(t, ctx, b.artifacts, "portal-5b-logging-off")

@@ -304,7 +304,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err == nil {
 		d.TunnelCount = len(tl.Tunnels)
 	}
-	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), s.notice(r))
+	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), notice(r))
 }
 
 func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
@@ -337,7 +337,7 @@ func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
 	if d.Page < d.Pages {
 		d.NextPage = d.Page + 1
 	}
-	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
+	s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
 }
 
 // consoleList is a console page showing one admin API list: into gives
@@ -353,7 +353,7 @@ func (s *Server) consoleList(tab, what, path string, into func(d *consoleData) a
 		if err := s.console.call(r.Context(), si, role, "GET", path, nil, into(&d), nil); err != nil {
 			errMsg = "The " + what + " cannot be listed: " + err.Error()
 		}
-		s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
+		s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
 	}
 }
 
@@ -388,7 +388,7 @@ func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
 		d.Devices = dl.Devices
 	}
 	d.VDisks, d.Boots = vl.VDisks, bl.Boots
-	s.consolePage(w, si, http.StatusOK, d, errMsg, s.notice(r))
+	s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
 }
 
 // consoleAction is one console form: who may post it, and the admin API
@@ -400,7 +400,7 @@ type consoleAction struct {
 	method string
 	path   func(r *http.Request) string
 	body   func(r *http.Request) any
-	done   func(r *http.Request) string
+	done   string // the notice shown after it (see noticeText)
 }
 
 func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
@@ -428,7 +428,7 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 			return
 		}
 		s.d.Logger.Info("console action", "user", si.User, "role", role, "action", a.what, "path", a.path(r))
-		http.Redirect(w, r, s.withNotice(a.back, a.done(r)), http.StatusSeeOther)
+		http.Redirect(w, r, withNotice(a.back, a.done), http.StatusSeeOther)
 	}
 }
 
@@ -469,36 +469,28 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 		body: func(r *http.Request) any {
 			return map[string][]string{"users": names(r.PostFormValue("users")), "groups": names(r.PostFormValue("groups"))}
 		},
-		done: func(r *http.Request) string {
-			return r.PathValue("name") + ": entitlements saved; every broker applies them"
-		}}))
+		done: "entitlements-saved"}))
 	mux.HandleFunc("POST /admin/groups/{name}/entitlements/clear", s.consoleAct(consoleAction{need: roleAdmin, what: "change entitlements",
 		back: "/admin/groups", method: "DELETE",
 		path: func(r *http.Request) string { return "/api/v1/broker/groups/" + pv("name")(r) + "/entitlements" },
-		done: func(r *http.Request) string {
-			return r.PathValue("name") + ": the configuration's entitlements apply again"
-		}}))
+		done: "entitlements-cleared"}))
 	mux.HandleFunc("GET /admin/vdisks", s.consoleVDisks)
 	mux.HandleFunc("POST /admin/vdisks/{name}/versions/{n}/promote", s.consoleAct(consoleAction{need: roleAdmin, what: "promote vDisk versions",
 		back: "/admin/vdisks", method: "POST",
 		path: func(r *http.Request) string {
 			return "/api/v1/stream/vdisks/" + pv("name")(r) + "/versions/" + pv("n")(r) + "/promote"
 		},
-		done: func(r *http.Request) string {
-			return r.PathValue("name") + ": version " + r.PathValue("n") + " promoted"
-		}}))
+		done: "version-promoted"}))
 	for _, verb := range []string{"enable", "disable"} {
 		mux.HandleFunc("POST /admin/devices/{name}/"+verb, s.consoleAct(consoleAction{need: roleAdmin, what: verb + " devices",
 			back: "/admin/vdisks", method: "POST",
 			path: func(r *http.Request) string { return "/api/v1/stream/devices/" + pv("name")(r) + "/" + verb },
-			done: func(r *http.Request) string {
-				return "device " + r.PathValue("name") + ": " + verb + "d from its next boot"
-			}}))
+			done: "device-" + verb + "d"}))
 	}
 	mux.HandleFunc("POST /admin/vdisks/{name}/merge", s.consoleAct(consoleAction{need: roleAdmin, what: "merge vDisk versions",
 		back: "/admin/vdisks", method: "POST",
 		path: func(r *http.Request) string { return "/api/v1/stream/vdisks/" + pv("name")(r) + "/merge" },
-		done: func(r *http.Request) string { return r.PathValue("name") + ": versions merged into a new base" }}))
+		done: "versions-merged"}))
 	for _, kind := range []string{"logoff", "disconnect", "message"} {
 		mux.HandleFunc("POST /admin/sessions/{id}/"+kind, s.consoleAct(consoleAction{need: roleHelpdesk, what: kind + " sessions",
 			back: "/admin/sessions", method: "POST",
@@ -509,7 +501,7 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 				}
 				return nil
 			},
-			done: func(r *http.Request) string { return kind + " of session " + r.PathValue("id") + " sent to its host" }}))
+			done: "session-" + kind}))
 	}
 	for _, on := range []bool{true, false} {
 		verb := map[bool]string{true: "drain", false: "undrain"}[on]
@@ -517,12 +509,12 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 			back: "/admin/hosts", method: "POST",
 			path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) + "/drain" },
 			body: func(*http.Request) any { return map[string]bool{"drain": on} },
-			done: func(r *http.Request) string { return r.PathValue("name") + ": " + verb + "ed" }}))
+			done: "host-" + verb + "ed"}))
 	}
 	mux.HandleFunc("POST /admin/hosts/{name}/remove", s.consoleAct(consoleAction{need: roleAdmin, what: "remove hosts",
 		back: "/admin/hosts", method: "DELETE",
 		path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) },
-		done: func(r *http.Request) string { return r.PathValue("name") + ": removed" }}))
+		done: "host-removed"}))
 	mux.HandleFunc("POST /admin/tunnels/{id}/disconnect", s.consoleAct(consoleAction{need: roleAdmin, what: "disconnect tunnels",
 		back: "/admin/tunnels", method: "DELETE",
 		path: func(r *http.Request) string {
@@ -532,5 +524,5 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 			}
 			return p
 		},
-		done: func(r *http.Request) string { return "tunnel " + r.PathValue("id") + " disconnected" }}))
+		done: "tunnel-disconnected"}))
 }

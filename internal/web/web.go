@@ -8,10 +8,8 @@ package web
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/tls"
 	"embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -375,7 +373,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/signin", http.StatusSeeOther)
 		return
 	}
-	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: s.notice(r)}
+	p := page{User: si.User, CSRF: s.codec.csrf(si), Notice: notice(r)}
 	p.ConsoleLink = s.console != nil && s.console.role(si) != ""
 	p.Browser = s.browserClient
 	ds, err := s.d.Broker.Desktops(r.Context(), forUser(si))
@@ -482,24 +480,7 @@ func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.d.Logger.Info("portal logoff", "user", si.User, "delivery_group", group)
-	http.Redirect(w, r, s.withNotice("/", "Logging off "+group+": its programs are being closed."), http.StatusSeeOther)
-}
-
-// withNotice is path with a notice for the page to show, signed so that a
-// link from elsewhere cannot put its own words on the portal's pages.
-func (s *Server) withNotice(path, text string) string {
-	return path + "?" + url.Values{"notice": {text}, "n": {base64.RawURLEncoding.EncodeToString(s.codec.mac("notice", text))}}.Encode()
-}
-
-// notice is the request's notice, if the portal signed it.
-func (s *Server) notice(r *http.Request) string {
-	q := r.URL.Query()
-	text := q.Get("notice")
-	sig, err := base64.RawURLEncoding.DecodeString(q.Get("n"))
-	if text == "" || err != nil || !hmac.Equal(sig, s.codec.mac("notice", text)) {
-		return ""
-	}
-	return text
+	http.Redirect(w, r, withNotice("/", "logoff"), http.StatusSeeOther)
 }
 
 // pct shows a 0-1 fraction as a percentage.
