@@ -112,7 +112,7 @@ func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, loc
 	return web.New(w, web.Deps{Logger: log.With("role", "web"), Registry: reg, Users: users,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
 		Broker:   bc, CookieKey: key,
-		OIDCClient: oc, LDAPTLS: ltc, AdminAPI: admin})
+		OIDCClient: oc, LDAPTLS: ltc, AdminAPI: admin, StateDir: cfg.StateDir})
 }
 
 // stateKey reads a 32-byte key from path, making it (0600) on first use.

@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -96,34 +95,4 @@ func newID() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// revocations are the sign-ins signed out on this portal, kept until
-// their cookies would have expired anyway. A farm's other portals do not
-// see them: there, a copied cookie lasts until web.session_idle passes
-// without use or web.session_max ends it.
-type revocations struct {
-	mu  sync.Mutex
-	ids map[string]time.Time // id → when its cookie expires
-}
-
-func (v *revocations) add(id string, until, now time.Time) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.ids == nil {
-		v.ids = map[string]time.Time{}
-	}
-	for k, t := range v.ids {
-		if now.After(t) {
-			delete(v.ids, k)
-		}
-	}
-	v.ids[id] = until
-}
-
-func (v *revocations) has(id string, now time.Time) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	t, ok := v.ids[id]
-	return ok && !now.After(t)
 }

@@ -58,6 +58,9 @@ type Deps struct {
 	// AdminAPI is the client the console calls the admin API with (it
 	// trusts the admin listener's certificate).
 	AdminAPI *http.Client
+	// StateDir keeps the sign-outs across restarts; empty keeps them in
+	// memory only.
+	StateDir string
 	Now      func() time.Time
 }
 
@@ -102,7 +105,11 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	if d.Throttle == nil {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
-	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{}, revoked: &revocations{},
+	revoked, err := loadRevocations(d.StateDir, d.Now())
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, d: d, codec: cookieCodec{key: d.CookieKey}, pages: map[string]*template.Template{}, revoked: revoked,
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_signins_total",
 			Help: "Portal sign-ins by result: ok (local account), ldap, oidc, wrong (user or password), throttled, oidc_refused, ldap_unreachable."}, []string{"result"}),
 		launches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_web_launches_total",
@@ -355,7 +362,9 @@ func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
 	s.clearCookie(w)
 	if ok {
 		// A copy of the cookie kept elsewhere no longer signs in here.
-		s.revoked.add(si.ID, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now())
+		if err := s.revoked.add(si.ID, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now()); err != nil {
+			s.d.Logger.Warn("a sign-out holds until this portal restarts: it could not be kept on disk", "user", si.User, "error", err)
+		}
 		s.d.Logger.Info("portal sign-out", "user", si.User)
 	}
 	if ok && si.Via == "oidc" && s.oidc != nil {

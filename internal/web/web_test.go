@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +45,10 @@ type portal struct {
 	// agent and hostCred send h1's heartbeats.
 	agent    *brokerclient.Client
 	hostCred string
+	// handler is the portal's, which restart replaces with a new portal
+	// on the same state directory, as a restarted process is.
+	handler atomic.Value
+	restart func()
 }
 
 // newPortal starts a real broker (SQLite, one registered host) and the
@@ -116,15 +121,28 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 		t.Fatal(err)
 	}
 	c := &clock{t: time.Now()}
-	p, err := web.New(cfg.Web, web.Deps{Logger: log, Users: users, Broker: brokerclient.FrontEnd{Client: bc, Token: cfg.Web.FrontendToken.Value()},
-		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), OIDCClient: oidcClient, AdminAPI: adminAPI, Now: c.now})
+	deps := web.Deps{Logger: log, Users: users, Broker: brokerclient.FrontEnd{Client: bc, Token: cfg.Web.FrontendToken.Value()},
+		CookieKey: []byte("web-test-cookie-key-0123456789abcdef"), OIDCClient: oidcClient, AdminAPI: adminAPI, Now: c.now,
+		StateDir: cfg.StateDir}
+	p, err := web.New(cfg.Web, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Config.Handler = p.Handler()
+	pt := &portal{t: t, srv: srv, clock: c, p: p, agent: bc, hostCred: reg.Credential}
+	pt.handler.Store(p.Handler())
+	pt.restart = func() {
+		t.Helper()
+		np, err := web.New(cfg.Web, deps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt.p = np
+		pt.handler.Store(np.Handler())
+	}
+	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { pt.handler.Load().(http.Handler).ServeHTTP(w, r) })
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return &portal{t: t, srv: srv, clock: c, p: p, agent: bc, hostCred: reg.Credential}
+	return pt
 }
 
 // do sends a request as a browser on the portal's own pages would.

@@ -46,3 +46,27 @@ func TestLogoffNoticeIsThePortals(t *testing.T) {
 		t.Fatalf("alice's page after the logoff:\n%s", body)
 	}
 }
+
+// TestSignOutSurvivesARestart: a copy of a cookie signed out is refused
+// by the portal restarted on the same state directory, until the cookie
+// would have expired; other sign-ins are not.
+func TestSignOutSurvivesARestart(t *testing.T) {
+	p := newPortal(t)
+	copied := p.signIn("alice", "Alice-Pass-1")
+	other := p.signIn("alice", "Alice-Pass-1")
+	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, copied, nil)))[1]
+	if r := p.do("POST", "/signout", url.Values{"csrf": {csrf}}, copied, nil); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-out: %s", r.Status)
+	}
+	for i := range 3 {
+		if i > 0 {
+			p.restart()
+		}
+		if r := p.do("GET", "/", nil, copied, nil); r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != "/signin" {
+			t.Fatalf("after sign-out and %d restarts the copied cookie opens the page: %s", i, r.Status)
+		}
+		if r := p.do("GET", "/", nil, other, nil); r.StatusCode != http.StatusOK {
+			t.Fatalf("after %d restarts another sign-in is refused: %s", i, r.Status)
+		}
+	}
+}
