@@ -15,6 +15,8 @@ type LDAP struct {
 	URL            string
 	BaseDN         string
 	BindDN, BindPW string // a reader allowed to search
+	// AdminDN and AdminPW are the directory's root, which may change it.
+	AdminDN, AdminPW string
 }
 
 // LDAPUser is an inetOrgPerson under ou=people; Groups are the cn of the
@@ -43,19 +45,22 @@ func StartSlapd(t testing.TB, users []LDAPUser, groups []LDAPGroup) *LDAP {
 	if err := os.MkdirAll(db, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l := &LDAP{BaseDN: "dc=example,dc=test", BindDN: "cn=reader,dc=example,dc=test", BindPW: "Reader-Pass-1"}
+	l := &LDAP{BaseDN: "dc=example,dc=test", BindDN: "cn=reader,dc=example,dc=test", BindPW: "Reader-Pass-1",
+		AdminDN: "cn=admin,dc=example,dc=test", AdminPW: "Admin-Pass-1"}
 	conf := fmt.Sprintf(`include /etc/ldap/schema/core.schema
 include /etc/ldap/schema/cosine.schema
 include /etc/ldap/schema/inetorgperson.schema
 modulepath /usr/lib/ldap
 moduleload back_mdb
+moduleload ppolicy
 pidfile %[1]s/slapd.pid
 database mdb
 suffix "%[2]s"
-rootdn "cn=admin,%[2]s"
-rootpw Admin-Pass-1
+rootdn "%[5]s"
+rootpw %[6]s
 directory %[3]s
 maxsize 10485760
+overlay ppolicy
 access to attrs=userPassword
   by self read
   by anonymous auth
@@ -64,7 +69,7 @@ access to *
   by dn.exact="%[4]s" read
   by self read
   by * none
-`, dir, l.BaseDN, db, l.BindDN)
+`, dir, l.BaseDN, db, l.BindDN, l.AdminDN, l.AdminPW)
 	confFile := filepath.Join(dir, "slapd.conf")
 	if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)

@@ -25,8 +25,11 @@ type signIn struct {
 	Seen   int64 `json:"seen"`
 	// Via is how they signed in: "" (a local account), "ldap" or "oidc".
 	Via string `json:"via,omitempty"`
-	// DN is a directory sign-in's entry, read again at launch.
-	DN string `json:"dn,omitempty"`
+	// DN is a directory sign-in's entry, read again while it is used;
+	// PwdSet is what the entry said at sign-in of when its password was
+	// set (see passwordSet): a new password ends the sign-in.
+	DN     string `json:"dn,omitempty"`
+	PwdSet string `json:"pw,omitempty"`
 }
 
 // cookieCodec signs and checks sign-in cookies and CSRF tokens.

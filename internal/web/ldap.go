@@ -30,6 +30,9 @@ type ldapLogin struct {
 	// slots bounds the sign-ins talking to the directory at once: a slow
 	// directory must not gather every sign-in's goroutine and connection.
 	slots chan struct{}
+	// cache keeps what the directory said of signed-in users, read again
+	// after directoryRecheck.
+	cache recheckCache
 }
 
 // errDirectoryBusy is a sign-in turned away while every slot waits on
@@ -63,6 +66,7 @@ type ldapEntry struct {
 	// username attribute's value): the portal's and the broker's key.
 	name   string
 	dn     string
+	pwdSet string // see passwordSet
 	groups []string
 }
 
@@ -129,7 +133,7 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (ld
 	if err != nil {
 		return ldapEntry{}, err
 	}
-	return ldapEntry{name: l.entryName(entry, user), dn: entry.DN, groups: groups}, nil
+	return ldapEntry{name: l.entryName(entry, user), dn: entry.DN, pwdSet: passwordSet(entry), groups: groups}, nil
 }
 
 // reader binds conn as web.ldap.bind_dn, when there is one.
@@ -155,6 +159,7 @@ func (l *ldapLogin) find(conn *ldap.Conn, user string) (*ldap.Entry, error) {
 	if l.cfg.UsernameAttribute != "" {
 		attrs = append(attrs, l.cfg.UsernameAttribute)
 	}
+	attrs = append(attrs, passwordAttributes...)
 	filter := strings.ReplaceAll(l.cfg.UserFilter, "{user}", ldap.EscapeFilter(user))
 	res, err := conn.Search(ldap.NewSearchRequest(l.cfg.BaseDN, ldap.ScopeWholeSubtree, ldap.NeverDerefAliases, 2, 10, false,
 		filter, attrs, nil))

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/go-ldap/ldap/v3"
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/testkit"
@@ -187,5 +190,62 @@ func TestLDAPLookAlikeNamesShareTheLockout(t *testing.T) {
 		if b := read(r); r.StatusCode != http.StatusTooManyRequests {
 			t.Errorf("with carol locked out, sign-in as %q: %s\n%s", v, r.Status, b)
 		}
+	}
+}
+
+// TestLDAPChangesReachLiveSignIns: a directory user removed from the
+// group that entitles her can no longer launch with the cookie she got
+// before, once the portal's short cache has passed; one whose password
+// changed, or whose entry is deleted, is signed out.
+func TestLDAPChangesReachLiveSignIns(t *testing.T) {
+	p, dir := ldapPortal(t)
+	cookie := p.signIn("lara", "Lara-LDAP-1")
+	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, cookie, nil)))[1]
+	launch := func() *http.Response {
+		return p.do("POST", "/launch", url.Values{"delivery_group": {"desk"}, "csrf": {csrf}}, cookie, nil)
+	}
+	if r := launch(); r.StatusCode != http.StatusOK {
+		t.Fatalf("lara's launch: %s", r.Status)
+	}
+	conn, err := ldap.DialURL(dir.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.Bind(dir.AdminDN, dir.AdminPW); err != nil {
+		t.Fatal(err)
+	}
+	laraDN := "uid=lara,ou=people," + dir.BaseDN
+	mod := ldap.NewModifyRequest("cn=ops,ou=groups,"+dir.BaseDN, nil)
+	mod.Delete("member", []string{laraDN})
+	if err := conn.Modify(mod); err != nil {
+		t.Fatal(err)
+	}
+	p.clock.add(time.Minute)
+	if r := launch(); r.StatusCode == http.StatusOK {
+		t.Fatalf("lara, out of ops, launched desk with her old cookie: %s", r.Status)
+	}
+	if body := read(p.do("GET", "/", nil, cookie, nil)); strings.Contains(body, "<h2>desk</h2>") {
+		t.Fatalf("lara, out of ops, still sees desk:\n%s", body)
+	}
+	// A new password (the directory's password policy notes when it was
+	// set) ends the old sign-in.
+	nina := p.signIn("nina", "Nina-LDAP-1")
+	if _, err := conn.PasswordModify(ldap.NewPasswordModifyRequest("uid=nina,ou=people,"+dir.BaseDN, "", "Nina-LDAP-2")); err != nil {
+		t.Fatal(err)
+	}
+	p.clock.add(time.Minute)
+	if r := p.do("GET", "/", nil, nina, nil); r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != "/signin" {
+		t.Fatalf("nina, with a new password, still signed in with the old cookie: %s", r.Status)
+	}
+	if body := read(p.do("GET", "/", nil, p.signIn("nina", "Nina-LDAP-2"), nil)); !strings.Contains(body, "Signed in as <strong>nina</strong>") {
+		t.Fatalf("nina's page after signing in with her new password:\n%s", body)
+	}
+	if err := conn.Del(ldap.NewDelRequest(laraDN, nil)); err != nil {
+		t.Fatal(err)
+	}
+	p.clock.add(time.Minute)
+	if r := p.do("GET", "/", nil, cookie, nil); r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != "/signin" {
+		t.Fatalf("lara, deleted from the directory, still signed in: %s", r.Status)
 	}
 }

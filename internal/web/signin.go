@@ -76,7 +76,7 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 				Error: "The directory does not answer, so your password cannot be checked; try again later."}))
 			return
 		}
-		si = signIn{User: e.name, Groups: e.groups, Via: "ldap", DN: e.dn}
+		si = signIn{User: e.name, Groups: e.groups, Via: "ldap", DN: e.dn, PwdSet: e.pwdSet}
 	} else {
 		refuse()
 		return

@@ -270,6 +270,13 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 			err = errors.New("web: the local account is gone")
 		}
 	}
+	if err == nil && si.Via == "ldap" {
+		if s.ldap == nil {
+			err = errors.New("web: directory sign-ins are off (no web.ldap)")
+		} else {
+			err = s.recheckDirectory(r, &si, now)
+		}
+	}
 	if err != nil {
 		s.clearCookie(w)
 		return signIn{}, false
