@@ -30,6 +30,8 @@ type signIn struct {
 	// set (see passwordSet): a new password ends the sign-in.
 	DN     string `json:"dn,omitempty"`
 	PwdSet string `json:"pw,omitempty"`
+	// Sub is a provider sign-in's subject.
+	Sub string `json:"sub,omitempty"`
 }
 
 // cookieCodec signs and checks sign-in cookies and CSRF tokens.

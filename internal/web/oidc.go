@@ -209,7 +209,7 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	groups := stringList(claims[s.oidc.cfg.GroupsClaim])
 	now := s.d.Now().Unix()
-	s.setCookie(w, signIn{ID: newID(), User: name, Groups: groups, Issued: now, Seen: now, Via: "oidc"})
+	s.setCookie(w, signIn{ID: newID(), User: name, Groups: groups, Issued: now, Seen: now, Via: "oidc", Sub: idt.Subject})
 	s.signins.WithLabelValues("oidc").Inc()
 	s.d.Logger.Info("portal sign-in", "user", name, "via", "oidc", "subject", idt.Subject, "groups", groups, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
@@ -224,6 +224,15 @@ func (o *oidcLogin) account(subject, user string) string {
 		return a
 	}
 	return user + "@" + o.cfg.Namespace
+}
+
+// isAccount reports whether name is the one account() gives now to the
+// provider user subject: the configuration may have changed since.
+func (o *oidcLogin) isAccount(subject, name string) bool {
+	if a, ok := o.cfg.Accounts[subject]; ok {
+		return a == name
+	}
+	return strings.HasSuffix(name, "@"+o.cfg.Namespace)
 }
 
 // endSession is where sign-out sends a person who signed in through the

@@ -2,7 +2,11 @@ package web_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -213,6 +217,17 @@ func TestOIDCUserIsNotTheDirectoryUserOfTheSameName(t *testing.T) {
 	}
 	if !strings.Contains(read(p.do("GET", "/", nil, ldapCarol, nil)), session) {
 		t.Fatal("the directory's carol lost her session to the provider's carol")
+	}
+	// A cookie from before provider users were qualified, naming carol,
+	// no longer passes.
+	body2, _ := json.Marshal(map[string]any{"id": "0123456789abcdef", "u": "carol", "g": []string{"staff"},
+		"iat": p.clock.now().Unix(), "seen": p.clock.now().Unix(), "via": "oidc"})
+	enc := base64.RawURLEncoding.EncodeToString(body2)
+	m2 := hmac.New(sha256.New, []byte("web-test-cookie-key-0123456789abcdef"))
+	m2.Write([]byte("signin\x00" + enc + "\x00"))
+	old := &http.Cookie{Name: "__Host-deskway", Value: enc + "." + base64.RawURLEncoding.EncodeToString(m2.Sum(nil))}
+	if r := p.do("GET", "/", nil, old, nil); r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != "/signin" {
+		t.Fatalf("an unqualified provider sign-in of carol opens the page: %s\n%s", r.Status, read(r))
 	}
 	// carla, mapped to carol by the configuration, is carol.
 	b = newBrowser()

@@ -270,6 +270,12 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 			err = errors.New("web: the local account is gone")
 		}
 	}
+	if err == nil && si.Via == "oidc" && (s.oidc == nil || !s.oidc.isAccount(si.Sub, si.User)) {
+		// A sign-in from before the provider's users were qualified, or
+		// before the namespace or a mapping changed, is not one of its
+		// names now.
+		err = errors.New("web: the provider sign-in's name is not one the configuration gives")
+	}
 	if err == nil && si.Via == "ldap" {
 		if s.ldap == nil {
 			err = errors.New("web: directory sign-ins are off (no web.ldap)")
