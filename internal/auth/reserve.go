@@ -19,14 +19,31 @@ type Attempt struct {
 // and if so counts the attempt as a failure at once, under the same lock:
 // of N concurrent attempts at most the throttle's limit get through.
 func (t *Throttle) Reserve(user string, addr netip.Addr) (*Attempt, *Lockout) {
+	return t.reserve(user, addr, true)
+}
+
+// ReserveUser is Reserve for a second name of an attempt already
+// reserved (the account a typed name resolved to): it checks and counts
+// the user's limits only, since the address's counted the attempt once.
+func (t *Throttle) ReserveUser(user string, addr netip.Addr) (*Attempt, *Lockout) {
+	return t.reserve(user, addr, false)
+}
+
+func (t *Throttle) reserve(user string, addr netip.Addr, withAddr bool) (*Attempt, *Lockout) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if lk := t.checkLocked(user, addr); lk != nil {
+	now, src := t.now(), Source(addr)
+	if withAddr {
+		if lk := t.checkLocked(user, addr); lk != nil {
+			return nil, lk
+		}
+	} else if lk := t.checkUserLocked(userKey(user), src, addr, now); lk != nil {
 		return nil, lk
 	}
-	now, src := t.now(), Source(addr)
 	a := &Attempt{t: t, user: user, addr: addr}
-	a.counted = append(a.counted, count(t, t.addr, src, now))
+	if withAddr {
+		a.counted = append(a.counted, count(t, t.addr, src, now))
+	}
 	if user != "" {
 		u := userKey(user)
 		a.counted = append(a.counted, count(t, t.pair, pairKey{u, src}, now))

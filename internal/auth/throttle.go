@@ -103,7 +103,11 @@ func (t *Throttle) checkLocked(user string, addr netip.Addr) *Lockout {
 	if user == "" {
 		return nil
 	}
-	u := userKey(user)
+	return t.checkUserLocked(userKey(user), src, addr, now)
+}
+
+// checkUserLocked is the user's part of checkLocked, for user key u.
+func (t *Throttle) checkUserLocked(u string, src netip.Prefix, addr netip.Addr, now time.Time) *Lockout {
 	if f := t.live(t.pair[pairKey{u, src}], now); f != nil && f.count >= t.perPair {
 		return t.lockout(f, now, fmt.Sprintf("%d failed logins as %s from %s", f.count, u, addr))
 	}

@@ -2,7 +2,9 @@ package web
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -90,9 +92,11 @@ func (l *ldapLogin) matchedName(e *ldap.Entry, typed string) string {
 
 // authenticate checks user's password and returns the entry: the name
 // to sign in as, its DN and every group the user is in, directly or
-// through other groups. errWrongPassword says the directory refused; any
-// other error, that it could not be asked.
-func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (ldapEntry, error) {
+// through other groups. onEntry is told the entry found before its
+// password is tried; its error ends the sign-in with that error.
+// errWrongPassword says the directory refused; any other error, that it
+// could not be asked.
+func (l *ldapLogin) authenticate(ctx context.Context, user, password string, onEntry func(dn string) error) (ldapEntry, error) {
 	// An empty password is an unauthenticated bind, which directories
 	// accept without checking anything.
 	if user == "" || password == "" {
@@ -117,6 +121,9 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string) (ld
 	}
 	entry, err := l.find(conn, user)
 	if err != nil {
+		return ldapEntry{}, err
+	}
+	if err := onEntry(entry.DN); err != nil {
 		return ldapEntry{}, err
 	}
 	if err := conn.Bind(entry.DN, password); err != nil {
@@ -172,14 +179,33 @@ func (l *ldapLogin) find(conn *ldap.Conn, user string) (*ldap.Entry, error) {
 	return res.Entries[0], nil
 }
 
-// entryName is the name a signed-in entry goes by: the username
-// attribute's value, or the name it was found by as the directory spells
-// it, so that "Carol" and "carol" are one portal user.
+// entryName is the name a signed-in entry goes by, whatever it was found
+// by: the username attribute's value; or, when the entry's own name (its
+// DN's first part, uid=carol) is one of the filter's attributes, that
+// value; or the name it was found by as the directory spells it. So
+// "Carol" and "carol", or two values of a multi-valued uid, are one
+// portal user.
 func (l *ldapLogin) entryName(e *ldap.Entry, typed string) string {
 	if a := l.cfg.UsernameAttribute; a != "" && e.GetAttributeValue(a) != "" {
 		return e.GetAttributeValue(a)
 	}
+	if dn, err := ldap.ParseDN(e.DN); err == nil && len(dn.RDNs) > 0 {
+		for _, rdn := range dn.RDNs[0].Attributes {
+			for _, m := range filterAttribute.FindAllStringSubmatch(l.cfg.UserFilter, -1) {
+				if strings.EqualFold(rdn.Type, m[1]) && rdn.Value != "" {
+					return rdn.Value
+				}
+			}
+		}
+	}
 	return l.matchedName(e, typed)
+}
+
+// entryKey is the throttle's name for a directory entry: every name
+// that finds the entry counts against it.
+func entryKey(dn string) string {
+	sum := sha256.Sum256([]byte(strings.ToLower(dn)))
+	return "ldap-entry-" + hex.EncodeToString(sum[:16])
 }
 
 // groups collects the groups holding dn, then the groups holding those,

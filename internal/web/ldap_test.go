@@ -105,13 +105,50 @@ func TestLDAPNameThatResolvesToALocalAccount(t *testing.T) {
 }
 
 // carolPortal is a portal whose directory holds carol, in ops (staff).
-func carolPortal(t *testing.T) *portal {
-	return newPortalWith(t, func(_ string, w *config.Web) *http.Client {
-		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "carol", Password: "Carol-LDAP-1", Groups: []string{"ops"}}},
+func carolPortal(t *testing.T) (*portal, *testkit.LDAP) {
+	var dir *testkit.LDAP
+	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		dir = testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "carol", Password: "Carol-LDAP-1", Groups: []string{"ops"}}},
 			[]testkit.LDAPGroup{{CN: "staff"}, {CN: "ops", Groups: []string{"staff"}}})
 		w.LDAP = &config.LDAP{URL: dir.URL, BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
 		return nil
 	})
+	return p, dir
+}
+
+// directoryAdmin is a connection to dir as its root, which may change it.
+func directoryAdmin(t *testing.T, dir *testkit.LDAP) *ldap.Conn {
+	conn, err := ldap.DialURL(dir.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.Bind(dir.AdminDN, dir.AdminPW); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// TestLDAPEveryNameOfAnEntryIsOne: an entry with a second uid value
+// (c.smith) signs in as carol by either name, and carol's lockout holds
+// for c.smith.
+func TestLDAPEveryNameOfAnEntryIsOne(t *testing.T) {
+	p, dir := carolPortal(t)
+	mod := ldap.NewModifyRequest("uid=carol,ou=people,"+dir.BaseDN, nil)
+	mod.Add("uid", []string{"c.smith"})
+	if err := directoryAdmin(t, dir).Modify(mod); err != nil {
+		t.Fatal(err)
+	}
+	if body := read(p.do("GET", "/", nil, p.signIn("c.smith", "Carol-LDAP-1"), nil)); !strings.Contains(body, "Signed in as <strong>carol</strong>") {
+		t.Fatalf("c.smith's page:\n%s", body)
+	}
+	for range 5 {
+		p.do("POST", "/signin", url.Values{"user": {"carol"}, "password": {"wrong"}}, nil, nil)
+	}
+	r := p.do("POST", "/signin", url.Values{"user": {"c.smith"}, "password": {"Carol-LDAP-1"}}, nil, nil)
+	if b := read(r); r.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("with carol locked out, sign-in as c.smith: %s\n%s", r.Status, b)
+	}
 }
 
 // TestLDAPConcurrentSignInsCountBeforeTheDirectory: 30 sign-ins for one
@@ -119,7 +156,7 @@ func carolPortal(t *testing.T) *portal {
 // the throttle's five past it to the directory; the rest are turned away
 // as throttled without being checked.
 func TestLDAPConcurrentSignInsCountBeforeTheDirectory(t *testing.T) {
-	p := carolPortal(t)
+	p, _ := carolPortal(t)
 	const n = 30
 	codes := make(chan int, n)
 	start := make(chan struct{})
@@ -166,7 +203,7 @@ func TestLDAPConcurrentSignInsCountBeforeTheDirectory(t *testing.T) {
 // are locked out too; unlocked, they are refused rather than made second
 // portal users, and "Carol" signs in as the directory's carol.
 func TestLDAPLookAlikeNamesShareTheLockout(t *testing.T) {
-	p := carolPortal(t)
+	p, _ := carolPortal(t)
 	variants := []string{"ｃａｒｏｌ", "cａrol", "𝐜𝐚𝐫𝐨𝐥"}
 	// Unlocked: each variant with the right password is refused.
 	for _, v := range variants {
@@ -181,7 +218,7 @@ func TestLDAPLookAlikeNamesShareTheLockout(t *testing.T) {
 	}
 	// The three refusals counted against carol: two more wrong passwords
 	// lock her, and every spelling with her.
-	p2 := carolPortal(t)
+	p2, _ := carolPortal(t)
 	for range 5 {
 		p2.do("POST", "/signin", url.Values{"user": {"carol"}, "password": {"wrong"}}, nil, nil)
 	}
@@ -207,14 +244,7 @@ func TestLDAPChangesReachLiveSignIns(t *testing.T) {
 	if r := launch(); r.StatusCode != http.StatusOK {
 		t.Fatalf("lara's launch: %s", r.Status)
 	}
-	conn, err := ldap.DialURL(dir.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.Bind(dir.AdminDN, dir.AdminPW); err != nil {
-		t.Fatal(err)
-	}
+	conn := directoryAdmin(t, dir)
 	laraDN := "uid=lara,ou=people," + dir.BaseDN
 	mod := ldap.NewModifyRequest("cn=ops,ou=groups,"+dir.BaseDN, nil)
 	mod.Delete("member", []string{laraDN})

@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/text/cases"
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/deskway/deskway/internal/auth"
 )
 
 // signin checks a name and password: a local account's here, any other
@@ -30,14 +32,17 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	// keys on the folded form, not on what was typed.
 	att, lk := s.d.Throttle.Reserve(foldName(name), from)
 	if lk != nil {
-		s.signins.WithLabelValues("throttled").Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
-		s.render(w, http.StatusTooManyRequests, "signin.html", s.signinData(page{Name: name,
-			Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
+		s.throttled(w, name, lk)
 		return
 	}
+	// entryAtt counts the attempt against the directory entry the name
+	// found too, whichever of its names was typed.
+	var entryAtt *auth.Attempt
 	refuse := func() {
 		att.Fail()
+		if entryAtt != nil {
+			entryAtt.Fail()
+		}
 		s.signins.WithLabelValues("wrong").Inc()
 		s.d.Logger.Info("portal sign-in refused", "user", name, "remote", r.RemoteAddr)
 		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
@@ -57,9 +62,23 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			refuse()
 			return
 		}
+		var entryLock *auth.Lockout
+		onEntry := func(dn string) error {
+			entryAtt, entryLock = s.d.Throttle.ReserveUser(entryKey(dn), from)
+			if entryLock != nil {
+				return entryLock
+			}
+			return nil
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
-		e, err := s.ldap.authenticate(ctx, name, pw)
+		e, err := s.ldap.authenticate(ctx, name, pw, onEntry)
 		cancel()
+		if entryLock != nil {
+			// Not tried: the entry is locked under another of its names.
+			att.Release()
+			s.throttled(w, name, entryLock)
+			return
+		}
 		if err == nil && s.isLocal(e.name) {
 			s.d.Logger.Warn("a directory sign-in resolved to a local account's name; refused", "typed", name, "user", e.name)
 			err = errWrongPassword
@@ -70,12 +89,16 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			att.Release()
+			if entryAtt != nil {
+				entryAtt.Release()
+			}
 			s.signins.WithLabelValues("ldap_unreachable").Inc()
 			s.d.Logger.Warn("the directory could not check a sign-in", "user", name, "error", err)
 			s.render(w, http.StatusServiceUnavailable, "signin.html", s.signinData(page{Name: name,
 				Error: "The directory does not answer, so your password cannot be checked; try again later."}))
 			return
 		}
+		entryAtt.Succeed(entryKey(e.dn))
 		si = signIn{User: e.name, Groups: e.groups, Via: "ldap", DN: e.dn, PwdSet: e.pwdSet}
 	} else {
 		refuse()
@@ -92,6 +115,14 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	s.signins.WithLabelValues(result).Inc()
 	s.d.Logger.Info("portal sign-in", "user", si.User, "via", result, "groups", si.Groups, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// throttled answers a sign-in the throttle turned away.
+func (s *Server) throttled(w http.ResponseWriter, name string, lk *auth.Lockout) {
+	s.signins.WithLabelValues("throttled").Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(int(lk.RetryAfter.Seconds())+1))
+	s.render(w, http.StatusTooManyRequests, "signin.html", s.signinData(page{Name: name,
+		Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
 }
 
 // foldName is the form of a typed name the throttle counts under:
