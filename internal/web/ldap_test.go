@@ -216,8 +216,8 @@ func TestLDAPLookAlikeNamesShareTheLockout(t *testing.T) {
 	if !strings.Contains(body, "Signed in as <strong>carol</strong>") {
 		t.Fatalf("Carol's page:\n%s", body)
 	}
-	// The three refusals counted against carol: two more wrong passwords
-	// lock her, and every spelling with her.
+	// On a fresh portal, five wrong passwords lock carol out, and every
+	// spelling of her name with her.
 	p2, _ := carolPortal(t)
 	for range 5 {
 		p2.do("POST", "/signin", url.Values{"user": {"carol"}, "password": {"wrong"}}, nil, nil)
