@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -191,17 +190,15 @@ func (c *Config) brokerDefaults(b *Broker) {
 }
 
 func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
-	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
-		bad("broker.listen", "%q is not host:port", b.Listen)
-	}
-	if _, err := ParsePrefixes(b.ProxyProtocolFrom); err != nil {
-		bad("broker.proxy_protocol_from", "%v", err)
-	}
+	checkListen(bad, "broker.listen", b.Listen)
+	checkPrefixes(bad, "broker.proxy_protocol_from", b.ProxyProtocolFrom)
 	if !c.Auth.TokenKey.IsSet() {
 		bad("auth.token_key", "the broker signs gateway tokens and agent credentials with it: set 32 or more random bytes")
 	}
 	if b.Gateway == "" {
 		bad("broker.gateway", "set the gateway's public host:port for .rdp files (or add a gateway section with public_name)")
+	} else {
+		checkHostOptionalPort(bad, "broker.gateway", b.Gateway)
 	}
 	if b.MaxConcurrentLaunches < 0 {
 		bad("broker.max_concurrent_launches", "must be 0 (no cap) or more")
@@ -259,10 +256,17 @@ func (c *Config) agentDefaults(a *Agent) {
 	setDefault(&a.DrainFile, filepath.Join(c.StateDir, "agent.drain"))
 }
 
-func validateAgent(a *Agent, bad func(string, string, ...any)) {
+func (c *Config) validateAgent(a *Agent, bad func(string, string, ...any)) {
 	u, err := url.Parse(a.Broker)
 	if err != nil || u.Scheme != "https" || u.Host == "" {
 		bad("agent.broker", "%q is not an https://host:port URL of a broker", a.Broker)
+	} else {
+		checkURLHost(bad, "agent.broker", a.Broker)
+	}
+	checkCAFile(bad, "agent.broker_ca", a.BrokerCA)
+	// The default, the host name, is the system's business.
+	if p := hostProblem(a.Address); c.src.has("agent.address") && p != "" {
+		bad("agent.address", "%s", p)
 	}
 	if !a.JoinToken.IsSet() {
 		bad("agent.join_token", "set the join token from deskway token join --group NAME")

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -34,6 +32,8 @@ type Config struct {
 	Web     *Web     `yaml:"web"`
 	// Farm is what the gateway nodes of a farm share.
 	Farm *Farm `yaml:"farm"`
+	// src is the file the config was read from, for the lines of mistakes.
+	src *source
 }
 
 // Farm is the state a farm's gateway nodes keep together.
@@ -106,18 +106,26 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes YAML strictly, applies defaults, resolves secrets and validates.
+// Parse decodes YAML strictly, resolves secrets, applies defaults and
+// validates. Every mistake is reported by its YAML path and line.
 func Parse(b []byte) (*Config, error) {
-	c := &Config{}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if err := checkShape(&doc); err != nil {
+		return nil, err
+	}
+	c := &Config{src: &source{root: &doc}}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
-	c.ApplyDefaults()
 	if err := c.resolveSecrets(); err != nil {
 		return nil, err
 	}
+	c.ApplyDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -155,7 +163,7 @@ func (c *Config) ApplyDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+		errs = append(errs, fmt.Errorf("%s: %s", c.src.where(key), fmt.Sprintf(format, a...)))
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
@@ -167,11 +175,11 @@ func (c *Config) Validate() error {
 	default:
 		bad("log.format", "%q is not one of auto, json, text", c.Log.Format)
 	}
-	if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
-		bad("admin.listen", "%q is not host:port", c.Admin.Listen)
-	}
+	checkListen(bad, "admin.listen", c.Admin.Listen)
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
 		bad("tls", "give both cert and key, or neither for a self-signed certificate")
+	} else if c.TLS.Cert != "" {
+		checkKeyPair(bad, "tls.cert", "tls.key", c.TLS.Cert, c.TLS.Key)
 	}
 	if c.Auth.TokenKey.IsSet() && len(c.Auth.TokenKey.Value()) < 32 {
 		bad("auth.token_key", "is %d bytes; use at least 32 random bytes", len(c.Auth.TokenKey.Value()))
@@ -206,7 +214,7 @@ func (c *Config) Validate() error {
 		c.validateBroker(b, bad)
 	}
 	if a := c.Agent; a != nil {
-		validateAgent(a, bad)
+		c.validateAgent(a, bad)
 	}
 	if w := c.Web; w != nil {
 		validateWeb(w, bad)
@@ -233,28 +241,4 @@ func setDefault[T comparable](p *T, v T) {
 	if *p == zero {
 		*p = v
 	}
-}
-
-// ParsePrefixes reads addresses and CIDR prefixes; an address is a prefix
-// of its full length.
-func ParsePrefixes(list []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range list {
-		if p, err := netip.ParsePrefix(s); err == nil {
-			// Connections' addresses are compared unmapped: so is an
-			// IPv4-mapped prefix.
-			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-			}
-			out = append(out, p.Masked())
-			continue
-		}
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return nil, fmt.Errorf("%q is not an address or a CIDR prefix", s)
-		}
-		a = a.Unmap()
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
-	}
-	return out, nil
 }

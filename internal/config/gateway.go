@@ -3,8 +3,6 @@ package config
 import (
 	"encoding/hex"
 	"fmt"
-	"net"
-	"net/netip"
 	"net/url"
 	"runtime"
 	"strings"
@@ -157,9 +155,8 @@ func gatewayDefaults(g *Gateway) {
 }
 
 func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
-	if _, _, err := net.SplitHostPort(g.Listen); err != nil {
-		bad("gateway.listen", "%q is not host:port", g.Listen)
-	}
+	checkListen(bad, "gateway.listen", g.Listen)
+	checkHostOptionalPort(bad, "gateway.public_name", g.PublicName)
 	for _, m := range g.AuthMethods {
 		switch m {
 		case "ntlm":
@@ -200,13 +197,9 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	if len(g.FarmPeers) > 0 && !c.Auth.TokenKey.IsSet() {
 		bad("gateway.farm_peers", "a farm's nodes authenticate each other with a key derived from auth.token_key: set the same token_key on every node")
 	}
-	if _, err := ParsePrefixes(g.ProxyProtocolFrom); err != nil {
-		bad("gateway.proxy_protocol_from", "%v", err)
-	}
+	checkPrefixes(bad, "gateway.proxy_protocol_from", g.ProxyProtocolFrom)
 	for i, peer := range g.FarmPeers {
-		if h, port, err := net.SplitHostPort(peer); err != nil || h == "" || port == "" {
-			bad(fmt.Sprintf("gateway.farm_peers[%d]", i), "%q is not host:port", peer)
-		}
+		checkDial(bad, fmt.Sprintf("gateway.farm_peers[%d]", i), peer)
 	}
 	if len(g.ConsentMessage) > 8000 || len(g.ServiceMessage) > 8000 {
 		bad("gateway", "consent and service messages are limited to 8000 characters")
@@ -243,33 +236,31 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 		if len(p.Hosts) == 0 {
 			bad(key+".hosts", "policy %q allows no hosts", p.Name)
 		}
-		for _, h := range p.Hosts {
-			if strings.Contains(h, "/") {
-				if _, err := netip.ParsePrefix(h); err != nil {
-					bad(key+".hosts", "%q is not a CIDR prefix: %v", h, err)
-				}
-			}
+		for j, h := range p.Hosts {
+			checkPolicyHost(bad, fmt.Sprintf("%s.hosts[%d]", key, j), h)
 		}
-		for _, port := range p.Ports {
+		for j, port := range p.Ports {
 			if port < 1 || port > 65535 {
-				bad(key+".ports", "%d is not a TCP port", port)
+				bad(fmt.Sprintf("%s.ports[%d]", key, j), "port %d is out of range (1 to 65535)", port)
 			}
 		}
-		for _, pin := range p.HostCertSHA256 {
+		for j, pin := range p.HostCertSHA256 {
 			if _, err := ParseCertPin(pin); err != nil {
-				bad(key+".host_certificate_sha256", "%v", err)
+				bad(fmt.Sprintf("%s.host_certificate_sha256[%d]", key, j), "%v", err)
 			}
 		}
+		checkCAFile(bad, key+".host_certificate_ca", p.HostCA)
 	}
-	for _, o := range g.BrowserOrigins {
+	for i, o := range g.BrowserOrigins {
+		key := fmt.Sprintf("gateway.browser_origins[%d]", i)
 		if u, err := url.Parse(o); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.Path != "" || u.RawQuery != "" {
-			bad("gateway.browser_origins", "%q is not an origin such as https://portal.example.com", o)
+			bad(key, "%q is not an origin such as https://portal.example.com", o)
+		} else {
+			checkURLHost(bad, key, o)
 		}
 	}
 	if r := g.RADIUS; r != nil {
-		if _, _, err := net.SplitHostPort(r.Server); err != nil {
-			bad("gateway.radius.server", "%q is not host:port", r.Server)
-		}
+		checkDial(bad, "gateway.radius.server", r.Server)
 		if r.Secret.Value() == "" {
 			bad("gateway.radius.secret", "is required")
 		}

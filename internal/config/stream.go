@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -108,9 +107,7 @@ func (c *Config) streamDefaults(st *Stream) {
 }
 
 func validateStream(st *Stream, bad func(string, string, ...any)) {
-	if _, _, err := net.SplitHostPort(st.Listen); err != nil {
-		bad("stream.listen", "%q is not host:port", st.Listen)
-	}
+	checkListen(bad, "stream.listen", st.Listen)
 	switch st.TLS {
 	case "off", "on", "require":
 	default:

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -73,7 +74,7 @@ func (s *Secret) Resolve() error {
 		path := strings.TrimPrefix(s.ref, "file:")
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return fmt.Errorf("read secret file: %w", err)
+			return fmt.Errorf("secret file %s", fileProblem(path, err))
 		}
 		s.value = strings.TrimRight(string(b), "\r\n")
 	default:
@@ -94,70 +95,50 @@ func (s Secret) String() string { return "REDACTED" }
 // LogValue implements slog.LogValuer.
 func (s Secret) LogValue() slog.Value { return slog.StringValue("REDACTED") }
 
+// resolveSecrets reads every env: and file: secret, before defaults copy
+// any of them (web.frontend_token from broker.frontend_tokens), so each
+// failure is reported once, at the key that was written.
 func (c *Config) resolveSecrets() error {
+	var errs []error
+	resolve := func(key string, s *Secret) {
+		if err := s.Resolve(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.src.where(key), err))
+		}
+	}
 	for i := range c.Admin.Tokens {
-		if err := c.Admin.Tokens[i].Resolve(); err != nil {
-			return fmt.Errorf("admin.tokens[%d]: %w", i, err)
-		}
+		resolve(fmt.Sprintf("admin.tokens[%d]", i), &c.Admin.Tokens[i])
 	}
-	if err := c.Auth.TokenKey.Resolve(); err != nil {
-		return fmt.Errorf("auth.token_key: %w", err)
-	}
+	resolve("auth.token_key", &c.Auth.TokenKey)
 	for i := range c.Auth.Users {
-		u := &c.Auth.Users[i]
-		if err := u.Password.Resolve(); err != nil {
-			return fmt.Errorf("auth.users[%d] (%s).password: %w", i, u.Name, err)
-		}
-		if err := u.NTHash.Resolve(); err != nil {
-			return fmt.Errorf("auth.users[%d] (%s).nt_hash: %w", i, u.Name, err)
-		}
+		resolve(fmt.Sprintf("auth.users[%d].password", i), &c.Auth.Users[i].Password)
+		resolve(fmt.Sprintf("auth.users[%d].nt_hash", i), &c.Auth.Users[i].NTHash)
 	}
 	if c.Agent != nil {
-		if err := c.Agent.JoinToken.Resolve(); err != nil {
-			return fmt.Errorf("agent.join_token: %w", err)
-		}
+		resolve("agent.join_token", &c.Agent.JoinToken)
 	}
 	if c.Broker != nil {
 		for i := range c.Broker.FrontendTokens {
-			if err := c.Broker.FrontendTokens[i].Resolve(); err != nil {
-				return fmt.Errorf("broker.frontend_tokens[%d]: %w", i, err)
-			}
+			resolve(fmt.Sprintf("broker.frontend_tokens[%d]", i), &c.Broker.FrontendTokens[i])
 		}
 	}
-	if c.Web != nil {
-		// web.frontend_token may be a copy of broker.frontend_tokens[0],
-		// made before either was resolved.
-		if err := c.Web.FrontendToken.Resolve(); err != nil {
-			return fmt.Errorf("web.frontend_token: %w", err)
+	if w := c.Web; w != nil {
+		resolve("web.frontend_token", &w.FrontendToken)
+		resolve("web.cookie_key", &w.CookieKey)
+		if w.OIDC != nil {
+			resolve("web.oidc.client_secret", &w.OIDC.ClientSecret)
 		}
-		if err := c.Web.CookieKey.Resolve(); err != nil {
-			return fmt.Errorf("web.cookie_key: %w", err)
+		if w.Console != nil {
+			resolve("web.console.token", &w.Console.Token)
 		}
-		if c.Web.OIDC != nil {
-			if err := c.Web.OIDC.ClientSecret.Resolve(); err != nil {
-				return fmt.Errorf("web.oidc.client_secret: %w", err)
-			}
-		}
-		if c.Web.Console != nil {
-			if err := c.Web.Console.Token.Resolve(); err != nil {
-				return fmt.Errorf("web.console.token: %w", err)
-			}
-		}
-		if c.Web.LDAP != nil {
-			if err := c.Web.LDAP.BindPassword.Resolve(); err != nil {
-				return fmt.Errorf("web.ldap.bind_password: %w", err)
-			}
+		if w.LDAP != nil {
+			resolve("web.ldap.bind_password", &w.LDAP.BindPassword)
 		}
 	}
 	if c.Gateway != nil && c.Gateway.RADIUS != nil {
-		if err := c.Gateway.RADIUS.Secret.Resolve(); err != nil {
-			return fmt.Errorf("gateway.radius.secret: %w", err)
-		}
+		resolve("gateway.radius.secret", &c.Gateway.RADIUS.Secret)
 	}
 	if c.Farm != nil {
-		if err := c.Farm.Database.Resolve(); err != nil {
-			return fmt.Errorf("farm.database: %w", err)
-		}
+		resolve("farm.database", &c.Farm.Database)
 	}
-	return nil
+	return errors.Join(errs...)
 }

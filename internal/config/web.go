@@ -170,12 +170,13 @@ func (c *Config) webDefaults(w *Web) {
 func (w *Web) LocalBroker() bool { return w.localBroker }
 
 func validateWeb(w *Web, bad func(string, string, ...any)) {
-	if _, _, err := net.SplitHostPort(w.Listen); err != nil {
-		bad("web.listen", "%q is not host:port", w.Listen)
-	}
+	checkListen(bad, "web.listen", w.Listen)
 	if u, err := url.Parse(w.Broker); err != nil || u.Scheme != "https" || u.Host == "" {
 		bad("web.broker", "%q is not an https:// URL (leave it empty to use this config's broker)", w.Broker)
+	} else {
+		checkURLHost(bad, "web.broker", w.Broker)
 	}
+	checkCAFile(bad, "web.broker_ca", w.BrokerCA)
 	if !w.FrontendToken.IsSet() {
 		bad("web.frontend_token", "is empty: set it, or add broker.frontend_tokens to this config")
 	}
@@ -185,12 +186,17 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 	if o := w.OIDC; o != nil {
 		if u, err := url.Parse(o.Issuer); err != nil || u.Scheme != "https" || u.Host == "" {
 			bad("web.oidc.issuer", "%q is not an https:// URL", o.Issuer)
+		} else {
+			checkURLHost(bad, "web.oidc.issuer", o.Issuer)
 		}
+		checkCAFile(bad, "web.oidc.ca", o.CA)
 		if o.ClientID == "" {
 			bad("web.oidc.client_id", "is empty: the client id the provider gave this portal")
 		}
 		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("web.public_url", "%q is not https://HOST[:PORT]: OIDC needs it for the address the provider sends people back to (PUBLIC_URL/oidc/callback)", w.PublicURL)
+		} else {
+			checkURLHost(bad, "web.public_url", w.PublicURL)
 		}
 	}
 	if cn := w.Console; cn != nil {
@@ -199,7 +205,10 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if u, err := url.Parse(cn.API); err != nil || u.Scheme != "https" || u.Host == "" {
 			bad("web.console.api", "%q is not an https:// URL (leave it empty for this config's admin listener)", cn.API)
+		} else {
+			checkURLHost(bad, "web.console.api", cn.API)
 		}
+		checkCAFile(bad, "web.console.api_ca", cn.APICA)
 		if !cn.Token.IsSet() {
 			bad("web.console.token", "is empty: set it, or add admin.tokens to this config")
 		}
@@ -207,7 +216,10 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 	if l := w.LDAP; l != nil {
 		if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "ldap" && u.Scheme != "ldaps") || u.Host == "" {
 			bad("web.ldap.url", "%q is not ldap://HOST[:PORT] or ldaps://HOST[:PORT]", l.URL)
+		} else {
+			checkURLHost(bad, "web.ldap.url", l.URL)
 		}
+		checkCAFile(bad, "web.ldap.ca", l.CA)
 		if l.BaseDN == "" {
 			bad("web.ldap.base_dn", "is empty: where users are searched, e.g. dc=example,dc=com")
 		}
