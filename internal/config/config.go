@@ -217,7 +217,7 @@ func (c *Config) Validate() error {
 		c.validateAgent(a, bad)
 	}
 	if w := c.Web; w != nil {
-		validateWeb(w, bad)
+		c.validateWeb(w, bad)
 	}
 	return errors.Join(errs...)
 }

@@ -68,7 +68,7 @@ func (sc *shapeCheck) walk(path string, n *yaml.Node, t reflect.Type) {
 			sc.bad(path, n, "want a section of keys (name: value), got %s", describe(n))
 			return
 		}
-		sc.section(path, n, t, map[string]int{})
+		sc.section(path, n, t)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			sc.bad(path, n, "want a list ([a, b], or one \"- \" item a line), got %s", describe(n))
@@ -86,10 +86,9 @@ func (sc *shapeCheck) walk(path string, n *yaml.Node, t reflect.Type) {
 	}
 }
 
-// section checks the keys of a mapping against the fields of struct t;
-// seen holds the keys met so far with their lines, across merged (<<)
-// mappings.
-func (sc *shapeCheck) section(path string, n *yaml.Node, t reflect.Type, seen map[string]int) {
+// section checks the keys of a mapping against the fields of struct t.
+func (sc *shapeCheck) section(path string, n *yaml.Node, t reflect.Type) {
+	seen := map[string]int{} // key: the line it was first written on
 	fields := map[string]reflect.Type{}
 	var names []string
 	for i := range t.NumField() {
@@ -110,8 +109,9 @@ func (sc *shapeCheck) section(path string, n *yaml.Node, t reflect.Type, seen ma
 				merged = v.Content
 			}
 			for _, m := range merged {
+				// Keys written beside a merge override the merged ones.
 				if m = unalias(m); m.Kind == yaml.MappingNode {
-					sc.section(path, m, t, seen)
+					sc.section(path, m, t)
 				}
 			}
 			continue

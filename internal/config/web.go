@@ -169,11 +169,13 @@ func (c *Config) webDefaults(w *Web) {
 // was left empty), so a process running both can connect them directly.
 func (w *Web) LocalBroker() bool { return w.localBroker }
 
-func validateWeb(w *Web, bad func(string, string, ...any)) {
+func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 	checkListen(bad, "web.listen", w.Listen)
 	if u, err := url.Parse(w.Broker); err != nil || u.Scheme != "https" || u.Host == "" {
 		bad("web.broker", "%q is not an https:// URL (leave it empty to use this config's broker)", w.Broker)
-	} else {
+	} else if c.src.has("web.broker") {
+		// The default, this config's broker, is called inside the
+		// process when its listener has port 0.
 		checkURLHost(bad, "web.broker", w.Broker)
 	}
 	checkCAFile(bad, "web.broker_ca", w.BrokerCA)
@@ -205,7 +207,7 @@ func validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if u, err := url.Parse(cn.API); err != nil || u.Scheme != "https" || u.Host == "" {
 			bad("web.console.api", "%q is not an https:// URL (leave it empty for this config's admin listener)", cn.API)
-		} else {
+		} else if c.src.has("web.console.api") {
 			checkURLHost(bad, "web.console.api", cn.API)
 		}
 		checkCAFile(bad, "web.console.api_ca", cn.APICA)
