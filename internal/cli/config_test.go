@@ -111,6 +111,8 @@ func TestConfigMistakes(t *testing.T) {
 			`broker.listen (line 7): "127.0.0.1:65536": port 65536 is out of range (0 to 65535)`},
 		{"agent port out of range", "agent", agentBase, "port: 3389", "port: 338900",
 			`agent.port (line 5): 338900 is not 1 to 65535`},
+		{"broker URL port out of range", "agent", agentBase, "https://127.0.0.1:1", "https://broker.example.com:84440",
+			`agent.broker (line 3): "https://broker.example.com:84440": port 84440 is out of range (1 to 65535)`},
 		{"web port out of range", "run", webBase, "listen: 127.0.0.1:0\n  session_idle", "listen: 127.0.0.1:84430\n  session_idle",
 			`web.listen (line 13): "127.0.0.1:84430": port 84430 is out of range (0 to 65535)`},
 
@@ -123,6 +125,9 @@ func TestConfigMistakes(t *testing.T) {
 			`tls.key (line 15): ` + otherKey + ` is not the key of the certificate in ` + cert + ` (tls.cert)`},
 		{"tls certificate that is a key", "gateway", gatewayBase + tlsLines, "cert: CERT", "cert: KEY",
 			`tls.cert (line 14): ` + key + ` holds no PEM certificate`},
+
+		{"broker CA missing", "agent", agentBase, "  port: 3389", "  port: 3389\n  broker_ca: /nonexistent/ca.pem",
+			`agent.broker_ca (line 6): /nonexistent/ca.pem does not exist`},
 
 		// CIDR prefixes, each with its line.
 		{"policy prefix too long", "gateway", gatewayBase, "10.20.0.0/16", "10.20.0.0/33",
