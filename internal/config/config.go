@@ -1,6 +1,8 @@
-// Package config loads deskway's single YAML file: strict decoding (an
-// unknown key is an error naming the key and its line), defaults, and
-// validation that names the key at fault. A present section enables its role.
+// Package config loads deskway's single YAML file: a check of its shape
+// (every key known, with the nearest known key suggested for one that is
+// not, and every value of the kind its key wants), secrets, defaults, and
+// validation. Every mistake names its YAML path and line. A present
+// section enables its role.
 package config
 
 import (
