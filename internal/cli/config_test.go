@@ -51,6 +51,11 @@ broker:
   delivery_groups:
   - {name: desk, groups: [staff]}
 `
+	netbootBase = streamBase + `  netboot:
+    interface: lo
+    address: 127.0.0.1
+    servers: ["127.0.0.1:10809"]
+`
 	agentBase = `state_dir: DIR
 agent:
   broker: https://127.0.0.1:1
@@ -97,6 +102,8 @@ func TestConfigMistakes(t *testing.T) {
 			`gateway.resource_policies[0].hosts[1] (line 12): "10.20.0.300" is not an IPv4 address (four numbers from 0 to 255), and a host name cannot end in a number`},
 		{"ip-shaped gateway for .rdp files", "broker", brokerBase, "gw.example.com:443", "10.20.0.300:443",
 			`broker.gateway (line 8): "10.20.0.300:443": "10.20.0.300" is not an IPv4 address (four numbers from 0 to 255), and a host name cannot end in a number`},
+		{"ip-shaped boot server address", "stream", netbootBase, "address: 127.0.0.1", "address: 127.0.0.300",
+			`stream.netboot.address (line 13): "127.0.0.300" is not this server's IPv4 address on the boot network`},
 		{"ip-shaped broker URL", "agent", agentBase, "https://127.0.0.1:1", "https://10.20.0.300:8444",
 			`agent.broker (line 3): "https://10.20.0.300:8444": "10.20.0.300" is not an IPv4 address (four numbers from 0 to 255), and a host name cannot end in a number`},
 		{"ip-shaped directory", "run", webBase, "ldap://127.0.0.1:1", "ldap://10.20.0.300",
@@ -107,6 +114,8 @@ func TestConfigMistakes(t *testing.T) {
 			`admin.listen (line 3): "127.0.0.1:99999": port 99999 is out of range (0 to 65535)`},
 		{"stream port out of range", "stream", streamBase, "listen: 127.0.0.1:0\n  tls", "listen: 127.0.0.1:99999\n  tls",
 			`stream.listen (line 5): "127.0.0.1:99999": port 99999 is out of range (0 to 65535)`},
+		{"boot server port out of range", "stream", netbootBase, "127.0.0.1:10809", "127.0.0.1:108090",
+			`stream.netboot.servers[0] (line 14): "127.0.0.1:108090": port 108090 is out of range (1 to 65535)`},
 		{"broker port out of range", "broker", brokerBase, "listen: 127.0.0.1:0\n  gateway", "listen: 127.0.0.1:65536\n  gateway",
 			`broker.listen (line 7): "127.0.0.1:65536": port 65536 is out of range (0 to 65535)`},
 		{"agent port out of range", "agent", agentBase, "port: 3389", "port: 338900",
@@ -148,6 +157,8 @@ func TestConfigMistakes(t *testing.T) {
 			`gatway (line 4): unknown key; did you mean gateway?`},
 		{"misspelt vdisk key", "stream", streamBase, "base: IMG", "bsae: IMG",
 			`stream.vdisks[0].bsae (line 10): unknown key; did you mean base?`},
+		{"misspelt netboot key", "stream", netbootBase, "interface: lo", "intreface: lo",
+			`stream.netboot.intreface (line 12): unknown key; did you mean interface?`},
 		{"misspelt delivery group key", "broker", brokerBase, "groups: [staff]}", "group: [staff]}",
 			`broker.delivery_groups[0].group (line 11): unknown key; did you mean groups?`},
 		{"camel-case agent key", "agent", agentBase, "join_token:", "joinToken:",

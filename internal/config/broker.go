@@ -263,7 +263,7 @@ func (c *Config) validateAgent(a *Agent, bad func(string, string, ...any)) {
 	} else {
 		checkURLHost(bad, "agent.broker", a.Broker)
 	}
-	checkCAFile(bad, "agent.broker_ca", a.BrokerCA)
+	c.checkCAFile(bad, "agent.broker_ca", a.BrokerCA)
 	// The default, the host name, is the system's business.
 	if p := hostProblem(a.Address); c.src.has("agent.address") && p != "" {
 		bad("agent.address", "%s", p)

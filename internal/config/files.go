@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 )
@@ -45,9 +46,11 @@ func checkKeyPair(bad badFunc, certKey, keyKey, certFile, keyFile string) {
 }
 
 // checkCAFile checks a file of CA certificates that a connection's peer
-// is checked against.
-func checkCAFile(bad badFunc, key, path string) {
-	if path == "" {
+// is checked against. The self-signed certificate a first start makes in
+// the state directory (which deskway up names for its own agent) may not
+// exist yet.
+func (c *Config) checkCAFile(bad badFunc, key, path string) {
+	if path == "" || (c.TLS.Cert == "" && filepath.Clean(path) == filepath.Join(c.StateDir, "tls.crt")) {
 		return
 	}
 	b, err := os.ReadFile(path)

@@ -249,7 +249,7 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 				bad(fmt.Sprintf("%s.host_certificate_sha256[%d]", key, j), "%v", err)
 			}
 		}
-		checkCAFile(bad, key+".host_certificate_ca", p.HostCA)
+		c.checkCAFile(bad, key+".host_certificate_ca", p.HostCA)
 	}
 	for i, o := range g.BrowserOrigins {
 		key := fmt.Sprintf("gateway.browser_origins[%d]", i)

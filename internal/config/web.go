@@ -178,7 +178,7 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		// process when its listener has port 0.
 		checkURLHost(bad, "web.broker", w.Broker)
 	}
-	checkCAFile(bad, "web.broker_ca", w.BrokerCA)
+	c.checkCAFile(bad, "web.broker_ca", w.BrokerCA)
 	if !w.FrontendToken.IsSet() {
 		bad("web.frontend_token", "is empty: set it, or add broker.frontend_tokens to this config")
 	}
@@ -191,7 +191,7 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		} else {
 			checkURLHost(bad, "web.oidc.issuer", o.Issuer)
 		}
-		checkCAFile(bad, "web.oidc.ca", o.CA)
+		c.checkCAFile(bad, "web.oidc.ca", o.CA)
 		if o.ClientID == "" {
 			bad("web.oidc.client_id", "is empty: the client id the provider gave this portal")
 		}
@@ -210,7 +210,7 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		} else if c.src.has("web.console.api") {
 			checkURLHost(bad, "web.console.api", cn.API)
 		}
-		checkCAFile(bad, "web.console.api_ca", cn.APICA)
+		c.checkCAFile(bad, "web.console.api_ca", cn.APICA)
 		if !cn.Token.IsSet() {
 			bad("web.console.token", "is empty: set it, or add admin.tokens to this config")
 		}
@@ -221,7 +221,7 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		} else {
 			checkURLHost(bad, "web.ldap.url", l.URL)
 		}
-		checkCAFile(bad, "web.ldap.ca", l.CA)
+		c.checkCAFile(bad, "web.ldap.ca", l.CA)
 		if l.BaseDN == "" {
 			bad("web.ldap.base_dn", "is empty: where users are searched, e.g. dc=example,dc=com")
 		}
