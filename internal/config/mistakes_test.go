@@ -103,9 +103,10 @@ gateway:
 // TestMistakeLines: a key left out is placed at its section's line, and
 // a file's mistakes are all reported, in order.
 func TestMistakeLines(t *testing.T) {
-	_, err := Parse([]byte("log:\n  level: info\ngateway:\n  listen: \":1\"\n  resource_policies:\n  - name: r\n    users: [a]\n    hosts: [10.0.0.300]\n    ports: [0]\n"))
+	_, err := Parse([]byte("log:\n  level: info\ngateway:\n  listen: \":1\"\n  resource_policies:\n  - name: r\n    users: [a]\n    hosts: [10.0.0.300, \"fe80::zz\"]\n    ports: [0]\n"))
 	want := "gateway.auth_methods (not set; its section is on line 3): paa needs auth.token_key\n" +
 		`gateway.resource_policies[0].hosts[0] (line 8): "10.0.0.300" is not an IPv4 address (four numbers from 0 to 255), and a host name cannot end in a number` + "\n" +
+		`gateway.resource_policies[0].hosts[1] (line 8): "fe80::zz" is not an IPv6 address` + "\n" +
 		"gateway.resource_policies[0].ports[0] (line 9): port 0 is out of range (1 to 65535)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got\n%v\nwant\n%s", err, want)
