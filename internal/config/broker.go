@@ -111,7 +111,8 @@ func DefaultHealth() Health {
 // takes its default.
 func (h *Health) UnmarshalYAML(n *yaml.Node) error {
 	// A map, not the struct: the decoder's strictness about unknown keys
-	// does not reach into a custom unmarshaler, so the keys are checked here.
+	// does not reach into a custom unmarshaler. Parse's shape check has
+	// refused unknown keys already; this keeps any other decoding strict.
 	var m map[string]float64
 	if err := n.Decode(&m); err != nil {
 		return err

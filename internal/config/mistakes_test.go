@@ -1,6 +1,7 @@
 package config
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -135,5 +136,22 @@ func TestNearestKey(t *testing.T) {
 	_, err := Parse([]byte("gateway:\n  colour: blue\n"))
 	if err == nil || !strings.HasPrefix(err.Error(), "gateway.colour (line 2): unknown key; the keys here are listen, public_name, auth_methods,") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestFileProblem: why a file cannot be read, in plain words (a test run
+// as root reads any file, so permission is shown with the error itself).
+func TestFileProblem(t *testing.T) {
+	dir := t.TempDir()
+	_, missing := os.ReadFile(filepath.Join(dir, "nope"))
+	_, isDir := os.ReadFile(dir)
+	for err, want := range map[error]string{
+		missing: dir + "/x does not exist",
+		isDir:   dir + "/x is a directory, not a file",
+		&fs.PathError{Op: "open", Path: "/x", Err: fs.ErrPermission}: dir + "/x cannot be read (permission denied)",
+	} {
+		if got := fileProblem(dir+"/x", err); got != want {
+			t.Errorf("%v: got %q, want %q", err, got, want)
+		}
 	}
 }
