@@ -121,8 +121,9 @@ func TestMistakeLines(t *testing.T) {
 	}
 }
 
-// TestNearestKey: a misspelling is matched to the key meant, and a word
-// far from every key gets the list instead of a guess.
+// TestNearestKey: a misspelling is matched to the key meant, a key of
+// another section is sent there, and a word far from every key gets the
+// section's keys instead of a guess.
 func TestNearestKey(t *testing.T) {
 	keys := []string{"listen", "idle_timeout", "session_timeout", "keepalive", "auth_methods", "max_tunnels"}
 	for in, want := range map[string]string{
@@ -131,6 +132,16 @@ func TestNearestKey(t *testing.T) {
 	} {
 		if got := nearest(in, keys); got != want {
 			t.Errorf("nearest(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// A key of another section is sent there.
+	for in, want := range map[string]string{
+		"gateway:\n  token_key: k\n": "gateway.token_key (line 2): unknown key here; token_key belongs in auth",
+		"gateway:\n  hosts: [a]\n":   "gateway.hosts (line 2): unknown key here; hosts belongs in an entry of gateway.resource_policies",
+		"stream:\n  dhcp: full\n":    "stream.dhcp (line 2): unknown key here; dhcp belongs in stream.netboot",
+	} {
+		if _, err := Parse([]byte(in)); err == nil || err.Error() != want {
+			t.Errorf("%q: got %v, want %s", in, err, want)
 		}
 	}
 	_, err := Parse([]byte("gateway:\n  colour: blue\n"))

@@ -124,6 +124,8 @@ func (sc *shapeCheck) section(path string, n *yaml.Node, t reflect.Type) {
 		if !ok {
 			if near := nearest(k.Value, names); near != "" {
 				sc.bad(key, k, "unknown key; did you mean %s?", near)
+			} else if homes := keyHomes(reflect.TypeFor[Config](), "", k.Value); len(homes) > 0 {
+				sc.bad(key, k, "unknown key here; %s belongs in %s", k.Value, strings.Join(homes, " or "))
 			} else {
 				sc.bad(key, k, "unknown key; the keys here are %s", strings.Join(names, ", "))
 			}
@@ -136,6 +138,41 @@ func (sc *shapeCheck) section(path string, n *yaml.Node, t reflect.Type) {
 		seen[k.Value] = k.Line
 		sc.walk(key, v, ft)
 	}
+}
+
+// keyHomes lists the sections of t (at path) that have key, for a key
+// written in the wrong one: auth.token_key put under gateway.
+func keyHomes(t reflect.Type, path, key string) []string {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+		if t.Kind() == reflect.Slice {
+			path += "[]"
+		}
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || t == durationType || t == secretType {
+		return nil
+	}
+	var homes []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if !f.IsExported() || name == "" || name == "-" {
+			continue
+		}
+		if name == key && path != "" {
+			if list, ok := strings.CutSuffix(path, "[]"); ok {
+				homes = append(homes, "an entry of "+list)
+			} else {
+				homes = append(homes, path)
+			}
+		}
+		sub := name
+		if path != "" {
+			sub = path + "." + name
+		}
+		homes = append(homes, keyHomes(f.Type, sub, key)...)
+	}
+	return homes
 }
 
 func isNull(n *yaml.Node) bool {
