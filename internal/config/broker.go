@@ -2,12 +2,162 @@ package config
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
+
+// Broker is the session broker: it places launches on session hosts and
+// hands back .rdp files that route through the gateway.
+type Broker struct {
+	Listen string `yaml:"listen"`
+	// Database is a SQLite file path (the default, in state_dir) or a
+	// postgres:// URL when several brokers share state.
+	Database string `yaml:"database"`
+	// MaxDBConnections bounds the PostgreSQL pool; each launch in flight
+	// holds one connection for one round trip.
+	MaxDBConnections int `yaml:"max_db_connections"`
+	// Zone is where this broker runs: launches prefer hosts in the user's
+	// home zone, else in this zone, before any other.
+	Zone string `yaml:"zone"`
+	// MaxConcurrentLaunches caps launches in progress; more get 503 with
+	// Retry-After. 0 means no cap.
+	MaxConcurrentLaunches int      `yaml:"max_concurrent_launches"`
+	RetryAfter            Duration `yaml:"retry_after"`
+	// ReadTimeout bounds reading a whole request, headers and body: a
+	// client that trickles bytes holds a connection no longer.
+	ReadTimeout Duration `yaml:"read_timeout"`
+	// BusyWait is how long a launch waits inside the broker, trying again,
+	// when every host is only busy (at its logon limit, or taken by
+	// concurrent launches) before it answers 503 with Retry-After.
+	BusyWait Duration `yaml:"busy_wait"`
+	// LaunchTimeout bounds one launch, database round trips included.
+	LaunchTimeout Duration `yaml:"launch_timeout"`
+	// HeartbeatInterval is how often agents report; a host silent for
+	// HeartbeatTimeout is unreachable and gets no launches.
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
+	HeartbeatTimeout  Duration `yaml:"heartbeat_timeout"`
+	// LogonGrace is how long a launched session may take to appear on its
+	// host before it counts as a failed logon and its slot is freed.
+	LogonGrace Duration `yaml:"logon_grace"`
+	// TokenTTL is how long the gateway token in a launch's .rdp file is valid.
+	TokenTTL Duration `yaml:"token_ttl"`
+	// Gateway is the gateway's public host:port written into .rdp files;
+	// empty means gateway.public_name.
+	Gateway string `yaml:"gateway"`
+	// FrontendTokens let a trusted front end (a web portal, the bench)
+	// launch on behalf of a user it has authenticated itself.
+	FrontendTokens []Secret `yaml:"frontend_tokens"`
+	// ProxyProtocolFrom are the TCP load balancers (addresses or CIDR
+	// prefixes) that send a PROXY protocol v2 header first; the broker's
+	// failed-login throttle and logs then see the client's address.
+	ProxyProtocolFrom []string      `yaml:"proxy_protocol_from"`
+	Health            Health        `yaml:"health"`
+	DeliveryGroups    []DeliveryGrp `yaml:"delivery_groups"`
+}
+
+// Agent is the session-host agent: it registers this host with a broker
+// and reports its load, health and sessions.
+type Agent struct {
+	// Broker is the broker's URL, https://host:port.
+	Broker string `yaml:"broker"`
+	// BrokerCA is a PEM file of the CA (or self-signed certificate) the
+	// broker's certificate is checked against; empty means system roots.
+	BrokerCA string `yaml:"broker_ca"`
+	// JoinToken comes from deskway token join --group NAME.
+	JoinToken Secret `yaml:"join_token"`
+	// Name identifies the host to the broker (default: the host name).
+	Name string `yaml:"name"`
+	// Address and Port are where the gateway reaches the host's RDP server.
+	Address      string  `yaml:"address"`
+	Port         int     `yaml:"port"`
+	Zone         string  `yaml:"zone"`
+	Weight       float64 `yaml:"weight"`
+	SessionLimit int     `yaml:"session_limit"`
+	// Sessions is where sessions are read: xrdp, or none.
+	Sessions string `yaml:"sessions"`
+	// SessionPoll is how often sessions are checked for logons, disconnects
+	// and logoffs, which are reported at once.
+	SessionPoll Duration `yaml:"session_poll"`
+	// DrainFile, while it exists, asks the broker for no new sessions.
+	DrainFile string `yaml:"drain_file"`
+}
+
+// Health holds the thresholds past which a host takes no new sessions:
+// the disk and memory ones from the Terminal Server sizing guidance, and
+// CPU pressure. Read from YAML, a key left out takes its default; built
+// in Go, a Health is taken as it is unless it is all zero (start from
+// DefaultHealth).
+type Health struct {
+	DiskIdleMinPct       float64 `yaml:"disk_idle_min_pct"`
+	DiskLatencyMaxMS     float64 `yaml:"disk_latency_max_ms"`
+	MemoryPressureMaxPct float64 `yaml:"memory_pressure_max_pct"`
+	// CPUPressureMaxPct bounds the share of time runnable tasks wait for
+	// a CPU (PSI): waiting is what users feel, where CPU busy is not.
+	CPUPressureMaxPct float64 `yaml:"cpu_pressure_max_pct"`
+}
+
+// DefaultHealth is the thresholds a broker uses where its config is silent.
+func DefaultHealth() Health {
+	return Health{DiskIdleMinPct: 50, DiskLatencyMaxMS: 25, MemoryPressureMaxPct: 20, CPUPressureMaxPct: 80}
+}
+
+// UnmarshalYAML implements yaml.Unmarshaler so that a threshold written
+// down is kept even at 0 (disk_idle_min_pct: 0 turns the disk idle check
+// off, as a pressure maximum of 100 does its check), and one left out
+// takes its default.
+func (h *Health) UnmarshalYAML(n *yaml.Node) error {
+	// A map, not the struct: the decoder's strictness about unknown keys
+	// does not reach into a custom unmarshaler. Parse's shape check has
+	// refused unknown keys already; this keeps any other decoding strict.
+	var m map[string]float64
+	if err := n.Decode(&m); err != nil {
+		return err
+	}
+	*h = DefaultHealth()
+	fields := map[string]*float64{
+		"disk_idle_min_pct": &h.DiskIdleMinPct, "disk_latency_max_ms": &h.DiskLatencyMaxMS,
+		"memory_pressure_max_pct": &h.MemoryPressureMaxPct, "cpu_pressure_max_pct": &h.CPUPressureMaxPct,
+	}
+	for k, v := range m {
+		f, ok := fields[k]
+		if !ok {
+			return fmt.Errorf("line %d: broker.health has no key %q (it has disk_idle_min_pct, disk_latency_max_ms, memory_pressure_max_pct, cpu_pressure_max_pct)", n.Line, k)
+		}
+		*f = v
+	}
+	return nil
+}
+
+// DeliveryGrp is a delivery group: a set of hosts and who may launch on them.
+type DeliveryGrp struct {
+	Name        string `yaml:"name"`
+	Description string `yaml:"description"`
+	// TrustHostSessions lets sessions a host reports that the broker did
+	// not place (users who logged on to the host directly) draw those
+	// users' next launches; otherwise they only take the host's slots.
+	TrustHostSessions bool `yaml:"trust_host_sessions"`
+	// HostUsername is the user name an .rdp file gives the session host:
+	// user (the broker's user name, right where gateway and hosts share
+	// accounts, as in a Windows domain) or none (the client supplies it).
+	HostUsername string `yaml:"host_username"`
+	// Kind is pooled (any host) or personal (a user keeps the host of
+	// their first launch).
+	Kind string `yaml:"kind"`
+	// Spread is breadth (least loaded first) or depth (fill a host first).
+	Spread string   `yaml:"spread"`
+	Users  []string `yaml:"users"`
+	Groups []string `yaml:"groups"`
+	// SessionLimit is the default per-host session limit; an agent may
+	// register a lower one.
+	SessionLimit int `yaml:"session_limit"`
+	// LogonLimit is how many launches a host may have that have not yet
+	// logged on (concurrent logon tolerance).
+	LogonLimit int `yaml:"logon_limit"`
+}
 
 func (c *Config) brokerDefaults(b *Broker) {
 	setDefault(&b.Listen, ":8444")
@@ -41,17 +191,15 @@ func (c *Config) brokerDefaults(b *Broker) {
 }
 
 func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
-	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
-		bad("broker.listen", "%q is not host:port", b.Listen)
-	}
-	if _, err := ParsePrefixes(b.ProxyProtocolFrom); err != nil {
-		bad("broker.proxy_protocol_from", "%v", err)
-	}
+	checkListen(bad, "broker.listen", b.Listen)
+	checkPrefixes(bad, "broker.proxy_protocol_from", b.ProxyProtocolFrom)
 	if !c.Auth.TokenKey.IsSet() {
 		bad("auth.token_key", "the broker signs gateway tokens and agent credentials with it: set 32 or more random bytes")
 	}
 	if b.Gateway == "" {
 		bad("broker.gateway", "set the gateway's public host:port for .rdp files (or add a gateway section with public_name)")
+	} else {
+		checkHostOptionalPort(bad, "broker.gateway", b.Gateway)
 	}
 	if b.MaxConcurrentLaunches < 0 {
 		bad("broker.max_concurrent_launches", "must be 0 (no cap) or more")
@@ -109,10 +257,17 @@ func (c *Config) agentDefaults(a *Agent) {
 	setDefault(&a.DrainFile, filepath.Join(c.StateDir, "agent.drain"))
 }
 
-func validateAgent(a *Agent, bad func(string, string, ...any)) {
+func (c *Config) validateAgent(a *Agent, bad func(string, string, ...any)) {
 	u, err := url.Parse(a.Broker)
 	if err != nil || u.Scheme != "https" || u.Host == "" {
 		bad("agent.broker", "%q is not an https://host:port URL of a broker", a.Broker)
+	} else {
+		checkURLHost(bad, "agent.broker", a.Broker)
+	}
+	c.checkCAFile(bad, "agent.broker_ca", a.BrokerCA)
+	// The default, the host name, is the system's business.
+	if p := hostProblem(a.Address); c.src.has("agent.address") && p != "" {
+		bad("agent.address", "%s", p)
 	}
 	if !a.JoinToken.IsSet() {
 		bad("agent.join_token", "set the join token from deskway token join --group NAME")

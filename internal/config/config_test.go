@@ -35,7 +35,7 @@ func TestValidationNamesKey(t *testing.T) {
 		"auth:\n  token_key: short\n":                      "auth.token_key",
 		"auth:\n  users:\n  - name: a\n":                   "exactly one of password or nt_hash",
 		"auth:\n  users:\n  - name: a\n    nt_hash: xyz\n": "nt_hash",
-		"gateway:\n  idle_timeout: soon\n":                 "not a duration",
+		"gateway:\n  idle_timeout: soon\n":                 `gateway.idle_timeout (line 2): want a duration like 30s, 5m or 8h, got "soon"`,
 		"gateway:\n  resource_policies:\n  - name: r\n    groups: [g]\n    hosts: [10.0.0.0/33]\n": "CIDR",
 		"gateway:\n  connection_policies:\n  - name: c\n":                                          "match nobody",
 		"gateway:\n  auth_methods: [ntlm]\n  radius:\n    server: nowhere\n    secret: s\n":        "gateway.radius.server",
@@ -238,8 +238,8 @@ func TestHealthZeroKept(t *testing.T) {
 		t.Fatalf("empty health section: %+v, %v; want the defaults", c.Broker.Health, err)
 	}
 	for in, msg := range map[string]string{
-		"  health: {disk_idle_min: 0}\n":        `no key "disk_idle_min"`,
-		"  health: {disk_idle_min_pct: lots}\n": "cannot unmarshal",
+		"  health: {disk_idle_min: 0}\n":        "broker.health.disk_idle_min (line 7): unknown key; did you mean disk_idle_min_pct?",
+		"  health: {disk_idle_min_pct: lots}\n": `broker.health.disk_idle_min_pct (line 7): want a number, got "lots"`,
 	} {
 		if _, err := Parse([]byte(base + in)); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%q: got %v, want an error with %q", in, err, msg)

@@ -94,9 +94,7 @@ func validateNetboot(n *Netboot, st *Stream, bad func(string, string, ...any)) {
 		bad("stream.netboot.dhcp", "%q is not proxy or full", n.DHCP)
 	}
 	for i, s := range n.Servers {
-		if _, _, err := net.SplitHostPort(s); err != nil {
-			bad(fmt.Sprintf("stream.netboot.servers[%d]", i), "%q is not host:port", s)
-		}
+		checkDial(bad, fmt.Sprintf("stream.netboot.servers[%d]", i), s)
 	}
 	if len(n.Servers) > 1 && !st.SharedCache {
 		// Another server would not know a boot it never saw, and would

@@ -201,12 +201,15 @@ func isControl(c rune) bool { return c < ' ' || c == 0x7f }
 var userFilterAttribute = regexp.MustCompile(`\([A-Za-z][A-Za-z0-9;-]*=\{user\}\)`)
 
 func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
-	if _, _, err := net.SplitHostPort(w.Listen); err != nil {
-		bad("web.listen", "%q is not host:port", w.Listen)
-	}
+	checkListen(bad, "web.listen", w.Listen)
 	if u, err := url.Parse(w.Broker); err != nil || u.Scheme != "https" || u.Host == "" {
 		bad("web.broker", "%q is not an https:// URL (leave it empty to use this config's broker)", w.Broker)
+	} else if c.src.has("web.broker") {
+		// The default, this config's broker, is called inside the
+		// process when its listener has port 0.
+		checkURLHost(bad, "web.broker", w.Broker)
 	}
+	c.checkCAFile(bad, "web.broker_ca", w.BrokerCA)
 	if !w.FrontendToken.IsSet() {
 		bad("web.frontend_token", "is empty: set it, or add broker.frontend_tokens to this config")
 	}
@@ -216,7 +219,10 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 	if o := w.OIDC; o != nil {
 		if u, err := url.Parse(o.Issuer); err != nil || u.Scheme != "https" || u.Host == "" {
 			bad("web.oidc.issuer", "%q is not an https:// URL", o.Issuer)
+		} else {
+			checkURLHost(bad, "web.oidc.issuer", o.Issuer)
 		}
+		c.checkCAFile(bad, "web.oidc.ca", o.CA)
 		if o.ClientID == "" {
 			bad("web.oidc.client_id", "is empty: the client id the provider gave this portal")
 		}
@@ -230,6 +236,8 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("web.public_url", "%q is not https://HOST[:PORT]: OIDC needs it for the address the provider sends people back to (PUBLIC_URL/oidc/callback)", w.PublicURL)
+		} else {
+			checkURLHost(bad, "web.public_url", w.PublicURL)
 		}
 	}
 	if cn := w.Console; cn != nil {
@@ -238,7 +246,10 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		}
 		if u, err := url.Parse(cn.API); err != nil || u.Scheme != "https" || u.Host == "" {
 			bad("web.console.api", "%q is not an https:// URL (leave it empty for this config's admin listener)", cn.API)
+		} else if c.src.has("web.console.api") {
+			checkURLHost(bad, "web.console.api", cn.API)
 		}
+		c.checkCAFile(bad, "web.console.api_ca", cn.APICA)
 		if !cn.Token.IsSet() && !cn.localAPI {
 			bad("web.console.token", "is empty: set it to one of admin.console_tokens of the deskway at web.console.api")
 		}
@@ -253,7 +264,10 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 	if l := w.LDAP; l != nil {
 		if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "ldap" && u.Scheme != "ldaps") || u.Host == "" {
 			bad("web.ldap.url", "%q is not ldap://HOST[:PORT] or ldaps://HOST[:PORT]", l.URL)
+		} else {
+			checkURLHost(bad, "web.ldap.url", l.URL)
 		}
+		c.checkCAFile(bad, "web.ldap.ca", l.CA)
 		if l.BaseDN == "" {
 			bad("web.ldap.base_dn", "is empty: where users are searched, e.g. dc=example,dc=com")
 		}
