@@ -256,8 +256,7 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		if cn.Token.IsSet() && slices.ContainsFunc(c.Admin.Tokens, func(t Secret) bool { return t.Value() == cn.Token.Value() }) {
 			// An admin token's requests name nobody but the token.
 			bad("web.console.token", "is one of admin.tokens, whose requests the audit trail cannot attribute to a console user: use one of admin.console_tokens")
-		}
-		if cn.Token.IsSet() && cn.localAPI && !slices.ContainsFunc(c.Admin.ConsoleTokens, func(t Secret) bool { return t.Value() == cn.Token.Value() }) {
+		} else if cn.Token.IsSet() && cn.localAPI && !slices.ContainsFunc(c.Admin.ConsoleTokens, func(t Secret) bool { return t.Value() == cn.Token.Value() }) {
 			bad("web.console.token", "is not one of admin.console_tokens, so this deskway's admin API would refuse the console: add it there, or leave web.console.token empty")
 		}
 	}

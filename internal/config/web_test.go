@@ -14,11 +14,11 @@ func TestConsoleCredential(t *testing.T) {
 	for _, tc := range []struct{ admin, console, want string }{
 		{"admin:\n  tokens: [op-token]\n", "", ""},
 		{"admin:\n  tokens: [op-token]\n  console_tokens: [con-token]\n", "", ""},
-		{"admin:\n  tokens: [op-token]\n", ", token: op-token", "web.console.token: is one of admin.tokens"},
-		{"admin:\n  tokens: [op-token]\n", ", token: other", "web.console.token: is not one of admin.console_tokens"},
-		{"admin:\n  tokens: [op-token]\n", ", api: \"https://admin.example:9443\"", "web.console.token: is empty"},
+		{"admin:\n  tokens: [op-token]\n", ", token: op-token", "web.console.token (line 12): is one of admin.tokens"},
+		{"admin:\n  tokens: [op-token]\n", ", token: other", "web.console.token (line 12): is not one of admin.console_tokens"},
+		{"admin:\n  tokens: [op-token]\n", ", api: \"https://admin.example:9443\"", "web.console.token (not set; its section is on line 12): is empty"},
 		{"admin:\n  tokens: [op-token]\n", ", api: \"https://admin.example:9443\", token: remote-console", ""},
-		{"admin:\n  tokens: [op-token]\n  console_tokens: [op-token]\n", "", "admin.console_tokens[0]: is also in admin.tokens"},
+		{"admin:\n  tokens: [op-token]\n  console_tokens: [op-token]\n", "", "admin.console_tokens[0] (line 3): is also in admin.tokens"},
 	} {
 		in := tc.admin + base + strings.Replace(web, "%s", tc.console, 1)
 		c, err := Parse([]byte(in))
