@@ -30,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
+	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/admission"
 	"github.com/deskway/deskway/internal/config"
@@ -277,12 +278,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		backoff = 0
 		if tc, ok := c.(*net.TCPConn); ok {
-			// A client that is powered off or reset sends nothing more:
-			// find out within half a minute, so that the same machine
-			// booting again is not refused its private image as open by
-			// its own dead connection (the first probe to a rebooted
-			// machine draws a reset).
-			_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3})
+			deadPeerChecks(tc)
 		}
 		src, why := s.admit(c)
 		if why != "" {
@@ -335,6 +331,29 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.closeFiles()
 	s.log.Info("stream stopped")
 	return err
+}
+
+// deadPeerTimeout is how soon a connection whose client went away
+// without a word (powered off, its network gone) is dropped.
+const deadPeerTimeout = 25 * time.Second
+
+// deadPeerChecks makes the kernel drop c within deadPeerTimeout of its
+// client vanishing, so that the same machine booting again is not
+// refused its private image (or a maintenance version kept from
+// promotion) as open by its own dead connection. Keepalive finds an idle
+// client gone (the first probe to a rebooted machine draws a reset), but
+// it never fires while a reply is unacknowledged, which is where a
+// machine powered off mid-read leaves its connection: only
+// TCP_USER_TIMEOUT bounds that, at 15 minutes of retransmissions
+// otherwise. It also drops a client whose receive window stays shut
+// that long.
+func deadPeerChecks(c *net.TCPConn) {
+	_ = c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3})
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(deadPeerTimeout/time.Millisecond))
+		})
+	}
 }
 
 // target is what an export name asks for.
