@@ -66,6 +66,14 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.log.Info("private image made", "vdisk", vd.name, "client", client)
 		return map[string]string{"vdisk": vd.name, "client": client, "state": "ready"}, nil
 	}))
+	mux.HandleFunc("DELETE /api/v1/stream/vdisks/{name}/clients/{client}/lost", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		client := r.PathValue("client")
+		if !validID(client, false) {
+			return nil, errors.Join(errVersion, fmt.Errorf("%q is not a client name", client))
+		}
+		keys, err := s.ForgetLost(vd.name, client)
+		return map[string]any{"vdisk": vd.name, "client": client, "forgotten": append([]string{}, keys...)}, err
+	}))
 	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/merge", s.versionHandler(func(vd *vdisk, _ *http.Request) (any, error) {
 		v, err := vd.merge()
 		if err == nil {

@@ -451,7 +451,7 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 			if why == "" {
 				why = "the server stopped (stream.shared_cache is off, so write caches do not survive the server)"
 			}
-			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost: %s; reboot the client, which starts a new boot", key, r.Time.Format(time.RFC3339), why)
+			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost: %s; %s", key, r.Time.Format(time.RFC3339), why, lostHint(vd.name, client, id))
 		}
 	}
 	if fresh {
@@ -506,8 +506,8 @@ func (s *Server) ownStoreCache(b *boot) (*storeCache, error) {
 	sc, err := openStoreCache(b.dir, b.img, b.vd.size, b.acct)
 	var se *sweptError
 	if errors.As(err, &se) {
-		return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so %w; reboot the client, which starts a new boot",
-			b.key, s.cfg.ReconnectWindow.D(), se)
+		return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so %w; %s",
+			b.key, s.cfg.ReconnectWindow.D(), se, lostHint(b.vd.name, b.client, b.id))
 	}
 	if err != nil {
 		return nil, err
