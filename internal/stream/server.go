@@ -203,6 +203,15 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			s.closeFiles()
 			return nil, fmt.Errorf("stream: vDisk %s versions: %w", v.Name, err)
 		}
+		for _, dir := range []string{vd.privateDir(), vd.versionsDir()} {
+			n, size, err := removePartialCopies(dir)
+			if n > 0 {
+				s.log.Info("removed partial copies a stopped server left", "vdisk", vd.name, "dir", dir, "files", n, "bytes", size)
+			}
+			if err != nil {
+				s.log.Warn("could not remove a partial copy", "vdisk", vd.name, "err", err)
+			}
+		}
 		s.vdisks = append(s.vdisks, vd)
 		s.byName[v.Name] = vd
 	}
@@ -779,7 +788,10 @@ func (s *Server) bootRoomLocked(client string) error {
 	return nil
 }
 
+// privateDir holds the clients' private images of vd.
+func (vd *vdisk) privateDir() string { return filepath.Join(vd.store, "private", vd.name) }
+
 // privatePath is where client's private image of vd lives.
 func (vd *vdisk) privatePath(client string) string {
-	return filepath.Join(vd.store, "private", vd.name, client+".img")
+	return filepath.Join(vd.privateDir(), client+".img")
 }
