@@ -28,7 +28,17 @@ type privateImage struct {
 // production version). The lock comes first and lives in a file of its
 // own: two first connections racing would otherwise both make a copy,
 // the second renamed over the first while its writer still held it.
+//
+// Without create nothing is made on disk for an image that does not
+// exist: with stream.clients open anyone can name any client, and each
+// name would otherwise leave a lock file behind. An image is renamed into
+// place only when complete, so one seen here is whole.
 func openPrivate(path string, from *image, create bool) (*privateImage, error) {
+	if !create {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return nil, errNoPrivate
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("private image: %w", err)
 	}

@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deskway/deskway/internal/nbdclient"
+	"github.com/deskway/deskway/internal/proto/nbd"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -117,5 +122,50 @@ func TestStreamPartialCopiesRemovedAtStart(t *testing.T) {
 	// alice's image is made afresh, whole.
 	if ok, out := qemuIO(t, "nbd://"+addr+"/personal/alice", true, "read -P 0x70 0 1"); !ok {
 		t.Fatalf("alice's image after the restart:\n%s", out)
+	}
+}
+
+// TestStreamMadeUpPrivateNamesLeaveNothing: with stream.clients open
+// anyone can name any client; a name with no private image is refused
+// without anything made on disk for it (each used to leave a lock file,
+// without bound).
+func TestStreamMadeUpPrivateNamesLeaveNothing(t *testing.T) {
+	r := startStream(t, "off", "1m")
+	files := func() map[string]bool {
+		m := map[string]bool{}
+		_ = filepath.WalkDir(filepath.Join(r.dir, "state"), func(p string, d fs.DirEntry, err error) error {
+			if err == nil {
+				m[p] = true
+			}
+			return nil
+		})
+		return m
+	}
+	before := files()
+	const names = 200
+	for i := range names {
+		raw, err := net.DialTimeout("tcp", r.addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = nbdclient.Handshake(raw, fmt.Sprintf("personal/madeup%d", i), nbdclient.Options{})
+		raw.Close()
+		var oe *nbdclient.OptionError
+		if !errors.As(err, &oe) || oe.Type != nbd.RepErrPolicy || !strings.Contains(oe.Message, "has no private image") {
+			t.Fatalf("made-up name %d: want a refusal saying it has no private image, got %v", i, err)
+		}
+	}
+	var left []string
+	for p := range files() {
+		if !before[p] {
+			left = append(left, p)
+		}
+	}
+	if len(left) != 0 {
+		t.Fatalf("%d made-up client names left %d files in the store: %v", names, len(left), left[:min(len(left), 5)])
+	}
+	// A listed client still gets its image on first use.
+	if ok, out := qemuIO(t, r.uri+"/personal/alice", true, "read 0 4096"); !ok {
+		t.Fatalf("alice's first use:\n%s", out)
 	}
 }
