@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/stream"
 )
 
 func streamCmd() *cobra.Command {
@@ -25,7 +28,12 @@ func streamCmd() *cobra.Command {
 				return errors.New("the config has no stream section: add stream.vdisks (name, base) to serve")
 			}
 			// Only this role runs, whatever else the file configures.
-			cfg.Gateway = nil
+			cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent = nil, nil, nil, nil
+			if os.Getenv("GOMEMLIMIT") == "" {
+				// The process holds the stream role alone, so its heap is
+				// what the role's buffers bound.
+				debug.SetMemoryLimit(stream.MemoryLimit(cfg.Stream))
+			}
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
