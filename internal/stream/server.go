@@ -78,6 +78,10 @@ type Server struct {
 	// the store are their own record.
 	bootLog *bootLog
 
+	// beforeCacheLock, when not nil, runs as a boot's shared cache is
+	// about to be locked (see openStoreCache); tests set it.
+	beforeCacheLock func(dir string)
+
 	mu    sync.Mutex
 	boots map[string]*boot
 	conns map[net.Conn]struct{}
@@ -512,7 +516,7 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 // swept boot is refused, and a boot another server started (and died
 // serving) goes on with the version it started on, whatever is newest now.
 func (s *Server) ownStoreCache(b *boot) (*storeCache, error) {
-	sc, err := openStoreCache(b.dir, b.img, b.vd.size, b.acct)
+	sc, err := openStoreCache(b.dir, b.img, b.vd.size, b.acct, s.beforeCacheLock)
 	var se *sweptError
 	if errors.As(err, &se) {
 		return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so %w; %s",

@@ -39,8 +39,10 @@ type storeCache struct {
 
 // openStoreCache takes ownership of the cache in dir, creating it empty
 // if it does not exist, and loads its bitmap. A cache the sweeper
-// discarded is refused with a *sweptError.
-func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount) (*storeCache, error) {
+// discarded is refused with a *sweptError. beforeLock, when not nil, runs
+// as the lock is taken, before anything is learnt of the cache: a test
+// sweeps there, the race the order of lock and look guards against.
+func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount, beforeLock func(dir string)) (*storeCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("write cache: %w", err)
 	}
@@ -48,7 +50,7 @@ func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount
 	if err != nil {
 		return nil, fmt.Errorf("write cache: %w", err)
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := flockBefore(lock, dir, beforeLock); err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, errCacheBusy
@@ -78,6 +80,15 @@ func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount
 	c.settle()
 	c.mu.Unlock()
 	return c, nil
+}
+
+// flockBefore takes lock exclusively without waiting, running before
+// first when it is not nil.
+func flockBefore(lock *os.File, dir string, before func(dir string)) error {
+	if before != nil {
+		before(dir)
+	}
+	return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 }
 
 // loadMap reads which blocks the cache holds from its map file.
