@@ -54,6 +54,19 @@ func dialIn(ns, addr string) (net.Conn, error) {
 	return r.c, r.err
 }
 
+// exited reports whether the child process pid has exited, from its
+// waited state, without reaping it (its exec.Cmd's Wait still can): a
+// zombie still answers kill(pid, 0), and ProcessState is only set by Wait.
+func exited(t *testing.T, pid int) bool {
+	t.Helper()
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
+		t.Fatalf("waitid %d: %v", pid, err)
+	}
+	// Linux clears info when the child has not exited.
+	return info.Signo == int32(unix.SIGCHLD)
+}
+
 // addNetns makes a network namespace with its loopback up, removed at
 // test end.
 func addNetns(t *testing.T, prefix string) string {
