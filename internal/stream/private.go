@@ -229,3 +229,11 @@ func (p *privateImage) close() {
 	p.f.Close()
 	p.lock.Close()
 }
+
+// privateDir holds the clients' private images of vd.
+func (vd *vdisk) privateDir() string { return filepath.Join(vd.store, "private", vd.name) }
+
+// privatePath is where client's private image of vd lives.
+func (vd *vdisk) privatePath(client string) string {
+	return filepath.Join(vd.privateDir(), client+".img")
+}

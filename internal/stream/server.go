@@ -22,7 +22,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +29,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
-	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/admission"
 	"github.com/deskway/deskway/internal/config"
@@ -346,29 +344,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// deadPeerTimeout is how soon a connection whose client went away
-// without a word (powered off, its network gone) is dropped.
-const deadPeerTimeout = 25 * time.Second
-
-// deadPeerChecks makes the kernel drop c within deadPeerTimeout of its
-// client vanishing, so that the same machine booting again is not
-// refused its private image (or a maintenance version kept from
-// promotion) as open by its own dead connection. Keepalive finds an idle
-// client gone (the first probe to a rebooted machine draws a reset), but
-// it never fires while a reply is unacknowledged, which is where a
-// machine powered off mid-read leaves its connection: only
-// TCP_USER_TIMEOUT bounds that, at 15 minutes of retransmissions
-// otherwise. It also drops a client whose receive window stays shut
-// that long.
-func deadPeerChecks(c *net.TCPConn) {
-	_ = c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3})
-	if rc, err := c.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) {
-			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(deadPeerTimeout/time.Millisecond))
-		})
-	}
-}
-
 // target is what an export name asks for.
 type target struct {
 	vd       *vdisk
@@ -669,109 +644,6 @@ func (s *Server) cacheRAM() float64 {
 	return float64(n)
 }
 
-// VDiskInfo is one row of the admin API's catalog.
-type VDiskInfo struct {
-	Name        string `json:"name"`
-	Base        string `json:"base"`
-	Mode        string `json:"mode"`
-	Description string `json:"description,omitempty"`
-	Size        int64  `json:"size"`
-}
-
-// VDisks lists the catalog.
-func (s *Server) VDisks() []VDiskInfo {
-	out := make([]VDiskInfo, 0, len(s.vdisks))
-	for _, v := range s.vdisks {
-		out = append(out, VDiskInfo{Name: v.name, Base: v.path, Mode: v.mode, Description: v.desc, Size: v.size})
-	}
-	return out
-}
-
-// BootInfo is one row of the admin API's boot list.
-type BootInfo struct {
-	VDisk       string    `json:"vdisk"`
-	Client      string    `json:"client"`
-	Boot        string    `json:"boot"`
-	Connections int       `json:"connections"`
-	Started     time.Time `json:"started"`
-	CacheRAM    int64     `json:"cache_ram_bytes"`
-	CacheSpill  int64     `json:"cache_spill_bytes"`
-}
-
-// Boots lists the boots whose write caches are alive.
-func (s *Server) Boots() []BootInfo {
-	s.mu.Lock()
-	bs := make([]*boot, 0, len(s.boots))
-	for _, b := range s.boots {
-		bs = append(bs, b)
-	}
-	out := make([]BootInfo, 0, len(bs))
-	for _, b := range bs {
-		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Connections: b.conns, Started: b.started})
-	}
-	s.mu.Unlock()
-	s.mu.Lock()
-	caches := make([]bootCache, len(bs))
-	for i, b := range bs {
-		caches[i] = b.cache
-	}
-	s.mu.Unlock()
-	for i, c := range caches {
-		if c != nil {
-			out[i].CacheRAM, out[i].CacheSpill = c.bytes()
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
-	return out
-}
-
-// bootVersionFile, in a shared cache's directory, holds the version the
-// boot started on, written before the boot serves a request.
-const bootVersionFile = "version"
-
-// readBootVersion reads the version a shared cache's boot started on.
-func readBootVersion(dir string) (int, bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, bootVersionFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("stream: boot version: %w", err)
-	}
-	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return 0, false, fmt.Errorf("stream: boot version in %s: %w", dir, err)
-	}
-	return v, true, nil
-}
-
-// recordBootVersion writes the version file unless it exists, durably.
-func recordBootVersion(dir string, version int) error {
-	path := filepath.Join(dir, bootVersionFile)
-	if _, err := os.Stat(path); err == nil {
-		return nil
-	}
-	tmp := path + ".new"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("stream: boot version: %w", err)
-	}
-	_, err = fmt.Fprintf(f, "%d\n", version)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		return fmt.Errorf("stream: boot version: %w", err)
-	}
-	return syncDir(dir)
-}
-
 // bootRoomLocked refuses a new boot past stream.max_boots, or past
 // stream.max_boots_per_client for client: every boot holds a write cache,
 // and a client that makes up boot ids must not make the server hold
@@ -790,12 +662,4 @@ func (s *Server) bootRoomLocked(client string) error {
 		return fmt.Errorf("client %s already has %d live boots (stream.max_boots_per_client); a boot ends with a clean shutdown, or reconnect_window after its connection dropped", client, n)
 	}
 	return nil
-}
-
-// privateDir holds the clients' private images of vd.
-func (vd *vdisk) privateDir() string { return filepath.Join(vd.store, "private", vd.name) }
-
-// privatePath is where client's private image of vd lives.
-func (vd *vdisk) privatePath(client string) string {
-	return filepath.Join(vd.privateDir(), client+".img")
 }

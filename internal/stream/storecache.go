@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -379,4 +381,51 @@ func lockIdle(dir string, idle time.Duration, now time.Time) (*os.File, error) {
 		return nil, err
 	}
 	return lock, nil
+}
+
+// bootVersionFile, in a shared cache's directory, holds the version the
+// boot started on, written before the boot serves a request.
+const bootVersionFile = "version"
+
+// readBootVersion reads the version a shared cache's boot started on.
+func readBootVersion(dir string) (int, bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, bootVersionFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: boot version: %w", err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: boot version in %s: %w", dir, err)
+	}
+	return v, true, nil
+}
+
+// recordBootVersion writes the version file unless it exists, durably.
+func recordBootVersion(dir string, version int) error {
+	path := filepath.Join(dir, bootVersionFile)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	tmp := path + ".new"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("stream: boot version: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%d\n", version)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return fmt.Errorf("stream: boot version: %w", err)
+	}
+	return syncDir(dir)
 }
