@@ -196,7 +196,7 @@ func openWriter(t *testing.T, ns, addr, export string) net.Conn {
 // timeout its connection lived on for some 15 minutes of retransmissions,
 // holding its private image (its next boot refused as a second writer)
 // and a maintenance version (promotion refused). The documentation
-// promises the image back within half a minute.
+// promises the image back within 25 s.
 func TestStreamVanishedClientReleasesItsImages(t *testing.T) {
 	n := startNSStream(t)
 	code, body := n.api(t, "POST", "/api/v1/stream/vdisks/golden/versions")
@@ -217,7 +217,8 @@ func TestStreamVanishedClientReleasesItsImages(t *testing.T) {
 	// and the server's retransmissions go nowhere.
 	runOK(t, "ip", "-n", n.cliNS, "link", "del", "vc")
 	gone := time.Now()
-	const documented = 30 * time.Second
+	// Documented: 25 s (docs/netboot.md), here with 5 s for the polling.
+	const documented, allowed = 25 * time.Second, 30 * time.Second
 	for {
 		code, body := n.api(t, "POST", promote)
 		if code == http.StatusOK {
@@ -226,8 +227,8 @@ func TestStreamVanishedClientReleasesItsImages(t *testing.T) {
 		if code != http.StatusConflict || !strings.Contains(body, "open for maintenance") {
 			t.Fatalf("promote: %d %s", code, body)
 		}
-		if time.Since(gone) > documented {
-			t.Fatalf("the maintenance version is still held by a vanished client %s later (documented: half a minute)", time.Since(gone).Round(time.Second))
+		if time.Since(gone) > allowed {
+			t.Fatalf("the maintenance version is still held by a vanished client %s later (documented: %s)", time.Since(gone).Round(time.Second), documented)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
