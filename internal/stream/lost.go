@@ -46,7 +46,7 @@ func (s *Server) ForgetLost(vdisk, client string) ([]string, error) {
 	dirs, _ := filepath.Glob(filepath.Join(s.cfg.Store, "cache", "*", client, "*"))
 	for _, dir := range dirs {
 		disk := filepath.Base(filepath.Dir(filepath.Dir(dir)))
-		if _, swept := sweptAt(dir); !swept || !ofDisk(disk) || filepath.Base(filepath.Dir(dir)) != client {
+		if _, swept := sweptAt(dir); !swept || !ofDisk(disk) {
 			continue
 		}
 		if err := os.RemoveAll(dir); err != nil {

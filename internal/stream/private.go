@@ -133,18 +133,18 @@ const copyPrefix = ".copy-"
 // process holds: what a server killed while copying (a first-use private
 // image, a merge) left, which nothing else would ever remove. It returns
 // how many files and bytes went.
-func removePartialCopies(dir string) (files int, bytes int64, err error) {
+func removePartialCopies(dir string) (files int, size int64, err error) {
 	paths, _ := filepath.Glob(filepath.Join(dir, copyPrefix+"*"))
 	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
+		f, oerr := os.Open(p)
+		if oerr != nil {
 			continue // gone meanwhile: renamed into place, or removed
 		}
 		// A copy another server on the shared store is making holds the lock.
 		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
 			var st syscall.Stat_t
 			if syscall.Fstat(int(f.Fd()), &st) == nil {
-				bytes += st.Blocks * 512
+				size += st.Blocks * 512
 			}
 			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 				err = fmt.Errorf("stream: remove a partial copy: %w", rerr)
@@ -154,7 +154,7 @@ func removePartialCopies(dir string) (files int, bytes int64, err error) {
 		}
 		f.Close()
 	}
-	return files, bytes, err
+	return files, size, err
 }
 
 // copyRange copies [off, off+n) of src to the same place in dst, in the
