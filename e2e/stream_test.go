@@ -1045,6 +1045,19 @@ func floodFrom(t *testing.T, addr, src string, n int) (greeted int, conns []net.
 	return greeted, conns
 }
 
+// greets reports whether a new connection to addr gets the NBD greeting.
+func greets(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	magic := make([]byte, 8)
+	_, err = io.ReadFull(c, magic)
+	return err == nil && string(magic) == "NBDMAGIC"
+}
+
 // TestStreamUnauthenticatedFloodCannotEndBoots: anyone who reaches the
 // port can open connections that never negotiate. They are capped per
 // source address and in all, and a server that runs out of descriptors
@@ -1100,7 +1113,19 @@ func TestStreamUnauthenticatedFloodCannotEndBoots(t *testing.T) {
 		for _, c := range flood {
 			c.Close()
 		}
-		if r.log.Cmd.ProcessState != nil || syscall.Kill(pid, 0) != nil {
+		// With the flood's descriptors back the server greets again; a
+		// server that gave up has exited by then.
+		deadline = time.Now().Add(10 * time.Second)
+		for !greets(r.addr) {
+			if exited(t, pid) {
+				t.Fatalf("the server stopped when it ran out of descriptors:\n%s", r.log.Log.String())
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the server does not greet once descriptors are free again:\n%s", r.log.Log.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if exited(t, pid) {
 			t.Fatalf("the server stopped when it ran out of descriptors:\n%s", r.log.Log.String())
 		}
 		runOK(t, "prlimit", "--pid", fmt.Sprint(pid), "--nofile="+soft+":")

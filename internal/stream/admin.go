@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
+	"time"
 )
 
 // AdminHandler serves the stream role's part of the admin API: the vDisk
@@ -66,6 +68,14 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.log.Info("private image made", "vdisk", vd.name, "client", client)
 		return map[string]string{"vdisk": vd.name, "client": client, "state": "ready"}, nil
 	}))
+	mux.HandleFunc("DELETE /api/v1/stream/vdisks/{name}/clients/{client}/lost", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		client := r.PathValue("client")
+		if !validID(client, false) {
+			return nil, errors.Join(errVersion, fmt.Errorf("%q is not a client name", client))
+		}
+		keys, err := s.ForgetLost(vd.name, client)
+		return map[string]any{"vdisk": vd.name, "client": client, "forgotten": append([]string{}, keys...)}, err
+	}))
 	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/merge", s.versionHandler(func(vd *vdisk, _ *http.Request) (any, error) {
 		v, err := vd.merge()
 		if err == nil {
@@ -104,4 +114,60 @@ func (s *Server) versionHandler(fn func(*vdisk, *http.Request) (any, error)) htt
 			_ = json.NewEncoder(w).Encode(out)
 		}
 	}
+}
+
+// VDiskInfo is one row of the admin API's catalog.
+type VDiskInfo struct {
+	Name        string `json:"name"`
+	Base        string `json:"base"`
+	Mode        string `json:"mode"`
+	Description string `json:"description,omitempty"`
+	Size        int64  `json:"size"`
+}
+
+// VDisks lists the catalog.
+func (s *Server) VDisks() []VDiskInfo {
+	out := make([]VDiskInfo, 0, len(s.vdisks))
+	for _, v := range s.vdisks {
+		out = append(out, VDiskInfo{Name: v.name, Base: v.path, Mode: v.mode, Description: v.desc, Size: v.size})
+	}
+	return out
+}
+
+// BootInfo is one row of the admin API's boot list.
+type BootInfo struct {
+	VDisk       string    `json:"vdisk"`
+	Client      string    `json:"client"`
+	Boot        string    `json:"boot"`
+	Connections int       `json:"connections"`
+	Started     time.Time `json:"started"`
+	CacheRAM    int64     `json:"cache_ram_bytes"`
+	CacheSpill  int64     `json:"cache_spill_bytes"`
+}
+
+// Boots lists the boots whose write caches are alive.
+func (s *Server) Boots() []BootInfo {
+	s.mu.Lock()
+	bs := make([]*boot, 0, len(s.boots))
+	for _, b := range s.boots {
+		bs = append(bs, b)
+	}
+	out := make([]BootInfo, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Connections: b.conns, Started: b.started})
+	}
+	s.mu.Unlock()
+	s.mu.Lock()
+	caches := make([]bootCache, len(bs))
+	for i, b := range bs {
+		caches[i] = b.cache
+	}
+	s.mu.Unlock()
+	for i, c := range caches {
+		if c != nil {
+			out[i].CacheRAM, out[i].CacheSpill = c.bytes()
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	return out
 }

@@ -233,6 +233,26 @@ func (l *bootLog) end(key string) {
 	l.mu.Unlock()
 }
 
+// forget drops the lost boots whose keys match, durably (a restart must
+// not bring them back), and returns their keys.
+func (l *bootLog) forget(match func(key string) bool) ([]string, error) {
+	l.mu.Lock()
+	var keys []string
+	var seq uint64
+	for k := range l.lost {
+		if match(k) {
+			delete(l.lost, k)
+			keys = append(keys, k)
+			seq = l.appendLocked(bootRecord{Op: "end", Key: k, Time: time.Now().UTC()})
+		}
+	}
+	l.mu.Unlock()
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	return keys, l.sync(seq)
+}
+
 func (l *bootLog) appendLocked(r bootRecord) uint64 {
 	line, _ := json.Marshal(r)
 	l.buf = append(append(l.buf, line...), '\n')

@@ -62,16 +62,16 @@ func TestStoreCacheModel(t *testing.T) {
 	orig := bytes.Clone(base)
 	model := bytes.Clone(base)
 	dir := filepath.Join(t.TempDir(), "boot")
-	c, err := openStoreCache(dir, bytes.NewReader(base), size, nil)
+	c, err := openStoreCache(dir, bytes.NewReader(base), size, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	exercise(t, c, rng, model, size)
-	if _, err := openStoreCache(dir, bytes.NewReader(base), size, nil); !errors.Is(err, errCacheBusy) {
+	if _, err := openStoreCache(dir, bytes.NewReader(base), size, nil, nil); !errors.Is(err, errCacheBusy) {
 		t.Fatalf("second owner: %v, want errCacheBusy", err)
 	}
 	c.release()
-	c2, err := openStoreCache(dir, bytes.NewReader(base), size, nil)
+	c2, err := openStoreCache(dir, bytes.NewReader(base), size, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestStoreCacheRefusesASweptCache(t *testing.T) {
 	const size = 64 << 10
 	base := bytes.NewReader(make([]byte, size))
 	dir := filepath.Join(t.TempDir(), "boot")
-	c, err := openStoreCache(dir, base, size, nil)
+	c, err := openStoreCache(dir, base, size, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestStoreCacheRefusesASweptCache(t *testing.T) {
 	if swept, err := sweepStoreCache(dir, time.Minute, time.Now()); !swept || err != nil {
 		t.Fatalf("sweep: %v %v", swept, err)
 	}
-	_, err = openStoreCache(dir, base, size, nil)
+	_, err = openStoreCache(dir, base, size, nil, nil)
 	var se *sweptError
 	if !errors.As(err, &se) {
 		t.Fatalf("a swept cache was opened: %v", err)

@@ -412,7 +412,7 @@ func (c *conn) open(t target) (*export, error) {
 	}
 	if t.stage == StageMaintenance {
 		// The maintenance version's delta, over its parent's image.
-		sc, err := openStoreCache(vd.deltaDir(v.Version), img, vd.size, nil)
+		sc, err := openStoreCache(vd.deltaDir(v.Version), img, vd.size, nil, nil)
 		if errors.Is(err, errCacheBusy) {
 			return nil, fmt.Errorf("version %d is open for maintenance by another client (one writer at a time)", v.Version)
 		}

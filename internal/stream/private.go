@@ -28,7 +28,17 @@ type privateImage struct {
 // production version). The lock comes first and lives in a file of its
 // own: two first connections racing would otherwise both make a copy,
 // the second renamed over the first while its writer still held it.
+//
+// Without create nothing is made on disk for an image that does not
+// exist: with stream.clients open anyone can name any client, and each
+// name would otherwise leave a lock file behind. An image is renamed into
+// place only when complete, so one seen here is whole.
 func openPrivate(path string, from *image, create bool) (*privateImage, error) {
+	if !create {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return nil, errNoPrivate
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("private image: %w", err)
 	}
@@ -68,12 +78,17 @@ func sparseCopy(path string, base *os.File, size int64, then func(*os.File) erro
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".copy-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), copyPrefix+"*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
+	// Held while the copy is made, so that a server starting on the same
+	// store (removePartialCopies) tells it from one a dead process left.
+	if err := syscall.Flock(int(tmp.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("lock %s: %w", tmp.Name(), err)
+	}
 	// A separate descriptor: the shared one is read with pread elsewhere,
 	// and this copy moves its offset.
 	src, err := os.Open(base.Name())
@@ -108,6 +123,38 @@ func sparseCopy(path string, base *os.File, size int64, then func(*os.File) erro
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// copyPrefix starts the name of a copy in progress, renamed into place
+// only when complete.
+const copyPrefix = ".copy-"
+
+// removePartialCopies removes from dir the copies in progress that no
+// process holds: what a server killed while copying (a first-use private
+// image, a merge) left, which nothing else would ever remove. It returns
+// how many files and bytes went.
+func removePartialCopies(dir string) (files int, size int64, err error) {
+	paths, _ := filepath.Glob(filepath.Join(dir, copyPrefix+"*"))
+	for _, p := range paths {
+		f, oerr := os.Open(p)
+		if oerr != nil {
+			continue // gone meanwhile: renamed into place, or removed
+		}
+		// A copy another server on the shared store is making holds the lock.
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			var st syscall.Stat_t
+			if syscall.Fstat(int(f.Fd()), &st) == nil {
+				size += st.Blocks * 512
+			}
+			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				err = fmt.Errorf("stream: remove a partial copy: %w", rerr)
+			} else {
+				files++
+			}
+		}
+		f.Close()
+	}
+	return files, size, err
 }
 
 // copyRange copies [off, off+n) of src to the same place in dst, in the
@@ -181,4 +228,12 @@ func (p *privateImage) unheld(off, n int64, zeroes bool) int64 { return 0 }
 func (p *privateImage) close() {
 	p.f.Close()
 	p.lock.Close()
+}
+
+// privateDir holds the clients' private images of vd.
+func (vd *vdisk) privateDir() string { return filepath.Join(vd.store, "private", vd.name) }
+
+// privatePath is where client's private image of vd lives.
+func (vd *vdisk) privatePath(client string) string {
+	return filepath.Join(vd.privateDir(), client+".img")
 }

@@ -22,7 +22,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,6 +75,10 @@ type Server struct {
 	// and unlinked spill files); nil with shared caches, whose files on
 	// the store are their own record.
 	bootLog *bootLog
+
+	// beforeCacheLock, when not nil, runs as a boot's shared cache is
+	// about to be locked (see openStoreCache); tests set it.
+	beforeCacheLock func(dir string)
 
 	mu    sync.Mutex
 	boots map[string]*boot
@@ -202,6 +205,15 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			s.closeFiles()
 			return nil, fmt.Errorf("stream: vDisk %s versions: %w", v.Name, err)
 		}
+		for _, dir := range []string{vd.privateDir(), vd.versionsDir()} {
+			n, size, err := removePartialCopies(dir)
+			if n > 0 {
+				s.log.Info("removed partial copies a stopped server left", "vdisk", vd.name, "dir", dir, "files", n, "bytes", size)
+			}
+			if err != nil {
+				s.log.Warn("could not remove a partial copy", "vdisk", vd.name, "err", err)
+			}
+		}
 		s.vdisks = append(s.vdisks, vd)
 		s.byName[v.Name] = vd
 	}
@@ -277,12 +289,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		backoff = 0
 		if tc, ok := c.(*net.TCPConn); ok {
-			// A client that is powered off or reset sends nothing more:
-			// find out within half a minute, so that the same machine
-			// booting again is not refused its private image as open by
-			// its own dead connection (the first probe to a rebooted
-			// machine draws a reset).
-			_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3})
+			deadPeerChecks(tc)
 		}
 		src, why := s.admit(c)
 		if why != "" {
@@ -432,7 +439,7 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 			if why == "" {
 				why = "the server stopped (stream.shared_cache is off, so write caches do not survive the server)"
 			}
-			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost: %s; reboot the client, which starts a new boot", key, r.Time.Format(time.RFC3339), why)
+			return nil, fmt.Errorf("boot %s started at %s and its write cache was lost: %s; %s", key, r.Time.Format(time.RFC3339), why, lostHint(vd.name, client, id))
 		}
 	}
 	if fresh {
@@ -484,11 +491,11 @@ func (s *Server) attach(vd *vdisk, img *image, stage, client, id string) (*boot,
 // swept boot is refused, and a boot another server started (and died
 // serving) goes on with the version it started on, whatever is newest now.
 func (s *Server) ownStoreCache(b *boot) (*storeCache, error) {
-	sc, err := openStoreCache(b.dir, b.img, b.vd.size, b.acct)
+	sc, err := openStoreCache(b.dir, b.img, b.vd.size, b.acct, s.beforeCacheLock)
 	var se *sweptError
 	if errors.As(err, &se) {
-		return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so %w; reboot the client, which starts a new boot",
-			b.key, s.cfg.ReconnectWindow.D(), se)
+		return nil, fmt.Errorf("boot %s lost its write cache: its server stopped and no client reconnected within %s, so %w; %s",
+			b.key, s.cfg.ReconnectWindow.D(), se, lostHint(b.vd.name, b.client, b.id))
 	}
 	if err != nil {
 		return nil, err
@@ -637,109 +644,6 @@ func (s *Server) cacheRAM() float64 {
 	return float64(n)
 }
 
-// VDiskInfo is one row of the admin API's catalog.
-type VDiskInfo struct {
-	Name        string `json:"name"`
-	Base        string `json:"base"`
-	Mode        string `json:"mode"`
-	Description string `json:"description,omitempty"`
-	Size        int64  `json:"size"`
-}
-
-// VDisks lists the catalog.
-func (s *Server) VDisks() []VDiskInfo {
-	out := make([]VDiskInfo, 0, len(s.vdisks))
-	for _, v := range s.vdisks {
-		out = append(out, VDiskInfo{Name: v.name, Base: v.path, Mode: v.mode, Description: v.desc, Size: v.size})
-	}
-	return out
-}
-
-// BootInfo is one row of the admin API's boot list.
-type BootInfo struct {
-	VDisk       string    `json:"vdisk"`
-	Client      string    `json:"client"`
-	Boot        string    `json:"boot"`
-	Connections int       `json:"connections"`
-	Started     time.Time `json:"started"`
-	CacheRAM    int64     `json:"cache_ram_bytes"`
-	CacheSpill  int64     `json:"cache_spill_bytes"`
-}
-
-// Boots lists the boots whose write caches are alive.
-func (s *Server) Boots() []BootInfo {
-	s.mu.Lock()
-	bs := make([]*boot, 0, len(s.boots))
-	for _, b := range s.boots {
-		bs = append(bs, b)
-	}
-	out := make([]BootInfo, 0, len(bs))
-	for _, b := range bs {
-		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Connections: b.conns, Started: b.started})
-	}
-	s.mu.Unlock()
-	s.mu.Lock()
-	caches := make([]bootCache, len(bs))
-	for i, b := range bs {
-		caches[i] = b.cache
-	}
-	s.mu.Unlock()
-	for i, c := range caches {
-		if c != nil {
-			out[i].CacheRAM, out[i].CacheSpill = c.bytes()
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
-	return out
-}
-
-// bootVersionFile, in a shared cache's directory, holds the version the
-// boot started on, written before the boot serves a request.
-const bootVersionFile = "version"
-
-// readBootVersion reads the version a shared cache's boot started on.
-func readBootVersion(dir string) (int, bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, bootVersionFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("stream: boot version: %w", err)
-	}
-	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return 0, false, fmt.Errorf("stream: boot version in %s: %w", dir, err)
-	}
-	return v, true, nil
-}
-
-// recordBootVersion writes the version file unless it exists, durably.
-func recordBootVersion(dir string, version int) error {
-	path := filepath.Join(dir, bootVersionFile)
-	if _, err := os.Stat(path); err == nil {
-		return nil
-	}
-	tmp := path + ".new"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("stream: boot version: %w", err)
-	}
-	_, err = fmt.Fprintf(f, "%d\n", version)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		return fmt.Errorf("stream: boot version: %w", err)
-	}
-	return syncDir(dir)
-}
-
 // bootRoomLocked refuses a new boot past stream.max_boots, or past
 // stream.max_boots_per_client for client: every boot holds a write cache,
 // and a client that makes up boot ids must not make the server hold
@@ -758,9 +662,4 @@ func (s *Server) bootRoomLocked(client string) error {
 		return fmt.Errorf("client %s already has %d live boots (stream.max_boots_per_client); a boot ends with a clean shutdown, or reconnect_window after its connection dropped", client, n)
 	}
 	return nil
-}
-
-// privatePath is where client's private image of vd lives.
-func (vd *vdisk) privatePath(client string) string {
-	return filepath.Join(vd.store, "private", vd.name, client+".img")
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,8 +41,10 @@ type storeCache struct {
 
 // openStoreCache takes ownership of the cache in dir, creating it empty
 // if it does not exist, and loads its bitmap. A cache the sweeper
-// discarded is refused with a *sweptError.
-func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount) (*storeCache, error) {
+// discarded is refused with a *sweptError. beforeLock, when not nil, runs
+// as the lock is taken, before anything is learnt of the cache: a test
+// sweeps there, the race the order of lock and look guards against.
+func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount, beforeLock func(dir string)) (*storeCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("write cache: %w", err)
 	}
@@ -48,7 +52,7 @@ func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount
 	if err != nil {
 		return nil, fmt.Errorf("write cache: %w", err)
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := flockBefore(lock, dir, beforeLock); err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, errCacheBusy
@@ -78,6 +82,15 @@ func openStoreCache(dir string, base io.ReaderAt, size int64, acct *cacheAccount
 	c.settle()
 	c.mu.Unlock()
 	return c, nil
+}
+
+// flockBefore takes lock exclusively without waiting, running before
+// first when it is not nil.
+func flockBefore(lock *os.File, dir string, before func(dir string)) error {
+	if before != nil {
+		before(dir)
+	}
+	return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 }
 
 // loadMap reads which blocks the cache holds from its map file.
@@ -368,4 +381,51 @@ func lockIdle(dir string, idle time.Duration, now time.Time) (*os.File, error) {
 		return nil, err
 	}
 	return lock, nil
+}
+
+// bootVersionFile, in a shared cache's directory, holds the version the
+// boot started on, written before the boot serves a request.
+const bootVersionFile = "version"
+
+// readBootVersion reads the version a shared cache's boot started on.
+func readBootVersion(dir string) (int, bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, bootVersionFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: boot version: %w", err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: boot version in %s: %w", dir, err)
+	}
+	return v, true, nil
+}
+
+// recordBootVersion writes the version file unless it exists, durably.
+func recordBootVersion(dir string, version int) error {
+	path := filepath.Join(dir, bootVersionFile)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	tmp := path + ".new"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("stream: boot version: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%d\n", version)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return fmt.Errorf("stream: boot version: %w", err)
+	}
+	return syncDir(dir)
 }
