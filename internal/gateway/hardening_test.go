@@ -168,7 +168,7 @@ func TestUnauthenticatedFloodCannotHoldTheGateway(t *testing.T) {
 		// Nothing outlives the handshake budget (2s from accept), and the
 		// budget is what ended them.
 		waitGone(t, url, 4*time.Second, "flooding sockets")
-		waitLogged(t, h, "no channel open within the handshake budget of 2s", 3, 2*time.Second)
+		waitLogged(t, "no channel open within the handshake budget of 2s", 3, 2*time.Second, h)
 	})
 	t.Run("shutdown", func(t *testing.T) {
 		h := start(t, mod)

@@ -6,15 +6,18 @@ import (
 	"time"
 )
 
-// waitLogged waits until h has logged what at least n times, or fails
-// after d. A tunnel's closing line, with its reason, comes after the
-// tunnel leaves the admin API's list, so a test that saw the list empty
-// waits for the line.
-func waitLogged(t *testing.T, h *harness, what string, n int, d time.Duration) {
+// waitLogged waits until the gateways hs have logged what at least n
+// times in all, or fails after d. A tunnel's closing line, with its
+// reason, comes after the tunnel leaves the admin API's list, so a test
+// that saw the list empty waits for the line.
+func waitLogged(t *testing.T, what string, n int, d time.Duration, hs ...*harness) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		got := strings.Count(h.logs.String(), what)
+		got := 0
+		for _, h := range hs {
+			got += strings.Count(h.logs.String(), what)
+		}
 		if got >= n {
 			return
 		}
