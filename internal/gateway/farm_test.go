@@ -24,6 +24,7 @@ import (
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/proto/tsgu"
 	"github.com/deskway/deskway/internal/testkit"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
@@ -217,6 +218,22 @@ func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
 	dsn := pg.NewDB(t)
 	nodes := startFarm(t, 2, func(c *config.Config) { c.Farm = &config.Farm{Database: config.NewSecret(dsn)} })
 	a, b := nodes[0], nodes[1]
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	// refused dials node b with the token and wants it refused for
+	// reason, as b's log gives it: the client is told the status alone.
+	refused := func(cfg tsgclient.Config, why, reason string) {
+		t.Helper()
+		before := strings.Count(b.logs.String(), reason)
+		_, err := dial(t, cfg, "127.0.0.1", a.echoPort)
+		if statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+			t.Fatalf("%s: %v, want E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", why, err)
+		}
+		waitLogged(t, reason, before+1, 2*time.Second, b)
+	}
 	tok := a.token(t, "alice", "127.0.0.1", a.echoPort, time.Minute)
 	viaA := a.cfg("", "", tsgclient.Websocket)
 	viaA.Token = tok
@@ -227,38 +244,40 @@ func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
 	echoRoundTrip(t, c, 100)
 	viaB := b.cfg("", "", tsgclient.Websocket)
 	viaB.Token = tok
-	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); err == nil {
-		t.Fatal("the token, open at node A, opened a second tunnel at node B")
-	}
+	refused(viaB, "the token, open at node A, at node B", "token is in use by an open tunnel (on this gateway farm)")
 	c.Close()
-	time.Sleep(200 * time.Millisecond) // node A ends the use
-	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); err == nil {
-		t.Fatal("the token, used up at node A, was replayed at node B")
-	}
-	if !strings.Contains(b.logs.String(), "on this gateway farm") {
-		t.Fatal("node B's refusal does not say the use was counted across the farm")
-	}
+	waitRecord(t, db, "node A ends the token's use", `SELECT count(*) = 1 AND count(open_node) = 0 FROM deskway_token_uses`)
+	refused(viaB, "the token, used up at node A, at node B", "token has opened the 1 tunnels it may on this gateway farm")
 
 	// A use whose host does not answer is given back: the record keeps
 	// only the first token.
 	dead := a.token(t, "alice", "127.0.0.1", 1, time.Minute)
 	toDead := a.cfg("", "", tsgclient.Websocket)
 	toDead.Token = dead
-	if _, err := dial(t, toDead, "127.0.0.1", 1); err == nil {
-		t.Fatal("a tunnel to a closed port opened")
+	if _, err := dial(t, toDead, "127.0.0.1", 1); statusOf(err) != tsgu.EProxyTSConnectFailed {
+		t.Fatalf("a tunnel to a closed port: %v, want E_PROXY_TS_CONNECTFAILED", err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	var rows, open int
-	if err := db.QueryRow(context.Background(), `SELECT count(*), count(open_node) FROM deskway_token_uses`).Scan(&rows, &open); err != nil {
-		t.Fatal(err)
-	}
-	if rows != 1 || open != 0 {
-		t.Fatalf("the farm's record holds %d tokens, %d open; want the first token alone, closed", rows, open)
+	waitRecord(t, db, "the farm's record holds the first token alone, closed",
+		`SELECT count(*) = 1 AND count(open_node) = 0 AND min(uses) = 1 FROM deskway_token_uses`)
+}
+
+// waitRecord waits until query, on the farm's database, answers true,
+// or fails after 5 s saying what it waited for.
+func waitRecord(t *testing.T, db *pgx.Conn, what, query string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var ok bool
+		if err := db.QueryRow(context.Background(), query).Scan(&ok); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not so after 5 s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

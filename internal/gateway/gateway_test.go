@@ -888,8 +888,8 @@ func TestReloadPutsUsersAndPoliciesInForce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Close()
-	if _, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
-		t.Fatal("zoe logged in before she was added")
+	if _, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusUnauthorized {
+		t.Fatalf("zoe before she was added: %v, want 401", err)
 	}
 	cfg := &config.Config{Auth: config.Auth{Users: []config.User{
 		{Name: "alice", Password: config.NewSecret("Alice-Pass1"), Groups: []string{"staff"}},
@@ -915,8 +915,8 @@ func TestReloadPutsUsersAndPoliciesInForce(t *testing.T) {
 	echoRoundTrip(t, c, 10)
 	c.Close()
 	// staff has no policy now: alice logs in but gets no new tunnel...
-	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
-		t.Fatal("alice opened a tunnel with no policy for her")
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyNAPAccessDenied {
+		t.Fatalf("alice, with no connection policy for her group: %v, want E_PROXY_NAP_ACCESSDENIED", err)
 	}
 	// ...and the one she had goes on.
 	echoRoundTrip(t, open, 10)
