@@ -270,7 +270,7 @@ func TestHostThatStopsReadingCannotPinATunnel(t *testing.T) {
 					}
 					defer c.Close()
 					go func() { _, _ = c.Write(make([]byte, 20<<20)) }()
-					time.Sleep(500 * time.Millisecond) // the host's buffers fill
+					waitStalled(t, url) // the host's buffers fill
 					if end != "write timeout" {
 						c.Close() // and the client goes away
 					}
@@ -348,10 +348,12 @@ func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
 		c.Gateway.MaxUnauthenticatedPerAddr = 16
 		c.Gateway.HandshakeTimeout = config.Duration(6 * time.Second) // outlasts both rounds below, even under -race
 	})
+	var held []net.Conn // the halves the gateway took
 	took := func(src string, n int) int {
 		k := 0
 		for i := range n {
-			if _, ok := outHalf(t, h, src, i); ok {
+			if conn, ok := outHalf(t, h, src, i); ok {
+				held = append(held, conn)
 				k++
 			}
 		}
@@ -373,8 +375,14 @@ func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
 	if k := took("127.0.0.3", 100); k != 8 {
 		t.Fatalf("a second address got %d waiting OUT halves, want the 8 left of the global cap of 24", k)
 	}
-	// The budget ends every waiting half, and their places are free again.
-	time.Sleep(6500 * time.Millisecond)
+	// The budget ends every waiting half (the gateway closes it), and
+	// their places are free again.
+	for _, conn := range held {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); isTimeout(err) {
+			t.Fatal("a waiting OUT half was still open 10 s after its budget of 6 s began")
+		}
+	}
 	if k := took("127.0.0.2", 4); k != 4 {
 		t.Fatalf("after the budget, %d of 4 new halves were taken", k)
 	}

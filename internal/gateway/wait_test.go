@@ -1,6 +1,10 @@
 package gateway_test
 
 import (
+	"errors"
+	"net"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +27,110 @@ func waitLogged(t *testing.T, what string, n int, d time.Duration, hs ...*harnes
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%q logged %d times in %s, want %d", what, got, d, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitStalled waits until the one tunnel the admin API at url lists has
+// relayed bytes to its host and then no more for half a second: its
+// host and the buffers on the way are full. It fails after 10 s.
+func waitStalled(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var last uint64
+	for still := 0; still < 5; time.Sleep(100 * time.Millisecond) {
+		list := tunnels(t, url)
+		if len(list) != 1 {
+			t.Fatalf("waiting for the tunnel to fill its host: %d tunnels listed, want 1", len(list))
+		}
+		if up := list[0].BytesUp; up > 0 && up == last {
+			still++
+		} else {
+			still, last = 0, up
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tunnel still relays to its host after 10 s (%d bytes up)", last)
+		}
+	}
+}
+
+// isTimeout reports whether err is a deadline that passed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// tcpSock is an IPv4 TCP socket of this machine, from /proc/net/tcp.
+type tcpSock struct {
+	localPort, remotePort int
+	established           bool
+	unread                int // bytes in the receive queue
+}
+
+// tcpSocks lists this machine's IPv4 TCP sockets.
+func tcpSocks(t *testing.T) []tcpSock {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := func(addr string) int {
+		_, p, _ := strings.Cut(addr, ":")
+		n, _ := strconv.ParseInt(p, 16, 32)
+		return int(n)
+	}
+	var out []tcpSock
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		// sl local_address rem_address st tx_queue:rx_queue ...
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		_, rx, _ := strings.Cut(f[4], ":")
+		unread, _ := strconv.ParseInt(rx, 16, 64)
+		out = append(out, tcpSock{port(f[1]), port(f[2]), f[3] == "01", int(unread)})
+	}
+	return out
+}
+
+// portOf is the port of a host:port address.
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// waitDrained waits until the gateway listening at addr (IPv4) holds at
+// least n established connections and has read every byte its clients
+// sent: none has unread bytes in its kernel receive queue. It fails
+// after 10 s.
+func waitDrained(t *testing.T, addr string, n int) {
+	t.Helper()
+	gw := portOf(t, addr)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conns, unread := 0, 0
+		for _, s := range tcpSocks(t) {
+			if s.localPort == gw && s.established {
+				conns++
+				if s.unread > 0 {
+					unread++
+				}
+			}
+		}
+		if conns >= n && unread == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s, %d connections to the gateway (want %d), %d holding bytes it has not read", conns, n, unread)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
