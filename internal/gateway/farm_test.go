@@ -111,15 +111,11 @@ func TestFarmJoinsLegacyHalvesOnDifferentNodes(t *testing.T) {
 		t.Fatal("OUT half refused")
 	}
 	defer out.Close()
-	if in := rawLegacy(t, b, "RDG_IN_DATA", "{farm-1}", "bob", "Bob-Pass1"); in != nil {
-		in.Close()
-		t.Fatal("bob's IN half on another node joined alice's OUT half")
-	}
+	const nowhere = "no RDG_OUT_DATA with this connection id is waiting on this node or its farm peers"
+	refusedHalf(t, b, "{farm-1}", "bob", "Bob-Pass1", "bob's IN half on another node, for alice's OUT half",
+		"farm peer holds the OUT half but refused to pair this IN half with it")
 	// An IN half for an id no node holds: refused.
-	if in := rawLegacy(t, b, "RDG_IN_DATA", "{nobody}", "alice", "Alice-Pass1"); in != nil {
-		in.Close()
-		t.Fatal("an IN half with no OUT half anywhere was taken")
-	}
+	refusedHalf(t, b, "{nobody}", "alice", "Alice-Pass1", "an IN half with no OUT half anywhere", nowhere)
 	// Alice's own joins; a second IN for the same id, on the third node,
 	// is refused.
 	in := rawLegacy(t, b, "RDG_IN_DATA", "{farm-1}", "alice", "Alice-Pass1")
@@ -127,10 +123,26 @@ func TestFarmJoinsLegacyHalvesOnDifferentNodes(t *testing.T) {
 		t.Fatal("alice's IN half on another node refused")
 	}
 	defer in.Close()
-	if again := rawLegacy(t, nodes[2], "RDG_IN_DATA", "{farm-1}", "alice", "Alice-Pass1"); again != nil {
-		again.Close()
-		t.Fatal("a second IN half joined, from a third node")
+	refusedHalf(t, nodes[2], "{farm-1}", "alice", "Alice-Pass1", "a second IN half, at a third node", nowhere)
+}
+
+// refusedHalf opens a legacy IN half at h with NTLM and wants it refused
+// with 403 for reason, as h's log gives it.
+func refusedHalf(t *testing.T, h *harness, id, user, pass, what, reason string) {
+	t.Helper()
+	before := strings.Count(h.logs.String(), reason)
+	conn, resp, err := tsgclient.OpenLegacyHalf(context.Background(), h.cfg(user, pass, tsgclient.Legacy), "RDG_IN_DATA", id)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
+	conn.Close()
+	if resp == nil {
+		t.Fatalf("%s: taken, want 403", what)
+	}
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("%s: %s, want 403", what, resp.Status)
+	}
+	waitLogged(t, reason, before+1, 2*time.Second, h)
 }
 
 // TestFarmClaimNeedsTheFarmKey: a client that speaks the node-to-node
