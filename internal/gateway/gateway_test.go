@@ -483,7 +483,12 @@ func TestSessionTimeout(t *testing.T) {
 // announce a maximum-size packet and send a few bytes of it: the gateway
 // may buffer at most one packet per connection, not what a frame claims.
 func TestMemoryBoundedUnderHugeAnnouncedPackets(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Gateway.MaxUnauthenticatedPerAddr = 200 })
+	h := start(t, func(c *config.Config) {
+		c.Gateway.MaxUnauthenticatedPerAddr = 200
+		// Every connection is measured while it waits: a loaded machine
+		// may take longer than the test's 2 s budget to open them all.
+		c.Gateway.HandshakeTimeout = config.Duration(time.Minute)
+	})
 	const n = 100
 	runtime.GC()
 	var before runtime.MemStats
@@ -844,7 +849,7 @@ func TestBulkBothWaysWithASlowReader(t *testing.T) {
 			}
 			werr := make(chan error, 1)
 			go func() { _, err := c.Write(msg); werr <- err }()
-			waitStalled(t, url) // everything on the way fills up
+			waitStalled(t, h, url) // everything on the way fills up
 			got := make([]byte, len(msg))
 			stuck := time.AfterFunc(30*time.Second, func() { c.Close() })
 			defer stuck.Stop()

@@ -32,14 +32,17 @@ func waitLogged(t *testing.T, what string, n int, d time.Duration, hs ...*harnes
 	}
 }
 
-// waitStalled waits until the one tunnel the admin API at url lists has
-// relayed bytes to its host and then no more for half a second: its
-// host and the buffers on the way are full. It fails after 10 s.
-func waitStalled(t *testing.T, url string) {
+// waitStalled waits until everything on the way from h's client to its
+// host is full: the one tunnel the admin API at url lists has relayed
+// bytes to the host and no more for three polls, and the gateway leaves
+// bytes its client sent unread (in its socket, or not yet sent from the
+// client's), so the relay holds what it read. It fails after 10 s.
+func waitStalled(t *testing.T, h *harness, url string) {
 	t.Helper()
+	gw := portOf(t, h.addr)
 	deadline := time.Now().Add(10 * time.Second)
 	var last uint64
-	for still := 0; still < 5; time.Sleep(100 * time.Millisecond) {
+	for still := 0; ; time.Sleep(100 * time.Millisecond) {
 		list := tunnels(t, url)
 		if len(list) != 1 {
 			t.Fatalf("waiting for the tunnel to fill its host: %d tunnels listed, want 1", len(list))
@@ -49,8 +52,17 @@ func waitStalled(t *testing.T, url string) {
 		} else {
 			still, last = 0, up
 		}
+		backedUp := false
+		for _, s := range tcpSocks(t) {
+			if s.established && (s.remotePort == gw && s.unsent > 0 || s.localPort == gw && s.unread > 0) {
+				backedUp = true
+			}
+		}
+		if still >= 3 && backedUp {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the tunnel still relays to its host after 10 s (%d bytes up)", last)
+			t.Fatalf("after 10 s, the tunnel has relayed %d bytes up, the same for the last %d polls; the client's bytes backed up: %v", last, still, backedUp)
 		}
 	}
 }
@@ -65,7 +77,7 @@ func isTimeout(err error) bool {
 type tcpSock struct {
 	localPort, remotePort int
 	established           bool
-	unread                int // bytes in the receive queue
+	unsent, unread        int // bytes in the send and receive queues
 }
 
 // tcpSocks lists this machine's IPv4 TCP sockets.
@@ -87,9 +99,10 @@ func tcpSocks(t *testing.T) []tcpSock {
 		if len(f) < 5 {
 			continue
 		}
-		_, rx, _ := strings.Cut(f[4], ":")
+		tx, rx, _ := strings.Cut(f[4], ":")
+		unsent, _ := strconv.ParseInt(tx, 16, 64)
 		unread, _ := strconv.ParseInt(rx, 16, 64)
-		out = append(out, tcpSock{port(f[1]), port(f[2]), f[3] == "01", int(unread)})
+		out = append(out, tcpSock{port(f[1]), port(f[2]), f[3] == "01", int(unsent), int(unread)})
 	}
 	return out
 }
