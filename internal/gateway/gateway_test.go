@@ -849,7 +849,7 @@ func TestBulkBothWaysWithASlowReader(t *testing.T) {
 			}
 			werr := make(chan error, 1)
 			go func() { _, err := c.Write(msg); werr <- err }()
-			waitStalled(t, h, url) // everything on the way fills up
+			waitStalled(t, h, url, uint64(len(msg))) // everything on the way fills up
 			got := make([]byte, len(msg))
 			stuck := time.AfterFunc(30*time.Second, func() { c.Close() })
 			defer stuck.Stop()

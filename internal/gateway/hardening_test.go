@@ -277,7 +277,7 @@ func TestHostThatStopsReadingCannotPinATunnel(t *testing.T) {
 					}
 					defer c.Close()
 					go func() { _, _ = c.Write(make([]byte, 20<<20)) }()
-					waitStalled(t, h, url) // the host's buffers fill
+					waitStalled(t, h, url, 20<<20) // the host's buffers fill
 					if end != "write timeout" {
 						c.Close() // and the client goes away
 					}

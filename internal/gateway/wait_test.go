@@ -32,12 +32,13 @@ func waitLogged(t *testing.T, what string, n int, d time.Duration, hs ...*harnes
 	}
 }
 
-// waitStalled waits until everything on the way from h's client to its
-// host is full: the one tunnel the admin API at url lists has relayed
-// bytes to the host and no more for three polls, and the gateway leaves
-// bytes its client sent unread (in its socket, or not yet sent from the
-// client's), so the relay holds what it read. It fails after 10 s.
-func waitStalled(t *testing.T, h *harness, url string) {
+// waitStalled waits until the client's sending of total bytes has
+// stalled: the one tunnel the admin API at url lists has relayed bytes to
+// the host and no more for three polls, and either all total of them or
+// the gateway leaves bytes its client sent unread (in its socket, or not
+// yet sent from the client's), so the relay holds what it read. It fails
+// after 10 s.
+func waitStalled(t *testing.T, h *harness, url string, total uint64) {
 	t.Helper()
 	gw := portOf(t, h.addr)
 	deadline := time.Now().Add(10 * time.Second)
@@ -58,7 +59,7 @@ func waitStalled(t *testing.T, h *harness, url string) {
 				backedUp = true
 			}
 		}
-		if still >= 3 && backedUp {
+		if still >= 3 && (backedUp || last == total) {
 			return
 		}
 		if time.Now().After(deadline) {
