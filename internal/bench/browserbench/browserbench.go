@@ -376,7 +376,9 @@ func (b *browser) connect(r *rig, sized bool, ready *time.Duration) (time.Durati
 		// What the page said (a refusal, an ended session) says why.
 		sctx, cancel := context.WithTimeout(b.tab, 5*time.Second)
 		defer cancel()
-		said, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`['status', 'ended'].map(id => (document.getElementById(id) || {}).textContent || '').join(' | ')`))
+		// The ended panel's text is in the page from the start: it is
+		// what the page says only once shown.
+		said, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`['status', 'ended'].map(id => document.getElementById(id)).filter(e => e && !e.hidden).map(e => e.textContent.trim()).join(' | ')`))
 		return 0, fmt.Errorf("first frame: %w (the page says: %q)", err, strings.TrimSpace(said))
 	}
 	if !sized {
