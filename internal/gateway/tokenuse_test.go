@@ -54,7 +54,11 @@ func dialAtOnce(t *testing.T, cfgs []tsgclient.Config, port uint16) ([]*tsgclien
 // open, not because the token is used up, and the token opens its next
 // tunnel once the first has ended.
 func TestTokenNeverOpensTwoTunnelsAtOnce(t *testing.T) {
-	h := start(t, func(c *config.Config) { three := 3; c.Gateway.TokenMaxUses = &three })
+	h := start(t, func(c *config.Config) {
+		three := 3
+		c.Gateway.TokenMaxUses = &three
+		c.Gateway.HandshakeTimeout = config.Duration(30 * time.Second) // eight dials at once, on a loaded machine too
+	})
 	url := admin(t, h)
 	tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
 	cfgs := make([]tsgclient.Config, 8)
@@ -94,6 +98,7 @@ func TestFarmTokenNeverOpensTwoTunnelsAtOnce(t *testing.T) {
 		c.Farm = &config.Farm{Database: config.NewSecret(dsn)}
 		three := 3
 		c.Gateway.TokenMaxUses = &three
+		c.Gateway.HandshakeTimeout = config.Duration(30 * time.Second)
 	})
 	a, b := nodes[0], nodes[1]
 	tok := a.token(t, "bob", "127.0.0.1", a.echoPort, time.Minute)
