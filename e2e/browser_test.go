@@ -242,8 +242,7 @@ func TestBrowserDesktop(t *testing.T) {
 			t.Fatal("no xterm runs in the user's session: the browser did not log on")
 		}
 	}
-	time.Sleep(2 * time.Second) // let the first frames arrive
-	shot(t, tab, b.artifacts, "browser-3-desktop")
+	shot(t, tab, b.artifacts, "browser-3-desktop") // drawn: connectInBrowser waited for the xterm
 
 	// Typing: click into the desktop, type a line.
 	// Lines of text redraw rectangles of odd widths, which xrdp pads:
@@ -267,8 +266,6 @@ func TestBrowserDesktop(t *testing.T) {
 			t.Fatalf("the session's xterm got %q, want %q", got, line)
 		}
 	}
-	time.Sleep(time.Second)
-	shot(t, tab, b.artifacts, "browser-4-typed")
 
 	// The clipboard, withheld by the policy, crosses in neither direction
 	// although the page may use the browser's (with it allowed, it
@@ -278,38 +275,52 @@ func TestBrowserDesktop(t *testing.T) {
 	if _, err := chromedp.Run(tab, chromedp.Evaluate[any](`navigator.clipboard.writeText("copied in the browser")`, chromedp.EvalAwaitPromise)); err != nil {
 		t.Fatalf("writing the browser's clipboard: %v", err)
 	}
-	time.Sleep(5 * time.Second)
-	if got, err := browserClipboard(tab); err != nil || got != "copied in the browser" {
-		t.Fatalf("the browser's clipboard holds %q (%v): the session's copy crossed a policy that withholds the clipboard", got, err)
-	}
-	if got, _ := s.paste(); got != "secret copied in the session" {
-		t.Fatalf("the session's clipboard holds %q: the browser's copy crossed a policy that withholds the clipboard", got)
+	// A crossing is an event that should not come: both clipboards are
+	// watched for five times the second it takes when allowed, and the
+	// first crossing fails the test at once.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if got, err := browserClipboard(tab); err != nil || got != "copied in the browser" {
+			t.Fatalf("the browser's clipboard holds %q (%v): the session's copy crossed a policy that withholds the clipboard", got, err)
+		}
+		if got, _ := s.paste(); got != "secret copied in the session" {
+			t.Fatalf("the session's clipboard holds %q: the browser's copy crossed a policy that withholds the clipboard", got)
+		}
 	}
 
-	// Pixels: the canvas against the session's own screen.
-	canvas := canvasPNG(t, tab)
+	// Pixels: the canvas against the session's own screen, once the
+	// canvas has drawn what the session shows (the typed lines reach the
+	// session before their pixels reach the tab).
 	display := sessionDisplay(t, b.xrdp.User)
 	xshot := filepath.Join(b.artifacts, "browser-session-screen.png")
-	imp := exec.Command("import", "-display", display, "-window", "root", xshot)
-	imp.Env = append(os.Environ(), "XAUTHORITY=/home/"+b.xrdp.User+"/.Xauthority")
-	if out, err := imp.CombinedOutput(); err != nil {
-		t.Fatalf("import: %v %s", err, out)
-	}
-	f, err := os.Open(xshot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	screen, err := png.Decode(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
+	var canvas image.Image
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		canvas = canvasPNG(t, tab)
+		imp := exec.Command("import", "-display", display, "-window", "root", xshot)
+		imp.Env = append(os.Environ(), "XAUTHORITY=/home/"+b.xrdp.User+"/.Xauthority")
+		if out, err := imp.CombinedOutput(); err != nil {
+			t.Fatalf("import: %v %s", err, out)
+		}
+		f, err := os.Open(xshot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		screen, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := comparePixels(canvas, screen)
+		if d.sizeMismatch == "" && d.differentRows == 0 && d.share <= maxPixelShare {
+			t.Logf("canvas against the session's screen: %+v", d)
+			break
+		}
+		if time.Now().After(deadline) {
+			savePNG(t, filepath.Join(b.artifacts, "browser-canvas.png"), canvas)
+			t.Fatalf("the canvas differs from the session's screen: %+v", d)
+		}
 	}
 	savePNG(t, filepath.Join(b.artifacts, "browser-canvas.png"), canvas)
-	if d := comparePixels(canvas, screen); d.sizeMismatch != "" || d.differentRows > 0 || d.share > maxPixelShare {
-		t.Fatalf("the canvas differs from the session's screen: %+v", d)
-	} else {
-		t.Logf("canvas against the session's screen: %+v", d)
-	}
+	shot(t, tab, b.artifacts, "browser-4-typed")
 
 	// And against xfreerdp: Disconnect in the tab (the page says so), then
 	// the same session in xfreerdp through the same gateway, at the

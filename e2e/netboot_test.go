@@ -3,8 +3,10 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -211,8 +213,15 @@ func TestNetbootBareVM(t *testing.T) {
 	if fileSum(t, got) != fileSum(t, "/usr/lib/ipxe/undionly.kpxe") {
 		t.Fatal("undionly.kpxe over TFTP differs from Debian's")
 	}
-	if out, err := exec.Command("ip", "netns", "exec", ns.name, "busybox", "tftp", "-g", "-r", "../../etc/passwd", "-l", filepath.Join(dir, "passwd"), "10.77.0.1").CombinedOutput(); err == nil {
-		t.Fatalf("TFTP served a file outside the iPXE files:\n%s", out)
+	// Refused by the server, in so many words: a timeout or a client
+	// error would not show that deskway read the request and said no.
+	passwd := filepath.Join(dir, "passwd")
+	out, err := exec.Command("ip", "netns", "exec", ns.name, "busybox", "tftp", "-g", "-r", "../../etc/passwd", "-l", passwd, "10.77.0.1").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `tftp: server error: (1) no file "../../etc/passwd" here`) {
+		t.Fatalf("TFTP asked for ../../etc/passwd: %v, want the server's refusal:\n%s", err, out)
+	}
+	if _, err := os.Stat(passwd); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("TFTP asked for ../../etc/passwd left %s: %v", passwd, err)
 	}
 	ls := deskway("device", "ls")
 	if !regexp.MustCompile(`(?m)^pc1\s+52:54:00:77:00:01\s+-\s+golden\s+-\s+enabled\s+\d{4}-`).MatchString(ls) {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/proto/tsgu"
 	"github.com/deskway/deskway/internal/testkit"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
@@ -110,15 +111,11 @@ func TestFarmJoinsLegacyHalvesOnDifferentNodes(t *testing.T) {
 		t.Fatal("OUT half refused")
 	}
 	defer out.Close()
-	if in := rawLegacy(t, b, "RDG_IN_DATA", "{farm-1}", "bob", "Bob-Pass1"); in != nil {
-		in.Close()
-		t.Fatal("bob's IN half on another node joined alice's OUT half")
-	}
+	const nowhere = "no RDG_OUT_DATA with this connection id is waiting on this node or its farm peers"
+	refusedHalf(t, b, "{farm-1}", "bob", "Bob-Pass1", "bob's IN half on another node, for alice's OUT half",
+		"farm peer holds the OUT half but refused to pair this IN half with it")
 	// An IN half for an id no node holds: refused.
-	if in := rawLegacy(t, b, "RDG_IN_DATA", "{nobody}", "alice", "Alice-Pass1"); in != nil {
-		in.Close()
-		t.Fatal("an IN half with no OUT half anywhere was taken")
-	}
+	refusedHalf(t, b, "{nobody}", "alice", "Alice-Pass1", "an IN half with no OUT half anywhere", nowhere)
 	// Alice's own joins; a second IN for the same id, on the third node,
 	// is refused.
 	in := rawLegacy(t, b, "RDG_IN_DATA", "{farm-1}", "alice", "Alice-Pass1")
@@ -126,10 +123,26 @@ func TestFarmJoinsLegacyHalvesOnDifferentNodes(t *testing.T) {
 		t.Fatal("alice's IN half on another node refused")
 	}
 	defer in.Close()
-	if again := rawLegacy(t, nodes[2], "RDG_IN_DATA", "{farm-1}", "alice", "Alice-Pass1"); again != nil {
-		again.Close()
-		t.Fatal("a second IN half joined, from a third node")
+	refusedHalf(t, nodes[2], "{farm-1}", "alice", "Alice-Pass1", "a second IN half, at a third node", nowhere)
+}
+
+// refusedHalf opens a legacy IN half at h with NTLM and wants it refused
+// with 403 for reason, as h's log gives it.
+func refusedHalf(t *testing.T, h *harness, id, user, pass, what, reason string) {
+	t.Helper()
+	before := strings.Count(h.logs.String(), reason)
+	conn, resp, err := tsgclient.OpenLegacyHalf(context.Background(), h.cfg(user, pass, tsgclient.Legacy), "RDG_IN_DATA", id)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
+	conn.Close()
+	if resp == nil {
+		t.Fatalf("%s: taken, want 403", what)
+	}
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("%s: %s, want 403", what, resp.Status)
+	}
+	waitLogged(t, reason, before+1, 2*time.Second, h)
 }
 
 // TestFarmClaimNeedsTheFarmKey: a client that speaks the node-to-node
@@ -217,6 +230,22 @@ func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
 	dsn := pg.NewDB(t)
 	nodes := startFarm(t, 2, func(c *config.Config) { c.Farm = &config.Farm{Database: config.NewSecret(dsn)} })
 	a, b := nodes[0], nodes[1]
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	// refused dials node b with the token and wants it refused for
+	// reason, as b's log gives it: the client is told the status alone.
+	refused := func(cfg tsgclient.Config, why, reason string) {
+		t.Helper()
+		before := strings.Count(b.logs.String(), reason)
+		_, err := dial(t, cfg, "127.0.0.1", a.echoPort)
+		if statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+			t.Fatalf("%s: %v, want E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", why, err)
+		}
+		waitLogged(t, reason, before+1, 2*time.Second, b)
+	}
 	tok := a.token(t, "alice", "127.0.0.1", a.echoPort, time.Minute)
 	viaA := a.cfg("", "", tsgclient.Websocket)
 	viaA.Token = tok
@@ -227,38 +256,40 @@ func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
 	echoRoundTrip(t, c, 100)
 	viaB := b.cfg("", "", tsgclient.Websocket)
 	viaB.Token = tok
-	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); err == nil {
-		t.Fatal("the token, open at node A, opened a second tunnel at node B")
-	}
+	refused(viaB, "the token, open at node A, at node B", "token is in use by an open tunnel (on this gateway farm)")
 	c.Close()
-	time.Sleep(200 * time.Millisecond) // node A ends the use
-	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); err == nil {
-		t.Fatal("the token, used up at node A, was replayed at node B")
-	}
-	if !strings.Contains(b.logs.String(), "on this gateway farm") {
-		t.Fatal("node B's refusal does not say the use was counted across the farm")
-	}
+	waitRecord(t, db, "node A ends the token's use", `SELECT count(*) = 1 AND count(open_node) = 0 FROM deskway_token_uses`)
+	refused(viaB, "the token, used up at node A, at node B", "token has opened the 1 tunnels it may on this gateway farm")
 
 	// A use whose host does not answer is given back: the record keeps
 	// only the first token.
 	dead := a.token(t, "alice", "127.0.0.1", 1, time.Minute)
 	toDead := a.cfg("", "", tsgclient.Websocket)
 	toDead.Token = dead
-	if _, err := dial(t, toDead, "127.0.0.1", 1); err == nil {
-		t.Fatal("a tunnel to a closed port opened")
+	if _, err := dial(t, toDead, "127.0.0.1", 1); statusOf(err) != tsgu.EProxyTSConnectFailed {
+		t.Fatalf("a tunnel to a closed port: %v, want E_PROXY_TS_CONNECTFAILED", err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	var rows, open int
-	if err := db.QueryRow(context.Background(), `SELECT count(*), count(open_node) FROM deskway_token_uses`).Scan(&rows, &open); err != nil {
-		t.Fatal(err)
-	}
-	if rows != 1 || open != 0 {
-		t.Fatalf("the farm's record holds %d tokens, %d open; want the first token alone, closed", rows, open)
+	waitRecord(t, db, "the farm's record holds the first token alone, closed",
+		`SELECT count(*) = 1 AND count(open_node) = 0 AND min(uses) = 1 FROM deskway_token_uses`)
+}
+
+// waitRecord waits until query, on the farm's database, answers true,
+// or fails after 5 s saying what it waited for.
+func waitRecord(t *testing.T, db *pgx.Conn, what, query string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var ok bool
+		if err := db.QueryRow(context.Background(), query).Scan(&ok); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not so after 5 s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -305,10 +336,6 @@ func TestFarmClaimsAreBounded(t *testing.T) {
 	if _, status := paaHalf(t, h, "RDG_IN_DATA", ""); status != http.StatusBadRequest {
 		t.Fatalf("an IN half with no connection id: status %d, want 400", status)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if n := accepted.Load(); n != 0 {
-		t.Fatalf("an IN half with no connection id made %d claims", n)
-	}
 	// Six at once: four claims hang until the handshake budget ends.
 	statuses := make(chan int, 6)
 	for i := 0; i < 6; i++ {
@@ -327,8 +354,12 @@ func TestFarmClaimsAreBounded(t *testing.T) {
 	if refused != 2 {
 		t.Fatalf("%d of 6 IN halves refused while 4 claims hang, want 2", refused)
 	}
+	// The peer's count is read a second after the six were sent (the
+	// wait for an answer of the four that hang), and longer after the
+	// IN half with no connection id was answered: a claim of its own
+	// would be a fifth.
 	if n := accepted.Load(); n != 4 {
-		t.Fatalf("the peer got %d claims, want 4", n)
+		t.Fatalf("the peer got %d claims, want the 4 of the six IN halves with an id and none of the one without", n)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -381,7 +382,17 @@ func TestMaxTunnelsPerUser(t *testing.T) {
 
 func TestServiceMessageAndKeepalive(t *testing.T) {
 	h := start(t, nil)
-	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
+	cfg := h.cfg("alice", "Alice-Pass1", tsgclient.Websocket)
+	var local atomic.Int32 // the client's port
+	cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			local.Store(int32(conn.LocalAddr().(*net.TCPAddr).Port))
+		}
+		return conn, err
+	}
+	c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,8 +404,29 @@ func TestServiceMessageAndKeepalive(t *testing.T) {
 	if c.ServiceMessage != "Maintenance at 22:00" {
 		t.Fatalf("service message %q", c.ServiceMessage)
 	}
-	// Silent for more than the keepalive interval: the tunnel must stay up.
-	time.Sleep(2500 * time.Millisecond)
+	// Silent until the gateway's keepalives (every second) have come
+	// twice, unread: the tunnel must stay up.
+	gw := portOf(t, h.addr)
+	unread := func() int {
+		for _, s := range tcpSocks(t) {
+			if s.localPort == int(local.Load()) && s.remotePort == gw {
+				return s.unread
+			}
+		}
+		t.Fatal("the client's connection is gone")
+		return 0
+	}
+	for first, deadline := 0, time.Now().Add(5*time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n := unread()
+		if first == 0 {
+			first = n
+		} else if n > first {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no second keepalive within 5 s of silence (%d bytes unread)", n)
+		}
+	}
 	echoRoundTrip(t, c, 4)
 }
 
@@ -451,7 +483,12 @@ func TestSessionTimeout(t *testing.T) {
 // announce a maximum-size packet and send a few bytes of it: the gateway
 // may buffer at most one packet per connection, not what a frame claims.
 func TestMemoryBoundedUnderHugeAnnouncedPackets(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Gateway.MaxUnauthenticatedPerAddr = 200 })
+	h := start(t, func(c *config.Config) {
+		c.Gateway.MaxUnauthenticatedPerAddr = 200
+		// Every connection is measured while it waits: a loaded machine
+		// may take longer than the test's 2 s budget to open them all.
+		c.Gateway.HandshakeTimeout = config.Duration(time.Minute)
+	})
 	const n = 100
 	runtime.GC()
 	var before runtime.MemStats
@@ -465,7 +502,7 @@ func TestMemoryBoundedUnderHugeAnnouncedPackets(t *testing.T) {
 		_, _ = r.conn.Write([]byte{0x01, 0, 0, 0, 0x21, 0x00, 0x01, 0x00}) // 65569 bytes announced
 		conns = append(conns, r)
 	}
-	time.Sleep(500 * time.Millisecond)
+	waitDrained(t, h.addr, n) // the gateway has read every announcement
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
@@ -797,6 +834,7 @@ func TestBulkBothWaysWithASlowReader(t *testing.T) {
 	for _, loops := range []int{2, 0} {
 		t.Run(fmt.Sprintf("relay_loops=%d", loops), func(t *testing.T) {
 			h := start(t, func(c *config.Config) { c.Gateway.RelayLoops = &loops })
+			url := admin(t, h)
 			cfg := h.cfg("", "", tsgclient.Websocket)
 			cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
 			c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
@@ -811,7 +849,7 @@ func TestBulkBothWaysWithASlowReader(t *testing.T) {
 			}
 			werr := make(chan error, 1)
 			go func() { _, err := c.Write(msg); werr <- err }()
-			time.Sleep(500 * time.Millisecond) // everything on the way fills up
+			waitStalled(t, h, url, uint64(len(msg))) // everything on the way fills up
 			got := make([]byte, len(msg))
 			stuck := time.AfterFunc(30*time.Second, func() { c.Close() })
 			defer stuck.Stop()
@@ -888,8 +926,8 @@ func TestReloadPutsUsersAndPoliciesInForce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Close()
-	if _, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
-		t.Fatal("zoe logged in before she was added")
+	if _, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusUnauthorized {
+		t.Fatalf("zoe before she was added: %v, want 401", err)
 	}
 	cfg := &config.Config{Auth: config.Auth{Users: []config.User{
 		{Name: "alice", Password: config.NewSecret("Alice-Pass1"), Groups: []string{"staff"}},
@@ -915,8 +953,8 @@ func TestReloadPutsUsersAndPoliciesInForce(t *testing.T) {
 	echoRoundTrip(t, c, 10)
 	c.Close()
 	// staff has no policy now: alice logs in but gets no new tunnel...
-	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); err == nil {
-		t.Fatal("alice opened a tunnel with no policy for her")
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyNAPAccessDenied {
+		t.Fatalf("alice, with no connection policy for her group: %v, want E_PROXY_NAP_ACCESSDENIED", err)
 	}
 	// ...and the one she had goes on.
 	echoRoundTrip(t, open, 10)

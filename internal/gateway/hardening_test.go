@@ -129,9 +129,12 @@ func pingFlood(t *testing.T, h *harness) net.Conn {
 }
 
 func TestUnauthenticatedFloodCannotHoldTheGateway(t *testing.T) {
+	// The write timeout is far longer than the handshake budget (2s):
+	// a flooding socket's pongs back up, and only the budget, not a
+	// stalled write, may be what ends it here.
 	mod := func(c *config.Config) {
 		c.Gateway.MaxTunnels = 4
-		c.Gateway.WriteTimeout = config.Duration(2 * time.Second)
+		c.Gateway.WriteTimeout = config.Duration(time.Minute)
 	}
 	t.Run("limits admin and budget", func(t *testing.T) {
 		h := start(t, mod)
@@ -162,8 +165,10 @@ func TestUnauthenticatedFloodCannotHoldTheGateway(t *testing.T) {
 			t.Fatal("the admin API lists none of the flooding sockets' tunnels")
 		}
 		c.Close()
-		// Nothing outlives the handshake budget (2s from accept).
+		// Nothing outlives the handshake budget (2s from accept), and the
+		// budget is what ended them.
 		waitGone(t, url, 4*time.Second, "flooding sockets")
+		waitLogged(t, "no channel open within the handshake budget of 2s", 3, 2*time.Second, h)
 	})
 	t.Run("shutdown", func(t *testing.T) {
 		h := start(t, mod)
@@ -251,9 +256,16 @@ func TestHostThatStopsReadingCannotPinATunnel(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			for _, end := range []string{"admin", "write timeout", "shutdown"} {
 				t.Run(end, func(t *testing.T) {
+					// Only the write timeout's own case has one short
+					// enough to end the tunnel: the others must end it
+					// themselves, and take what time they need to set up.
+					wt := time.Minute
+					if end == "write timeout" {
+						wt = 2 * time.Second
+					}
 					h := start(t, func(c *config.Config) {
 						c.Gateway.RelayLoops = &m.loops
-						c.Gateway.WriteTimeout = config.Duration(2 * time.Second)
+						c.Gateway.WriteTimeout = config.Duration(wt)
 					})
 					url := admin(t, h)
 					port := sink(t)
@@ -265,7 +277,7 @@ func TestHostThatStopsReadingCannotPinATunnel(t *testing.T) {
 					}
 					defer c.Close()
 					go func() { _, _ = c.Write(make([]byte, 20<<20)) }()
-					time.Sleep(500 * time.Millisecond) // the host's buffers fill
+					waitStalled(t, h, url, 20<<20) // the host's buffers fill
 					if end != "write timeout" {
 						c.Close() // and the client goes away
 					}
@@ -343,10 +355,12 @@ func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
 		c.Gateway.MaxUnauthenticatedPerAddr = 16
 		c.Gateway.HandshakeTimeout = config.Duration(6 * time.Second) // outlasts both rounds below, even under -race
 	})
+	var held []net.Conn // the halves the gateway took
 	took := func(src string, n int) int {
 		k := 0
 		for i := range n {
-			if _, ok := outHalf(t, h, src, i); ok {
+			if conn, ok := outHalf(t, h, src, i); ok {
+				held = append(held, conn)
 				k++
 			}
 		}
@@ -368,8 +382,14 @@ func TestUnauthenticatedConnectionsAreCapped(t *testing.T) {
 	if k := took("127.0.0.3", 100); k != 8 {
 		t.Fatalf("a second address got %d waiting OUT halves, want the 8 left of the global cap of 24", k)
 	}
-	// The budget ends every waiting half, and their places are free again.
-	time.Sleep(6500 * time.Millisecond)
+	// The budget ends every waiting half (the gateway closes it), and
+	// their places are free again.
+	for _, conn := range held {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); isTimeout(err) {
+			t.Fatal("a waiting OUT half was still open 10 s after its budget of 6 s began")
+		}
+	}
 	if k := took("127.0.0.2", 4); k != 4 {
 		t.Fatalf("after the budget, %d of 4 new halves were taken", k)
 	}
@@ -509,16 +529,17 @@ func TestLogLinesNameTheUserOnceAndIPv6InBrackets(t *testing.T) {
 	h := start(t, nil)
 	// alice (NTLM) asks for a host no policy allows: refused after her
 	// identity is known.
-	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.2", 3389); err == nil {
-		t.Fatal("a host outside the policy was allowed")
+	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.2", 3389); statusOf(err) != tsgu.EProxyRAPAccessDenied {
+		t.Fatalf("a host outside the policy: %v, want E_PROXY_RAP_ACCESSDENIED", err)
 	}
 	// bob's token is for ::1; he asks for another host.
 	cfg := h.cfg("", "", tsgclient.Websocket)
 	cfg.Token = h.token(t, "bob", "::1", 3389, time.Minute)
-	if _, err := dial(t, cfg, "127.0.0.1", 3389); err == nil {
-		t.Fatal("a token was used for another host")
+	if _, err := dial(t, cfg, "127.0.0.1", 3389); statusOf(err) != tsgu.EProxyRAPAccessDenied {
+		t.Fatalf("a token used for another host: %v, want E_PROXY_RAP_ACCESSDENIED", err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Every line of the two tunnels is in once both closing lines are.
+	waitLogged(t, "tunnel closed", 2, 2*time.Second, h)
 	logs := h.logs.String()
 	for _, line := range strings.Split(logs, "\n") {
 		if strings.Count(line, " user=") > 1 {
@@ -541,37 +562,48 @@ func TestTokensAreNotReplayable(t *testing.T) {
 		c.Dial = d.DialContext
 		return c
 	}
-	refused := func(t *testing.T, err error, why string) {
+	// refused dials with cfg and wants the token refused for reason, as
+	// the gateway's log gives it: the client is told the status alone,
+	// the same for a token in use, used up or from another address.
+	refused := func(t *testing.T, h *harness, cfg tsgclient.Config, port uint16, why, reason string) {
 		t.Helper()
+		before := strings.Count(h.logs.String(), reason)
+		_, err := dial(t, cfg, "127.0.0.1", port)
 		if statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
 			t.Fatalf("%s: %v, want E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", why, err)
 		}
+		waitLogged(t, reason, before+1, 2*time.Second, h)
 	}
+	const (
+		inUse   = "token is in use by an open tunnel"
+		usedUp1 = "token has opened the 1 tunnels it may"
+		usedUp3 = "token has opened the 3 tunnels it may"
+	)
 	t.Run("one tunnel", func(t *testing.T) {
 		h := start(t, nil)
+		url := admin(t, h)
 		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
 		c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
 		if err != nil {
 			t.Fatal(err)
 		}
 		echoRoundTrip(t, c, 10)
-		_, err = dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
-		refused(t, err, "the same token while its tunnel is open")
+		refused(t, h, from(h, tok, "127.0.0.1"), h.echoPort, "the same token while its tunnel is open", inUse)
 		c.Close()
-		time.Sleep(200 * time.Millisecond)
-		_, err = dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
-		refused(t, err, "the same token after its tunnel ended")
+		waitGone(t, url, 4*time.Second, "after the client closed its tunnel")
+		refused(t, h, from(h, tok, "127.0.0.1"), h.echoPort, "the same token after its tunnel ended", usedUp1)
 		if !strings.Contains(h.logs.String(), "token of bob refused") {
 			t.Fatal("the replay was not logged with its reason")
 		}
 	})
 	t.Run("reconnects", func(t *testing.T) {
 		h := start(t, func(c *config.Config) { three := 3; c.Gateway.TokenMaxUses = &three })
+		url := admin(t, h)
 		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
 		for i := range 3 {
 			if i == 1 {
-				_, err := dial(t, from(h, tok, "127.0.0.7"), "127.0.0.1", h.echoPort)
-				refused(t, err, "a reconnect from another address")
+				refused(t, h, from(h, tok, "127.0.0.7"), h.echoPort, "a reconnect from another address",
+					"token was first used from 127.0.0.1; it is not accepted from 127.0.0.7")
 			}
 			c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
 			if err != nil {
@@ -579,16 +611,16 @@ func TestTokensAreNotReplayable(t *testing.T) {
 			}
 			echoRoundTrip(t, c, 10)
 			c.Close()
-			time.Sleep(200 * time.Millisecond)
+			waitGone(t, url, 4*time.Second, "after the client closed its tunnel")
 		}
-		_, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
-		refused(t, err, "a fourth tunnel with a token for three")
+		refused(t, h, from(h, tok, "127.0.0.1"), h.echoPort, "a fourth tunnel with a token for three", usedUp3)
 	})
 	// A tunnel whose host cannot be reached never used its token: the
 	// client may try again (from any address, as the failed try bound it
 	// to none), and only a tunnel that opened spends it.
 	t.Run("host down", func(t *testing.T) {
 		h := start(t, nil)
+		url := admin(t, h)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -613,16 +645,15 @@ func TestTokensAreNotReplayable(t *testing.T) {
 				go func() { _, _ = io.Copy(c, c); c.Close() }()
 			}
 		}()
-		time.Sleep(200 * time.Millisecond) // the failed tunnel has ended
+		waitGone(t, url, 4*time.Second, "after the tunnel to a host that was down")
 		c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", port)
 		if err != nil {
 			t.Fatalf("the token after its only tunnel could not reach the host: %v", err)
 		}
 		echoRoundTrip(t, c, 10)
 		c.Close()
-		time.Sleep(200 * time.Millisecond)
-		_, err = dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", port)
-		refused(t, err, "the token after a tunnel opened and ended")
+		waitGone(t, url, 4*time.Second, "after the client closed its tunnel")
+		refused(t, h, from(h, tok, "127.0.0.1"), port, "the token after a tunnel opened and ended", usedUp1)
 	})
 }
 

@@ -51,6 +51,14 @@ func (o *Options) defaults() {
 	}
 }
 
+// stageTimeout bounds each step the bench waits on: a page to load, a
+// first frame, the window to start moving. It ends a run that hangs and
+// judges no speed: beside ten CPU hogs on two cores the browser's page
+// took 10 s to load and its first frame 13 s more, and a machine running
+// the whole test suite is slower still, where the minute these steps had
+// ran out with nothing wrong.
+const stageTimeout = 5 * time.Minute
+
 // sample is one client's run.
 type sample struct {
 	// pageReady is the browser's: from Open in browser to its client loaded.
@@ -284,7 +292,7 @@ func (b *browser) closeTab() {
 }
 
 func (b *browser) signIn(r *rig) error {
-	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(b.ctx, stageTimeout)
 	defer cancel()
 	return chromedp.Do(ctx,
 		chromedp.Navigate(r.portal+"/signin"),
@@ -297,12 +305,19 @@ func (b *browser) signIn(r *rig) error {
 }
 
 // firstFrameJS clicks Connect and resolves with the milliseconds until an
-// animation frame in which the canvas shows the navy xterm.
-const firstFrameJS = `new Promise((resolve) => {
+// animation frame in which the canvas shows the navy xterm, or rejects
+// with what the page says once it shows the session ended (a refusal, a
+// failed connection): that is no frame coming late.
+const firstFrameJS = `new Promise((resolve, reject) => {
 	const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas');
+	const ended = document.getElementById('ended');
 	const t0 = performance.now();
 	document.querySelector('#credentials button').click();
 	const poll = () => {
+		if (!ended.hidden) {
+			reject(new Error('the session ended before its first frame: ' + document.getElementById('status').textContent));
+			return;
+		}
 		if (c.width > 100 && c.height > 100) {
 			const d = c.getContext('2d', { willReadFrequently: true }).getImageData(0, 60, c.width, 1).data;
 			for (let i = 0; i < d.length; i += 4) {
@@ -317,7 +332,7 @@ const firstFrameJS = `new Promise((resolve) => {
 // connect opens the desktop in a new tab and returns the time from the
 // click on Connect to the first frame showing the xterm.
 func (b *browser) connect(r *rig, sized bool, ready *time.Duration) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(b.ctx, stageTimeout)
 	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(r.portal+"/"), chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk'] button[formaction='/browser']"))); err != nil {
 		return 0, err
@@ -339,12 +354,14 @@ func (b *browser) connect(r *rig, sized bool, ready *time.Duration) (time.Durati
 	if err := chromedp.Do(b.tab); err != nil {
 		return 0, err
 	}
-	tctx, cancel2 := context.WithTimeout(b.tab, time.Minute)
+	// The page's loading and the first frame each have a stage of their
+	// own.
+	tctx, cancel2 := context.WithTimeout(b.tab, stageTimeout)
 	defer cancel2()
 	if err := chromedp.Do(tctx,
 		chromedp.WaitVisible(chromedp.CSS("#browser[data-ready='true'] #password")),
 	); err != nil {
-		return 0, err
+		return 0, fmt.Errorf("the desktop's page: %w", err)
 	}
 	if ready != nil {
 		*ready = time.Since(clicked)
@@ -352,16 +369,20 @@ func (b *browser) connect(r *rig, sized bool, ready *time.Duration) (time.Durati
 	if err := chromedp.Do(tctx, chromedp.SendKeys(chromedp.ID("password"), r.password)); err != nil {
 		return 0, err
 	}
-	ms, err := chromedp.Run(tctx, chromedp.Evaluate[float64](firstFrameJS, chromedp.EvalAwaitPromise))
+	fctx, cancel3 := context.WithTimeout(b.tab, stageTimeout)
+	defer cancel3()
+	ms, err := chromedp.Run(fctx, chromedp.Evaluate[float64](firstFrameJS, chromedp.EvalAwaitPromise))
 	if err != nil {
 		// What the page said (a refusal, an ended session) says why.
 		sctx, cancel := context.WithTimeout(b.tab, 5*time.Second)
 		defer cancel()
-		said, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`['status', 'ended'].map(id => (document.getElementById(id) || {}).textContent || '').join(' | ')`))
+		// The ended panel's text is in the page from the start: it is
+		// what the page says only once shown.
+		said, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`['status', 'ended'].map(id => document.getElementById(id)).filter(e => e && !e.hidden).map(e => e.textContent.trim()).join(' | ')`))
 		return 0, fmt.Errorf("first frame: %w (the page says: %q)", err, strings.TrimSpace(said))
 	}
 	if !sized {
-		w, err := chromedp.Run(tctx, chromedp.Evaluate[[]int](`(() => { const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas'); return [c.width, c.height]; })()`))
+		w, err := chromedp.Run(fctx, chromedp.Evaluate[[]int](`(() => { const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas'); return [c.width, c.height]; })()`))
 		if err != nil || len(w) != 2 {
 			return 0, fmt.Errorf("canvas size: %v", err)
 		}
@@ -392,6 +413,16 @@ const edgesJS = `new Promise((resolve) => {
 	requestAnimationFrame(poll);
 })`
 
+// edgeJS is the xterm's right edge on row 60 of the canvas, or -1.
+const edgeJS = `(() => {
+	const c = document.querySelector('iron-remote-desktop').shadowRoot.querySelector('canvas');
+	const d = c.getContext('2d', { willReadFrequently: true }).getImageData(0, 60, c.width, 1).data;
+	for (let i = d.length - 4; i >= 0; i -= 4) {
+		if (d[i] < 16 && d[i+1] < 16 && d[i+2] > 112 && d[i+2] < 144) { return i / 4; }
+	}
+	return -1;
+})()`
+
 func (b *browser) measure(ctx context.Context, r *rig, window time.Duration, shot string) (sample, error) {
 	var s sample
 	var err error
@@ -399,8 +430,13 @@ func (b *browser) measure(ctx context.Context, r *rig, window time.Duration, sho
 		return s, err
 	}
 	defer b.closeTab()
-	err = moving(ctx, r, window, &s, func() (int, error) {
-		tctx, cancel := context.WithTimeout(b.tab, window+30*time.Second)
+	edge := func() (int, error) {
+		ectx, cancel := context.WithTimeout(b.tab, stageTimeout)
+		defer cancel()
+		return chromedp.Run(ectx, chromedp.Evaluate[int](edgeJS))
+	}
+	err = moving(ctx, r, window, &s, edge, func() (int, error) {
+		tctx, cancel := context.WithTimeout(b.tab, window+stageTimeout)
 		defer cancel()
 		n, err := chromedp.Run(tctx, chromedp.Evaluate[int](fmt.Sprintf(edgesJS, window.Milliseconds()), chromedp.EvalAwaitPromise))
 		if err == nil && shot != "" {
@@ -417,14 +453,33 @@ func (b *browser) measure(ctx context.Context, r *rig, window time.Duration, sho
 	return s, err
 }
 
-// moving starts the window moving, lets count count the frames shown for
-// window while the gateway's CPU and bytes are read, and stops it.
-func moving(ctx context.Context, r *rig, window time.Duration, s *sample, count func() (int, error)) error {
+// moving starts the window moving and, once the client shows it moved
+// (edge, the xterm's right edge it shows, leaves where it rested), lets
+// count count the frames shown for window while the gateway's CPU and
+// bytes are read, and stops it.
+func moving(ctx context.Context, r *rig, window time.Duration, s *sample, edge, count func() (int, error)) error {
+	rest, err := edge()
+	if err != nil {
+		return fmt.Errorf("the xterm's edge: %w", err)
+	}
 	if err := os.WriteFile(moveFlag, nil, 0o644); err != nil {
 		return err
 	}
 	defer os.Remove(moveFlag)
-	time.Sleep(time.Second) // the loop in the session sees the flag
+	// The loop in the session polls the flag, and a loaded machine may
+	// take long to run it: the window is measured once it moves.
+	for deadline := time.Now().Add(stageTimeout); ; time.Sleep(10 * time.Millisecond) {
+		e, err := edge()
+		if err != nil {
+			return fmt.Errorf("the xterm's edge: %w", err)
+		}
+		if e >= 0 && e != rest {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the window did not start moving within %s (its edge stayed at %d)", stageTimeout, e)
+		}
+	}
 	a, err := procstat.ThreadsCPU(r.gatewayPID)
 	if err != nil {
 		return err
@@ -495,13 +550,13 @@ func measureXfreerdp(ctx context.Context, r *rig, window time.Duration, shot str
 	}
 	defer p.Stop()
 	for edge() < 0 {
-		if time.Since(t0) > time.Minute {
-			return s, fmt.Errorf("xfreerdp showed no desktop in a minute:\n%s", p.Tail(20))
+		if time.Since(t0) > stageTimeout {
+			return s, fmt.Errorf("xfreerdp showed no desktop in %s:\n%s", stageTimeout, p.Tail(20))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	s.firstFrame = time.Since(t0)
-	err = moving(ctx, r, window, &s, func() (int, error) {
+	err = moving(ctx, r, window, &s, func() (int, error) { return edge(), nil }, func() (int, error) {
 		end := time.Now().Add(window)
 		last, changes := -2, 0
 		for time.Now().Before(end) {
