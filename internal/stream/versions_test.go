@@ -7,11 +7,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/nbdclient"
+	"github.com/deskway/deskway/internal/proto/nbd"
 )
 
 // TestVersions walks a vDisk through maintenance, test, production and a
@@ -70,8 +72,9 @@ func TestVersions(t *testing.T) {
 	if err := m.WriteAt(bytes.Repeat([]byte{'M'}, 4096), 0, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nbdclient.Dial(ctx, addr, "golden@maintenance/other", nbdclient.Options{}); err == nil {
-		t.Fatal("a second maintenance writer was let in")
+	_, err = nbdclient.Dial(ctx, addr, "golden@maintenance/other", nbdclient.Options{})
+	if oe := (*nbdclient.OptionError)(nil); !errors.As(err, &oe) || oe.Type != nbd.RepErrPolicy || !strings.Contains(oe.Message, "open for maintenance by another client") {
+		t.Fatalf("a second maintenance writer: %v, want refused as one writer at a time", err)
 	}
 	if _, err := vd.promote(1); !errors.Is(err, errVersion) {
 		t.Fatalf("promote with a writer connected: %v", err)
@@ -202,7 +205,8 @@ func TestPrivateFromProduction(t *testing.T) {
 	if b[0] != 'P' || b[4096] != 'b' {
 		t.Fatalf("new private image starts with %q…%q, want the production version", b[0], b[4096])
 	}
-	if _, err := nbdclient.Dial(ctx, ln.Addr().String(), "desk@test/alice", nbdclient.Options{}); err == nil {
-		t.Fatal("a stage was accepted for a private vDisk")
+	_, err = nbdclient.Dial(ctx, ln.Addr().String(), "desk@test/alice", nbdclient.Options{})
+	if oe := (*nbdclient.OptionError)(nil); !errors.As(err, &oe) || oe.Type != nbd.RepErrUnknown || !strings.Contains(oe.Message, "is in private mode") {
+		t.Fatalf("a stage of a private vDisk: %v, want refused as private mode", err)
 	}
 }
