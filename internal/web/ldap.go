@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-ldap/ldap/v3"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/deskway/deskway/internal/config"
 )
@@ -32,6 +33,11 @@ type ldapLogin struct {
 	// slots bounds the sign-ins talking to the directory at once: a slow
 	// directory must not gather every sign-in's goroutine and connection.
 	slots chan struct{}
+	// checks bounds the rechecks of signed-in users at once, apart from
+	// sign-ins: neither can starve the other.
+	checks chan struct{}
+	// reads shares one recheck of an entry among the requests asking.
+	reads singleflight.Group
 	// cache keeps what the directory said of signed-in users, read again
 	// after directoryRecheck.
 	cache recheckCache

@@ -99,6 +99,7 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		entryAtt.Succeed(entryKey(e.dn))
+		s.ldap.signedIn(e, s.d.Now())
 		si = signIn{User: e.name, Groups: e.groups, Via: "ldap", DN: e.dn, PwdSet: e.pwdSet}
 	} else {
 		refuse()

@@ -131,7 +131,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		if tc == nil {
 			tc = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc, slots: make(chan struct{}, 32)}
+		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc, slots: make(chan struct{}, 32), checks: make(chan struct{}, 16)}
 	}
 	if cfg.OIDC != nil {
 		hc := d.OIDCClient
@@ -276,15 +276,18 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 		// names now.
 		err = errors.New("web: the provider sign-in's name is not one the configuration gives")
 	}
+	keep := false
 	if err == nil && si.Via == "ldap" {
 		if s.ldap == nil {
 			err = errors.New("web: directory sign-ins are off (no web.ldap)")
 		} else {
-			err = s.recheckDirectory(r, &si, now)
+			keep, err = s.recheckDirectory(r, &si, now)
 		}
 	}
 	if err != nil {
-		s.clearCookie(w)
+		if !keep {
+			s.clearCookie(w)
+		}
 		return signIn{}, false
 	}
 	// Renew at most once a minute, so that a page's requests do not each
