@@ -19,7 +19,8 @@ import (
 // name's in the directory. Each attempt counts against the throttle
 // before its password is checked, so that concurrent guesses cannot all
 // pass a limit none of them has reached yet; it is uncounted when it
-// succeeds or the password could not be checked.
+// succeeds or the directory could not be asked before the password
+// reached it.
 func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	if err := r.ParseForm(); err != nil {
@@ -70,7 +71,10 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			}
 			return nil
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+		// The check outlives its client: a guess whose client hangs up
+		// once the password is sent must still count, not be released by
+		// a bind that the hang-up cut short.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 15*time.Second)
 		e, err := s.ldap.authenticate(ctx, name, pw, onEntry)
 		cancel()
 		if entryLock != nil {
@@ -88,9 +92,14 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if err != nil {
-			att.Release()
-			if entryAtt != nil {
-				entryAtt.Release()
+			if errors.Is(err, errPasswordSent) {
+				att.Fail()
+				entryAtt.Fail()
+			} else {
+				att.Release()
+				if entryAtt != nil {
+					entryAtt.Release()
+				}
 			}
 			s.signins.WithLabelValues("ldap_unreachable").Inc()
 			s.d.Logger.Warn("the directory could not check a sign-in", "user", name, "error", err)
