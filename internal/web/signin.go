@@ -29,9 +29,20 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	name, pw := r.PostFormValue("user"), r.PostFormValue("password")
 	from := remoteAddr(r)
-	// Names a directory matches to one entry count as one: the throttle
-	// keys on the folded form, not on what was typed.
-	att, lk := s.d.Throttle.Reserve(foldName(name), from)
+	// A name longer than any account's is refused unread, counted against
+	// the address alone: normalising it can multiply its size, and the
+	// throttle would keep it.
+	long := len(name) > maxNameBytes
+	key := ""
+	if !long {
+		// Names a directory matches to one entry count as one: the
+		// throttle keys on the folded form, not on what was typed.
+		key = foldName(name)
+	}
+	att, lk := s.d.Throttle.Reserve(key, from)
+	if long {
+		name = ""
+	}
 	if lk != nil {
 		s.throttled(w, name, lk)
 		return
@@ -49,6 +60,10 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
 	}
 	var si signIn
+	if long {
+		refuse()
+		return
+	}
 	if u, found := s.d.Users.Lookup(name); found {
 		if !u.CheckPassword(pw) {
 			refuse()
@@ -134,6 +149,10 @@ func (s *Server) throttled(w http.ResponseWriter, name string, lk *auth.Lockout)
 	s.render(w, http.StatusTooManyRequests, "signin.html", s.signinData(page{Name: name,
 		Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
 }
+
+// maxNameBytes is the longest user name the portal reads: longer than
+// any directory's or local account's name.
+const maxNameBytes = 256
 
 // foldName is the form of a typed name the throttle counts under:
 // compatibility-normalised and case-folded, so that every spelling a
