@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,9 +34,15 @@ type revocations struct {
 // "ID UNIX-EXPIRY" line per sign-out.
 const signoutsFile = "web-signouts"
 
+// maxSignoutLine bounds a line of the file: longer ones (a torn write,
+// a disk's zero-filled tail) are skipped, not read whole.
+const maxSignoutLine = 256
+
 // loadRevocations reads the revocations kept in dir ("" for none) that
-// have not expired at now, and rewrites the file with those.
-func loadRevocations(dir string, now time.Time) (*revocations, error) {
+// have not expired at now, and rewrites the file with those. Lines it
+// cannot read are skipped; a file it cannot rewrite (a read-only or full
+// disk) is logged and appended to as it is: neither stops the portal.
+func loadRevocations(dir string, now time.Time, log *slog.Logger) (*revocations, error) {
 	v := &revocations{ids: map[string]time.Time{}}
 	if dir == "" {
 		return v, nil
@@ -47,25 +55,37 @@ func loadRevocations(dir string, now time.Time) (*revocations, error) {
 	if err != nil {
 		return nil, fmt.Errorf("web: reading the sign-outs: %w", err)
 	}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		id, exp, ok := strings.Cut(sc.Text(), " ")
-		sec, err := strconv.ParseInt(exp, 10, 64)
-		// A line cut short by a crash is skipped; the rest still hold.
-		if !ok || err != nil || id == "" {
-			continue
+	defer f.Close()
+	r := bufio.NewReaderSize(f, maxSignoutLine)
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// Skip to the line's end: the line is not one this portal wrote.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = r.ReadSlice('\n')
+			}
+			line = nil
 		}
-		if t := time.Unix(sec, 0); now.Before(t) {
-			v.ids[id] = t
+		if len(line) > 0 {
+			v.lines++
+			id, exp, ok := strings.Cut(strings.TrimSuffix(string(line), "\n"), " ")
+			sec, perr := strconv.ParseInt(exp, 10, 64)
+			// A line cut short by a crash is skipped; the rest still hold.
+			if ok && perr == nil && id != "" {
+				if t := time.Unix(sec, 0); now.Before(t) {
+					v.ids[id] = t
+				}
+			}
 		}
-	}
-	err = sc.Err()
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("web: reading %s: %w", v.path, err)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("web: reading %s: %w", v.path, err)
+		}
 	}
 	if err := v.rewrite(); err != nil {
-		return nil, err
+		log.Warn("the sign-outs file could not be rewritten at start; it is appended to as it is", "error", err)
 	}
 	return v, nil
 }
@@ -85,13 +105,25 @@ func (v *revocations) add(id string, until, now time.Time) error {
 		return nil
 	}
 	if v.lines > 2*len(v.ids)+64 {
-		return v.rewrite()
+		if v.rewrite() == nil {
+			return nil
+		}
+		// A file that cannot be replaced may still take a line.
 	}
-	f, err := os.OpenFile(v.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(v.path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("web: keeping a sign-out: %w", err)
 	}
-	_, err = fmt.Fprintf(f, "%s %d\n", id, until.Unix())
+	line := fmt.Sprintf("%s %d\n", id, until.Unix())
+	// A line an earlier write left unended (a crash, a full disk) gets
+	// its end first, so that this one is not read as part of it.
+	if st, serr := f.Stat(); serr == nil && st.Size() > 0 {
+		last := make([]byte, 1)
+		if _, rerr := f.ReadAt(last, st.Size()-1); rerr == nil && last[0] != '\n' {
+			line = "\n" + line
+		}
+	}
+	_, err = f.WriteString(line)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -112,11 +144,29 @@ func (v *revocations) rewrite() error {
 		fmt.Fprintf(&b, "%s %d\n", id, t.Unix())
 	}
 	tmp := v.path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+	// Synced before the rename and the directory after it: a power loss
+	// leaves the old file or the new one, never an empty one.
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
 		return fmt.Errorf("web: keeping the sign-outs: %w", err)
 	}
-	if err := os.Rename(tmp, v.path); err != nil {
-		return fmt.Errorf("web: keeping the sign-outs: %w", err)
+	_, err = f.WriteString(b.String())
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, v.path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("web: keeping the sign-outs in %s: %w", v.path, err)
+	}
+	if d, err := os.Open(filepath.Dir(v.path)); err == nil {
+		_ = d.Sync()
+		d.Close()
 	}
 	v.lines = len(v.ids)
 	return nil

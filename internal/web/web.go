@@ -105,7 +105,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	if d.Throttle == nil {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
-	revoked, err := loadRevocations(d.StateDir, d.Now())
+	revoked, err := loadRevocations(d.StateDir, d.Now(), d.Logger)
 	if err != nil {
 		return nil, err
 	}
