@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -139,12 +138,13 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
 		// Anyone can send a browser here with words of their choosing:
-		// only the error's code, when it is one, is shown.
-		code := "error"
-		if errorCode.MatchString(e) {
-			code = e
+		// the page says only the portal's own sentence for a registered
+		// error code, the log what the link said.
+		why, ok := providerErrors[e]
+		if !ok {
+			why = "The identity provider did not sign you in."
 		}
-		fail(http.StatusUnauthorized, "The identity provider did not sign you in ("+code+").", errors.New(firstLine(e+" "+q.Get("error_description"))))
+		fail(http.StatusUnauthorized, why, errors.New(firstLine(e+" "+q.Get("error_description"))))
 		return
 	}
 	f, err := s.readFlow(r)
@@ -250,8 +250,26 @@ func (o *oidcLogin) endSession(ctx context.Context, publicURL string) string {
 	return o.logout + sep + q.Encode()
 }
 
-// errorCode is what an OAuth error code looks like (access_denied).
-var errorCode = regexp.MustCompile(`^[a-z_]{1,40}$`)
+// providerErrors are the error codes OAuth 2.0 (RFC 6749 4.1.2.1) and
+// OpenID Connect Core (3.1.2.6) register for an authorization answer,
+// each with what a person is told.
+var providerErrors = func() map[string]string {
+	const (
+		denied   = "The identity provider did not sign you in: access was denied."
+		needs    = "The identity provider needs you to sign in or confirm there first; start again."
+		trouble  = "The identity provider could not sign you in right now; try again later."
+		settings = "The identity provider refused the portal's sign-in request; ask your administrator to check the portal's provider settings."
+	)
+	m := map[string]string{"access_denied": denied, "server_error": trouble, "temporarily_unavailable": trouble}
+	for _, c := range []string{"login_required", "interaction_required", "consent_required", "account_selection_required"} {
+		m[c] = needs
+	}
+	for _, c := range []string{"invalid_request", "unauthorized_client", "unsupported_response_type", "invalid_scope",
+		"invalid_request_uri", "invalid_request_object", "request_not_supported", "request_uri_not_supported", "registration_not_supported"} {
+		m[c] = settings
+	}
+	return m
+}()
 
 // stringList reads a claim that is a list of strings (or one string).
 func stringList(v any) []string {

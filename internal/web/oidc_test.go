@@ -142,12 +142,28 @@ func TestOIDCCallbackChecksStateAndFlow(t *testing.T) {
 	// The provider's refusal is shown by its code, not a sign-in; words
 	// from the link are not put on the page.
 	r = p.do("GET", "/oidc/callback?error=access_denied&error_description=Call+0800+FRAUD+now", nil, nil, nil)
-	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "(access_denied)") || strings.Contains(body, "FRAUD") {
+	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "access was denied") || strings.Contains(body, "FRAUD") {
 		t.Fatalf("callback with an error: %s\n%s", r.Status, body)
 	}
 	r = p.do("GET", "/oidc/callback?error=Your+account+is+locked.+Call+0800", nil, nil, nil)
 	if body := read(r); strings.Contains(body, "0800") {
 		t.Fatalf("a made-up error code reached the page:\n%s", body)
+	}
+}
+
+// TestOIDCCallbackErrorIsThePortalsSentence: an error code made up to
+// read as a message (any lower-case words joined by _) is not shown; the
+// page says the portal's own sentence.
+func TestOIDCCallbackErrorIsThePortalsSentence(t *testing.T) {
+	p, _, _ := oidcPortal(t)
+	text := "password_expired_call_helpdesk_now"
+	body := read(p.do("GET", "/oidc/callback?error="+text, nil, nil, nil))
+	if strings.Contains(body, text) || !strings.Contains(body, "The identity provider did not sign you in.") {
+		t.Errorf("the sign-in page for error=%s:\n%s", text, body)
+	}
+	body = read(p.do("GET", "/oidc/callback?error=login_required", nil, nil, nil))
+	if strings.Contains(body, "login_required") || !strings.Contains(body, "sign in or confirm there first") {
+		t.Errorf("the sign-in page for error=login_required:\n%s", body)
 	}
 }
 
