@@ -34,6 +34,7 @@ type oidcLogin struct {
 	cfg      *config.OIDC
 	client   *http.Client
 	redirect string
+	subjects *subjects
 
 	mu       sync.Mutex
 	provider *oidc.Provider
@@ -45,8 +46,8 @@ type oidcLogin struct {
 // discoveryBackoff is how long a failed discovery stands.
 const discoveryBackoff = 15 * time.Second
 
-func newOIDCLogin(cfg *config.OIDC, publicURL string, client *http.Client) *oidcLogin {
-	return &oidcLogin{cfg: cfg, client: client, redirect: strings.TrimSuffix(publicURL, "/") + "/oidc/callback"}
+func newOIDCLogin(cfg *config.OIDC, publicURL string, client *http.Client, subjects *subjects) *oidcLogin {
+	return &oidcLogin{cfg: cfg, client: client, redirect: strings.TrimSuffix(publicURL, "/") + "/oidc/callback", subjects: subjects}
 }
 
 func (o *oidcLogin) ctx(ctx context.Context) context.Context {
@@ -197,11 +198,27 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	user, _ := claims[s.oidc.cfg.UsernameClaim].(string)
-	if user == "" || len(user) > 256 || user != strings.TrimSpace(user) || strings.ContainsFunc(user, func(c rune) bool { return c < ' ' || c == 0x7f }) {
-		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider gave no usable user name (claim %q).", s.oidc.cfg.UsernameClaim), nil)
+	_, mapped := s.oidc.cfg.Accounts[idt.Subject]
+	if !mapped && !plainUserName(user) {
+		s.d.Logger.Warn("a provider user name the portal does not take; map the subject in web.oidc.accounts", "subject", idt.Subject, "claim", s.oidc.cfg.UsernameClaim)
+		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider's user name (claim %q) is not one this portal takes: only letters, digits, '.', '_' and '-'. An administrator can give your account (subject %q) a name in web.oidc.accounts.", s.oidc.cfg.UsernameClaim, idt.Subject), nil)
 		return
 	}
 	name := s.oidc.account(idt.Subject, user)
+	if !mapped {
+		// A name is the first subject's that used it: a renamed or
+		// recycled provider name must not inherit the earlier person's
+		// sessions.
+		other, err := s.oidc.subjects.bind(name, idt.Subject)
+		if err != nil {
+			s.d.Logger.Warn("a provider user's subject holds until this portal restarts: it could not be kept on disk", "user", name, "error", err)
+		}
+		if other != "" {
+			s.d.Logger.Warn("a provider user name belongs to another subject; refused", "user", name, "subject", idt.Subject, "bound_to", other)
+			fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the name %s already belongs to another account at the identity provider. An administrator can give your account (subject %q) a name in web.oidc.accounts.", name, idt.Subject), nil)
+			return
+		}
+	}
 	if s.isLocal(name) {
 		// Names at a provider are often the user's to choose.
 		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: %q is the name of a local account of this portal; an administrator renames one of the two.", user), nil)
@@ -232,7 +249,7 @@ func (o *oidcLogin) isAccount(subject, name string) bool {
 	if a, ok := o.cfg.Accounts[subject]; ok {
 		return a == name
 	}
-	return strings.HasSuffix(name, "@"+o.cfg.Namespace)
+	return strings.HasSuffix(name, "@"+o.cfg.Namespace) && o.subjects.holds(name, subject)
 }
 
 // endSession is where sign-out sends a person who signed in through the

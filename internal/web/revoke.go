@@ -1,10 +1,8 @@
 package web
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -56,33 +54,19 @@ func loadRevocations(dir string, now time.Time, log *slog.Logger) (*revocations,
 		return nil, fmt.Errorf("web: reading the sign-outs: %w", err)
 	}
 	defer f.Close()
-	r := bufio.NewReaderSize(f, maxSignoutLine)
-	for {
-		line, err := r.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			// Skip to the line's end: the line is not one this portal wrote.
-			for errors.Is(err, bufio.ErrBufferFull) {
-				_, err = r.ReadSlice('\n')
-			}
-			line = nil
-		}
-		if len(line) > 0 {
-			v.lines++
-			id, exp, ok := strings.Cut(strings.TrimSuffix(string(line), "\n"), " ")
-			sec, perr := strconv.ParseInt(exp, 10, 64)
-			// A line cut short by a crash is skipped; the rest still hold.
-			if ok && perr == nil && id != "" {
-				if t := time.Unix(sec, 0); now.Before(t) {
-					v.ids[id] = t
-				}
+	err = eachLine(f, maxSignoutLine, func(line string) {
+		v.lines++
+		id, exp, ok := strings.Cut(line, " ")
+		sec, perr := strconv.ParseInt(exp, 10, 64)
+		// A line cut short by a crash is skipped; the rest still hold.
+		if ok && perr == nil && id != "" {
+			if t := time.Unix(sec, 0); now.Before(t) {
+				v.ids[id] = t
 			}
 		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("web: reading %s: %w", v.path, err)
-		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("web: reading %s: %w", v.path, err)
 	}
 	if err := v.rewrite(); err != nil {
 		log.Warn("the sign-outs file could not be rewritten at start; it is appended to as it is", "error", err)
@@ -110,28 +94,8 @@ func (v *revocations) add(id string, until, now time.Time) error {
 		}
 		// A file that cannot be replaced may still take a line.
 	}
-	f, err := os.OpenFile(v.path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
+	if err := appendLine(v.path, fmt.Sprintf("%s %d", id, until.Unix())); err != nil {
 		return fmt.Errorf("web: keeping a sign-out: %w", err)
-	}
-	line := fmt.Sprintf("%s %d\n", id, until.Unix())
-	// A line an earlier write left unended (a crash, a full disk) gets
-	// its end first, so that this one is not read as part of it.
-	if st, serr := f.Stat(); serr == nil && st.Size() > 0 {
-		last := make([]byte, 1)
-		if _, rerr := f.ReadAt(last, st.Size()-1); rerr == nil && last[0] != '\n' {
-			line = "\n" + line
-		}
-	}
-	_, err = f.WriteString(line)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("web: keeping a sign-out in %s: %w", v.path, err)
 	}
 	v.lines++
 	return nil

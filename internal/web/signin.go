@@ -102,6 +102,10 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			s.d.Logger.Warn("a directory sign-in resolved to a local account's name; refused", "typed", name, "user", e.name)
 			err = errWrongPassword
 		}
+		if err == nil && s.oidc != nil && inNamespace(e.name, s.oidc.cfg.Namespace) {
+			s.d.Logger.Warn("a directory sign-in resolved to a name in the identity provider's namespace; refused", "typed", name, "user", e.name)
+			err = errWrongPassword
+		}
 		if errors.Is(err, errWrongPassword) {
 			refuse()
 			return
@@ -169,4 +173,10 @@ func canonicalName(name string) bool {
 	return name != "" && name == strings.TrimSpace(name) &&
 		!strings.ContainsFunc(name, func(c rune) bool { return c < ' ' || c == 0x7f }) &&
 		norm.NFKC.IsNormalString(name)
+}
+
+// inNamespace reports whether name is USER@NAMESPACE, the form the
+// identity provider's users take: no one else may sign in as such a name.
+func inNamespace(name, namespace string) bool {
+	return len(name) > len(namespace)+1 && strings.EqualFold(name[len(name)-len(namespace)-1:], "@"+namespace)
 }

@@ -138,7 +138,11 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		if hc == nil {
 			hc = &http.Client{Timeout: 30 * time.Second}
 		}
-		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc)
+		subs, err := loadSubjects(d.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc, subs)
 	}
 	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "rate": rate, "join": strings.Join}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
