@@ -237,10 +237,8 @@ func (s *Server) recheckDirectory(r *http.Request, si *signIn, now time.Time) (k
 		s.d.Logger.Info("a directory sign-in ended: its account is gone, disabled or has a new password", "user", si.User, "dn", si.DN)
 		// A copy of the cookie stays refused whatever the directory says
 		// later, or whether it answers.
-		if !s.revoked.has(si.ID, now) {
-			if rerr := s.revoked.add(si.ID, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), now); rerr != nil {
-				s.d.Logger.Warn("an ended directory sign-in holds until this portal restarts: it could not be kept on disk", "user", si.User, "error", rerr)
-			}
+		if rerr := s.revoked.add(*si, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), now); rerr != nil {
+			s.d.Logger.Warn("an ended directory sign-in holds until this portal restarts: it could not be kept on disk", "user", si.User, "error", rerr)
 		}
 		return false, err
 	case errors.Is(err, errDirectoryDown):

@@ -27,7 +27,7 @@ func TestSignOutsFileSurvivesItsFaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a 70 KiB garbage line stops the portal's start: %v", err)
 	}
-	if !v.has("abc", now) || !v.has("xyz", now) {
+	if !v.has(signIn{ID: "abc"}, now) || !v.has(signIn{ID: "xyz"}, now) {
 		t.Fatal("the sign-outs around a garbage line are lost")
 	}
 	// A state directory the portal cannot write to (read-only mount, full
@@ -44,10 +44,10 @@ func TestSignOutsFileSurvivesItsFaults(t *testing.T) {
 	if v, err = loadRevocations(dir, now, log); err != nil {
 		t.Fatalf("a state directory the portal cannot rewrite in stops its start: %v", err)
 	}
-	if !v.has("abc", now) {
+	if !v.has(signIn{ID: "abc"}, now) {
 		t.Fatal("a sign-out in a file that cannot be rewritten is lost")
 	}
-	if err := v.add("ghi", now.Add(time.Hour), now); err != nil {
+	if err := v.add(signIn{ID: "ghi"}, now.Add(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(path + ".tmp"); err != nil {
@@ -56,7 +56,7 @@ func TestSignOutsFileSurvivesItsFaults(t *testing.T) {
 	if v, err = loadRevocations(dir, now, log); err != nil {
 		t.Fatal(err)
 	}
-	if !v.has("ghi", now) || !v.has("abc", now) {
+	if !v.has(signIn{ID: "ghi"}, now) || !v.has(signIn{ID: "abc"}, now) {
 		b, _ := os.ReadFile(path)
 		t.Fatalf("a sign-out appended after an unended line is lost; the file read:\n%q", b)
 	}

@@ -262,7 +262,7 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 	}
 	now := s.d.Now()
 	si, err := s.codec.decode(c.Value, now, s.cfg.SessionIdle.D(), s.cfg.SessionMax.D())
-	if err == nil && s.revoked.has(si.ID, now) {
+	if err == nil && s.revoked.has(si, now) {
 		err = errors.New("web: signed out")
 	}
 	if err == nil && si.Via == "" {
@@ -382,7 +382,7 @@ func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
 	s.clearCookie(w)
 	if ok {
 		// A copy of the cookie kept elsewhere no longer signs in here.
-		if err := s.revoked.add(si.ID, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now()); err != nil {
+		if err := s.revoked.add(si, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now()); err != nil {
 			s.d.Logger.Warn("a sign-out holds until this portal restarts: it could not be kept on disk", "user", si.User, "error", err)
 		}
 		s.d.Logger.Info("portal sign-out", "user", si.User)
