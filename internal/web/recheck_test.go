@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,11 +92,14 @@ func TestLDAPDeletedUserCannotOutrunTheRecheck(t *testing.T) {
 	}
 }
 
-// cuttable is a TCP relay to a directory that the test can take down.
+// cuttable is a TCP relay to a directory that the test can take down,
+// or make hang up on each connection (counting them).
 type cuttable struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
+	ln      net.Listener
+	mu      sync.Mutex
+	conns   []net.Conn
+	hangUp  atomic.Bool
+	refused atomic.Int32
 }
 
 func relay(t *testing.T, target string) *cuttable {
@@ -110,6 +114,11 @@ func relay(t *testing.T, target string) *cuttable {
 			down, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if c.hangUp.Load() {
+				c.refused.Add(1)
+				down.Close()
+				continue
 			}
 			up, err := net.Dial("tcp", target)
 			if err != nil {
@@ -173,5 +182,37 @@ func TestLDAPOutageEndsRightsAfterAGrace(t *testing.T) {
 		if c.Name == "__Host-deskway" {
 			t.Fatalf("the outage cleared lara's cookie: %v", c)
 		}
+	}
+}
+
+// TestLDAPOutageIsNotAskedEveryRequest: while the directory hangs up,
+// a signed-in user's requests are answered from what it last said
+// without each dialling it again: 20 launches within a few seconds make
+// one attempt.
+func TestLDAPOutageIsNotAskedEveryRequest(t *testing.T) {
+	var link *cuttable
+	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
+		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "lara", Password: "Lara-LDAP-1", Groups: []string{"ops"}}},
+			[]testkit.LDAPGroup{{CN: "staff"}, {CN: "ops", Groups: []string{"staff"}}})
+		u, err := url.Parse(dir.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		link = relay(t, u.Host)
+		w.LDAP = &config.LDAP{URL: "ldap://" + link.ln.Addr().String(), BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
+		return nil
+	})
+	cookie := p.signIn("lara", "Lara-LDAP-1")
+	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, cookie, nil)))[1]
+	link.hangUp.Store(true)
+	p.clock.add(time.Minute)
+	for i := range 20 {
+		if r := p.do("POST", "/launch", url.Values{"delivery_group": {"desk"}, "csrf": {csrf}}, cookie, nil); r.StatusCode != http.StatusOK {
+			t.Fatalf("launch %d during the outage: %s", i, r.Status)
+		}
+		p.clock.add(200 * time.Millisecond)
+	}
+	if n := link.refused.Load(); n != 1 {
+		t.Fatalf("20 launches within 4 s of an outage dialled the directory %d times (want 1)", n)
 	}
 }
