@@ -1,6 +1,8 @@
 package auth
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -17,15 +19,19 @@ import (
 // addresses they work from. A login refused by the throttle is not a
 // failure, and a success clears that user's count at that address. Keys of
 // different kinds live in different maps, so a user name that looks like
-// an address is only ever a user name. Memory is bounded: past maxKeys
-// entries a map drops expired windows first, then the oldest half.
+// an address is only ever a user name. Memory is bounded: a user key is
+// at most maxKeyBytes (longer names count under a digest), expired
+// windows are dropped once per window, and past maxKeys entries a map
+// drops expired windows first, then the oldest half.
 type Throttle struct {
 	perPair, perAddr int
 	window           time.Duration
 	now              func() time.Time
 	maxKeys          int
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// swept is when expired windows were last dropped from every map.
+	swept      time.Time
 	addr       map[netip.Prefix]*failures
 	pair       map[pairKey]*failures
 	unfamiliar map[string]*failures // per user, from addresses not familiar to them
@@ -74,7 +80,20 @@ func Source(a netip.Addr) netip.Prefix {
 	return netip.PrefixFrom(a, a.BitLen())
 }
 
-func userKey(user string) string { return strings.ToLower(BareName(user)) }
+// userKey is the name user's failures count under: its bare name in
+// lower case, or, past maxKeyBytes, a digest of that, so that a key's
+// size does not follow what a client typed.
+func userKey(user string) string {
+	u := strings.ToLower(BareName(user))
+	if len(u) <= maxKeyBytes {
+		return u
+	}
+	sum := sha256.Sum256([]byte(u))
+	return "sha256:" + hex.EncodeToString(sum[:16])
+}
+
+// maxKeyBytes bounds a user key kept as it is.
+const maxKeyBytes = 64
 
 // Lockout says why a login is refused, and when to try again.
 type Lockout struct {
@@ -189,8 +208,30 @@ func (t *Throttle) lockout(f *failures, now time.Time, why string) *Lockout {
 	return &Lockout{Reason: why + "; try again in " + retry.Round(time.Second).String(), RetryAfter: retry}
 }
 
+// sweep drops every expired window once a window has passed since the
+// last sweep: the maps hold what the last two windows counted, not
+// everything since they were last full. t.mu is held.
+func (t *Throttle) sweep(now time.Time) {
+	if now.Sub(t.swept) < t.window && !now.Before(t.swept) {
+		return
+	}
+	t.swept = now
+	dropExpired(t.addr, now, t.window)
+	dropExpired(t.pair, now, t.window)
+	dropExpired(t.unfamiliar, now, t.window)
+}
+
+func dropExpired[K comparable](m map[K]*failures, now time.Time, window time.Duration) {
+	for k, f := range m {
+		if now.Sub(f.first) > window {
+			delete(m, k)
+		}
+	}
+}
+
 // count adds a failure for k in m, bounding m, and returns k's window.
 func count[K comparable](t *Throttle, m map[K]*failures, k K, now time.Time) *failures {
+	t.sweep(now)
 	f, ok := m[k]
 	if !ok || now.Sub(f.first) > t.window {
 		if len(m) >= t.maxKeys {

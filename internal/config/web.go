@@ -197,6 +197,12 @@ func (w *Web) LocalBroker() bool { return w.localBroker }
 
 func isControl(c rune) bool { return c < ' ' || c == 0x7f }
 
+// inNamespace reports whether name is USER@NAMESPACE, the form web.oidc
+// gives the provider's users.
+func inNamespace(name, namespace string) bool {
+	return namespace != "" && len(name) > len(namespace)+1 && strings.EqualFold(name[len(name)-len(namespace)-1:], "@"+namespace)
+}
+
 // userFilterAttribute is the (ATTRIBUTE={user}) a user filter needs.
 var userFilterAttribute = regexp.MustCompile(`\([A-Za-z][A-Za-z0-9;-]*=\{user\}\)`)
 
@@ -232,6 +238,8 @@ func (c *Config) validateWeb(w *Web, bad func(string, string, ...any)) {
 		for _, sub := range slices.Sorted(maps.Keys(o.Accounts)) {
 			if account := o.Accounts[sub]; sub == "" || account == "" || account != strings.TrimSpace(account) || strings.ContainsFunc(account, isControl) || len(account) > 256 {
 				bad("web.oidc.accounts", "%q: %q is not a subject mapped to an account name", sub, account)
+			} else if inNamespace(account, o.Namespace) {
+				bad("web.oidc.accounts", "%q: %q ends in @%s, the form of the provider's own users' names: map the subject to the account's name as the desktops know it", sub, account, o.Namespace)
 			}
 		}
 		if u, err := url.Parse(w.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {

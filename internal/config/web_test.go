@@ -32,3 +32,23 @@ func TestConsoleCredential(t *testing.T) {
 		}
 	}
 }
+
+// TestOIDCNamesStayTheProviders: a mapping target named USER@NAMESPACE
+// would take a provider user's name. (Local account names hold no @.)
+func TestOIDCNamesStayTheProviders(t *testing.T) {
+	const base = "auth:\n  token_key: 0123456789abcdef0123456789abcdef\n  users:\n  - {name: %s, password: Pass-Word-1}\nbroker:\n  listen: \":9444\"\n  gateway: gw:443\n  frontend_tokens: [ft-0123456789]\n  delivery_groups:\n  - {name: desk, groups: [staff]}\n" +
+		"web:\n  public_url: https://portal.example\n  oidc:\n    issuer: https://idp.example\n    client_id: portal\n    client_secret: s3cret\n    accounts: {sub-1: %s}\n"
+	for _, tc := range []struct{ user, target, want string }{
+		{"alice", "carol", ""},
+		{"alice", "carol@IDP.example", `web.oidc.accounts: "sub-1": "carol@IDP.example" ends in @idp.example`},
+	} {
+		in := strings.Replace(strings.Replace(base, "%s", tc.user, 1), "%s", tc.target, 1)
+		_, err := Parse([]byte(in))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s, %s: %v", tc.user, tc.target, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s, %s: got %v, want an error with %q", tc.user, tc.target, err, tc.want)
+		}
+	}
+}

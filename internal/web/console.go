@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+	"unicode"
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/obs"
@@ -79,11 +79,7 @@ func (c *console) call(ctx context.Context, si signIn, role, method, path string
 	}
 	req.Header.Set("Authorization", "Bearer "+c.cfg.Token.Value())
 	// The role first: a long name must not push it out of the record.
-	name := si.User
-	if utf8.RuneCountInString(name) > 64 {
-		name = string([]rune(name)[:64]) + "…"
-	}
-	req.Header.Set(obs.ActorHeader, fmt.Sprintf("%s, web console: %s", role, name))
+	req.Header.Set(obs.ActorHeader, fmt.Sprintf("%s, web console: %s", role, actorName(si.User)))
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -525,4 +521,35 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 			return p
 		},
 		done: "tunnel-disconnected"}))
+}
+
+// actorName is how the audit trail names a console user: as it is when
+// it is letters, digits and . _ - @; otherwise quoted with every
+// character outside ASCII escaped, so that a blank-looking character
+// cannot pass for nothing. A long name is cut before its last @, so that
+// the @NAMESPACE that tells a provider user from a directory user of the
+// same name stays: at most about 100 characters, within the 128 the
+// audit trail keeps.
+func actorName(name string) string {
+	plain := !strings.ContainsFunc(name, func(c rune) bool {
+		return !unicode.IsLetter(c) && !unicode.IsDigit(c) && !unicode.IsMark(c) && !strings.ContainsRune("._-@", c)
+	})
+	local, domain := name, ""
+	if i := strings.LastIndexByte(name, '@'); i > 0 {
+		local, domain = name[:i], name[i:]
+	}
+	cut := func(s string, n int) string {
+		if !plain {
+			s = strconv.QuoteToASCII(s)
+			s = s[1 : len(s)-1]
+		}
+		if r := []rune(s); len(r) > n {
+			s = string(r[:n]) + "…"
+		}
+		return s
+	}
+	if plain {
+		return cut(local, 48) + cut(domain, 48)
+	}
+	return `"` + cut(local, 48) + cut(domain, 48) + `"`
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-ldap/ldap/v3"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/deskway/deskway/internal/config"
 )
@@ -32,10 +33,19 @@ type ldapLogin struct {
 	// slots bounds the sign-ins talking to the directory at once: a slow
 	// directory must not gather every sign-in's goroutine and connection.
 	slots chan struct{}
+	// checks bounds the rechecks of signed-in users at once, apart from
+	// sign-ins: neither can starve the other.
+	checks chan struct{}
+	// reads shares one recheck of an entry among the requests asking.
+	reads singleflight.Group
 	// cache keeps what the directory said of signed-in users, read again
 	// after directoryRecheck.
 	cache recheckCache
 }
+
+// errPasswordSent marks an error that came once the user's password had
+// reached the directory: the guess may have been checked, so it counts.
+var errPasswordSent = errors.New("web: the password reached the directory")
 
 // errDirectoryBusy is a sign-in turned away while every slot waits on
 // the directory.
@@ -94,8 +104,10 @@ func (l *ldapLogin) matchedName(e *ldap.Entry, typed string) string {
 // to sign in as, its DN and every group the user is in, directly or
 // through other groups. onEntry is told the entry found before its
 // password is tried; its error ends the sign-in with that error.
-// errWrongPassword says the directory refused; any other error, that it
-// could not be asked.
+// errWrongPassword says the directory refused; an error wrapping
+// errPasswordSent, that the password reached the directory but its
+// answer did not come back whole; any other error, that it could not be
+// asked.
 func (l *ldapLogin) authenticate(ctx context.Context, user, password string, onEntry func(dn string) error) (ldapEntry, error) {
 	// An empty password is an unauthenticated bind, which directories
 	// accept without checking anything.
@@ -130,15 +142,15 @@ func (l *ldapLogin) authenticate(ctx context.Context, user, password string, onE
 		if ldap.IsErrorWithCode(err, ldap.LDAPResultInvalidCredentials) {
 			return ldapEntry{}, errWrongPassword
 		}
-		return ldapEntry{}, fmt.Errorf("the directory: binding as %s: %w", entry.DN, err)
+		return ldapEntry{}, fmt.Errorf("%w: binding as %s: %w", errPasswordSent, entry.DN, err)
 	}
 	// Groups are read as the reader: a user may not be allowed to.
 	if err := l.reader(conn); err != nil {
-		return ldapEntry{}, err
+		return ldapEntry{}, fmt.Errorf("%w: %w", errPasswordSent, err)
 	}
 	groups, err := l.groups(ctx, conn, entry.DN)
 	if err != nil {
-		return ldapEntry{}, err
+		return ldapEntry{}, fmt.Errorf("%w: %w", errPasswordSent, err)
 	}
 	return ldapEntry{name: l.entryName(entry, user), dn: entry.DN, pwdSet: passwordSet(entry), groups: groups}, nil
 }

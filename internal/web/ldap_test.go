@@ -153,8 +153,9 @@ func TestLDAPEveryNameOfAnEntryIsOne(t *testing.T) {
 
 // TestLDAPConcurrentSignInsCountBeforeTheDirectory: 30 sign-ins for one
 // directory user at once, 29 wrong and the right one, get no more than
-// the throttle's five past it to the directory; the rest are turned away
-// as throttled without being checked.
+// the throttle's five wrong ones past it to the directory (five more
+// when the right one, which clears the count, came first); the rest are
+// turned away as throttled without being checked.
 func TestLDAPConcurrentSignInsCountBeforeTheDirectory(t *testing.T) {
 	p, _ := carolPortal(t)
 	const n = 30
@@ -192,9 +193,12 @@ func TestLDAPConcurrentSignInsCountBeforeTheDirectory(t *testing.T) {
 	for c := range codes {
 		seen[c]++
 	}
+	// A success clears carol's count at this address, so wrong guesses
+	// arriving after it start a new window: at most five before and five
+	// after, with the right one.
 	checked := seen[http.StatusUnauthorized] + seen[http.StatusSeeOther]
-	if checked > 5 || seen[http.StatusTooManyRequests] != n-checked {
-		t.Fatalf("of %d concurrent sign-ins as carol %d were checked by the directory (at most 5 may be): answers %v", n, checked, seen)
+	if seen[http.StatusUnauthorized] > 5*(1+seen[http.StatusSeeOther]) || seen[http.StatusTooManyRequests] != n-checked {
+		t.Fatalf("of %d concurrent sign-ins as carol %d were checked by the directory (at most 5 wrong ones may be, 10 with a success among them): answers %v", n, checked, seen)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +34,7 @@ type oidcLogin struct {
 	cfg      *config.OIDC
 	client   *http.Client
 	redirect string
+	subjects *subjects
 
 	mu       sync.Mutex
 	provider *oidc.Provider
@@ -46,8 +46,8 @@ type oidcLogin struct {
 // discoveryBackoff is how long a failed discovery stands.
 const discoveryBackoff = 15 * time.Second
 
-func newOIDCLogin(cfg *config.OIDC, publicURL string, client *http.Client) *oidcLogin {
-	return &oidcLogin{cfg: cfg, client: client, redirect: strings.TrimSuffix(publicURL, "/") + "/oidc/callback"}
+func newOIDCLogin(cfg *config.OIDC, publicURL string, client *http.Client, subjects *subjects) *oidcLogin {
+	return &oidcLogin{cfg: cfg, client: client, redirect: strings.TrimSuffix(publicURL, "/") + "/oidc/callback", subjects: subjects}
 }
 
 func (o *oidcLogin) ctx(ctx context.Context) context.Context {
@@ -139,12 +139,13 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
 		// Anyone can send a browser here with words of their choosing:
-		// only the error's code, when it is one, is shown.
-		code := "error"
-		if errorCode.MatchString(e) {
-			code = e
+		// the page says only the portal's own sentence for a registered
+		// error code, the log what the link said.
+		why, ok := providerErrors[e]
+		if !ok {
+			why = "The identity provider did not sign you in."
 		}
-		fail(http.StatusUnauthorized, "The identity provider did not sign you in ("+code+").", errors.New(firstLine(e+" "+q.Get("error_description"))))
+		fail(http.StatusUnauthorized, why, errors.New(firstLine(e+" "+q.Get("error_description"))))
 		return
 	}
 	f, err := s.readFlow(r)
@@ -197,11 +198,27 @@ func (s *Server) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	user, _ := claims[s.oidc.cfg.UsernameClaim].(string)
-	if user == "" || len(user) > 256 || user != strings.TrimSpace(user) || strings.ContainsFunc(user, func(c rune) bool { return c < ' ' || c == 0x7f }) {
-		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider gave no usable user name (claim %q).", s.oidc.cfg.UsernameClaim), nil)
+	_, mapped := s.oidc.cfg.Accounts[idt.Subject]
+	if !mapped && !plainUserName(user) {
+		s.d.Logger.Warn("a provider user name the portal does not take; map the subject in web.oidc.accounts", "subject", idt.Subject, "claim", s.oidc.cfg.UsernameClaim)
+		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the identity provider's user name (claim %q) is not one this portal takes: only letters, digits, '.', '_' and '-'. An administrator can give your account (subject %q) a name in web.oidc.accounts.", s.oidc.cfg.UsernameClaim, idt.Subject), nil)
 		return
 	}
 	name := s.oidc.account(idt.Subject, user)
+	if !mapped {
+		// A name is the first subject's that used it: a renamed or
+		// recycled provider name must not inherit the earlier person's
+		// sessions.
+		other, err := s.oidc.subjects.bind(name, idt.Subject)
+		if err != nil {
+			s.d.Logger.Warn("a provider user's subject holds until this portal restarts: it could not be kept on disk", "user", name, "error", err)
+		}
+		if other != "" {
+			s.d.Logger.Warn("a provider user name belongs to another subject; refused", "user", name, "subject", idt.Subject, "bound_to", other)
+			fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: the name %s already belongs to another account at the identity provider. An administrator can give your account (subject %q) a name in web.oidc.accounts.", name, idt.Subject), nil)
+			return
+		}
+	}
 	if s.isLocal(name) {
 		// Names at a provider are often the user's to choose.
 		fail(http.StatusForbidden, fmt.Sprintf("Sign-in failed: %q is the name of a local account of this portal; an administrator renames one of the two.", user), nil)
@@ -232,7 +249,7 @@ func (o *oidcLogin) isAccount(subject, name string) bool {
 	if a, ok := o.cfg.Accounts[subject]; ok {
 		return a == name
 	}
-	return strings.HasSuffix(name, "@"+o.cfg.Namespace)
+	return strings.HasSuffix(name, "@"+o.cfg.Namespace) && o.subjects.holds(name, subject)
 }
 
 // endSession is where sign-out sends a person who signed in through the
@@ -250,8 +267,26 @@ func (o *oidcLogin) endSession(ctx context.Context, publicURL string) string {
 	return o.logout + sep + q.Encode()
 }
 
-// errorCode is what an OAuth error code looks like (access_denied).
-var errorCode = regexp.MustCompile(`^[a-z_]{1,40}$`)
+// providerErrors are the error codes OAuth 2.0 (RFC 6749 4.1.2.1) and
+// OpenID Connect Core (3.1.2.6) register for an authorization answer,
+// each with what a person is told.
+var providerErrors = func() map[string]string {
+	const (
+		denied   = "The identity provider did not sign you in: access was denied."
+		needs    = "The identity provider needs you to sign in or confirm there first; start again."
+		trouble  = "The identity provider could not sign you in right now; try again later."
+		settings = "The identity provider refused the portal's sign-in request; ask your administrator to check the portal's provider settings."
+	)
+	m := map[string]string{"access_denied": denied, "server_error": trouble, "temporarily_unavailable": trouble}
+	for _, c := range []string{"login_required", "interaction_required", "consent_required", "account_selection_required"} {
+		m[c] = needs
+	}
+	for _, c := range []string{"invalid_request", "unauthorized_client", "unsupported_response_type", "invalid_scope",
+		"invalid_request_uri", "invalid_request_object", "request_not_supported", "request_uri_not_supported", "registration_not_supported"} {
+		m[c] = settings
+	}
+	return m
+}()
 
 // stringList reads a claim that is a list of strings (or one string).
 func stringList(v any) []string {

@@ -21,8 +21,10 @@ import (
 )
 
 // oidcPortal is a portal signing people in through a real OpenID
-// provider (zitadel/oidc's op) with three users: alice (staff), nora (no
-// group) and the wrong password of each.
+// provider (zitadel/oidc's op) with users: alice.oidc (staff), nora (no
+// group), and names that must not pass: ALICE@evil.example and ALICE
+// (local alice's), NORA (nora's, another subject), root1 with braille
+// blanks.
 func oidcPortal(t *testing.T) (*portal, *testkit.OIDCProvider, *http.Client) {
 	var prov *testkit.OIDCProvider
 	p := newPortalWith(t, func(publicURL string, w *config.Web) *http.Client {
@@ -30,6 +32,9 @@ func oidcPortal(t *testing.T) (*portal, *testkit.OIDCProvider, *http.Client) {
 			{Username: "alice.oidc", Password: "Alice-OIDC-1", Groups: []string{"staff"}},
 			{Username: "nora", Password: "Nora-OIDC-1"},
 			{Username: "ALICE@evil.example", Password: "Mallory-1"},
+			{Username: "ALICE", Password: "Mallory-2"},
+			{Username: "NORA", Password: "Nora-Other-1"},
+			{Username: "root1\u2800\u2800", Password: "Blank-1"},
 		})
 		w.OIDC = &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret")}
 		return prov.Client
@@ -106,9 +111,17 @@ func TestOIDCSignIn(t *testing.T) {
 	}
 	// A provider user whose name is a local account's (any case, any
 	// domain) is refused, not made that account.
-	_, body = signInOIDC(t, p, browser, "ALICE@evil.example", "Mallory-1")
+	_, body = signInOIDC(t, p, browser, "ALICE", "Mallory-2")
 	if !strings.Contains(body, "is the name of a local account") || strings.Contains(body, "<h2>desk</h2>") {
 		t.Fatalf("a provider user named like local alice:\n%s", body)
+	}
+	// Names with a domain, or with characters that do not show, are not
+	// taken.
+	for _, u := range []struct{ name, pw string }{{"ALICE@evil.example", "Mallory-1"}, {"root1\u2800\u2800", "Blank-1"}} {
+		_, body = signInOIDC(t, p, browser, u.name, u.pw)
+		if !strings.Contains(body, "is not one this portal takes") || strings.Contains(body, "Signed in as") {
+			t.Fatalf("provider user %q:\n%s", u.name, body)
+		}
 	}
 	// A user in no group signs in and is told what to do.
 	_, body = signInOIDC(t, p, browser, "nora", "Nora-OIDC-1")
@@ -142,12 +155,57 @@ func TestOIDCCallbackChecksStateAndFlow(t *testing.T) {
 	// The provider's refusal is shown by its code, not a sign-in; words
 	// from the link are not put on the page.
 	r = p.do("GET", "/oidc/callback?error=access_denied&error_description=Call+0800+FRAUD+now", nil, nil, nil)
-	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "(access_denied)") || strings.Contains(body, "FRAUD") {
+	if body := read(r); r.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "access was denied") || strings.Contains(body, "FRAUD") {
 		t.Fatalf("callback with an error: %s\n%s", r.Status, body)
 	}
 	r = p.do("GET", "/oidc/callback?error=Your+account+is+locked.+Call+0800", nil, nil, nil)
 	if body := read(r); strings.Contains(body, "0800") {
 		t.Fatalf("a made-up error code reached the page:\n%s", body)
+	}
+}
+
+// TestOIDCNameIsItsFirstSubjects: a provider name is the first subject's
+// that signed in with it: another subject with that name (a renamed or
+// recycled account at the provider; here NORA, which the broker reads
+// as nora) is refused, also after a restart, and told to have the
+// operator map it.
+func TestOIDCNameIsItsFirstSubjects(t *testing.T) {
+	p, prov, browser := oidcPortal(t)
+	_, body := signInOIDC(t, p, browser, "nora", "Nora-OIDC-1")
+	if !strings.Contains(body, "Signed in as <strong>nora@127.0.0.1</strong>") {
+		t.Fatalf("nora's page:\n%s", body)
+	}
+	other := func() string {
+		roots := prov.Client.Transport.(*http.Transport).TLSClientConfig.RootCAs.Clone()
+		roots.AddCert(p.srv.Certificate())
+		jar, _ := cookiejar.New(nil)
+		b := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		_, body := signInOIDC(t, p, b, "NORA", "Nora-Other-1")
+		return body
+	}
+	for _, when := range []string{"", "after a restart"} {
+		if when != "" {
+			p.restart()
+		}
+		if body := other(); strings.Contains(body, "Signed in as") || !strings.Contains(body, "already belongs to another account") || !strings.Contains(body, "web.oidc.accounts") {
+			t.Fatalf("another subject named NORA %s:\n%s", when, body)
+		}
+	}
+}
+
+// TestOIDCCallbackErrorIsThePortalsSentence: an error code made up to
+// read as a message (any lower-case words joined by _) is not shown; the
+// page says the portal's own sentence.
+func TestOIDCCallbackErrorIsThePortalsSentence(t *testing.T) {
+	p, _, _ := oidcPortal(t)
+	text := "password_expired_call_helpdesk_now"
+	body := read(p.do("GET", "/oidc/callback?error="+text, nil, nil, nil))
+	if strings.Contains(body, text) || !strings.Contains(body, "The identity provider did not sign you in.") {
+		t.Errorf("the sign-in page for error=%s:\n%s", text, body)
+	}
+	body = read(p.do("GET", "/oidc/callback?error=login_required", nil, nil, nil))
+	if strings.Contains(body, "login_required") || !strings.Contains(body, "sign in or confirm there first") {
+		t.Errorf("the sign-in page for error=login_required:\n%s", body)
 	}
 }
 
@@ -238,4 +296,22 @@ func TestOIDCUserIsNotTheDirectoryUserOfTheSameName(t *testing.T) {
 	if r := logoff(b, csrfField.FindStringSubmatch(body)[1]); r.StatusCode != http.StatusSeeOther {
 		t.Fatalf("carla, mapped to carol, could not log off carol's session: %s\n%s", r.Status, read(r))
 	}
+}
+
+// TestDirectoryNameInTheProvidersNamespace: a directory entry named
+// nora@127.0.0.1, the form the provider's nora takes, does not sign in
+// as her.
+func TestDirectoryNameInTheProvidersNamespace(t *testing.T) {
+	p := newPortalWith(t, func(publicURL string, w *config.Web) *http.Client {
+		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "nora@127.0.0.1", Password: "Nora-LDAP-1"}, {UID: "lara", Password: "Lara-LDAP-1"}}, nil)
+		w.LDAP = &config.LDAP{URL: dir.URL, BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
+		prov := testkit.StartOIDC(t, "deskway-portal", "portal-secret", []string{publicURL + "/oidc/callback"}, []testkit.OIDCUser{
+			{Username: "nora", Password: "Nora-OIDC-1"}})
+		w.OIDC = &config.OIDC{Issuer: prov.Issuer, ClientID: "deskway-portal", ClientSecret: config.NewSecret("portal-secret")}
+		return prov.Client
+	})
+	if r := p.do("POST", "/signin", url.Values{"user": {"nora@127.0.0.1"}, "password": {"Nora-LDAP-1"}}, nil, nil); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the directory's nora@127.0.0.1 signing in: %s", r.Status)
+	}
+	p.signIn("lara", "Lara-LDAP-1")
 }

@@ -19,7 +19,8 @@ import (
 // name's in the directory. Each attempt counts against the throttle
 // before its password is checked, so that concurrent guesses cannot all
 // pass a limit none of them has reached yet; it is uncounted when it
-// succeeds or the password could not be checked.
+// succeeds or the directory could not be asked before the password
+// reached it.
 func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	if err := r.ParseForm(); err != nil {
@@ -28,9 +29,20 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	name, pw := r.PostFormValue("user"), r.PostFormValue("password")
 	from := remoteAddr(r)
-	// Names a directory matches to one entry count as one: the throttle
-	// keys on the folded form, not on what was typed.
-	att, lk := s.d.Throttle.Reserve(foldName(name), from)
+	// A name longer than any account's is refused unread, counted against
+	// the address alone: normalising it can multiply its size, and the
+	// throttle would keep it.
+	long := len(name) > maxNameBytes
+	key := ""
+	if !long {
+		// Names a directory matches to one entry count as one: the
+		// throttle keys on the folded form, not on what was typed.
+		key = foldName(name)
+	}
+	att, lk := s.d.Throttle.Reserve(key, from)
+	if long {
+		name = ""
+	}
 	if lk != nil {
 		s.throttled(w, name, lk)
 		return
@@ -48,6 +60,10 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		s.render(w, http.StatusUnauthorized, "signin.html", s.signinData(page{Name: name, Error: "Wrong user name or password."}))
 	}
 	var si signIn
+	if long {
+		refuse()
+		return
+	}
 	if u, found := s.d.Users.Lookup(name); found {
 		if !u.CheckPassword(pw) {
 			refuse()
@@ -70,7 +86,10 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			}
 			return nil
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+		// The check outlives its client: a guess whose client hangs up
+		// once the password is sent must still count, not be released by
+		// a bind that the hang-up cut short.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 15*time.Second)
 		e, err := s.ldap.authenticate(ctx, name, pw, onEntry)
 		cancel()
 		if entryLock != nil {
@@ -83,14 +102,23 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			s.d.Logger.Warn("a directory sign-in resolved to a local account's name; refused", "typed", name, "user", e.name)
 			err = errWrongPassword
 		}
+		if err == nil && s.oidc != nil && inNamespace(e.name, s.oidc.cfg.Namespace) {
+			s.d.Logger.Warn("a directory sign-in resolved to a name in the identity provider's namespace; refused", "typed", name, "user", e.name)
+			err = errWrongPassword
+		}
 		if errors.Is(err, errWrongPassword) {
 			refuse()
 			return
 		}
 		if err != nil {
-			att.Release()
-			if entryAtt != nil {
-				entryAtt.Release()
+			if errors.Is(err, errPasswordSent) {
+				att.Fail()
+				entryAtt.Fail()
+			} else {
+				att.Release()
+				if entryAtt != nil {
+					entryAtt.Release()
+				}
 			}
 			s.signins.WithLabelValues("ldap_unreachable").Inc()
 			s.d.Logger.Warn("the directory could not check a sign-in", "user", name, "error", err)
@@ -99,6 +127,7 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		entryAtt.Succeed(entryKey(e.dn))
+		s.ldap.signedIn(e, s.d.Now())
 		si = signIn{User: e.name, Groups: e.groups, Via: "ldap", DN: e.dn, PwdSet: e.pwdSet}
 	} else {
 		refuse()
@@ -125,6 +154,10 @@ func (s *Server) throttled(w http.ResponseWriter, name string, lk *auth.Lockout)
 		Error: fmt.Sprintf("Too many failed sign-ins: try again in %s.", lk.RetryAfter.Round(time.Second))}))
 }
 
+// maxNameBytes is the longest user name the portal reads: longer than
+// any directory's or local account's name.
+const maxNameBytes = 256
+
 // foldName is the form of a typed name the throttle counts under:
 // compatibility-normalised and case-folded, so that every spelling a
 // directory would match to one entry counts as that entry's.
@@ -140,4 +173,10 @@ func canonicalName(name string) bool {
 	return name != "" && name == strings.TrimSpace(name) &&
 		!strings.ContainsFunc(name, func(c rune) bool { return c < ' ' || c == 0x7f }) &&
 		norm.NFKC.IsNormalString(name)
+}
+
+// inNamespace reports whether name is USER@NAMESPACE, the form the
+// identity provider's users take: no one else may sign in as such a name.
+func inNamespace(name, namespace string) bool {
+	return len(name) > len(namespace)+1 && strings.EqualFold(name[len(name)-len(namespace)-1:], "@"+namespace)
 }

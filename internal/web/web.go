@@ -105,7 +105,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 	if d.Throttle == nil {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
-	revoked, err := loadRevocations(d.StateDir, d.Now())
+	revoked, err := loadRevocations(d.StateDir, d.Now(), d.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -131,14 +131,18 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		if tc == nil {
 			tc = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc, slots: make(chan struct{}, 32)}
+		s.ldap = &ldapLogin{cfg: cfg.LDAP, tls: tc, slots: make(chan struct{}, 32), checks: make(chan struct{}, 16)}
 	}
 	if cfg.OIDC != nil {
 		hc := d.OIDCClient
 		if hc == nil {
 			hc = &http.Client{Timeout: 30 * time.Second}
 		}
-		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc)
+		subs, err := loadSubjects(d.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc, subs)
 	}
 	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "rate": rate, "join": strings.Join}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
@@ -258,7 +262,7 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 	}
 	now := s.d.Now()
 	si, err := s.codec.decode(c.Value, now, s.cfg.SessionIdle.D(), s.cfg.SessionMax.D())
-	if err == nil && s.revoked.has(si.ID, now) {
+	if err == nil && s.revoked.has(si, now) {
 		err = errors.New("web: signed out")
 	}
 	if err == nil && si.Via == "" {
@@ -276,15 +280,18 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 		// names now.
 		err = errors.New("web: the provider sign-in's name is not one the configuration gives")
 	}
+	keep := false
 	if err == nil && si.Via == "ldap" {
 		if s.ldap == nil {
 			err = errors.New("web: directory sign-ins are off (no web.ldap)")
 		} else {
-			err = s.recheckDirectory(r, &si, now)
+			keep, err = s.recheckDirectory(r, &si, now)
 		}
 	}
 	if err != nil {
-		s.clearCookie(w)
+		if !keep {
+			s.clearCookie(w)
+		}
 		return signIn{}, false
 	}
 	// Renew at most once a minute, so that a page's requests do not each
@@ -375,7 +382,7 @@ func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
 	s.clearCookie(w)
 	if ok {
 		// A copy of the cookie kept elsewhere no longer signs in here.
-		if err := s.revoked.add(si.ID, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now()); err != nil {
+		if err := s.revoked.add(si, time.Unix(si.Issued, 0).Add(s.cfg.SessionMax.D()), s.d.Now()); err != nil {
 			s.d.Logger.Warn("a sign-out holds until this portal restarts: it could not be kept on disk", "user", si.User, "error", err)
 		}
 		s.d.Logger.Info("portal sign-out", "user", si.User)

@@ -49,6 +49,8 @@ type portal struct {
 	// on the same state directory, as a restarted process is.
 	handler atomic.Value
 	restart func()
+	// stateDir is the portal's STATE_DIR.
+	stateDir string
 }
 
 // newPortal starts a real broker (SQLite, one registered host) and the
@@ -128,7 +130,7 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 	if err != nil {
 		t.Fatal(err)
 	}
-	pt := &portal{t: t, srv: srv, clock: c, p: p, agent: bc, hostCred: reg.Credential}
+	pt := &portal{t: t, srv: srv, clock: c, p: p, agent: bc, hostCred: reg.Credential, stateDir: cfg.StateDir}
 	pt.handler.Store(p.Handler())
 	pt.restart = func() {
 		t.Helper()
