@@ -77,6 +77,16 @@ func (sc *shapeCheck) walk(path string, n *yaml.Node, t reflect.Type) {
 		for i, item := range n.Content {
 			sc.walk(fmt.Sprintf("%s[%d]", path, i), item, t.Elem())
 		}
+	case reflect.Map:
+		// A map's keys are the operator's own (web.oidc.accounts maps
+		// subjects), so only each key's value is checked.
+		if n.Kind != yaml.MappingNode {
+			sc.bad(path, n, "want a section of keys (name: value), got %s", describe(n))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			sc.walk(fmt.Sprintf("%s.%s", path, n.Content[i].Value), n.Content[i+1], t.Elem())
+		}
 	default:
 		// The decoder itself judges a scalar, so that what it accepts
 		// (0x1F, 1_000, yes for true) stays accepted.

@@ -40,7 +40,8 @@ func TestOIDCNamesStayTheProviders(t *testing.T) {
 		"web:\n  public_url: https://portal.example\n  oidc:\n    issuer: https://idp.example\n    client_id: portal\n    client_secret: s3cret\n    accounts: {sub-1: %s}\n"
 	for _, tc := range []struct{ user, target, want string }{
 		{"alice", "carol", ""},
-		{"alice", "carol@IDP.example", `web.oidc.accounts: "sub-1": "carol@IDP.example" ends in @idp.example`},
+		{"alice", "carol@IDP.example", `web.oidc.accounts (line 17): "sub-1": "carol@IDP.example" ends in @idp.example`},
+		{"alice", "[carol, dave]", "web.oidc.accounts.sub-1 (line 17): want a string, got a list"},
 	} {
 		in := strings.Replace(strings.Replace(base, "%s", tc.user, 1), "%s", tc.target, 1)
 		_, err := Parse([]byte(in))
