@@ -1,6 +1,7 @@
 // Command testsummary reads `go test -json` on stdin, prints each package
 // result and the output of every failed test, and ends with one line:
-// "N passed, N failed, N skipped". It exits 1 if anything failed, and,
+// "N passed, N failed, N skipped", after the slowest top-level tests (the
+// suite's time budget is spent there, so a run says where). It exits 1 if anything failed, and,
 // when CI is set, if anything was skipped: in CI every real peer must run,
 // and a skipped test would be a check that silently did not happen.
 package main
@@ -14,6 +15,9 @@ import (
 	"sort"
 	"strings"
 )
+
+// slowest is how many of the longest tests the summary lists.
+const slowest = 15
 
 type event struct {
 	Action  string
@@ -33,6 +37,7 @@ func summarize(r io.Reader, w io.Writer, ci bool) int {
 	out := map[string]*strings.Builder{}
 	var failed []string
 	passed, skipped, buildFailed := 0, 0, false
+	var timed []event // top-level tests that ended, with their time
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -45,6 +50,9 @@ func summarize(r io.Reader, w io.Writer, ci bool) int {
 			continue
 		}
 		key := e.Package + "." + e.Test
+		if (e.Action == "pass" || e.Action == "fail") && e.Test != "" && !strings.Contains(e.Test, "/") {
+			timed = append(timed, e)
+		}
 		switch e.Action {
 		case "output":
 			if e.Test != "" {
@@ -79,6 +87,16 @@ func summarize(r io.Reader, w io.Writer, ci bool) int {
 		fmt.Fprintf(w, "\n=== FAILED %s\n", k)
 		if b := out[k]; b != nil {
 			fmt.Fprint(w, b.String())
+		}
+	}
+	sort.SliceStable(timed, func(i, j int) bool { return timed[i].Elapsed > timed[j].Elapsed })
+	if len(timed) > slowest {
+		timed = timed[:slowest]
+	}
+	if len(timed) > 0 {
+		fmt.Fprintln(w, "\nslowest tests:")
+		for _, e := range timed {
+			fmt.Fprintf(w, "%8.1fs %s %s\n", e.Elapsed, e.Package, e.Test)
 		}
 	}
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d skipped\n", passed, len(failed), skipped)

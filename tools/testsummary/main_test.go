@@ -28,3 +28,19 @@ func TestSummarize(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowestListed: the longest top-level tests are listed, longest
+// first, and subtests are not (their time is inside their parent's).
+func TestSlowestListed(t *testing.T) {
+	in := `{"Action":"pass","Package":"p","Test":"TestQuick","Elapsed":0.5}` + "\n" +
+		`{"Action":"pass","Package":"p","Test":"TestSlow/sub","Elapsed":90}` + "\n" +
+		`{"Action":"pass","Package":"p","Test":"TestSlow","Elapsed":91}` + "\n" +
+		`{"Action":"fail","Package":"p","Test":"TestMiddle","Elapsed":12}` + "\n"
+	var w strings.Builder
+	summarize(strings.NewReader(in), &w, false)
+	got := w.String()
+	slow, middle, quick := strings.Index(got, "91.0s p TestSlow\n"), strings.Index(got, "12.0s p TestMiddle\n"), strings.Index(got, "0.5s p TestQuick\n")
+	if slow < 0 || middle < slow || quick < middle || strings.Contains(got, "TestSlow/sub\n") {
+		t.Errorf("slowest tests not listed longest first, without subtests:\n%s", got)
+	}
+}
