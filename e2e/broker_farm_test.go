@@ -192,12 +192,15 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 	if !errors.As(err, &se) || se.Status != http.StatusUnauthorized || se.Message != "wrong user name or password" {
 		t.Fatalf("a launch with a wrong password: %v, want 401 wrong user name or password", err)
 	}
-	// The refusal's own line names the client.
+	// The refusal's own line names the client. The brokers' logs reach
+	// the test through pipes, so the line may come after the answer.
 	var refusal string
-	for _, n := range nodes {
-		for _, line := range strings.Split(n.Log.String(), "\n") {
-			if strings.Contains(line, `"error":"wrong user name or password"`) {
-				refusal = line
+	for deadline := time.Now().Add(10 * time.Second); refusal == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, n := range nodes {
+			for _, line := range strings.Split(n.Log.String(), "\n") {
+				if strings.Contains(line, `"error":"wrong user name or password"`) {
+					refusal = line
+				}
 			}
 		}
 	}
