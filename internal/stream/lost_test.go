@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math/rand"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,12 +27,7 @@ import (
 // starts a new boot.
 func TestForgetLostSharedCache(t *testing.T) {
 	dir := t.TempDir()
-	base := make([]byte, testSize)
-	rand.New(rand.NewSource(5)).Read(base)
-	path := filepath.Join(dir, "base.img")
-	if err := os.WriteFile(path, base, 0o400); err != nil {
-		t.Fatal(err)
-	}
+	path, base := writeBase(t, dir, 5)
 	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", SharedCache: true,
 		ReconnectWindow: config.Duration(time.Minute), VDisks: []config.VDisk{{Name: "golden", Base: path}, {Name: "golden2", Base: path}}}}
 	cfg.ApplyDefaults()

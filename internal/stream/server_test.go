@@ -23,16 +23,24 @@ import (
 
 const testSize = 1 << 20
 
-// newTestServer serves a 1 MiB random base image on loopback.
-func newTestServer(t testing.TB) (*Server, string, []byte) {
+// writeBase writes a random base image of testSize bytes, drawn from
+// seed, into dir, and returns its path and contents.
+func writeBase(t testing.TB, dir string, seed int64) (string, []byte) {
 	t.Helper()
-	dir := t.TempDir()
 	base := make([]byte, testSize)
-	rand.New(rand.NewSource(7)).Read(base)
+	rand.New(rand.NewSource(seed)).Read(base)
 	path := filepath.Join(dir, "base.img")
 	if err := os.WriteFile(path, base, 0o400); err != nil {
 		t.Fatal(err)
 	}
+	return path, base
+}
+
+// newTestServer serves a 1 MiB random base image on loopback.
+func newTestServer(t testing.TB) (*Server, string, []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	path, base := writeBase(t, dir, 7)
 	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", CacheRAMMB: 1,
 		ReconnectWindow: config.Duration(time.Minute), VDisks: []config.VDisk{{Name: "golden", Base: path}}}}
 	cfg.ApplyDefaults()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math/rand"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,12 +24,7 @@ import (
 // its old name, its acknowledged writes gone without a word.
 func TestAttachRacesTheSweeper(t *testing.T) {
 	dir := t.TempDir()
-	base := make([]byte, testSize)
-	rand.New(rand.NewSource(3)).Read(base)
-	path := filepath.Join(dir, "base.img")
-	if err := os.WriteFile(path, base, 0o400); err != nil {
-		t.Fatal(err)
-	}
+	path, base := writeBase(t, dir, 3)
 	const window = time.Minute
 	cfg := &config.Config{StateDir: dir, Stream: &config.Stream{TLS: "off", Clients: "open", SharedCache: true,
 		ReconnectWindow: config.Duration(window), VDisks: []config.VDisk{{Name: "golden", Base: path}}}}
