@@ -145,12 +145,10 @@ func (c *cuttable) cut() {
 	}
 }
 
-// TestLDAPOutageEndsRightsAfterAGrace: while the directory is down, a
-// sign-in keeps the groups it last had for a few minutes, then is
-// refused (its cookie kept) until the directory answers: a deleted user
-// cannot launch for the cookie's lifetime by keeping the directory
-// unreachable from the portal.
-func TestLDAPOutageEndsRightsAfterAGrace(t *testing.T) {
+// newPortalBehindRelay is a portal whose directory (lara in ops, ops in
+// staff) it reaches through a relay the test can cut or make hang up.
+func newPortalBehindRelay(t *testing.T) (*portal, *cuttable) {
+	t.Helper()
 	var link *cuttable
 	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
 		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "lara", Password: "Lara-LDAP-1", Groups: []string{"ops"}}},
@@ -163,6 +161,16 @@ func TestLDAPOutageEndsRightsAfterAGrace(t *testing.T) {
 		w.LDAP = &config.LDAP{URL: "ldap://" + link.ln.Addr().String(), BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
 		return nil
 	})
+	return p, link
+}
+
+// TestLDAPOutageEndsRightsAfterAGrace: while the directory is down, a
+// sign-in keeps the groups it last had for a few minutes, then is
+// refused (its cookie kept) until the directory answers: a deleted user
+// cannot launch for the cookie's lifetime by keeping the directory
+// unreachable from the portal.
+func TestLDAPOutageEndsRightsAfterAGrace(t *testing.T) {
+	p, link := newPortalBehindRelay(t)
 	cookie := p.signIn("lara", "Lara-LDAP-1")
 	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, cookie, nil)))[1]
 	launch := func() *http.Response {
@@ -190,18 +198,7 @@ func TestLDAPOutageEndsRightsAfterAGrace(t *testing.T) {
 // without each dialling it again: 20 launches within a few seconds make
 // one attempt.
 func TestLDAPOutageIsNotAskedEveryRequest(t *testing.T) {
-	var link *cuttable
-	p := newPortalWith(t, func(_ string, w *config.Web) *http.Client {
-		dir := testkit.StartSlapd(t, []testkit.LDAPUser{{UID: "lara", Password: "Lara-LDAP-1", Groups: []string{"ops"}}},
-			[]testkit.LDAPGroup{{CN: "staff"}, {CN: "ops", Groups: []string{"staff"}}})
-		u, err := url.Parse(dir.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		link = relay(t, u.Host)
-		w.LDAP = &config.LDAP{URL: "ldap://" + link.ln.Addr().String(), BindDN: dir.BindDN, BindPassword: config.NewSecret(dir.BindPW), BaseDN: dir.BaseDN}
-		return nil
-	})
+	p, link := newPortalBehindRelay(t)
 	cookie := p.signIn("lara", "Lara-LDAP-1")
 	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, cookie, nil)))[1]
 	link.hangUp.Store(true)
