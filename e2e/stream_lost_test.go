@@ -4,7 +4,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // TestStreamFixedNameClientGetsBack: a client with a fixed export name
@@ -17,13 +16,7 @@ func TestStreamFixedNameClientGetsBack(t *testing.T) {
 	r := startStream(t, "off", "1s")
 	a := r.uri + "/golden/vmFixed"
 	killedAfterWrite(t, a, "write -P 0x77 0 4096")
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(r.log.Log.String(), "no reconnect within 1s") {
-		if time.Now().After(deadline) {
-			t.Fatalf("boot not discarded after the reconnect window:\n%s", r.log.Log.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	r.waitBootDiscarded(t)
 	expectRefused(t, a, true, "deskway stream forget-lost golden vmFixed", "a fixed-name client's lost boot was served, or refused without the way back",
 		"read -P 0x77 0 4096")
 	// Still refused after a restart: the loss is in the boot log.
