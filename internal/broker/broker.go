@@ -1504,6 +1504,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		offline: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_database_unreachable",
 			Help: "1 while launches are placed from the local host cache because the database does not answer."}),
 	}
+	// Each result is a series at 0 from the start, so that an alert on
+	// rate(...{result="no_host"}) sees the first refusal.
+	for _, r := range []string{"placed", "reconnected", "placed_offline", "reconnected_offline", "no_host", "throttled", "denied", "bad_request", "error"} {
+		m.launches.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats, m.offline, m.busyWaits)
 	}

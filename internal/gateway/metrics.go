@@ -1,6 +1,10 @@
 package gateway
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deskway/deskway/internal/policy"
+)
 
 // metrics are built per server on the registry passed in.
 type metrics struct {
@@ -42,6 +46,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 		bytesUp: bytes.WithLabelValues("up"), bytesDown: bytes.WithLabelValues("down"),
 		latencyUp: lat.WithLabelValues("up"), latencyDown: lat.WithLabelValues("down"),
+	}
+	// Every outcome an alert watches is a series from the start, at 0:
+	// rate() over a series that appears only with its first event misses
+	// that event, and an absent series reads as "no data", not "none".
+	for _, r := range []string{"ok", "error", "refused"} {
+		m.tunnels.WithLabelValues(r)
+	}
+	for method, results := range map[string][]string{
+		policy.MethodNTLM: {"ok", "failed", "throttled", "malformed"},
+		policy.MethodPAA:  {"ok", "failed", "throttled", "replayed"},
+		"http":            {"refused"},
+		"connection":      {"over_capacity"},
+	} {
+		for _, r := range results {
+			m.auth.WithLabelValues(method, r)
+		}
+	}
+	for _, r := range []string{"forwarded", "not_found", "joined", "refused", "bad_claim", "busy"} {
+		m.farmIn.WithLabelValues(r)
 	}
 	reg.MustRegister(m.tunnels, m.opened, m.auth, m.farmIn, bytes, lat)
 	return m

@@ -43,6 +43,11 @@ func newMetrics(reg prometheus.Registerer, cacheBytes func() float64, charged fu
 	for cmd := nbd.CmdRead; cmd <= nbd.CmdResize; cmd++ {
 		m.byCmd[cmd] = m.requests.WithLabelValues(cmdLabel(cmd))
 	}
+	// Every errno the server answers with is a series at 0 from the
+	// start, so that an alert on its rate sees the first error.
+	for _, e := range []nbd.Errno{nbd.EPERM, nbd.EIO, nbd.ENOMEM, nbd.EINVAL, nbd.ENOSPC, nbd.EOVERFLOW, nbd.ENOTSUP, nbd.ESHUTDOWN} {
+		m.errors.WithLabelValues(e.String())
+	}
 	reg.MustRegister(m.conns, m.boots, m.refused, m.requests, m.errors, m.readBytes, m.writeBytes, m.cacheFull,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deskway_stream_cache_ram_bytes",
 			Help: "RAM held by client boots' write caches."}, cacheBytes),
