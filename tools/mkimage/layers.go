@@ -224,9 +224,10 @@ func appendLine(dst, b []byte) []byte {
 	return dst
 }
 
-// readCerts reads a PEM file that must hold certificates and nothing
-// else, so that a wrong file is refused here rather than ignored by
-// every TLS client in the image.
+// readCerts reads a PEM file whose blocks must all be certificates
+// (text around them, as in bundles with comments, is let be), so that a
+// wrong file is refused here rather than ignored by every TLS client in
+// the image.
 func readCerts(name string) ([]byte, error) {
 	b, err := os.ReadFile(name)
 	if err != nil {
@@ -236,9 +237,6 @@ func readCerts(name string) ([]byte, error) {
 	for rest := b; ; {
 		var blk *pem.Block
 		if blk, rest = pem.Decode(rest); blk == nil {
-			if len(bytes.TrimSpace(rest)) != 0 {
-				return nil, fmt.Errorf("%s: text that is not a PEM block", name)
-			}
 			break
 		}
 		if blk.Type != "CERTIFICATE" {
