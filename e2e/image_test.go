@@ -1,57 +1,54 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/testkit"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
 
-// podman runs podman with what this machine's containers need: runc
-// (crun refuses hybrid cgroups), cgroupfs (no systemd), and limits within
-// the test runner's own.
-func podman(args ...string) *exec.Cmd {
-	base := []string{"--runtime", "runc", "--cgroup-manager", "cgroupfs"}
-	return exec.Command("podman", append(base, args...)...)
-}
+// configGID stands for the deskway group the Debian package makes: any
+// group but the image user's own.
+const configGID = 64000
 
 // TestContainerImage: the image tools/mkimage builds from the static
 // binary, made and loaded into podman by the README's own lines (make
-// image, podman load), runs as its unprivileged user
-// with the configuration from a volume, and carries a tunnel through
-// the gateway it runs to a host outside the container.
+// image, podman load), holds Debian's CA bundle (not the build
+// machine's), its time zones and a /tmp anyone may write to; started by
+// docs/operations.md's podman run line as written, on a default podman,
+// it reads a configuration that is root:GROUP 0640 as the package
+// installs it, runs as its unprivileged user and carries a tunnel
+// through the gateway to a host outside the container.
 func TestContainerImage(t *testing.T) {
 	testkit.RequireRoot(t)
-	testkit.Require(t, "podman", "runc")
+	testkit.Require(t, "podman", "dpkg-query")
 	// The README's lines, as written, from the top directory.
 	block := readmeBlocks(t)["install-image"]
 	if block == "" {
 		t.Fatal("README.md has no block marked <!-- e2e: install-image -->")
 	}
-	inst := exec.Command("bash", "-ec", block)
-	inst.Dir = ".."
-	out, err := inst.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the README's install-image lines: %v\n%s", err, lastLines(string(out), 30))
-	}
-	m := regexp.MustCompile(`Loaded image(?:\(s\))?: (\S+)`).FindStringSubmatch(string(out))
-	if m == nil {
-		t.Fatalf("podman load named no image:\n%s", lastLines(string(out), 10))
-	}
-	image := m[1]
-	t.Cleanup(func() { _ = podman("rmi", "-f", image).Run() })
+	image := loadImage(t, exec.Command("bash", "-ec", block))
 
-	out, err = podman("image", "inspect", image).Output()
+	out, err := exec.Command("podman", "image", "inspect", image).Output()
 	if err != nil {
 		t.Fatalf("podman image inspect: %v", err)
 	}
@@ -59,6 +56,7 @@ func TestContainerImage(t *testing.T) {
 		Config struct {
 			User       string
 			Entrypoint []string
+			Labels     map[string]string
 		}
 		Size int64
 	}
@@ -68,46 +66,94 @@ func TestContainerImage(t *testing.T) {
 	if info[0].Config.User != "65532:65532" || strings.Join(info[0].Config.Entrypoint, " ") != "/usr/bin/deskway" {
 		t.Fatalf("image config: %+v", info[0].Config)
 	}
+	for _, pkg := range []string{"ca-certificates", "tzdata"} {
+		v, _ := exec.Command("dpkg-query", "-W", "-f=${Version}", pkg).Output()
+		if got := info[0].Config.Labels["deskway.debian."+pkg]; got != string(v) {
+			t.Errorf("label deskway.debian.%s = %q, want the installed %q", pkg, got, v)
+		}
+	}
 	t.Logf("image %s: %d MB", image, info[0].Size>>20)
+	checkImageFiles(t, "../bin/deskway-image.tar")
 
-	// The gateway role, its configuration mounted read-only.
-	port := testkit.FreePort(t)
+	// The configuration as the Debian package leaves it: root:GROUP,
+	// unreadable by anyone else.
+	port, adminPort := testkit.FreePort(t), testkit.FreePort(t)
 	key := strings.Repeat("k", 32)
 	cfgDir := t.TempDir()
-	os.Chmod(cfgDir, 0o755)
 	cfg := fmt.Sprintf(`state_dir: /var/lib/deskway
 log: {level: info, format: text}
+admin: {listen: "127.0.0.1:%d"}
 auth: {token_key: %q}
 gateway:
   listen: "127.0.0.1:%d"
   auth_methods: [paa]
   resource_policies: [{name: hosts, users: ["*"], hosts: [127.0.0.1]}]
   connection_policies: [{name: all, users: ["*"]}]
-`, key, port)
-	if err := os.WriteFile(filepath.Join(cfgDir, "deskway.yaml"), []byte(cfg), 0o644); err != nil {
+`, adminPort, key, port)
+	cfgFile := filepath.Join(cfgDir, "deskway.yaml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	name := fmt.Sprintf("deskway-e2e-%d", port)
-	run := podman("run", "--rm", "--name", name, "--network", "host", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
-		"-v", cfgDir+":/etc/deskway:ro", image, "gateway", "-c", "/etc/deskway/deskway.yaml")
-	var log testkit.Buffer
-	run.Stdout, run.Stderr = &log, &log
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
+	for path, mode := range map[string]os.FileMode{cfgDir: 0o750, cfgFile: 0o640} {
+		if err := os.Chown(path, 0, configGID); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// docs/operations.md's line, with only the image's tag and the
+	// configuration's directory filled in.
+	line := docBlock(t, "../docs/operations.md", "image-run")
+	for old, repl := range map[string]string{
+		"localhost/deskway:TAG": image,
+		"-v /etc/deskway:":      "-v " + cfgDir + ":",
+	} {
+		if !strings.Contains(line, old) {
+			t.Fatalf("docs/operations.md's image-run line has no %q:\n%s", old, line)
+		}
+		line = strings.ReplaceAll(line, old, repl)
+	}
+	line = strings.ReplaceAll(line, " /etc/deskway/deskway.yaml)", " "+cfgFile+")") // the host's file, for --group-add
+	const name, volume = "deskway-gateway", "deskway-state"                         // the line's own
+	removeContainer := func() {
+		_ = exec.Command("podman", "rm", "-f", "-t", "5", name).Run()
+		_ = exec.Command("podman", "volume", "rm", "-f", volume).Run()
+	}
+	removeContainer() // a run killed before its cleanup
+	if out, err := exec.Command("bash", "-ec", line).CombinedOutput(); err != nil {
+		t.Fatalf("docs/operations.md's podman run line: %v\n%s\n%s", err, line, out)
 	}
 	t.Cleanup(func() {
-		_ = podman("stop", "-t", "5", name).Run()
-		_ = run.Wait()
 		if t.Failed() {
-			t.Logf("the container's output:\n%s", log.String())
+			out, _ := exec.Command("podman", "logs", name).CombinedOutput()
+			t.Logf("the container's output:\n%s", out)
 		}
+		removeContainer()
 	})
 	gw := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := testkit.WaitPort(gw, 30*time.Second); err != nil {
-		t.Fatalf("the gateway in the container did not listen: %v\n%s", err, log.String())
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if testkit.WaitPort(gw, time.Second) == nil {
+			break
+		}
+		if out, _ := exec.Command("podman", "inspect", "-f", "{{.State.Running}}", name).Output(); strings.TrimSpace(string(out)) != "true" {
+			t.Fatal("the container stopped before its gateway listened")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gateway in the container did not listen on %s in 30s", gw)
+		}
 	}
-	if out, err := podman("top", name, "huser", "user").CombinedOutput(); err != nil || !strings.Contains(string(out), "65532") || !strings.Contains(string(out), "deskway") {
-		t.Fatalf("the process in the container does not run as 65532: %v\n%s", err, out)
+	out, err = exec.Command("podman", "inspect", "-f", "{{.State.Pid}}", name).Output()
+	if err != nil {
+		t.Fatalf("podman inspect: %v", err)
+	}
+	status, err := os.ReadFile("/proc/" + strings.TrimSpace(string(out)) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^Uid:\s+65532\s`).Match(status) || !regexp.MustCompile(`(?m)^Groups:.*\b`+strconv.Itoa(configGID)+`\b`).Match(status) {
+		t.Fatalf("the process in the container is not user 65532 with group %d:\n%s", configGID, status)
 	}
 
 	// A tunnel through it to an echo host outside the container.
@@ -129,7 +175,7 @@ gateway:
 	defer cancel()
 	c, err := tsgclient.Dial(ctx, tsgclient.Config{Gateway: gw, TLS: clientTLS, Token: tok}, "127.0.0.1", echoPort)
 	if err != nil {
-		t.Fatalf("a tunnel through the containerised gateway: %v\n%s", err, log.String())
+		t.Fatalf("a tunnel through the containerised gateway: %v", err)
 	}
 	defer c.Close()
 	msg := []byte("through the container")
@@ -137,7 +183,124 @@ gateway:
 		t.Fatal(err)
 	}
 	got := make([]byte, len(msg))
-	if _, err := c.Read(got); err != nil || string(got) != string(msg) {
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != string(msg) {
 		t.Fatalf("echo: %q %v", got, err)
 	}
+}
+
+// loadImage runs cmd from the top directory, which ends in podman load,
+// and returns the image it loaded, removed at test end.
+func loadImage(t *testing.T, cmd *exec.Cmd) string {
+	t.Helper()
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, lastLines(string(out), 30))
+	}
+	m := regexp.MustCompile(`Loaded image(?:\(s\))?: (\S+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("podman load named no image:\n%s", lastLines(string(out), 10))
+	}
+	t.Cleanup(func() { _ = exec.Command("podman", "rmi", "-f", m[1]).Run() })
+	return m[1]
+}
+
+// docBlock returns the shell block of a document marked
+// "<!-- e2e: NAME -->".
+func docBlock(t *testing.T, doc, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- e2e: " + regexp.QuoteMeta(name) + " -->\n```sh\n(.*?)```").FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s has no block marked <!-- e2e: %s -->", doc, name)
+	}
+	return string(m[1])
+}
+
+// checkImageFiles reads the image archive's file system: /tmp is 1777;
+// the CA bundle holds the ca-certificates package's certificates and not
+// those this machine's administrator added; a time zone is there.
+func checkImageFiles(t *testing.T, archive string) {
+	t.Helper()
+	img, err := tarball.ImageFromPath(archive, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	files := map[string][]byte{}
+	modes := map[string]int64{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		modes[h.Name] = h.Mode
+		if h.Name == "etc/ssl/certs/ca-certificates.crt" || h.Name == "usr/share/zoneinfo/Asia/Kolkata" {
+			if files[h.Name], err = io.ReadAll(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if modes["tmp"] != 0o1777 {
+		t.Errorf("/tmp has mode %o, want 1777", modes["tmp"])
+	}
+	if !bytes.HasPrefix(files["usr/share/zoneinfo/Asia/Kolkata"], []byte("TZif")) {
+		t.Error("the image has no /usr/share/zoneinfo/Asia/Kolkata")
+	}
+	inBundle := map[string]bool{}
+	for rest := files["etc/ssl/certs/ca-certificates.crt"]; ; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		inBundle[string(blk.Bytes)] = true
+	}
+	list, err := exec.Command("dpkg-query", "-L", "ca-certificates").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want, missing []string
+	for _, f := range strings.Fields(string(list)) {
+		if strings.HasPrefix(f, "/usr/share/ca-certificates/") && strings.HasSuffix(f, ".crt") {
+			want = append(want, f)
+			if c := pemCert(t, f); c == nil || !inBundle[string(c.Raw)] {
+				missing = append(missing, f)
+			}
+		}
+	}
+	if len(missing) > 0 || len(inBundle) != len(want) || len(want) < 100 {
+		t.Errorf("the image's CA bundle holds %d certificates, the ca-certificates package %d; it lacks %d of them, such as %q",
+			len(inBundle), len(want), len(missing), missing[:min(3, len(missing))])
+	}
+	local, _ := filepath.Glob("/usr/local/share/ca-certificates/*.crt")
+	for _, f := range local {
+		if c := pemCert(t, f); c != nil && inBundle[string(c.Raw)] {
+			t.Errorf("the image's CA bundle holds this machine's own %s", f)
+		}
+	}
+}
+
+func pemCert(t *testing.T, file string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil
+	}
+	return c
 }

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
 	"net/http"
@@ -90,6 +91,18 @@ func (s *groupsStorage) GetClientByClientID(ctx context.Context, id string) (op.
 // client (clientID, secret, redirect URIs) and users; it stops at test end.
 func StartOIDC(t testing.TB, clientID, secret string, redirects []string, users []OIDCUser) *OIDCProvider {
 	t.Helper()
+	return startOIDC(t, nil, clientID, secret, redirects, users)
+}
+
+// StartOIDCWithCert is StartOIDC serving cert, for a client that must
+// find the certificate's issuer in its own trust roots.
+func StartOIDCWithCert(t testing.TB, cert tls.Certificate, clientID, secret string, redirects []string, users []OIDCUser) *OIDCProvider {
+	t.Helper()
+	return startOIDC(t, &cert, clientID, secret, redirects, users)
+}
+
+func startOIDC(t testing.TB, cert *tls.Certificate, clientID, secret string, redirects []string, users []OIDCUser) *OIDCProvider {
+	t.Helper()
 	byID := map[string]*storage.User{}
 	groups := map[string][]string{}
 	for i, u := range users {
@@ -113,6 +126,9 @@ func StartOIDC(t testing.TB, clientID, secret string, redirects []string, users 
 	srv := httptest.NewUnstartedServer(nil)
 	issuer := "https://" + srv.Listener.Addr().String()
 	srv.Config.Handler = exampleop.SetupServer(issuer, st, nil, false)
+	if cert != nil {
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}}
+	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	ca := filepath.Join(dir, "ca.pem")

@@ -5,18 +5,20 @@
 //	go run ./tools/mkimage -bin bin/deskway-static -tag deskway:0.1.0 -out bin/deskway-image.tar
 //
 // The result is an image archive that `podman load -i` and `docker load
-// -i` read. It holds the binary, an unprivileged user (65532) the
-// process runs as, and its state directory; the configuration comes from
-// a volume at /etc/deskway.
+// -i` read. Its layers: an unprivileged user (65532) the process runs
+// as, its state directory and a writable /tmp; Debian's CA bundle and
+// time zones, taken from the ca-certificates and tzdata packages
+// installed on the build machine (their versions are in the image's
+// labels); the binary. The configuration comes from a volume at
+// /etc/deskway.
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"flag"
+	"fmt"
 	"log"
 	"os"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -33,26 +35,60 @@ func main() {
 	tag := flag.String("tag", "deskway:latest", "the image's name and tag")
 	out := flag.String("out", "bin/deskway-image.tar", "the image archive to write")
 	version := flag.String("version", "0.0.0", "the version the image's labels give")
+	var extraCA [][]byte
+	flag.Func("extra-ca", "a PEM file of certificates to add to the image's CA bundle (repeatable; for test images)", func(f string) error {
+		b, err := readCerts(f)
+		if err != nil {
+			return err
+		}
+		extraCA = append(extraCA, b)
+		return nil
+	})
 	flag.Parse()
-	exe, err := os.ReadFile(*bin)
-	if err != nil {
+	if err := build(*bin, *tag, *out, *version, extraCA); err != nil {
 		log.Fatalf("mkimage: %v", err)
 	}
-	l, err := tarball.LayerFromReader(bytes.NewReader(rootfs(exe)))
+}
+
+func build(bin, tag, out, version string, extraCA [][]byte) error {
+	exe, err := os.ReadFile(bin)
 	if err != nil {
-		log.Fatalf("mkimage: layer: %v", err)
+		return err
 	}
-	img, err := mutate.AppendLayers(empty.Image, l)
+	ca, err := installed("ca-certificates")
 	if err != nil {
-		log.Fatalf("mkimage: %v", err)
+		return err
+	}
+	tz, err := installed("tzdata")
+	if err != nil {
+		return err
+	}
+	img := empty.Image
+	for _, mk := range []func() ([]byte, error){
+		baseLayer,
+		func() ([]byte, error) { return caLayer(ca, extraCA) },
+		func() ([]byte, error) { return tzdataLayer(tz) },
+		func() ([]byte, error) { return binaryLayer(exe) },
+	} {
+		b, err := mk()
+		if err != nil {
+			return err
+		}
+		l, err := tarball.LayerFromReader(bytes.NewReader(b))
+		if err != nil {
+			return fmt.Errorf("layer: %w", err)
+		}
+		if img, err = mutate.AppendLayers(img, l); err != nil {
+			return err
+		}
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		log.Fatalf("mkimage: %v", err)
+		return err
 	}
 	cf = cf.DeepCopy()
 	cf.Architecture, cf.OS = "amd64", "linux"
-	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()} // reproducible: the same binary gives the same image
+	cf.Created = v1.Time{Time: epoch.UTC()} // reproducible: the same inputs give the same image
 	cf.Config = v1.Config{
 		Entrypoint: []string{"/usr/bin/deskway"},
 		Cmd:        []string{"run", "-c", "/etc/deskway/deskway.yaml"},
@@ -62,51 +98,22 @@ func main() {
 		Volumes:    map[string]struct{}{"/var/lib/deskway": {}},
 		Labels: map[string]string{
 			"org.opencontainers.image.title":   "deskway",
-			"org.opencontainers.image.version": *version,
+			"org.opencontainers.image.version": version,
 			"org.opencontainers.image.source":  "https://github.com/deskway/deskway",
+			"deskway.debian.ca-certificates":   ca.version,
+			"deskway.debian.tzdata":            tz.version,
 		},
 	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		log.Fatalf("mkimage: %v", err)
+		return err
 	}
-	ref, err := name.NewTag(*tag, name.WithDefaultRegistry("localhost"))
+	ref, err := name.NewTag(tag, name.WithDefaultRegistry("localhost"))
 	if err != nil {
-		log.Fatalf("mkimage: tag %q: %v", *tag, err)
+		return fmt.Errorf("tag %q: %w", tag, err)
 	}
-	if err := tarball.WriteToFile(*out, ref, img); err != nil {
-		log.Fatalf("mkimage: %v", err)
+	if err := tarball.WriteToFile(out, ref, img); err != nil {
+		return err
 	}
-	log.Printf("mkimage: %s written as %s", *out, ref)
-}
-
-// rootfs is the image's one layer: the binary, the passwd and group
-// entries of its user, and the directories it needs.
-func rootfs(exe []byte) []byte {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	epoch := time.Unix(0, 0)
-	dir := func(path string, owner int) {
-		must(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: path, Mode: 0o755, Uid: owner, Gid: owner, ModTime: epoch}))
-	}
-	file := func(path string, mode int64, body []byte) {
-		must(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: path, Mode: mode, Size: int64(len(body)), ModTime: epoch}))
-		_, err := tw.Write(body)
-		must(err)
-	}
-	for _, d := range []string{"etc/", "etc/deskway/", "usr/", "usr/bin/", "var/", "var/lib/"} {
-		dir(d, 0)
-	}
-	dir("var/lib/deskway/", uid)
-	dir("tmp/", 0)
-	file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\ndeskway:x:65532:65532:deskway:/var/lib/deskway:/sbin/nologin\n"))
-	file("etc/group", 0o644, []byte("root:x:0:\ndeskway:x:65532:\n"))
-	file("usr/bin/deskway", 0o755, exe)
-	must(tw.Close())
-	return buf.Bytes()
-}
-
-func must(err error) {
-	if err != nil {
-		log.Fatalf("mkimage: %v", err)
-	}
+	log.Printf("mkimage: %s written as %s (ca-certificates %s, tzdata %s)", out, ref, ca.version, tz.version)
+	return nil
 }
