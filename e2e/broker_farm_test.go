@@ -193,6 +193,11 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 	if !strings.Contains(refusal, `"remote":"127.0.0.3:`) {
 		t.Errorf("the brokers logged HAProxy's address, or none, for a client's refused request, not the client's: %q", refusal)
 	}
+	// The upgrade steps take a broker out on the stats socket.
+	haproxyCommand(t, sock, "set server brokers/broker1 state drain")
+	if st := serverStatus(t, sock, "brokers", "broker1"); st != "DRAIN" {
+		t.Errorf("after set server brokers/broker1 state drain, broker1 is %s", st)
+	}
 	for i, n := range nodes {
 		if got := strings.Count(n.Log.String(), `"msg":"launch"`); got == 0 {
 			t.Errorf("broker %d placed no launch: round robin did not alternate, so the test proved little", i+1)
