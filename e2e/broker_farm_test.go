@@ -5,11 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -35,14 +35,14 @@ broker:
   heartbeat_timeout: 30s
   busy_wait: 0s
   frontend_tokens: [e2e-portal-token]
-  proxy_protocol_from: [127.0.0.2]
+  proxy_protocol_from: [127.0.0.1]   # HAProxy, on this host
   delivery_groups:
   - {name: desk, groups: [staff], session_limit: 3, logon_limit: 10}
 `
 
 // TestBrokersBehindHAProxy: two brokers share one PostgreSQL database
-// behind HAProxy (deploy/haproxy/broker-farm.cfg: round robin, no
-// persistence). Four session hosts register through it; then 20 users
+// behind HAProxy (deploy/haproxy/broker-farm.cfg as shipped, addresses
+// changed: round robin, no persistence, PROXY headers, a stats socket). Four session hosts register through it; then 20 users
 // launch at once, each on a connection of its own, so the launches
 // alternate between the brokers. Both brokers place sessions, exactly
 // the 12 places there are (4 hosts, 3 sessions each) are given, no host
@@ -71,35 +71,21 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The shipped file with only its addresses changed: HAProxy reaches
+	// the brokers from 127.0.0.1, the address they trust for PROXY headers.
 	lbAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
-	example, err := os.ReadFile("../deploy/haproxy/broker-farm.cfg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lbCfg := strings.Replace(string(example), "bind :8443", "bind "+lbAddr, 1)
-	// HAProxy reaches the brokers from the address they trust for PROXY
-	// headers.
-	lbCfg = strings.Replace(lbCfg, "  balance roundrobin\n", "  balance roundrobin\n  source 127.0.0.2\n", 1)
-	i := 0
-	lbCfg = regexp.MustCompile(`(?m)^  server .*\n`).ReplaceAllStringFunc(lbCfg, func(string) string {
-		i++
-		return fmt.Sprintf("  server broker%d 127.0.0.1:%d\n", i, ports[(i-1)%2])
-	})
-	if i != 2 {
-		t.Fatalf("the example names %d servers, want 2", i)
-	}
-	lbFile := filepath.Join(t.TempDir(), "haproxy.cfg")
-	if err := os.WriteFile(lbFile, []byte(lbCfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	lb := testkit.Start(t, nil, "haproxy", "-db", "-f", lbFile)
-	if err := testkit.WaitPort(lbAddr, 10*time.Second); err != nil {
-		t.Fatalf("haproxy: %v\n%s", err, lb.Log.String())
+	_, sock := shippedHAProxy(t, "broker-farm.cfg", lbAddr, "bind :8444", "bind "+lbAddr,
+		"10.0.0.21:8444", fmt.Sprintf("127.0.0.1:%d", ports[0]), "10.0.0.22:8444", fmt.Sprintf("127.0.0.1:%d", ports[1]))
+	if info := haproxyCommand(t, sock, "show info"); !strings.Contains(info, "Name: HAProxy") {
+		t.Fatalf("the stats socket answered show info with %q", info)
 	}
 
 	// A connection per request: round robin then alternates the brokers.
+	// The client connects from 127.0.0.3, so that the brokers' logs tell
+	// it from HAProxy (127.0.0.1).
+	from := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 3)}}
 	client := &brokerclient.Client{Base: "https://" + lbAddr, HTTP: &http.Client{Timeout: 20 * time.Second,
-		Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}}
+		Transport: &http.Transport{DisableKeepAlives: true, DialContext: from.DialContext, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}}
 	out, err := exec.Command(bin, "token", "join", "-c", cfg0, "--group", "desk", "--ttl", "1h").CombinedOutput()
 	if err != nil {
 		t.Fatalf("deskway token join: %v %s", err, out)
@@ -185,8 +171,8 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 		t.Errorf("launches that were not placed got other answers than 503: %v", statuses)
 	}
 	// A wrong password through the balancer: the broker that refuses it
-	// names the client (127.0.0.1), from the PROXY header, not HAProxy
-	// (127.0.0.2).
+	// names the client (127.0.0.3), from the PROXY header, not HAProxy
+	// (127.0.0.1).
 	_, _, err = client.Launch(ctx, brokerclient.Basic("nobody", "wrong"), brokerapi.LaunchRequest{DeliveryGroup: "desk"})
 	var se *brokerclient.StatusError
 	if !errors.As(err, &se) || se.Status != http.StatusUnauthorized || se.Message != "wrong user name or password" {
@@ -204,8 +190,13 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(refusal, `"remote":"127.0.0.1:`) {
+	if !strings.Contains(refusal, `"remote":"127.0.0.3:`) {
 		t.Errorf("the brokers logged HAProxy's address, or none, for a client's refused request, not the client's: %q", refusal)
+	}
+	// The upgrade steps take a broker out on the stats socket.
+	haproxyCommand(t, sock, "set server brokers/broker1 state drain")
+	if st := serverStatus(t, sock, "brokers", "broker1"); st != "DRAIN" {
+		t.Errorf("after set server brokers/broker1 state drain, broker1 is %s", st)
 	}
 	for i, n := range nodes {
 		if got := strings.Count(n.Log.String(), `"msg":"launch"`); got == 0 {

@@ -1,15 +1,18 @@
 package e2e
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/deskway/deskway/internal/testkit"
+	"github.com/deskway/deskway/internal/tsgclient"
 )
 
 // farmNodeConfig is one node of a two-node gateway farm: the same
@@ -25,7 +28,7 @@ auth:
 gateway:
   listen: "127.0.0.1:%[5]d"
   farm_peers: ["127.0.0.1:%[6]d"]
-  proxy_protocol_from: [127.0.0.2]
+  proxy_protocol_from: [127.0.0.1]   # HAProxy, on this host
   connection_policies:
   - {name: staff, groups: [staff]}
   resource_policies:
@@ -37,7 +40,11 @@ gateway:
 // (round robin, no persistence, TLS passed through). xfreerdp connects
 // through it ten times over each transport and method, every time to the
 // xrdp desktop; round robin sends the two halves of each legacy tunnel
-// to different nodes, which join them. Then one node is killed, and new
+// to different nodes, which join them (HAProxy, the nodes and their
+// links to each other all come from 127.0.0.1, as on one machine). The
+// nodes log clients by the PROXY header's address. On the stats socket,
+// HAProxy answers show info, and a node drained as docs/operations.md's
+// upgrade steps say gets no new tunnel. Then one node is killed, and new
 // connections still reach the desktop through the other.
 func TestGatewayFarmBehindHAProxy(t *testing.T) {
 	testkit.Require(t, "haproxy")
@@ -62,32 +69,14 @@ func TestGatewayFarmBehindHAProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lbPort := testkit.FreePort(t)
-	r.gw = fmt.Sprintf("127.0.0.1:%d", lbPort)
-	example, err := os.ReadFile("../deploy/haproxy/gateway-farm.cfg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := strings.Replace(string(example), "bind :443", "bind "+r.gw, 1)
-	// HAProxy reaches the nodes from an address of its own, the one they
-	// trust for PROXY headers; the nodes reach each other from another.
-	cfg = strings.Replace(cfg, "  balance roundrobin\n", "  balance roundrobin\n  source 127.0.0.2\n", 1)
-	servers := regexp.MustCompile(`(?m)^  server .*\n`)
-	if n := len(servers.FindAllString(cfg, -1)); n != 2 {
-		t.Fatalf("the example names %d servers, want 2", n)
-	}
-	i := 0
-	cfg = servers.ReplaceAllStringFunc(cfg, func(string) string {
-		i++
-		return fmt.Sprintf("  server gw%d 127.0.0.1:%d\n", i, ports[i-1])
-	})
-	lbCfg := filepath.Join(t.TempDir(), "haproxy.cfg")
-	if err := os.WriteFile(lbCfg, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	lb := testkit.Start(t, nil, "haproxy", "-db", "-f", lbCfg)
-	if err := testkit.WaitPort(r.gw, 10*time.Second); err != nil {
-		t.Fatalf("haproxy: %v\n%s", err, lb.Log.String())
+	// The shipped file with only its addresses changed: HAProxy reaches
+	// the nodes from 127.0.0.1, the address they trust for PROXY headers,
+	// and the nodes reach each other from it too.
+	r.gw = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+	_, sock := shippedHAProxy(t, "gateway-farm.cfg", r.gw, "bind :443", "bind "+r.gw,
+		"10.0.0.11:443", fmt.Sprintf("127.0.0.1:%d", ports[0]), "10.0.0.12:443", fmt.Sprintf("127.0.0.1:%d", ports[1]))
+	if info := haproxyCommand(t, sock, "show info"); !strings.Contains(info, "Name: HAProxy") {
+		t.Fatalf("the stats socket answered show info with %q", info)
 	}
 
 	target := "/v:" + r.xrdp.Addr
@@ -129,16 +118,40 @@ func TestGatewayFarmBehindHAProxy(t *testing.T) {
 		}
 	}
 	t.Logf("legacy IN halves forwarded between the nodes: %d of %d legacy tunnels", forwarded, 2*each)
-	// The PROXY headers gave the nodes the client's address (xfreerdp's,
-	// 127.0.0.1), not HAProxy's (127.0.0.2).
-	for i, node := range nodes {
-		if log := node.Log.String(); strings.Contains(log, `"remote":"127.0.0.2"`) || !strings.Contains(log, `"remote":"127.0.0.1"`) {
-			t.Errorf("node %d logged tunnels from HAProxy's address rather than the client's", i+1)
-		}
+	// The PROXY headers give the nodes the client's address: a client
+	// from 127.0.0.3 with a wrong password is logged as 127.0.0.3, not as
+	// HAProxy's 127.0.0.1.
+	wrong := tsgclient.Config{Gateway: r.gw, TLS: &tls.Config{InsecureSkipVerify: true}, User: "gwuser", Password: "wrong",
+		Transport: tsgclient.Websocket, Dial: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 3)}}).DialContext}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if c, err := tsgclient.Dial(ctx, wrong, "127.0.0.1", uint16(rdpPort)); err == nil {
+		c.Close()
+		t.Fatal("a wrong password opened a tunnel")
 	}
+	eventually(t, 10*time.Second, "a node to log the client's address (127.0.0.3) for its failed login, from the PROXY header", func() (bool, string) {
+		return strings.Contains(nodes[0].Log.String()+nodes[1].Log.String(), `"remote":"127.0.0.3"`), "not logged"
+	})
 	if forwarded < each {
 		t.Errorf("only %d of %d legacy tunnels had their halves on different nodes: the test proves little", forwarded, 2*each)
 	}
+
+	// The upgrade steps of docs/operations.md: drained on the stats
+	// socket, node 1 gets no new tunnel; back to ready, it is in again.
+	haproxyCommand(t, sock, "set server gateways/gw1 state drain")
+	if st := serverStatus(t, sock, "gateways", "gw1"); st != "DRAIN" {
+		t.Fatalf("after set server gateways/gw1 state drain, gw1 is %s", st)
+	}
+	opened := func(i int) int { return strings.Count(nodes[i].Log.String(), `"msg":"tunnel open"`) }
+	before := []int{opened(0), opened(1)}
+	connect(t, "farm-drained", "http", false)
+	eventually(t, 10*time.Second, "node 2 to open the tunnel, node 1 being drained", func() (bool, string) {
+		return opened(1) > before[1], fmt.Sprintf("node 2 opened %d tunnels, as before", opened(1))
+	})
+	if opened(0) != before[0] {
+		t.Error("a drained node got a new tunnel")
+	}
+	haproxyCommand(t, sock, "set server gateways/gw1 state ready")
 
 	// One node dies: new connections still reach the desktop.
 	if err := nodes[0].Cmd.Process.Kill(); err != nil {

@@ -26,6 +26,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(runCmd(), gatewayCmd(), brokerCmd(), agentCmd(), streamCmd(), upCmd(), configCmd(), tokenCmd(), hostCmd(), groupCmd(), deviceCmd(), sessionCmd(), versionCmd(), nthashCmd(), benchCmd())
+	root.AddCommand(backupCmd(), restoreCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "deskway:", err)
 		return 1

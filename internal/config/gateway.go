@@ -68,7 +68,9 @@ type Gateway struct {
 	// prefixes) that pass TCP through and send a PROXY protocol v2 header
 	// first (HAProxy's send-proxy-v2 and check-send-proxy), naming the
 	// client. Connections from them must carry one; the gateway then sees
-	// the client's address for its caps, throttles and logs.
+	// the client's address for its caps, throttles and logs. With
+	// FarmPeers, a connection from them without one is served only as a
+	// farm peer's link, which proves itself with the farm key.
 	ProxyProtocolFrom []string `yaml:"proxy_protocol_from"`
 }
 

@@ -14,7 +14,9 @@ package gateway
 // every node of a farm shares) with an HMAC over the request and the TLS
 // session's exported keying material (RFC 5705), so a client cannot pose
 // as a node, and no one between the nodes can relay a claim into a TLS
-// session of their own or read the IN half.
+// session of their own or read the IN half. The link needs no PROXY
+// header even from a trusted balancer's address (a node on the
+// balancer's host): on such a bare connection only the claim is served.
 
 import (
 	"bufio"
@@ -36,6 +38,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/proxylisten"
 )
 
 const (
@@ -417,4 +420,13 @@ func (s *Server) serveFarmIn(w http.ResponseWriter, r *http.Request, cs *connSta
 	lt := &legacyTransport{in: conn, inRaw: cs.raw, out: p.conn, outRaw: p.hs.conns[0].raw,
 		g: newWriteGate(p.conn, s.cfg.WriteTimeout.D()), pr: packetReader{r: brw.Reader}}
 	s.runTunnel(lt, hs, "legacy")
+}
+
+// bareFromBalancer reports whether c, the connection beneath TLS, came
+// from a trusted balancer's address without a PROXY header.
+func bareFromBalancer(c net.Conn) bool {
+	if lc, ok := c.(*loopConn); ok {
+		c = lc.Conn
+	}
+	return proxylisten.IsBare(c)
 }

@@ -46,6 +46,9 @@ type connState struct {
 	key      netip.Prefix
 	raw      net.Conn // beneath TLS, closed when the budget runs out
 	deadline time.Time
+	// bare: from a trusted balancer's address without a PROXY header,
+	// where only farm peers' links are served.
+	bare bool
 
 	mu       sync.Mutex
 	timer    *time.Timer

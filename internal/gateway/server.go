@@ -179,7 +179,7 @@ func (s *Server) admit(c net.Conn) *connState {
 		raw = tc.NetConn()
 	}
 	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-	cs := &connState{remote: ap.Addr().Unmap(), pa: s.pa, raw: raw, deadline: time.Now().Add(s.pa.budget)}
+	cs := &connState{remote: ap.Addr().Unmap(), pa: s.pa, raw: raw, deadline: time.Now().Add(s.pa.budget), bare: bareFromBalancer(raw)}
 	key, why := s.pa.admit(cs.remote)
 	if why != "" {
 		cs.key, cs.released, cs.expired = key, true, true
@@ -239,7 +239,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 		if err != nil {
 			return fmt.Errorf("gateway: proxy_protocol_from: %w", err)
 		}
-		ln = proxylisten.New(ln, trusted, s.cfg.HandshakeTimeout.D(), s.log)
+		if len(s.cfg.FarmPeers) > 0 {
+			// A peer on the balancer's host (or behind its NAT) links
+			// from the balancer's address, with no PROXY header: its
+			// farm credential, not its address, lets it in (ServeHTTP).
+			ln = proxylisten.NewAllowingBareTLS(ln, trusted, s.cfg.HandshakeTimeout.D(), s.log)
+		} else {
+			ln = proxylisten.New(ln, trusted, s.cfg.HandshakeTimeout.D(), s.log)
+		}
 	}
 	if n := s.cfg.RelayLoops; n != nil && *n > 0 {
 		loops, err := startRelayLoops(*n, s.log)
@@ -331,6 +338,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cs, _ := r.Context().Value(connKey{}).(*connState)
 	if cs == nil {
 		cs = &connState{}
+	}
+	if cs.bare && (r.URL.Path != farmPath || r.Method != http.MethodPost) {
+		// Through the balancer every client connection starts with a
+		// PROXY header; one without came from the balancer's host, where
+		// only a farm peer's link, which proves itself, is served.
+		s.refused.Log(s.log, "request refused: it came from a trusted load balancer's address without a PROXY header, where only farm peers' links are served (HAProxy: send-proxy-v2, and check-send-proxy for health checks)",
+			cs.remote, r.Method+" "+r.URL.Path)
+		plain(w, http.StatusForbidden, "")
+		return
 	}
 	switch r.Method {
 	case "RDG_OUT_DATA", "RDG_IN_DATA":

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deskway/deskway/internal/proto/proxyv2"
 )
 
@@ -26,6 +28,14 @@ import (
 // from anywhere else are passed on as they are; a header they send is
 // only bytes that fail the TLS handshake.
 //
+// With bareTLS, a connection from a trusted address that starts with a
+// TLS handshake record instead of a header is passed on too, marked
+// (IsBare): a gateway farm's node-to-node link, which comes from the
+// balancer's address when a node shares its host (or its NAT) with the
+// balancer. A balancer that sends headers puts one before every client
+// byte, so no client reaches the server bare through it; the server
+// serves nothing but links that prove themselves on such a connection.
+//
 // Headers are read on a goroutine per connection, so a balancer
 // connection that is slow to send one holds up no one else's accept,
 // and read exactly, so the connection's socket can still be handed to an
@@ -35,6 +45,7 @@ type listener struct {
 	trusted []netip.Prefix
 	timeout time.Duration
 	log     *slog.Logger
+	bareTLS bool
 
 	conns     chan net.Conn
 	errc      chan error
@@ -46,10 +57,29 @@ type listener struct {
 // PROXY v2 header, read within timeout, whose source becomes their
 // RemoteAddr; others pass as they are. Refusals are logged on log.
 func New(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *slog.Logger) net.Listener {
-	l := &listener{Listener: ln, trusted: trusted, timeout: timeout, log: log,
+	return newListener(ln, trusted, timeout, log, false)
+}
+
+// NewAllowingBareTLS is New, except that a connection from a trusted
+// address that starts with a TLS handshake instead of a header is passed
+// on as it is, marked: IsBare reports it, and the server must serve on
+// it only what authenticates itself (a gateway farm's peer links).
+func NewAllowingBareTLS(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *slog.Logger) net.Listener {
+	return newListener(ln, trusted, timeout, log, true)
+}
+
+func newListener(ln net.Listener, trusted []netip.Prefix, timeout time.Duration, log *slog.Logger, bareTLS bool) net.Listener {
+	l := &listener{Listener: ln, trusted: trusted, timeout: timeout, log: log, bareTLS: bareTLS,
 		conns: make(chan net.Conn), errc: make(chan error, 1), done: make(chan struct{})}
 	go l.acceptLoop()
 	return l
+}
+
+// IsBare reports whether c came from a trusted balancer's address with no
+// PROXY header, starting with a TLS handshake (NewAllowingBareTLS).
+func IsBare(c net.Conn) bool {
+	_, ok := c.(*bareConn)
+	return ok
 }
 
 func (l *listener) acceptLoop() {
@@ -119,6 +149,17 @@ func (l *listener) isTrusted(a net.Addr) bool {
 func (l *listener) readHeader(c net.Conn) (net.Conn, error) {
 	_ = c.SetReadDeadline(time.Now().Add(l.timeout))
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	if l.bareTLS {
+		first, err := peekByte(c)
+		if err != nil {
+			return nil, fmt.Errorf("reading the first byte: %w", err)
+		}
+		// A header starts with CR; a TLS connection with a handshake
+		// record (type 22).
+		if first == tlsHandshake {
+			return &bareConn{Conn: c}, nil
+		}
+	}
 	hdr := make([]byte, proxyv2.FixedLen, proxyv2.FixedLen+64)
 	if _, err := io.ReadFull(c, hdr); err != nil {
 		return nil, fmt.Errorf("reading the header: %w", err)
@@ -158,6 +199,49 @@ func (l *listener) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
+
+// tlsHandshake is the content type of a TLS handshake record, the first
+// byte a TLS client sends.
+const tlsHandshake = 22
+
+// peekByte waits for c's first byte and returns it, leaving it to be read:
+// the socket may yet be handed to an event loop, which must find every
+// byte of the stream in it.
+func peekByte(c net.Conn) (byte, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, errors.New("the connection has no socket to peek at")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var b [1]byte
+	var n int
+	var rerr error
+	err = raw.Read(func(fd uintptr) bool {
+		for {
+			n, _, rerr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK)
+			if rerr != unix.EINTR {
+				return rerr != unix.EAGAIN
+			}
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, rerr
+	case n == 0:
+		return 0, io.EOF
+	}
+	return b[0], nil
+}
+
+// bareConn is a connection from a trusted balancer's address that came
+// without a PROXY header: its RemoteAddr is the balancer's, and only what
+// proves itself may be served on it.
+type bareConn struct{ net.Conn }
 
 // proxiedConn is a connection whose client is the one its PROXY header
 // named.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -200,6 +201,9 @@ type Store struct {
 	// stmts holds prepared statements where the driver keeps none itself
 	// (SQLite); nil for PostgreSQL.
 	stmts *stmtCache
+	// lock is held while a SQLite store is open, so that a restore
+	// cannot replace the file under it; nil for PostgreSQL.
+	lock *os.File
 }
 
 // dialect holds what differs between SQLite and PostgreSQL.
@@ -242,12 +246,19 @@ func Connect(dsn string, maxConns int) (*Store, error) {
 		}
 		s = &Store{db: db, read: db, dialect: postgres{}}
 	default:
-		db, read, err := openSQLite(strings.TrimPrefix(dsn, "sqlite://"))
+		path := SQLitePath(dsn)
+		db, read, err := openSQLite(path)
 		if err != nil {
 			return nil, err
 		}
+		lock, err := lockSQLite(path)
+		if err != nil {
+			db.Close()
+			read.Close()
+			return nil, err
+		}
 		stmts := newStmtCache()
-		s = &Store{db: db, read: read, dialect: sqlite{stmts: stmts}, stmts: stmts}
+		s = &Store{db: db, read: read, dialect: sqlite{stmts: stmts}, stmts: stmts, lock: lock}
 	}
 	return s, nil
 }
@@ -264,6 +275,9 @@ func (s *Store) Close() error {
 	err = errors.Join(err, s.db.Close())
 	if s.read != s.db {
 		err = errors.Join(err, s.read.Close())
+	}
+	if s.lock != nil {
+		err = errors.Join(err, s.lock.Close()) // after the database: the lock guards it
 	}
 	return err
 }
