@@ -142,6 +142,7 @@ func productionProblems(r *rendered, inline []string) []string {
 		for _, v := range values {
 			if len(v) >= 8 && strings.Contains(o.raw, v) {
 				bad("%s %s (%s) holds a secret value", o.kind, name(o), o.file)
+				break
 			}
 		}
 	}

@@ -64,6 +64,7 @@ var refusals = []struct {
 	{"a user without a password", map[string]any{"auth": map[string]any{"users": []any{map[string]any{"name": "alice"}}}}, "auth.users[0] (alice) needs password"},
 	{"a password in the database URL", map[string]any{"broker": map[string]any{"database": map[string]any{"url": "postgres://deskway:hunter2@pg:5432/deskway"}}}, "/broker/database/url"},
 	{"a misspelt section", map[string]any{"gatway": map[string]any{"replicas": 1}}, "gatway"},
+	{"a short token key", map[string]any{"tokenKey": map[string]any{"value": "0123456789"}}, "/tokenKey/value"},
 	{"replicas as words", map[string]any{"gateway": map[string]any{"replicas": "two"}}, "/gateway/replicas"},
 }
 

@@ -21,7 +21,11 @@ set. Called with (dict "root" . "role" NAME). */}}
 {{- $v := .root.Values -}}
 state_dir: /var/lib/deskway
 log: {level: {{ $v.log.level }}, format: json}
+{{- /* Stream clients check the server against deskway's own CA (stream
+cert issue), whose certificate the stream makes when tls is unset. */}}
+{{- if or (ne .role "stream") $v.tls.existingSecret }}
 tls: {cert: /etc/deskway/tls/tls.crt, key: /etc/deskway/tls/tls.key}
+{{- end }}
 admin:
   listen: ":{{ $v.metrics.port }}"
   tokens:
