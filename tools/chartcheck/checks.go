@@ -1,6 +1,9 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"strings"
 
@@ -126,6 +129,13 @@ func productionProblems(r *rendered, inline []string) []string {
 	if strings.Contains(fmt.Sprint(r.kinds()), "ServiceMonitor") != (monitors > 0) {
 		bad("ServiceMonitor decoded into the wrong type")
 	}
+	for _, o := range r.objects {
+		if s, ok := o.obj.(*corev1.Secret); ok && s.Type == corev1.SecretTypeTLS {
+			if p := certProblem(s.Data["tls.crt"], s.Data["tls.key"]); p != "" {
+				bad("Secret %s: %s", s.Name, p)
+			}
+		}
+	}
 	// Secret values, given inline or made by the chart, live in Secrets.
 	values := append([]string{}, inline...)
 	for _, d := range r.secrets() {
@@ -216,4 +226,30 @@ func brokerOnPostgres(r *rendered) bool {
 		}
 	}
 	return false
+}
+
+// certProblem checks the certificate the chart makes as the roles use
+// it: a key pair Go's TLS takes, which verifies, as its own root (the
+// portal's web.broker_ca), for the broker's Service and the gateway's
+// public name.
+func certProblem(crt, key []byte) string {
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return fmt.Sprintf("not a key pair: %v", err)
+	}
+	block, _ := pem.Decode(crt)
+	if block == nil {
+		return "tls.crt holds no PEM block"
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return err.Error()
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	for _, name := range []string{"desk-deskway-broker", "desk-deskway-broker.deskway.svc", "gateway.example.com"} {
+		if _, err := cert.Verify(x509.VerifyOptions{DNSName: name, Roots: roots}); err != nil {
+			return fmt.Sprintf("does not verify for %s against itself: %v", name, err)
+		}
+	}
+	return ""
 }
