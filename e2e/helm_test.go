@@ -4,20 +4,24 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
-
-	"github.com/deskway/deskway/internal/testkit"
 )
 
-// TestHelmChart: deploy/helm/deskway passes helm lint and helm template
-// (Helm's own packages, in tools/chartcheck), every object it renders
-// decodes strictly with the Kubernetes API types, values it cannot work
-// with are refused with their reason, and the deskway configuration it
-// writes for each role is one deskway itself accepts.
+// TestHelmChart: deploy/helm/deskway passes helm lint --strict and helm
+// template (Helm's own packages, in tools/chartcheck) with its defaults
+// as they are, a farm and the committed production example; every object
+// it renders decodes strictly with the Kubernetes API types, its pods
+// meet Pod Security "restricted" and the chart's production rules, an
+// upgrade keeps what the install generated, values it cannot work with
+// are refused with their reason, and the documented helm lines render.
+// Then each role's deskway configuration, with the secret files its pod
+// would mount (from the rendered Secrets, or the case's stand-ins for
+// existing ones), is one deskway itself accepts.
 func TestHelmChart(t *testing.T) {
 	out := t.TempDir()
-	check := exec.Command("go", "run", ".", "-chart", "../../deploy/helm/deskway", "-out", out)
+	check := exec.Command("go", "run", ".", "-repo", "../..", "-out", out)
 	check.Dir = "../tools/chartcheck"
 	if b, err := check.CombinedOutput(); err != nil {
 		t.Fatalf("chartcheck: %v\n%s", err, b)
@@ -25,39 +29,48 @@ func TestHelmChart(t *testing.T) {
 		t.Logf("%s", b)
 	}
 	bin := build(t)
-	_, _, cert, key := testkit.TLS(t)
-	for _, c := range []string{"defaults", "farm"} {
-		roles, _ := filepath.Glob(filepath.Join(out, c, "*.yaml"))
-		var n int
-		for _, f := range roles {
-			if filepath.Base(f) == "manifests.yaml" {
-				continue
+	for c, want := range map[string][]string{
+		"defaults":   {"broker", "gateway", "web"},
+		"farm":       {"broker", "gateway", "stream", "web"},
+		"production": {"broker", "gateway", "web"},
+	} {
+		entries, err := os.ReadDir(filepath.Join(out, c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var roles []string
+		for _, e := range entries {
+			if e.IsDir() {
+				roles = append(roles, e.Name())
 			}
-			n++
-			body, err := os.ReadFile(f)
+		}
+		if !slices.Equal(roles, want) {
+			t.Errorf("the %q case rendered pods for %v, want %v", c, roles, want)
+		}
+		for _, role := range roles {
+			// The pod's files, where the container sees /etc/deskway; its
+			// state volume, with a golden image in the store.
+			root := filepath.Join(out, c, role)
+			body, err := os.ReadFile(filepath.Join(root, "etc", "deskway", "deskway.yaml"))
 			if err != nil {
+				t.Fatalf("%s/%s: %v", c, role, err)
+			}
+			state := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(state, "store"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			// What the pod mounts, here: the token key's file, the TLS
-			// Secret, the state volume with a golden image in its store.
-			state := t.TempDir()
-			os.MkdirAll(filepath.Join(state, "store"), 0o755)
-			os.WriteFile(filepath.Join(state, "store", "win11.img"), make([]byte, 1<<20), 0o644)
-			tokenFile := filepath.Join(t.TempDir(), "token-key")
-			os.WriteFile(tokenFile, []byte(strings.Repeat("k", 32)), 0o600)
-			cfg := strings.NewReplacer("/etc/deskway/secrets/token-key", tokenFile,
-				"/etc/deskway/tls/tls.crt", cert, "/etc/deskway/tls/tls.key", key,
+			if err := os.WriteFile(filepath.Join(state, "store", "win11.img"), make([]byte, 1<<20), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := strings.NewReplacer("/etc/deskway/", filepath.Join(root, "etc", "deskway")+"/",
 				"/var/lib/deskway", state).Replace(string(body))
-			path := filepath.Join(t.TempDir(), filepath.Base(f))
+			path := filepath.Join(t.TempDir(), "deskway.yaml")
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			if b, err := exec.Command(bin, "config", "validate", path).CombinedOutput(); err != nil {
-				t.Errorf("the chart's %s for %q is not a valid deskway configuration: %v\n%s\n%s", filepath.Base(f), c, err, b, cfg)
+				t.Errorf("the chart's %s configuration for %q is not a valid deskway configuration: %v\n%s\n%s", role, c, err, b, cfg)
 			}
-		}
-		if n == 0 {
-			t.Fatalf("the %q case rendered no deskway configuration", c)
 		}
 	}
 }

@@ -1,0 +1,151 @@
+{{/* Each role's deskway.yaml. Secrets are file: references to
+/etc/deskway/secrets, never values; extraConfig (the chart's, then the
+role's) is merged over it at the top level, so any deskway key can be
+set. Called with (dict "root" . "role" NAME). */}}
+{{- define "deskway.roleConfig" -}}
+{{- $v := .root.Values -}}
+{{- $base := include (printf "deskway.config.%s" .role) . | fromYaml -}}
+{{- if hasKey $base "Error" -}}
+{{- fail (printf "the %s configuration the chart built is not YAML: %s" .role $base.Error) -}}
+{{- end -}}
+{{- $cfg := deepCopy $base -}}
+{{- range list $v.extraConfig (index $v .role).extraConfig -}}
+{{- if . -}}
+{{- $cfg = mergeOverwrite $cfg (deepCopy .) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "deskway.config.common" -}}
+{{- $v := .root.Values -}}
+state_dir: /var/lib/deskway
+log: {level: {{ $v.log.level }}, format: json}
+{{- /* Stream clients check the server against deskway's own CA (stream
+cert issue), whose certificate the stream makes when tls is unset. */}}
+{{- if or (ne .role "stream") $v.tls.existingSecret }}
+tls: {cert: /etc/deskway/tls/tls.crt, key: /etc/deskway/tls/tls.key}
+{{- end }}
+admin:
+  listen: ":{{ $v.metrics.port }}"
+  tokens:
+  {{- range $f := (include "deskway.secretFiles" . | fromYamlArray) }}
+  {{- if hasPrefix "admin-token-" $f.path }}
+  - file:/etc/deskway/secrets/{{ $f.path }}
+  {{- end }}
+  {{- end }}
+  {{- if and (include "deskway.console" .root) (eq .role "broker") }}
+  console_tokens: [file:/etc/deskway/secrets/console-token]
+  {{- end }}
+{{- if has .role (list "gateway" "broker" "web") }}
+auth:
+  {{- if has .role (list "gateway" "broker") }}
+  token_key: file:/etc/deskway/secrets/token-key
+  {{- end }}
+  domain: {{ $v.auth.domain | quote }}
+  {{- with $v.auth.users }}
+  users:
+  {{- range $i, $u := . }}
+  - name: {{ $u.name | quote }}
+    {{- if or $u.ntHash $u.ntHashKey }}
+    nt_hash: file:/etc/deskway/secrets/user-{{ $i }}
+    {{- else }}
+    password: file:/etc/deskway/secrets/user-{{ $i }}
+    {{- end }}
+    {{- with $u.groups }}
+    groups: {{ toJson . }}
+    {{- end }}
+    {{- with $u.zone }}
+    zone: {{ . | quote }}
+    {{- end }}
+  {{- end }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "deskway.config.gateway" -}}
+{{- $v := .root.Values -}}{{- $g := $v.gateway -}}
+{{ include "deskway.config.common" . }}
+gateway:
+  listen: ":{{ $g.port }}"
+  public_name: {{ $g.publicName | quote }}
+  {{- if gt (int $g.replicas) 1 }}
+  farm_peers: ["{{ include "deskway.fullname" .root }}-gateway-peers:{{ $g.port }}"]
+  {{- end }}
+  {{- with $g.proxyProtocolFrom }}
+  proxy_protocol_from: {{ toJson . }}
+  {{- end }}
+  {{- if and $v.web.enabled $v.web.publicURL }}
+  browser_origins: [{{ $v.web.publicURL | trimSuffix "/" | quote }}]
+  {{- end }}
+  {{- with $g.connectionPolicies }}
+  connection_policies: {{ toJson . }}
+  {{- end }}
+  {{- with $g.resourcePolicies }}
+  resource_policies: {{ toJson . }}
+  {{- end }}
+{{- with $g.farmDatabase.url }}
+farm:
+  database: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "deskway.config.broker" -}}
+{{- $v := .root.Values -}}{{- $b := $v.broker -}}
+{{ include "deskway.config.common" . }}
+broker:
+  listen: ":{{ $b.port }}"
+  gateway: {{ $v.gateway.publicName | quote }}
+  {{- with $b.database.url }}
+  database: {{ . | quote }}
+  {{- end }}
+  {{- with $b.proxyProtocolFrom }}
+  proxy_protocol_from: {{ toJson . }}
+  {{- end }}
+  {{- if $v.web.enabled }}
+  frontend_tokens: [file:/etc/deskway/secrets/frontend-token]
+  {{- end }}
+  delivery_groups: {{ toJson $b.deliveryGroups }}
+{{- end -}}
+
+{{- define "deskway.config.web" -}}
+{{- $v := .root.Values -}}{{- $w := $v.web -}}{{- $full := include "deskway.fullname" .root -}}
+{{ include "deskway.config.common" . }}
+web:
+  listen: ":{{ $w.port }}"
+  title: {{ $w.title | quote }}
+  {{- with $w.publicURL }}
+  public_url: {{ . | quote }}
+  {{- end }}
+  broker: "https://{{ $full }}-broker:{{ $v.broker.service.port }}"
+  broker_ca: /etc/deskway/tls/tls.crt
+  frontend_token: file:/etc/deskway/secrets/frontend-token
+  cookie_key: file:/etc/deskway/secrets/cookie-key
+  {{- if include "deskway.console" .root }}
+  console:
+    {{- with $w.console.admins }}
+    admins: {{ toJson . }}
+    {{- end }}
+    {{- with $w.console.helpdesk }}
+    helpdesk: {{ toJson . }}
+    {{- end }}
+    {{- with $w.console.readonly }}
+    readonly: {{ toJson . }}
+    {{- end }}
+    api: "https://{{ $full }}-broker:{{ $v.metrics.port }}"
+    api_ca: /etc/deskway/tls/tls.crt
+    token: file:/etc/deskway/secrets/console-token
+  {{- end }}
+{{- end -}}
+
+{{- define "deskway.config.stream" -}}
+{{- $v := .root.Values -}}{{- $s := $v.stream -}}
+{{ include "deskway.config.common" . }}
+stream:
+  listen: ":{{ $s.port }}"
+  store: /var/lib/deskway/store
+  {{- if gt (int $s.replicas) 1 }}
+  shared_cache: true
+  {{- end }}
+  vdisks: {{ toJson $s.vdisks }}
+{{- end -}}

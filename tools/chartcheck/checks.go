@@ -1,0 +1,255 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	psaapi "k8s.io/pod-security-admission/api"
+	"k8s.io/pod-security-admission/policy"
+	"sigs.k8s.io/yaml"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+)
+
+// productionProblems checks what a production install needs of every
+// workload the chart renders: Pod Security "restricted" (Kubernetes' own
+// admission checks), no service account token, a PodDisruptionBudget,
+// topology spread, resources, startup, readiness and liveness probes, a
+// metrics port behind a Service, a NetworkPolicy, a checksum of its
+// config, the broker's SQLite on a claim, stream's headless Service,
+// and no secret value in any object but a Secret.
+func productionProblems(r *rendered, inline []string) []string {
+	var problems []string
+	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+	eval, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	restricted := psaapi.LevelVersion{Level: psaapi.LevelRestricted, Version: psaapi.LatestVersion()}
+	var (
+		accounts = map[string]*corev1.ServiceAccount{}
+		pdbs     []*policyv1.PodDisruptionBudget
+		netpols  []*networkingv1.NetworkPolicy
+		services []*corev1.Service
+		claims   = map[string]bool{}
+		monitors int
+	)
+	for _, o := range r.objects {
+		switch v := o.obj.(type) {
+		case *corev1.ServiceAccount:
+			accounts[v.Name] = v
+		case *policyv1.PodDisruptionBudget:
+			pdbs = append(pdbs, v)
+		case *networkingv1.NetworkPolicy:
+			netpols = append(netpols, v)
+		case *corev1.Service:
+			services = append(services, v)
+		case *corev1.PersistentVolumeClaim:
+			claims[v.Name] = true
+		case *monitoringv1.ServiceMonitor:
+			monitors++
+			if len(v.Spec.Endpoints) == 0 || v.Spec.Endpoints[0].Port != "metrics" {
+				bad("ServiceMonitor %s scrapes no metrics port", v.Name)
+			}
+		}
+	}
+	if len(r.pods()) == 0 {
+		bad("renders no workload")
+	}
+	for role, pod := range r.pods() {
+		res := policy.AggregateCheckResults(eval.EvaluatePod(restricted, &pod.ObjectMeta, &pod.Spec))
+		if !res.Allowed {
+			bad("%s: Pod Security restricted refuses the pod: %s", role, res.ForbiddenDetail())
+		}
+		spec := pod.Spec
+		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+			bad("%s: the pod mounts a service account token (automountServiceAccountToken is not false)", role)
+		}
+		if sa := accounts[spec.ServiceAccountName]; sa == nil || sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			bad("%s: service account %q is not rendered with automountServiceAccountToken: false", role, spec.ServiceAccountName)
+		}
+		if !anySelects(pdbs, pod.Labels, func(p *policyv1.PodDisruptionBudget) *metav1.LabelSelector { return p.Spec.Selector }) {
+			bad("%s: no PodDisruptionBudget selects its pods", role)
+		}
+		if !anySelects(netpols, pod.Labels, func(p *networkingv1.NetworkPolicy) *metav1.LabelSelector { return &p.Spec.PodSelector }) {
+			bad("%s: no NetworkPolicy selects its pods", role)
+		}
+		if len(spec.TopologySpreadConstraints) == 0 {
+			bad("%s: no topologySpreadConstraints", role)
+		}
+		for _, tsc := range spec.TopologySpreadConstraints {
+			if sel, err := metav1.LabelSelectorAsSelector(tsc.LabelSelector); err != nil || !sel.Matches(labels.Set(pod.Labels)) {
+				bad("%s: a topology spread constraint does not select the pods it spreads", role)
+			}
+		}
+		if pod.Annotations["checksum/config"] == "" {
+			bad("%s: no checksum/config annotation", role)
+		}
+		for _, c := range spec.Containers {
+			if c.StartupProbe == nil || c.ReadinessProbe == nil || c.LivenessProbe == nil {
+				bad("%s: container %s lacks a startup, readiness or liveness probe", role, c.Name)
+			}
+			req, lim := c.Resources.Requests, c.Resources.Limits
+			if req.Cpu().IsZero() || req.Memory().IsZero() || lim.Memory().IsZero() {
+				bad("%s: container %s has no CPU and memory requests and memory limit", role, c.Name)
+			}
+			if !hasPort(c.Ports, "metrics") {
+				bad("%s: container %s has no port named metrics", role, c.Name)
+			}
+		}
+		if !serviceExposes(services, pod.Labels, "metrics") {
+			bad("%s: no Service exposes its metrics port", role)
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == "state" && role == "broker" && !brokerOnPostgres(r) {
+				if v.PersistentVolumeClaim == nil {
+					bad("broker: its SQLite database is not on a PersistentVolumeClaim (state volume %+v)", v.VolumeSource)
+				} else if !claims[v.PersistentVolumeClaim.ClaimName] {
+					bad("broker: claim %s is not rendered", v.PersistentVolumeClaim.ClaimName)
+				}
+			}
+		}
+	}
+	for _, o := range r.objects {
+		if s, ok := o.obj.(*appsv1.StatefulSet); ok {
+			if !headless(services, s.Spec.ServiceName) {
+				bad("StatefulSet %s: its serviceName %q is no rendered headless Service", s.Name, s.Spec.ServiceName)
+			}
+		}
+	}
+	if strings.Contains(fmt.Sprint(r.kinds()), "ServiceMonitor") != (monitors > 0) {
+		bad("ServiceMonitor decoded into the wrong type")
+	}
+	for _, o := range r.objects {
+		if s, ok := o.obj.(*corev1.Secret); ok && s.Type == corev1.SecretTypeTLS {
+			if p := certProblem(s.Data["tls.crt"], s.Data["tls.key"]); p != "" {
+				bad("Secret %s: %s", s.Name, p)
+			}
+		}
+	}
+	// Secret values, given inline or made by the chart, live in Secrets.
+	values := append([]string{}, inline...)
+	for _, d := range r.secrets() {
+		for k, v := range d {
+			if !strings.HasSuffix(k, ".crt") {
+				values = append(values, v)
+			}
+		}
+	}
+	for _, o := range r.objects {
+		if _, ok := o.obj.(*corev1.Secret); ok {
+			continue
+		}
+		for _, v := range values {
+			if len(v) >= 8 && strings.Contains(o.raw, v) {
+				bad("%s %s (%s) holds a secret value", o.kind, name(o), o.file)
+				break
+			}
+		}
+	}
+	return problems
+}
+
+func name(o object) string {
+	if m, ok := o.obj.(metav1.Object); ok {
+		return m.GetName()
+	}
+	return "?"
+}
+
+func anySelects[T any](objs []T, podLabels map[string]string, sel func(T) *metav1.LabelSelector) bool {
+	for _, o := range objs {
+		s, err := metav1.LabelSelectorAsSelector(sel(o))
+		if err == nil && !s.Empty() && s.Matches(labels.Set(podLabels)) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasPort(ports []corev1.ContainerPort, name string) bool {
+	for _, p := range ports {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func serviceExposes(services []*corev1.Service, podLabels map[string]string, port string) bool {
+	for _, s := range services {
+		if len(s.Spec.Selector) == 0 || !labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(podLabels)) {
+			continue
+		}
+		for _, p := range s.Spec.Ports {
+			if p.TargetPort.StrVal == port {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func headless(services []*corev1.Service, name string) bool {
+	for _, s := range services {
+		if s.Name == name && s.Spec.ClusterIP == corev1.ClusterIPNone {
+			return true
+		}
+	}
+	return false
+}
+
+// brokerOnPostgres says whether the broker's rendered config names a
+// PostgreSQL database.
+func brokerOnPostgres(r *rendered) bool {
+	for _, o := range r.objects {
+		c, ok := o.obj.(*corev1.ConfigMap)
+		if !ok || c.Labels["app.kubernetes.io/component"] != "broker" {
+			continue
+		}
+		var cfg struct {
+			Broker struct {
+				Database string `json:"database"`
+			} `json:"broker"`
+		}
+		if err := yaml.Unmarshal([]byte(c.Data["deskway.yaml"]), &cfg); err == nil {
+			return strings.HasPrefix(cfg.Broker.Database, "postgres")
+		}
+	}
+	return false
+}
+
+// certProblem checks the certificate the chart makes as the roles use
+// it: a key pair Go's TLS takes, which verifies, as its own root (the
+// portal's web.broker_ca), for the broker's Service and the gateway's
+// public name.
+func certProblem(crt, key []byte) string {
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return fmt.Sprintf("not a key pair: %v", err)
+	}
+	block, _ := pem.Decode(crt)
+	if block == nil {
+		return "tls.crt holds no PEM block"
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return err.Error()
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	for _, name := range []string{"desk-deskway-broker", "desk-deskway-broker.deskway.svc", "gateway.example.com"} {
+		if _, err := cert.Verify(x509.VerifyOptions{DNSName: name, Roots: roots}); err != nil {
+			return fmt.Sprintf("does not verify for %s against itself: %v", name, err)
+		}
+	}
+	return ""
+}
