@@ -215,7 +215,7 @@ What next:
   admin API  %[5]s/api/v1/broker/hosts with the header "Authorization: Bearer $(cat %[4]s/admin.token)",
              or deskway host ls (it reads both from %[2]s)
   add a user: list it under auth.users in %[2]s (groups: [users] to see the desktops), then systemctl reload deskway
-  add a session host: deskway token join --group desktops --uses 1 --ttl 1h makes its join token (see /usr/share/doc/deskway/README.md)
+  add a session host: deskway token join --group desktops --uses 1 --ttl 1h makes its join token (/usr/share/doc/deskway/operations.md says how)
   add a vDisk: fill in the stream section of %[2]s, then systemctl restart deskway
 `, strings.Join(made, ", "), cfgPath, portal, dir, admin)
 }
