@@ -160,6 +160,7 @@ func TestDebianPackage(t *testing.T) {
 			t.Errorf("%s as shipped: %v, want it to stop saying %q:\n%s", name, err, want, out)
 		}
 	}
+	addVDisk(t, version)
 	join := exec.Command("bash", "-ec", docs[2])
 	join.Env = append(os.Environ(), "PATH=/usr/sbin:/usr/bin:/sbin:/bin")
 	if out, err := join.CombinedOutput(); err != nil || len(strings.Fields(string(out))) != 1 {
@@ -258,6 +259,53 @@ func checkBuildInfo(t *testing.T, name, version string, log *testkit.Buffer) {
 	if !strings.Contains(log.String(), "deskway starting") || !strings.Contains(log.String(), version) {
 		t.Errorf("%s's start line does not say version %s:\n%s", name, version, lastLines(log.String(), 10))
 	}
+}
+
+// addVDisk adds a vDisk as docs/operations.md says, by filling in the
+// config's commented stream section as it stands (its image at the path
+// the comment names), and runs deskway-stream.service, which now serves
+// it; the config is put back as it was.
+func addVDisk(t *testing.T, version string) {
+	t.Helper()
+	const path = "/etc/deskway/deskway.yaml"
+	shipped, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(path, shipped, 0o640)
+	lines := strings.Split(string(shipped), "\n")
+	start := slices.Index(lines, "# stream:")
+	if start < 0 {
+		t.Fatalf("%s has no commented stream section", path)
+	}
+	base := ""
+	for i := start; i < len(lines) && strings.HasPrefix(lines[i], "# "); i++ {
+		lines[i] = strings.TrimPrefix(lines[i], "# ")
+		if b, ok := strings.CutPrefix(strings.TrimSpace(lines[i]), "base: "); ok {
+			base, _, _ = strings.Cut(b, " ")
+		}
+	}
+	if base == "" {
+		t.Fatalf("the stream section of %s names no base image", path)
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Dir(base), 0o750)
+	if err := os.WriteFile(base, nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	os.Truncate(base, 64<<20)
+	exec.Command("chown", "-R", "deskway:deskway", filepath.Dir(base)).Run()
+	u := readUnit(t, "/lib/systemd/system/deskway-stream.service")
+	cmd, log := startUnit(t, u)
+	for _, port := range []string{"10809", "9443"} {
+		if err := testkit.WaitPort("127.0.0.1:"+port, 20*time.Second); err != nil {
+			t.Fatalf("deskway-stream.service with a vDisk: nothing on port %s: %v\n%s", port, err, lastLines(log.String(), 20))
+		}
+	}
+	checkBuildInfo(t, "deskway-stream.service", version, log)
+	stopUnit(t, "deskway-stream.service", cmd, log)
 }
 
 // opsInstallBlocks returns the shell blocks of docs/operations.md's
