@@ -103,17 +103,17 @@ func unitEnv(t *testing.T, u unit) []string {
 // here: as its user and group (with the user's groups), with its bounding
 // and ambient capabilities, no new privileges, its umask and environment,
 // in its state directory /var/lib/deskway (StateDirectory=, 0750, owned
-// by the user). What the sandbox options (ProtectSystem= and the like)
+// by the unit's user and group). What the sandbox options (ProtectSystem= and the like)
 // add is not reproduced.
 func unitCommand(t *testing.T, u unit) *exec.Cmd {
 	t.Helper()
 	if err := os.MkdirAll("/var/lib/deskway", 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if u.user != "root" {
-		if out, err := exec.Command("chown", u.user+":"+u.group, "/var/lib/deskway").CombinedOutput(); err != nil {
-			t.Fatalf("chown: %v %s", err, out)
-		}
+	// systemd hands the state directory to the unit's user and group (the
+	// user's own group when Group= is not set), root's too.
+	if out, err := exec.Command("chown", "-R", u.user+":"+u.group, "/var/lib/deskway").CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v %s", err, out)
 	}
 	os.Chmod("/var/lib/deskway", 0o750)
 	args := []string{"--reuid", u.user, "--init-groups"}
