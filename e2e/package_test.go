@@ -125,6 +125,12 @@ func TestDebianPackage(t *testing.T) {
 		if out, err := exec.Command("ps", "-o", "user=", "-p", fmt.Sprint(cmd.Process.Pid)).Output(); err != nil || strings.TrimSpace(string(out)) != "deskway" {
 			t.Errorf("%s runs as %q (%v), not deskway", name, out, err)
 		}
+		// It runs on a read-only system with its state directory
+		// writable, as ProtectSystem=strict has it.
+		mounts, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mounts", cmd.Process.Pid))
+		if !regexp.MustCompile(`(?m)^\S+ / \S+ ro[, ]`).Match(mounts) || !regexp.MustCompile(`(?m)^\S+ /var/lib/deskway \S+ rw[, ]`).Match(mounts) {
+			t.Errorf("%s does not see / read-only and /var/lib/deskway writable:\n%s", name, mounts)
+		}
 		checkBuildInfo(t, name, version, log)
 		switch name {
 		case "deskway.service":

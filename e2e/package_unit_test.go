@@ -20,6 +20,8 @@ type unit struct {
 	envFiles                     []string // EnvironmentFile=, "-" prefix kept
 	ambient, bounding            []string // capabilities, lower case without cap_
 	umask                        string
+	protectSystem, protectHome   string
+	privateTmp                   bool
 }
 
 func readUnit(t *testing.T, path string) unit {
@@ -58,6 +60,12 @@ func readUnit(t *testing.T, path string) unit {
 			u.bounding = caps(v)
 		case "UMask":
 			u.umask = v
+		case "ProtectSystem":
+			u.protectSystem = v
+		case "ProtectHome":
+			u.protectHome = v
+		case "PrivateTmp":
+			u.privateTmp = v == "yes"
 		}
 	}
 	return u
@@ -103,8 +111,11 @@ func unitEnv(t *testing.T, u unit) []string {
 // here: as its user and group (with the user's groups), with its bounding
 // and ambient capabilities, no new privileges, its umask and environment,
 // in its state directory /var/lib/deskway (StateDirectory=, 0750, owned
-// by the unit's user and group). What the sandbox options (ProtectSystem= and the like)
-// add is not reproduced.
+// by the unit's user and group), and in a mount namespace where, as
+// ProtectSystem=strict, ProtectHome= and PrivateTmp= say, the system is
+// read-only but for the state directory, /home and /root are empty or
+// read-only, and /tmp and /var/tmp are its own. The other sandbox options
+// (system call filter, namespaces, devices) are not reproduced.
 func unitCommand(t *testing.T, u unit) *exec.Cmd {
 	t.Helper()
 	if err := os.MkdirAll("/var/lib/deskway", 0o750); err != nil {
@@ -116,7 +127,23 @@ func unitCommand(t *testing.T, u unit) *exec.Cmd {
 		t.Fatalf("chown: %v %s", err, out)
 	}
 	os.Chmod("/var/lib/deskway", 0o750)
-	args := []string{"--reuid", u.user, "--init-groups"}
+	sandbox := []string{"mount --bind /var/lib/deskway /var/lib/deskway"}
+	if u.privateTmp {
+		sandbox = append(sandbox, "mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp")
+	}
+	switch u.protectHome {
+	case "yes":
+		sandbox = append(sandbox, "mount -t tmpfs -o ro,mode=0755 tmpfs /home", "mount -t tmpfs -o ro,mode=0700 tmpfs /root")
+	case "read-only":
+		sandbox = append(sandbox, "mount --bind /home /home", "mount -o remount,bind,ro /home", "mount --bind /root /root", "mount -o remount,bind,ro /root")
+	}
+	if u.protectSystem == "strict" {
+		sandbox = append(sandbox, "mount -o remount,bind,ro /")
+	} else if u.protectSystem != "" {
+		t.Fatalf("%s: ProtectSystem=%s is not reproduced here", u.name, u.protectSystem)
+	}
+	args := []string{"--mount", "--propagation", "private", "sh", "-ec", strings.Join(sandbox, " && ") + ` && exec "$@"`, "sh",
+		"setpriv", "--reuid", u.user, "--init-groups"}
 	if u.group != "" {
 		args = append(args, "--regid", u.group)
 	}
@@ -131,7 +158,7 @@ func unitCommand(t *testing.T, u unit) *exec.Cmd {
 	}
 	args = append(args, "--no-new-privs", "--", "sh", "-c", `umask "$0" && exec "$@"`, u.umask)
 	args = append(args, strings.Fields(u.execStart)...)
-	cmd := exec.Command("setpriv", args...)
+	cmd := exec.Command("unshare", args...)
 	cmd.Env = unitEnv(t, u)
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
