@@ -8,14 +8,21 @@ STATE_DIR ?= /var/lib/deskway
 # deadline in go1.26 (golang/go#75804) and fails with no crasher.
 FUZZTIME ?= 20000x
 
+# What `deskway version`, the start log line and deskway_build_info say;
+# every binary the targets below build is stamped with it.
+VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+stamp = -X github.com/deskway/deskway/internal/cli.Version=$(1) -X github.com/deskway/deskway/internal/cli.Revision=$(REVISION)
+GO_LDFLAGS = $(call stamp,$(VERSION))
+
 .PHONY: all build run deps assets deb image test unit e2e fuzz lint clean
 
 all: build
 
 build: assets
-	$(GO) build -o bin/deskway ./cmd/deskway
+	$(GO) build -ldflags "$(GO_LDFLAGS)" -o bin/deskway ./cmd/deskway
 	# The root-disk helper a network-booted machine's initramfs runs: static.
-	CGO_ENABLED=0 $(GO) build -ldflags=-s -o bin/deskway-nbdroot ./cmd/deskway-nbdroot
+	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o bin/deskway-nbdroot ./cmd/deskway-nbdroot
 
 # The browser RDP client (npm packages pinned in web/package-lock.json),
 # embedded in the binary; without it the portal offers no "open in browser".
@@ -24,7 +31,9 @@ assets:
 
 # The Debian package (deploy/nfpm.yaml): the binaries, a systemd unit per
 # role and one for every role of the config, /etc/deskway/deskway.yaml.
-DEB_VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# Its binary says the package's version and is stripped (-s -w).
+DEB_VERSION ?= $(VERSION)
+deb: GO_LDFLAGS = -s -w $(call stamp,$(DEB_VERSION))
 deb: build
 	rm -f bin/deskway_*_amd64.deb
 	$(GO) run ./tools/mkdeb -bin bin -version $(DEB_VERSION)
@@ -33,7 +42,7 @@ deb: build
 # its own, with no base image; podman load -i bin/deskway-image.tar.
 IMAGE_TAG ?= $(subst +,-,$(DEB_VERSION))
 image: assets
-	CGO_ENABLED=0 $(GO) build -o bin/deskway-static ./cmd/deskway
+	CGO_ENABLED=0 $(GO) build -ldflags "$(GO_LDFLAGS)" -o bin/deskway-static ./cmd/deskway
 	$(GO) run ./tools/mkimage -bin bin/deskway-static -tag deskway:$(IMAGE_TAG) -version $(DEB_VERSION) -out bin/deskway-image.tar
 
 run: build

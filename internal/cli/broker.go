@@ -62,6 +62,8 @@ func agentCmd() *cobra.Command {
 				return errors.New("the config has no agent section: add agent.broker and agent.join_token")
 			}
 			log := obs.NewLogger(cmd.ErrOrStderr(), cfg.Log.Level, cfg.Log.Format).With("role", "agent")
+			build := obs.ReadBuild(Version, Revision)
+			log.Info("deskway starting", "version", build.Version, "revision", build.Revision, "go", build.GoVersion, "roles", []string{"agent"})
 			a, err := newAgent(cfg.Agent, cfg.StateDir, log)
 			if err != nil {
 				return err

@@ -6,13 +6,20 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/deskway/deskway/internal/obs"
 )
 
-// Version is set at build time with -ldflags "-X .../cli.Version=v1.2.3".
+// Version is set at build time with -ldflags "-X .../cli.Version=v1.2.3"
+// (the Makefile's GO_LDFLAGS); a build without it reports what the Go
+// toolchain recorded (obs.ReadBuild).
 var Version = "dev"
+
+// Revision is the source revision, set at build time as Version is; a
+// build without it reports the one the Go toolchain recorded, if any.
+var Revision = ""
 
 // Main runs the command line and returns the process exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -25,7 +32,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(runCmd(), gatewayCmd(), brokerCmd(), agentCmd(), streamCmd(), upCmd(), configCmd(), tokenCmd(), hostCmd(), groupCmd(), deviceCmd(), sessionCmd(), versionCmd(), nthashCmd(), benchCmd())
+	root.AddCommand(runCmd(), gatewayCmd(), brokerCmd(), agentCmd(), streamCmd(), upCmd(), configCmd(), tokenCmd(), hostCmd(), groupCmd(), deviceCmd(), sessionCmd(), versionCmd(), nthashCmd(), benchCmd(), initCmd())
 	root.AddCommand(backupCmd(), restoreCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "deskway:", err)
@@ -40,15 +47,8 @@ func versionCmd() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v := Version
-			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" {
-				for _, s := range bi.Settings {
-					if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-						v = "dev-" + s.Value[:12]
-					}
-				}
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "deskway", v)
+			b := obs.ReadBuild(Version, Revision)
+			fmt.Fprintf(cmd.OutOrStdout(), "deskway %s (revision %s, %s)\n", b.Version, b.Revision, b.GoVersion)
 			return nil
 		},
 	}

@@ -59,7 +59,9 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 	if err != nil {
 		return err
 	}
-	reg := obs.NewRegistry()
+	build := obs.ReadBuild(Version, Revision)
+	log.Info("deskway starting", "version", build.Version, "revision", build.Revision, "go", build.GoVersion, "roles", roleNames(cfg))
+	reg := obs.NewRegistry(build)
 	var (
 		lns   listeners
 		serve []func(context.Context) error
@@ -218,6 +220,20 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 	wg.Wait()
 	log.Info("stopped")
 	return errors.Join(errs...)
+}
+
+// roleNames lists the roles cfg runs in this process, for the start line.
+func roleNames(cfg *config.Config) []string {
+	var r []string
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{{cfg.Gateway != nil, "gateway"}, {cfg.Broker != nil, "broker"}, {cfg.Stream != nil, "stream"}, {cfg.Web != nil, "web"}, {cfg.Agent != nil, "agent"}} {
+		if x.on {
+			r = append(r, x.name)
+		}
+	}
+	return r
 }
 
 // newGateway builds the gateway role from the config.

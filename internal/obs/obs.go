@@ -22,7 +22,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/deskway/deskway/internal/admission"
@@ -46,13 +45,6 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
-}
-
-// NewRegistry returns a registry with the Go and process collectors.
-func NewRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
 }
 
 // Admin is the admin HTTPS listener.

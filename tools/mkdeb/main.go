@@ -14,9 +14,12 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strconv"
+	"time"
 
 	"github.com/goreleaser/nfpm/v2"
 	"github.com/goreleaser/nfpm/v2/deb"
+	"go.yaml.in/yaml/v3"
 )
 
 func main() {
@@ -41,6 +44,17 @@ func main() {
 	if err != nil {
 		log.Fatalf("mkdeb: %v", err)
 	}
+	// The changelog Debian policy asks for (/usr/share/doc/deskway/
+	// changelog.Debian.gz): one entry, for the version being built.
+	chg, err := os.CreateTemp("", "deskway-changelog-*.yml")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.Remove(chg.Name())
+	if err := writeChangelog(chg, *version, info.Maintainer); err != nil {
+		log.Fatalf("mkdeb: changelog: %v", err)
+	}
+	info.Changelog = chg.Name()
 	info = nfpm.WithDefaults(info)
 	if err := nfpm.PrepareForPackager(info, "deb"); err != nil {
 		log.Fatalf("mkdeb: %v", err)
@@ -61,4 +75,31 @@ func main() {
 		log.Fatal(err)
 	}
 	fmt.Println(*out)
+}
+
+// writeChangelog writes a chglog file (the format nfpm turns into
+// changelog.Debian.gz) with one entry for version, dated SOURCE_DATE_EPOCH
+// when it is set (a reproducible build) or now, and closes f.
+func writeChangelog(f *os.File, version, maintainer string) error {
+	when := time.Now().UTC()
+	if e := os.Getenv("SOURCE_DATE_EPOCH"); e != "" {
+		sec, err := strconv.ParseInt(e, 10, 64)
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", e, err)
+		}
+		when = time.Unix(sec, 0).UTC()
+	}
+	entries := []map[string]any{{
+		"semver":   version,
+		"date":     when,
+		"packager": maintainer,
+		"deb":      map[string]any{"urgency": "medium", "distributions": []string{"unstable"}},
+		"changes":  []map[string]string{{"note": "deskway " + version + ", built from its source tree with make deb."}},
+	}}
+	err := yaml.NewEncoder(f).Encode(entries)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
