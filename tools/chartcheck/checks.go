@@ -26,8 +26,9 @@ import (
 // topology spread, resources, startup, readiness and liveness probes, a
 // metrics port behind a Service, a NetworkPolicy, a checksum of its
 // config, the broker's SQLite on a claim, stream's headless Service,
-// and no secret value in any object but a Secret.
-func productionProblems(r *rendered, inline []string) []string {
+// and no secret value in any object but a Secret. existing are the
+// Secrets the cluster already has, by name, for what the pods mount.
+func productionProblems(r *rendered, inline []string, existing map[string]map[string]string) []string {
 	var problems []string
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 	eval, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
@@ -109,8 +110,15 @@ func productionProblems(r *rendered, inline []string) []string {
 		if !serviceExposes(services, pod.Labels, "metrics") {
 			bad("%s: no Service exposes its metrics port", role)
 		}
+		var onPostgres bool
+		var dbErr error
+		if role == "broker" {
+			if onPostgres, dbErr = brokerOnPostgres(r, pod, existing); dbErr != nil {
+				bad("broker: %v", dbErr)
+			}
+		}
 		for _, v := range spec.Volumes {
-			if v.Name == "state" && role == "broker" && !brokerOnPostgres(r) {
+			if v.Name == "state" && role == "broker" && !onPostgres && dbErr == nil {
 				if v.PersistentVolumeClaim == nil {
 					bad("broker: its SQLite database is not on a PersistentVolumeClaim (state volume %+v)", v.VolumeSource)
 				} else if !claims[v.PersistentVolumeClaim.ClaimName] {
@@ -208,24 +216,68 @@ func headless(services []*corev1.Service, name string) bool {
 	return false
 }
 
-// brokerOnPostgres says whether the broker's rendered config names a
-// PostgreSQL database.
-func brokerOnPostgres(r *rendered) bool {
+// brokerOnPostgres says whether the database the broker's rendered
+// config names is PostgreSQL. A file: reference is read where the pod mounts it, from the Secret the
+// chart renders or the cluster has (existing); where neither has it (a
+// documented command line renders with no cluster), the chart's own
+// rule stands: a Secret holds a PostgreSQL URL, never a SQLite path.
+func brokerOnPostgres(r *rendered, pod *corev1.PodTemplateSpec, existing map[string]map[string]string) (bool, error) {
+	var cfg struct {
+		Broker struct {
+			Database string `json:"database"`
+		} `json:"broker"`
+	}
 	for _, o := range r.objects {
 		c, ok := o.obj.(*corev1.ConfigMap)
-		if !ok || c.Labels["app.kubernetes.io/component"] != "broker" {
-			continue
-		}
-		var cfg struct {
-			Broker struct {
-				Database string `json:"database"`
-			} `json:"broker"`
-		}
-		if err := yaml.Unmarshal([]byte(c.Data["deskway.yaml"]), &cfg); err == nil {
-			return strings.HasPrefix(cfg.Broker.Database, "postgres")
+		if ok && c.Labels["app.kubernetes.io/component"] == "broker" {
+			if err := yaml.Unmarshal([]byte(c.Data["deskway.yaml"]), &cfg); err != nil {
+				return false, fmt.Errorf("its deskway.yaml: %w", err)
+			}
 		}
 	}
-	return false
+	const secretsDir = "/etc/deskway/secrets/"
+	db := cfg.Broker.Database
+	if !strings.HasPrefix(db, "file:") {
+		return isPostgres(db), nil
+	}
+	file, ok := strings.CutPrefix(strings.TrimPrefix(db, "file:"), secretsDir)
+	if !ok {
+		return false, fmt.Errorf("broker.database %s is not under %s, where the pod mounts its Secrets", db, secretsDir)
+	}
+	secrets := r.secrets()
+	for name, data := range existing {
+		if _, ok := secrets[name]; !ok {
+			secrets[name] = data
+		}
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != "secrets" || v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.Secret == nil {
+				continue
+			}
+			for _, it := range src.Secret.Items {
+				if it.Path != file {
+					continue
+				}
+				data, ok := secrets[src.Secret.Name]
+				if !ok {
+					return true, nil
+				}
+				if !isPostgres(data[it.Key]) {
+					return false, fmt.Errorf("broker.database is key %s of Secret %s, which holds no postgres:// URL", it.Key, src.Secret.Name)
+				}
+				return true, nil
+			}
+		}
+	}
+	return false, fmt.Errorf("broker.database is %s, which the pod does not mount", db)
+}
+
+func isPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
 // certProblem checks the certificate the chart makes as the roles use

@@ -96,8 +96,10 @@ farm:
 broker:
   listen: ":{{ $b.port }}"
   gateway: {{ $v.gateway.publicName | quote }}
-  {{- with $b.database.url }}
-  database: {{ . | quote }}
+  {{- if $b.database.urlKey }}
+  database: file:/etc/deskway/secrets/broker-database-url
+  {{- else if $b.database.url }}
+  database: {{ $b.database.url | quote }}
   {{- end }}
   {{- with $b.proxyProtocolFrom }}
   proxy_protocol_from: {{ toJson . }}
