@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"regexp"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -70,6 +71,9 @@ func productionProblems(r *rendered, inline []string, existing map[string]map[st
 		res := policy.AggregateCheckResults(eval.EvaluatePod(restricted, &pod.ObjectMeta, &pod.Spec))
 		if !res.Allowed {
 			bad("%s: Pod Security restricted refuses the pod: %s", role, res.ForbiddenDetail())
+		}
+		for _, f := range unmountedSecretFiles(r, pod) {
+			bad("%s: its deskway.yaml names %s, which the pod does not mount", role, f)
 		}
 		spec := pod.Spec
 		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
@@ -217,10 +221,11 @@ func headless(services []*corev1.Service, name string) bool {
 }
 
 // brokerOnPostgres says whether the database the broker's rendered
-// config names is PostgreSQL. A file: reference is read where the pod mounts it, from the Secret the
-// chart renders or the cluster has (existing); where neither has it (a
-// documented command line renders with no cluster), the chart's own
-// rule stands: a Secret holds a PostgreSQL URL, never a SQLite path.
+// config names is PostgreSQL. A file: reference is read where the pod
+// mounts it, from the Secret the chart renders or the cluster has
+// (existing); where neither has it (a documented command line renders
+// with no cluster), the chart's own rule stands: a Secret holds a
+// PostgreSQL URL, never a SQLite path.
 func brokerOnPostgres(r *rendered, pod *corev1.PodTemplateSpec, existing map[string]map[string]string) (bool, error) {
 	var cfg struct {
 		Broker struct {
@@ -273,7 +278,39 @@ func brokerOnPostgres(r *rendered, pod *corev1.PodTemplateSpec, existing map[str
 			}
 		}
 	}
-	return false, fmt.Errorf("broker.database is %s, which the pod does not mount", db)
+	// Not mounted: unmountedSecretFiles reports that, once.
+	return true, nil
+}
+
+// secretRef is a secret file reference in a role's deskway.yaml.
+var secretRef = regexp.MustCompile(`file:(/etc/deskway/secrets/[A-Za-z0-9._-]+)`)
+
+// unmountedSecretFiles are the secret files the pod's deskway.yaml names
+// that no Secret of its secrets volume is mounted as.
+func unmountedSecretFiles(r *rendered, pod *corev1.PodTemplateSpec) []string {
+	mounted := map[string]bool{}
+	var config string
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.ConfigMap != nil && v.Name == "config":
+			config = r.configMap(v.ConfigMap.Name)["deskway.yaml"]
+		case v.Projected != nil && v.Name == "secrets":
+			for _, src := range v.Projected.Sources {
+				if src.Secret != nil {
+					for _, it := range src.Secret.Items {
+						mounted["/etc/deskway/secrets/"+it.Path] = true
+					}
+				}
+			}
+		}
+	}
+	var missing []string
+	for _, m := range secretRef.FindAllStringSubmatch(config, -1) {
+		if !mounted[m[1]] {
+			missing = append(missing, m[1])
+		}
+	}
+	return missing
 }
 
 func isPostgres(dsn string) bool {

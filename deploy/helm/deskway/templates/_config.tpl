@@ -84,9 +84,12 @@ gateway:
   {{- with $g.resourcePolicies }}
   resource_policies: {{ toJson . }}
   {{- end }}
-{{- with $g.farmDatabase.url }}
+{{- if $g.farmDatabase.urlKey }}
 farm:
-  database: {{ . | quote }}
+  database: file:/etc/deskway/secrets/farm-database-url
+{{- else if $g.farmDatabase.url }}
+farm:
+  database: {{ $g.farmDatabase.url | quote }}
 {{- end }}
 {{- end -}}
 

@@ -85,6 +85,9 @@ names the same paths as file: references, so no secret is in it. */}}
 {{- if and (eq .role "broker") $v.broker.database.urlKey -}}
 {{- $files = append $files (dict "secret" $v.broker.database.existingSecret "key" $v.broker.database.urlKey "path" "broker-database-url") -}}
 {{- end -}}
+{{- if and (eq .role "gateway") $v.gateway.farmDatabase.urlKey -}}
+{{- $files = append $files (dict "secret" $v.gateway.farmDatabase.existingSecret "key" $v.gateway.farmDatabase.urlKey "path" "farm-database-url") -}}
+{{- end -}}
 {{- if eq .role "web" -}}
 {{- $files = append $files (dict "secret" (default $own $v.web.cookieKey.existingSecret) "key" (ternary $v.web.cookieKey.key "cookie-key" (ne $v.web.cookieKey.existingSecret "")) "path" "cookie-key") -}}
 {{- end -}}
@@ -278,15 +281,16 @@ httpGet: {path: /healthz, port: {{ .role }}, scheme: HTTPS}
 secrets.yaml both start with it. */}}
 {{- define "deskway.check" -}}
 {{- $problems := list -}}
-{{- $db := .Values.broker.database -}}
 {{- if and .Values.broker.enabled (gt (int .Values.broker.replicas) 1) (not (include "deskway.brokerPostgres" .)) -}}
 {{- $problems = append $problems "more than one broker needs broker.database.url, or broker.database.existingSecret and urlKey (PostgreSQL they share; SQLite is one broker's)" -}}
 {{- end -}}
+{{- range $name, $db := dict "broker.database" .Values.broker.database "gateway.farmDatabase" .Values.gateway.farmDatabase -}}
 {{- if and $db.urlKey (not $db.existingSecret) -}}
-{{- $problems = append $problems "broker.database.urlKey needs broker.database.existingSecret, the Secret holding the whole postgres:// URL" -}}
+{{- $problems = append $problems (printf "%s.urlKey needs %s.existingSecret, the Secret holding the whole postgres:// URL" $name $name) -}}
 {{- end -}}
 {{- if and $db.urlKey $db.url -}}
-{{- $problems = append $problems "broker.database takes url or urlKey, not both: leave url empty when existingSecret's urlKey holds the whole URL" -}}
+{{- $problems = append $problems (printf "%s takes url or urlKey, not both: leave url empty when existingSecret's urlKey holds the whole URL" $name) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.stream.enabled (not .Values.stream.storeClaim) -}}
 {{- $problems = append $problems "stream needs stream.storeClaim, the PersistentVolumeClaim of its store" -}}
