@@ -18,7 +18,8 @@ import (
 // are refused with their reason, and the documented helm lines render.
 // Then each role's deskway configuration, with the secret files its pod
 // would mount (from the rendered Secrets, or the case's stand-ins for
-// existing ones), is one deskway itself accepts.
+// existing ones), is one deskway itself accepts, and the brokers the
+// farm and production put on PostgreSQL read it as PostgreSQL.
 func TestHelmChart(t *testing.T) {
 	out := t.TempDir()
 	check := exec.Command("go", "run", ".", "-repo", "../..", "-out", out)
@@ -70,6 +71,16 @@ func TestHelmChart(t *testing.T) {
 			}
 			if b, err := exec.Command(bin, "config", "validate", path).CombinedOutput(); err != nil {
 				t.Errorf("the chart's %s configuration for %q is not a valid deskway configuration: %v\n%s\n%s", role, c, err, b, cfg)
+			}
+			// The brokers of the farm and of the production example share
+			// PostgreSQL (production's whole URL is the mounted Secret file
+			// broker.database names): deskway backup, which reads
+			// broker.database as the broker does, leaves it to pg_dump.
+			if role == "broker" && c != "defaults" {
+				b, err := exec.Command(bin, "backup", "-c", path, filepath.Join(t.TempDir(), "copy.db")).CombinedOutput()
+				if err == nil || !strings.Contains(string(b), "broker.database is PostgreSQL") {
+					t.Errorf("deskway backup with the chart's broker configuration for %q: %v\n%s", c, err, b)
+				}
 			}
 		}
 	}

@@ -29,7 +29,7 @@ const key = "agent-test-token-key-0123456789abcdef0"
 func TestAgentAgainstBroker(t *testing.T) {
 	dir := t.TempDir()
 	cfg := &config.Config{StateDir: dir, Auth: config.Auth{TokenKey: config.NewSecret(key)},
-		Broker: &config.Broker{Database: filepath.Join(dir, "b.db"), Gateway: "gw:443", HeartbeatInterval: config.Duration(200 * time.Millisecond),
+		Broker: &config.Broker{Database: config.NewDatabaseURL(filepath.Join(dir, "b.db")), Gateway: "gw:443", HeartbeatInterval: config.Duration(200 * time.Millisecond),
 			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Users: []string{"ann"}}},
 			// The counters are this machine's, busy running the tests:
 			// its tasks waiting for a CPU or its disk must not turn the
@@ -39,7 +39,7 @@ func TestAgentAgainstBroker(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(context.Background(), cfg.Broker.Database, 4)
+	st, err := store.Open(context.Background(), cfg.Broker.Database.Value(), 4)
 	if err != nil {
 		t.Fatal(err)
 	}

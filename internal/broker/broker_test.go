@@ -55,7 +55,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 			{Name: "erin", Password: config.NewSecret("Erin-Pass-1"), Groups: []string{"staff"}, Zone: "eu"},
 		}},
 		Broker: &config.Broker{
-			Database:       dsn,
+			Database:       config.NewDatabaseURL(dsn),
 			Gateway:        "gw.example.test:443",
 			FrontendTokens: []config.Secret{config.NewSecret("frontend-token")},
 			DeliveryGroups: []config.DeliveryGrp{
@@ -71,7 +71,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(context.Background(), cfg.Broker.Database, cfg.Broker.MaxDBConnections)
+	st, err := store.Open(context.Background(), cfg.Broker.Database.Value(), cfg.Broker.MaxDBConnections)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ type restartedBroker struct {
 
 func restartBroker(t *testing.T, cfg *config.Config) *restartedBroker {
 	t.Helper()
-	st, err := store.Connect(cfg.Broker.Database, cfg.Broker.MaxDBConnections)
+	st, err := store.Connect(cfg.Broker.Database.Value(), cfg.Broker.MaxDBConnections)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,10 +25,10 @@ func sqliteDatabase(path, what string) (string, error) {
 	if cfg.Broker == nil {
 		return "", fmt.Errorf("%s: %s has no broker section, so there is no broker database here", what, path)
 	}
-	if !store.IsSQLite(cfg.Broker.Database) {
+	if !store.IsSQLite(cfg.Broker.Database.Value()) {
 		return "", fmt.Errorf("%s: broker.database is PostgreSQL; use pg_dump and pg_restore for it (docs/operations.md, Backing up and restoring)", what)
 	}
-	return store.SQLitePath(cfg.Broker.Database), nil
+	return store.SQLitePath(cfg.Broker.Database.Value()), nil
 }
 
 func backupCmd() *cobra.Command {

@@ -106,7 +106,7 @@ func newAgent(cfg *config.Agent, stateDir string, log *slog.Logger) (*agent.Agen
 func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *prometheus.Registry) (*broker.Server, *store.Store, error) {
 	// Start migrates; connecting first lets a broker start while the
 	// database is down, from the local host cache it saved.
-	st, err := store.Connect(cfg.Broker.Database, cfg.Broker.MaxDBConnections)
+	st, err := store.Connect(cfg.Broker.Database.Value(), cfg.Broker.MaxDBConnections)
 	if err != nil {
 		return nil, nil, fmt.Errorf("broker.database: %w", err)
 	}

@@ -15,8 +15,9 @@ import (
 type Broker struct {
 	Listen string `yaml:"listen"`
 	// Database is a SQLite file path (the default, in state_dir) or a
-	// postgres:// URL when several brokers share state.
-	Database string `yaml:"database"`
+	// postgres:// URL when several brokers share state; it may be an
+	// env: or file: reference, as a URL with a password often is.
+	Database DatabaseURL `yaml:"database"`
 	// MaxDBConnections bounds the PostgreSQL pool; each launch in flight
 	// holds one connection for one round trip.
 	MaxDBConnections int `yaml:"max_db_connections"`
@@ -161,7 +162,9 @@ type DeliveryGrp struct {
 
 func (c *Config) brokerDefaults(b *Broker) {
 	setDefault(&b.Listen, ":8444")
-	setDefault(&b.Database, filepath.Join(c.StateDir, "broker.db"))
+	if !b.Database.IsSet() {
+		b.Database = NewDatabaseURL(filepath.Join(c.StateDir, "broker.db"))
+	}
 	setDefault(&b.MaxDBConnections, 64)
 	setDefault(&b.RetryAfter, Duration(time.Second))
 	setDefault(&b.ReadTimeout, Duration(30*time.Second))
@@ -193,6 +196,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	checkListen(bad, "broker.listen", b.Listen)
 	checkPrefixes(bad, "broker.proxy_protocol_from", b.ProxyProtocolFrom)
+	checkDatabase(bad, "broker.database", b.Database)
 	if !c.Auth.TokenKey.IsSet() {
 		bad("auth.token_key", "the broker signs gateway tokens and agent credentials with it: set 32 or more random bytes")
 	}

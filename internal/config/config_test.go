@@ -79,7 +79,7 @@ func TestBrokerAndAgentValidation(t *testing.T) {
 	}
 	g := c.Broker.DeliveryGroups[0]
 	if c.Broker.Listen != ":8444" || g.Kind != "pooled" || g.Spread != "breadth" || g.SessionLimit != 50 || g.LogonLimit != 2 ||
-		c.Broker.Health.DiskLatencyMaxMS != 25 || c.Broker.Health.DiskIdleMinPct != 50 || !strings.HasSuffix(c.Broker.Database, "broker.db") {
+		c.Broker.Health.DiskLatencyMaxMS != 25 || c.Broker.Health.DiskIdleMinPct != 50 || !strings.HasSuffix(c.Broker.Database.Value(), "broker.db") {
 		t.Fatalf("broker defaults: %+v", c.Broker)
 	}
 	cases := map[string]string{

@@ -13,6 +13,7 @@ import (
 var (
 	durationType = reflect.TypeFor[Duration]()
 	secretType   = reflect.TypeFor[Secret]()
+	databaseType = reflect.TypeFor[DatabaseURL]()
 )
 
 // checkShape walks the file's nodes beside the Go types they decode into
@@ -59,6 +60,11 @@ func (sc *shapeCheck) walk(path string, n *yaml.Node, t reflect.Type) {
 	case t == secretType:
 		if n.Kind != yaml.ScalarNode {
 			sc.bad(path, n, "want a secret written inline, as env:NAME or as file:PATH, got %s", describe(n))
+		}
+		return
+	case t == databaseType:
+		if n.Kind != yaml.ScalarNode {
+			sc.bad(path, n, "want a SQLite file path or a postgres:// URL, inline, as env:NAME or as file:PATH, got %s", describe(n))
 		}
 		return
 	}
@@ -159,7 +165,7 @@ func keyHomes(t reflect.Type, path, key string) []string {
 		}
 		t = t.Elem()
 	}
-	if t.Kind() != reflect.Struct || t == durationType || t == secretType {
+	if t.Kind() != reflect.Struct || t == durationType || t == secretType || t == databaseType {
 		return nil
 	}
 	var homes []string

@@ -120,6 +120,7 @@ func (c *Config) resolveSecrets() error {
 		resolve("agent.join_token", &c.Agent.JoinToken)
 	}
 	if c.Broker != nil {
+		resolve("broker.database", &c.Broker.Database.s)
 		for i := range c.Broker.FrontendTokens {
 			resolve(fmt.Sprintf("broker.frontend_tokens[%d]", i), &c.Broker.FrontendTokens[i])
 		}

@@ -70,7 +70,7 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 			{Name: "alice", Password: config.NewSecret("Alice-Pass-1"), Groups: []string{"staff"}},
 			{Name: "bob", Password: config.NewSecret("Bob-Pass-1"), Groups: []string{"visitors"}},
 		}},
-		Broker: &config.Broker{Database: filepath.Join(t.TempDir(), "b.db"), Gateway: "gw.example.test:443",
+		Broker: &config.Broker{Database: config.NewDatabaseURL(filepath.Join(t.TempDir(), "b.db")), Gateway: "gw.example.test:443",
 			FrontendTokens: []config.Secret{config.NewSecret("portal-frontend-token")},
 			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Description: "Office desktop", Groups: []string{"staff"}}}},
 		Web: &config.Web{PublicURL: publicURL},
@@ -89,7 +89,7 @@ func newPortalWith(t *testing.T, setup func(publicURL string, w *config.Web) *ht
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	st, err := store.Open(ctx, cfg.Broker.Database, 4)
+	st, err := store.Open(ctx, cfg.Broker.Database.Value(), 4)
 	if err != nil {
 		t.Fatal(err)
 	}

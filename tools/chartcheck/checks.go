@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"regexp"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -26,8 +27,9 @@ import (
 // topology spread, resources, startup, readiness and liveness probes, a
 // metrics port behind a Service, a NetworkPolicy, a checksum of its
 // config, the broker's SQLite on a claim, stream's headless Service,
-// and no secret value in any object but a Secret.
-func productionProblems(r *rendered, inline []string) []string {
+// and no secret value in any object but a Secret. existing are the
+// Secrets the cluster already has, by name, for what the pods mount.
+func productionProblems(r *rendered, inline []string, existing map[string]map[string]string) []string {
 	var problems []string
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 	eval, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
@@ -70,6 +72,9 @@ func productionProblems(r *rendered, inline []string) []string {
 		if !res.Allowed {
 			bad("%s: Pod Security restricted refuses the pod: %s", role, res.ForbiddenDetail())
 		}
+		for _, f := range unmountedSecretFiles(r, pod) {
+			bad("%s: its deskway.yaml names %s, which the pod does not mount", role, f)
+		}
 		spec := pod.Spec
 		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 			bad("%s: the pod mounts a service account token (automountServiceAccountToken is not false)", role)
@@ -109,8 +114,15 @@ func productionProblems(r *rendered, inline []string) []string {
 		if !serviceExposes(services, pod.Labels, "metrics") {
 			bad("%s: no Service exposes its metrics port", role)
 		}
+		var onPostgres bool
+		var dbErr error
+		if role == "broker" {
+			if onPostgres, dbErr = brokerOnPostgres(r, pod, existing); dbErr != nil {
+				bad("broker: %v", dbErr)
+			}
+		}
 		for _, v := range spec.Volumes {
-			if v.Name == "state" && role == "broker" && !brokerOnPostgres(r) {
+			if v.Name == "state" && role == "broker" && !onPostgres && dbErr == nil {
 				if v.PersistentVolumeClaim == nil {
 					bad("broker: its SQLite database is not on a PersistentVolumeClaim (state volume %+v)", v.VolumeSource)
 				} else if !claims[v.PersistentVolumeClaim.ClaimName] {
@@ -208,24 +220,101 @@ func headless(services []*corev1.Service, name string) bool {
 	return false
 }
 
-// brokerOnPostgres says whether the broker's rendered config names a
-// PostgreSQL database.
-func brokerOnPostgres(r *rendered) bool {
+// brokerOnPostgres says whether the database the broker's rendered
+// config names is PostgreSQL. A file: reference is read where the pod
+// mounts it, from the Secret the chart renders or the cluster has
+// (existing); where neither has it (a documented command line renders
+// with no cluster), the chart's own rule stands: a Secret holds a
+// PostgreSQL URL, never a SQLite path.
+func brokerOnPostgres(r *rendered, pod *corev1.PodTemplateSpec, existing map[string]map[string]string) (bool, error) {
+	var cfg struct {
+		Broker struct {
+			Database string `json:"database"`
+		} `json:"broker"`
+	}
 	for _, o := range r.objects {
 		c, ok := o.obj.(*corev1.ConfigMap)
-		if !ok || c.Labels["app.kubernetes.io/component"] != "broker" {
-			continue
-		}
-		var cfg struct {
-			Broker struct {
-				Database string `json:"database"`
-			} `json:"broker"`
-		}
-		if err := yaml.Unmarshal([]byte(c.Data["deskway.yaml"]), &cfg); err == nil {
-			return strings.HasPrefix(cfg.Broker.Database, "postgres")
+		if ok && c.Labels["app.kubernetes.io/component"] == "broker" {
+			if err := yaml.Unmarshal([]byte(c.Data["deskway.yaml"]), &cfg); err != nil {
+				return false, fmt.Errorf("its deskway.yaml: %w", err)
+			}
 		}
 	}
-	return false
+	const secretsDir = "/etc/deskway/secrets/"
+	db := cfg.Broker.Database
+	if !strings.HasPrefix(db, "file:") {
+		return isPostgres(db), nil
+	}
+	file, ok := strings.CutPrefix(strings.TrimPrefix(db, "file:"), secretsDir)
+	if !ok {
+		return false, fmt.Errorf("broker.database %s is not under %s, where the pod mounts its Secrets", db, secretsDir)
+	}
+	secrets := r.secrets()
+	for name, data := range existing {
+		if _, ok := secrets[name]; !ok {
+			secrets[name] = data
+		}
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != "secrets" || v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.Secret == nil {
+				continue
+			}
+			for _, it := range src.Secret.Items {
+				if it.Path != file {
+					continue
+				}
+				data, ok := secrets[src.Secret.Name]
+				if !ok {
+					return true, nil
+				}
+				if !isPostgres(data[it.Key]) {
+					return false, fmt.Errorf("broker.database is key %s of Secret %s, which holds no postgres:// URL", it.Key, src.Secret.Name)
+				}
+				return true, nil
+			}
+		}
+	}
+	// Not mounted: unmountedSecretFiles reports that, once.
+	return true, nil
+}
+
+// secretRef is a secret file reference in a role's deskway.yaml.
+var secretRef = regexp.MustCompile(`file:(/etc/deskway/secrets/[A-Za-z0-9._-]+)`)
+
+// unmountedSecretFiles are the secret files the pod's deskway.yaml names
+// that no Secret of its secrets volume is mounted as.
+func unmountedSecretFiles(r *rendered, pod *corev1.PodTemplateSpec) []string {
+	mounted := map[string]bool{}
+	var config string
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.ConfigMap != nil && v.Name == "config":
+			config = r.configMap(v.ConfigMap.Name)["deskway.yaml"]
+		case v.Projected != nil && v.Name == "secrets":
+			for _, src := range v.Projected.Sources {
+				if src.Secret != nil {
+					for _, it := range src.Secret.Items {
+						mounted["/etc/deskway/secrets/"+it.Path] = true
+					}
+				}
+			}
+		}
+	}
+	var missing []string
+	for _, m := range secretRef.FindAllStringSubmatch(config, -1) {
+		if !mounted[m[1]] {
+			missing = append(missing, m[1])
+		}
+	}
+	return missing
+}
+
+func isPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
 // certProblem checks the certificate the chart makes as the roles use

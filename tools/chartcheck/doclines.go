@@ -118,5 +118,5 @@ func checkDocLine(repo string, l docLine) []string {
 	if err != nil {
 		return []string{err.Error()}
 	}
-	return productionProblems(r, nil)
+	return productionProblems(r, nil, nil)
 }

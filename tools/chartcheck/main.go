@@ -8,8 +8,10 @@
 //	cd tools/chartcheck && go run . -repo ../.. -out /tmp/rendered
 //
 // It renders three cases: the chart's defaults with no values at all, a
-// farm (three gateways, two brokers on PostgreSQL, two portals with the
-// console, two stream servers on a shared store, a ServiceMonitor) and
+// farm (three gateways on PostgreSQL whose whole URL is an existing
+// Secret, two brokers on PostgreSQL with a password the chart keeps, two
+// portals with the console, two stream servers on a shared store, a
+// ServiceMonitor) and
 // the committed production example (examples/production.yaml: existing
 // Secrets and PostgreSQL). Each must pass helm lint --strict, decode
 // strictly, meet Pod Security "restricted" and the chart's production
@@ -63,6 +65,9 @@ var refusals = []struct {
 	{"stream without a store", map[string]any{"stream": map[string]any{"enabled": true}}, "stream.storeClaim"},
 	{"a user without a password", map[string]any{"auth": map[string]any{"users": []any{map[string]any{"name": "alice"}}}}, "auth.users[0] (alice) needs password"},
 	{"a password in the database URL", map[string]any{"broker": map[string]any{"database": map[string]any{"url": "postgres://deskway:hunter2@pg:5432/deskway"}}}, "/broker/database/url"},
+	{"a database URL key without its Secret", map[string]any{"broker": map[string]any{"database": map[string]any{"urlKey": "url"}}}, "broker.database.urlKey needs broker.database.existingSecret"},
+	{"both a database URL and its key", map[string]any{"broker": map[string]any{"database": map[string]any{"url": "postgres://deskway@pg:5432/deskway", "existingSecret": "db", "urlKey": "url"}}}, "broker.database takes url or urlKey, not both"},
+	{"a farm database URL key without its Secret", map[string]any{"gateway": map[string]any{"farmDatabase": map[string]any{"urlKey": "url"}}}, "gateway.farmDatabase.urlKey needs gateway.farmDatabase.existingSecret"},
 	{"a misspelt section", map[string]any{"gatway": map[string]any{"replicas": 1}}, "gatway"},
 	{"a short token key", map[string]any{"tokenKey": map[string]any{"value": "0123456789"}}, "/tokenKey/value"},
 	{"replicas as words", map[string]any{"gateway": map[string]any{"replicas": "two"}}, "/gateway/replicas"},
@@ -113,7 +118,7 @@ func main() {
 		if strings.TrimSpace(r.notes) == "" {
 			fail("%s: NOTES.txt renders empty", c.name)
 		}
-		for _, p := range productionProblems(r, c.inline) {
+		for _, p := range productionProblems(r, c.inline, c.existing) {
 			fail("%s: %s", c.name, p)
 		}
 		for _, p := range upgradeProblems(ch, c) {
@@ -177,7 +182,7 @@ func allCases(chartDir string) ([]checkCase, error) {
 			map[string]any{"name": "bob", "groups": []any{"staff"}, "ntHash": "8846f7eaee8fb117ad06bdd830b7586c", "zone": "east"},
 		}},
 		"gateway": map[string]any{"replicas": 3, "proxyProtocolFrom": []any{"10.1.0.0/16"},
-			"farmDatabase": map[string]any{"url": "postgres://deskway@pg:5432/farm?sslmode=require", "password": "farm-pg-password-gw"},
+			"farmDatabase": map[string]any{"existingSecret": "farm-db", "urlKey": "dsn"},
 			"extraConfig":  map[string]any{"gateway": map[string]any{"idle_timeout": "1h"}}},
 		"broker": map[string]any{"replicas": 2,
 			"database":    map[string]any{"url": "postgres://deskway@pg:5432/broker?sslmode=require", "password": "farm-pg-password-broker"},
@@ -190,10 +195,11 @@ func allCases(chartDir string) ([]checkCase, error) {
 	}
 	return []checkCase{
 		{name: "defaults", values: map[string]any{}},
-		{name: "farm", values: farm, inline: []string{"farm-token-key-0123456789abcdef0123456789", "farm-admin-token-one-0123456789",
-			"farm-admin-token-two-0123456789", "farm-alice-password", "8846f7eaee8fb117ad06bdd830b7586c", "farm-pg-password-gw",
-			"farm-pg-password-broker", "farm-cookie-key-0123456789abcdef0123456789"}},
-		{name: "production", values: prod, existing: productionSecrets(crt, key)},
+		{name: "farm", values: farm, existing: map[string]map[string]string{"farm-db": {"dsn": "postgres://deskway:farm-pg-password-gw@pg:5432/farm?sslmode=require"}},
+			inline: []string{"farm-token-key-0123456789abcdef0123456789", "farm-admin-token-one-0123456789",
+				"farm-admin-token-two-0123456789", "farm-alice-password", "8846f7eaee8fb117ad06bdd830b7586c", "farm-pg-password-gw",
+				"farm-pg-password-broker", "farm-cookie-key-0123456789abcdef0123456789"}},
+		{name: "production", values: prod, existing: productionSecrets(crt, key), inline: []string{"prod-broker-pg-password"}},
 	}, nil
 }
 
@@ -205,6 +211,7 @@ func productionSecrets(crt, key string) map[string]map[string]string {
 		"deskway-tls":       {"tls.crt": crt, "tls.key": key},
 		"deskway-admin":     {"ops": "prod-admin-token-ops-0123456789", "ci": "prod-admin-token-ci-0123456789"},
 		"deskway-postgres":  {"password": "prod-pg-password"},
+		"deskway-broker-db": {"url": "postgres://deskway:prod-broker-pg-password@postgres.db.svc:5432/deskway?sslmode=require"},
 		"deskway-portal":    {"cookie-key": "prod-cookie-key-0123456789abcdef0123456789"},
 		"deskway-users":     {"breakglass": "prod-breakglass-password"},
 		"deskway-oidc":      {"client-secret": "prod-oidc-client-secret"},

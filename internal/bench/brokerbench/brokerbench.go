@@ -325,7 +325,7 @@ func (o *Options) startFarm(ctx context.Context, wg *sync.WaitGroup, tmp, dsn, p
 		return nil, err
 	}
 	cfg := &config.Config{StateDir: stateDir, Auth: config.Auth{TokenKey: config.NewSecret(tokenKey)},
-		Broker: &config.Broker{Database: dsn, Gateway: "gateway.bench:443", MaxDBConnections: 2*c + 40,
+		Broker: &config.Broker{Database: config.NewDatabaseURL(dsn), Gateway: "gateway.bench:443", MaxDBConnections: 2*c + 40,
 			FrontendTokens: []config.Secret{config.NewSecret(frontendToken)},
 			DeliveryGroups: []config.DeliveryGrp{{Name: group, Groups: []string{group}, SessionLimit: sessionLimit, LogonLimit: logonLimit}}}}
 	cfg.ApplyDefaults()

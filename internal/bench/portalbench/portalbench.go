@@ -119,7 +119,7 @@ func (o *Options) start(ctx context.Context, wg *sync.WaitGroup, dir string, n i
 		Auth: config.Auth{TokenKey: config.NewSecret(tokenKey), Users: users,
 			// Thousands of sign-ins from one address are the bench, not an attack.
 			MaxFailures: 1000, MaxFailuresPerAddress: 1 << 20},
-		Broker: &config.Broker{Database: filepath.Join(dir, "broker.db"), Gateway: "gateway.bench:443",
+		Broker: &config.Broker{Database: config.NewDatabaseURL(filepath.Join(dir, "broker.db")), Gateway: "gateway.bench:443",
 			FrontendTokens: []config.Secret{config.NewSecret(frontendToken)},
 			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Groups: []string{"staff"}, SessionLimit: 100000, LogonLimit: 100000}}},
 		Web: &config.Web{Console: &config.Console{Admins: []string{"admins"}}},
@@ -128,7 +128,7 @@ func (o *Options) start(ctx context.Context, wg *sync.WaitGroup, dir string, n i
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st, err := store.Open(ctx, cfg.Broker.Database, cfg.Broker.MaxDBConnections)
+	st, err := store.Open(ctx, cfg.Broker.Database.Value(), cfg.Broker.MaxDBConnections)
 	if err != nil {
 		return nil, err
 	}

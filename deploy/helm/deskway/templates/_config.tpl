@@ -84,9 +84,12 @@ gateway:
   {{- with $g.resourcePolicies }}
   resource_policies: {{ toJson . }}
   {{- end }}
-{{- with $g.farmDatabase.url }}
+{{- if $g.farmDatabase.urlKey }}
 farm:
-  database: {{ . | quote }}
+  database: file:/etc/deskway/secrets/farm-database-url
+{{- else if $g.farmDatabase.url }}
+farm:
+  database: {{ $g.farmDatabase.url | quote }}
 {{- end }}
 {{- end -}}
 
@@ -96,8 +99,10 @@ farm:
 broker:
   listen: ":{{ $b.port }}"
   gateway: {{ $v.gateway.publicName | quote }}
-  {{- with $b.database.url }}
-  database: {{ . | quote }}
+  {{- if $b.database.urlKey }}
+  database: file:/etc/deskway/secrets/broker-database-url
+  {{- else if $b.database.url }}
+  database: {{ $b.database.url | quote }}
   {{- end }}
   {{- with $b.proxyProtocolFrom }}
   proxy_protocol_from: {{ toJson . }}

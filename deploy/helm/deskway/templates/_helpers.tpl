@@ -82,6 +82,12 @@ names the same paths as file: references, so no secret is in it. */}}
 {{- $files = append $files (dict "secret" $own "key" "console-token" "path" "console-token") -}}
 {{- end -}}
 {{- end -}}
+{{- if and (eq .role "broker") $v.broker.database.urlKey -}}
+{{- $files = append $files (dict "secret" $v.broker.database.existingSecret "key" $v.broker.database.urlKey "path" "broker-database-url") -}}
+{{- end -}}
+{{- if and (eq .role "gateway") $v.gateway.farmDatabase.urlKey -}}
+{{- $files = append $files (dict "secret" $v.gateway.farmDatabase.existingSecret "key" $v.gateway.farmDatabase.urlKey "path" "farm-database-url") -}}
+{{- end -}}
 {{- if eq .role "web" -}}
 {{- $files = append $files (dict "secret" (default $own $v.web.cookieKey.existingSecret) "key" (ternary $v.web.cookieKey.key "cookie-key" (ne $v.web.cookieKey.existingSecret "")) "path" "cookie-key") -}}
 {{- end -}}
@@ -100,6 +106,12 @@ names the same paths as file: references, so no secret is in it. */}}
 {{- end -}}
 {{- end -}}
 {{- toYaml $files -}}
+{{- end -}}
+
+{{/* "true" when the brokers share PostgreSQL, by its URL or by a Secret
+holding the whole URL; empty for SQLite. */}}
+{{- define "deskway.brokerPostgres" -}}
+{{- if or .Values.broker.database.url .Values.broker.database.urlKey -}}true{{- end -}}
 {{- end -}}
 
 {{/* PGPASSWORD from the Secret that holds the database password: the
@@ -269,8 +281,16 @@ httpGet: {path: /healthz, port: {{ .role }}, scheme: HTTPS}
 secrets.yaml both start with it. */}}
 {{- define "deskway.check" -}}
 {{- $problems := list -}}
-{{- if and .Values.broker.enabled (gt (int .Values.broker.replicas) 1) (not .Values.broker.database.url) -}}
-{{- $problems = append $problems "more than one broker needs broker.database.url (PostgreSQL they share; SQLite is one broker's)" -}}
+{{- if and .Values.broker.enabled (gt (int .Values.broker.replicas) 1) (not (include "deskway.brokerPostgres" .)) -}}
+{{- $problems = append $problems "more than one broker needs broker.database.url, or broker.database.existingSecret and urlKey (PostgreSQL they share; SQLite is one broker's)" -}}
+{{- end -}}
+{{- range $name, $db := dict "broker.database" .Values.broker.database "gateway.farmDatabase" .Values.gateway.farmDatabase -}}
+{{- if and $db.urlKey (not $db.existingSecret) -}}
+{{- $problems = append $problems (printf "%s.urlKey needs %s.existingSecret, the Secret holding the whole postgres:// URL" $name $name) -}}
+{{- end -}}
+{{- if and $db.urlKey $db.url -}}
+{{- $problems = append $problems (printf "%s takes url or urlKey, not both: leave url empty when existingSecret's urlKey holds the whole URL" $name) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.stream.enabled (not .Values.stream.storeClaim) -}}
 {{- $problems = append $problems "stream needs stream.storeClaim, the PersistentVolumeClaim of its store" -}}
