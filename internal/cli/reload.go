@@ -30,6 +30,9 @@ type reloader struct {
 	log     *slog.Logger
 	gateway *gateway.Server // nil when the role does not run
 	broker  *broker.Server
+	// portal is the users the portal signs people in with; nil without
+	// the web role.
+	portal *auth.Users
 
 	mu      sync.Mutex     // one reload at a time
 	running *config.Config // what is in force
@@ -78,6 +81,9 @@ func (r *reloader) apply(ctx context.Context) error {
 	}
 	if r.gateway != nil {
 		r.gateway.Reload(users, pol)
+	}
+	if r.portal != nil {
+		r.portal.Replace(users)
 	}
 	r.running = next
 	return nil

@@ -166,7 +166,12 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		if cfg.Web.LocalBroker() && rl.broker != nil {
 			local = rl.broker.Local(portalLaunchRetries)
 		}
-		wb, err := newWeb(cfg, log, reg, local)
+		users, err := auth.NewUsers(cfg.Auth.Users)
+		if err != nil {
+			return err
+		}
+		rl.portal = users
+		wb, err := newWeb(cfg, users, log, reg, local)
 		if err != nil {
 			return err
 		}
