@@ -253,5 +253,15 @@ func check(ctx context.Context, path string) error {
 	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil || n == 0 {
 		return errors.New("not a deskway broker's database (no schema_migrations)")
 	}
+	// The migrations make no trigger or view; one in a backup was put
+	// there by someone else, and a trigger would run inside the
+	// broker's own writes once it is restored.
+	var kind, name string
+	switch err := db.QueryRowContext(ctx, "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') LIMIT 1").Scan(&kind, &name); {
+	case err == nil:
+		return fmt.Errorf("not a deskway broker's database: it has the %s %q, which a broker never makes", kind, name)
+	case !errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("reading its schema: %w", err)
+	}
 	return nil
 }
