@@ -20,19 +20,8 @@ import (
 // refused by deskway restore, and the database stays as it was. A
 // broker's migrations make no trigger or view.
 func TestRestoreRefusesATrigger(t *testing.T) {
-	bin := build(t)
-	dir := t.TempDir()
-	state := filepath.Join(dir, "state")
-	adminPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t)
-	cfg := filepath.Join(dir, "deskway.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(backupConfig, state, adminPort, brokerPort)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	broker := testkit.Start(t, nil, bin, "broker", "-c", cfg)
-	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", brokerPort), 20*time.Second); err != nil {
-		t.Fatalf("the broker did not listen: %v\n%s", err, broker.Log.String())
-	}
-	stopProcess(t, broker)
+	bin, cfg, state := stoppedBroker(t)
+	dir := filepath.Dir(cfg)
 	backup := filepath.Join(dir, "backup.db")
 	if out, err := exec.Command(bin, "backup", "-c", cfg, backup).CombinedOutput(); err != nil {
 		t.Fatalf("backup: %v\n%s", err, out)
@@ -61,4 +50,41 @@ func TestRestoreRefusesATrigger(t *testing.T) {
 	if err != nil || string(after) != string(before) {
 		t.Fatalf("the refused restore changed the database (%v)", err)
 	}
+}
+
+// TestBackupIntoAMissingDirectory: the documented line names
+// /backup/broker.db; where there is no /backup, deskway backup says so
+// in a sentence and how to make it.
+func TestBackupIntoAMissingDirectory(t *testing.T) {
+	bin, cfg, _ := stoppedBroker(t)
+	missing := filepath.Join(t.TempDir(), "backup")
+	out, err := exec.Command(bin, "backup", "-c", cfg, filepath.Join(missing, "broker.db")).CombinedOutput()
+	if err == nil {
+		t.Fatalf("a backup into a missing directory succeeded:\n%s", out)
+	}
+	want := "there is no directory " + missing + " to put broker.db in; make it"
+	if !strings.Contains(string(out), want) || strings.Contains(string(out), "store:") {
+		t.Fatalf("deskway backup into a missing directory said %q, want a sentence with %q", out, want)
+	}
+}
+
+// stoppedBroker runs a broker alone on SQLite until it listens and stops
+// it, leaving its database; it returns the binary, the config and the
+// state directory.
+func stoppedBroker(t *testing.T) (bin, cfg, state string) {
+	t.Helper()
+	bin = build(t)
+	dir := t.TempDir()
+	state = filepath.Join(dir, "state")
+	adminPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t)
+	cfg = filepath.Join(dir, "deskway.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(backupConfig, state, adminPort, brokerPort)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	broker := testkit.Start(t, nil, bin, "broker", "-c", cfg)
+	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", brokerPort), 20*time.Second); err != nil {
+		t.Fatalf("the broker did not listen: %v\n%s", err, broker.Log.String())
+	}
+	stopProcess(t, broker)
+	return bin, cfg, state
 }
