@@ -55,8 +55,11 @@ func (r *reloader) apply(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if (r.gateway != nil) != (next.Gateway != nil) || (r.broker != nil) != (next.Broker != nil) {
-		return errors.New("the file adds or removes the gateway or broker section: roles change only at a restart")
+	// A section for a role this process does not run is another
+	// process's (deskway gateway and deskway broker read the whole file);
+	// removing the section of one it runs takes a restart.
+	if (r.gateway != nil && next.Gateway == nil) || (r.broker != nil && next.Broker == nil) {
+		return errors.New("the file removes the gateway or broker section this process runs: roles change only at a restart")
 	}
 	// Keys and tokens change only at a restart; a reload that seemed to
 	// revoke a leaked one, and did not, would be worse than a refusal.
