@@ -126,11 +126,28 @@ func TestRestoreFollowsNoLinkInTheStateDirectory(t *testing.T) {
 
 	// The temporary file swapped for a link to an empty file of root's
 	// as soon as it appears, as inotify lets its directory's owner do.
+	swaps := swapOnCreate(t, state, ".broker.db.restore-", emptyVictim)
+	for i := 0; i < 10; i++ {
+		_, _ = restore()
+		untouched(fmt.Sprintf("restore %d with its temporary file swapped for a link", i+1), emptyVictim)
+	}
+	if swaps() == 0 {
+		t.Fatal("the temporary file was never swapped: the attack did not run")
+	}
+}
+
+// swapOnCreate renames every file made in dir whose name starts with
+// prefix away the moment inotify reports it, and puts a link to target
+// in its place, as the directory's owner can. The returned function
+// stops it and says how many it swapped.
+func swapOnCreate(t *testing.T, dir, prefix, target string) func() int {
+	t.Helper()
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := unix.InotifyAddWatch(fd, state, unix.IN_CREATE); err != nil {
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE); err != nil {
+		unix.Close(fd)
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
@@ -138,6 +155,7 @@ func TestRestoreFollowsNoLinkInTheStateDirectory(t *testing.T) {
 	go func() {
 		swaps := 0
 		defer func() { swapped <- swaps }()
+		done := map[string]bool{} // the link made in its place is created too
 		buf := make([]byte, 64<<10)
 		for {
 			k, err := unix.Read(fd, buf)
@@ -149,11 +167,12 @@ func TestRestoreFollowsNoLinkInTheStateDirectory(t *testing.T) {
 				n := int(binary.NativeEndian.Uint32(buf[off+12:]))
 				name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+n]), "\x00")
 				off += unix.SizeofInotifyEvent + n
-				if !strings.HasPrefix(name, ".broker.db.restore-") {
+				if !strings.HasPrefix(name, prefix) || strings.HasSuffix(name, ".moved") || done[name] {
 					continue
 				}
-				p := filepath.Join(state, name)
-				if os.Rename(p, p+".moved") == nil && os.Symlink(emptyVictim, p) == nil {
+				done[name] = true
+				p := filepath.Join(dir, name)
+				if os.Rename(p, p+".moved") == nil && os.Symlink(target, p) == nil {
 					swaps++
 				}
 			}
@@ -164,16 +183,13 @@ func TestRestoreFollowsNoLinkInTheStateDirectory(t *testing.T) {
 			}
 		}
 	}()
-	for i := 0; i < 10; i++ {
-		_, _ = restore()
-		untouched(fmt.Sprintf("restore %d with its temporary file swapped for a link", i+1), emptyVictim)
-	}
-	// One more event wakes the reader to see stop.
-	close(stop)
-	_ = os.WriteFile(filepath.Join(state, "wake"), nil, 0o600)
-	n := <-swapped
-	unix.Close(fd)
-	if n == 0 {
-		t.Fatal("the temporary file was never swapped: the attack did not run")
+	return func() int {
+		// One more event wakes the reader to see stop.
+		close(stop)
+		_ = os.WriteFile(filepath.Join(dir, "wake"), nil, 0o600)
+		n := <-swapped
+		unix.Close(fd)
+		_ = os.Remove(filepath.Join(dir, "wake"))
+		return n
 	}
 }
