@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +42,8 @@ web:
 // gateway runs the gateway alone (its start line says so, the broker's
 // and the portal's ports stay closed), and systemctl reload (SIGHUP)
 // reloads either process rather than refusing the file for the sections
-// of roles it does not run.
+// of roles it does not run; deskway run still refuses a broker section
+// added after it started.
 func TestRoleCommandsWithTheWholeConfig(t *testing.T) {
 	bin := build(t)
 	dir := t.TempDir()
@@ -98,4 +100,30 @@ func TestRoleCommandsWithTheWholeConfig(t *testing.T) {
 		t.Fatalf("%v\n%s", err, br.Log.String())
 	}
 	reloads(br, "broker")
+	stopProcess(t, br)
+
+	// deskway run on the file without its broker section: one added
+	// later takes a restart, and the reload says so.
+	whole, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noBroker := regexp.MustCompile(`(?s)broker:.*?\nweb:\n  listen: "[^"]*"\n`).ReplaceAllString(string(whole), "")
+	if err := os.WriteFile(cfg, []byte(noBroker), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := testkit.Start(t, nil, bin, "run", "-c", cfg)
+	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", gwPort), 15*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, run.Log.String())
+	}
+	if err := os.WriteFile(cfg, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(run.Cmd.Process.Pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(run, "configuration reload refused")
+	if !strings.Contains(run.Log.String(), "the file adds a gateway or broker section") {
+		t.Errorf("the refusal of an added broker section does not say why:\n%s", run.Log.String())
+	}
 }

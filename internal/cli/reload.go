@@ -33,6 +33,9 @@ type reloader struct {
 	// portal is the users the portal signs people in with; nil without
 	// the web role.
 	portal *auth.Users
+	// fileGateway and fileBroker: the file had the section when the
+	// process started (it may run only some of the roles in it).
+	fileGateway, fileBroker bool
 
 	mu      sync.Mutex     // one reload at a time
 	running *config.Config // what is in force
@@ -57,9 +60,13 @@ func (r *reloader) apply(ctx context.Context) error {
 	}
 	// A section for a role this process does not run is another
 	// process's (deskway gateway and deskway broker read the whole file);
-	// removing the section of one it runs takes a restart.
+	// removing the section of one it runs, or adding one the file did
+	// not have, takes a restart.
 	if (r.gateway != nil && next.Gateway == nil) || (r.broker != nil && next.Broker == nil) {
 		return errors.New("the file removes the gateway or broker section this process runs: roles change only at a restart")
+	}
+	if (!r.fileGateway && next.Gateway != nil) || (!r.fileBroker && next.Broker != nil) {
+		return errors.New("the file adds a gateway or broker section: roles change only at a restart")
 	}
 	// Keys and tokens change only at a restart; a reload that seemed to
 	// revoke a leaked one, and did not, would be worse than a refusal.
