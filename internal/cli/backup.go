@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"syscall"
 
@@ -41,6 +42,9 @@ func backupCmd() *cobra.Command {
 			db, err := sqliteDatabase(cfgPath, "backup")
 			if err != nil {
 				return err
+			}
+			if st, err := os.Stat(filepath.Dir(args[0])); err != nil || !st.IsDir() {
+				return fmt.Errorf("backup: there is no directory %s to put %s in; make it (readable by root alone: mkdir -m 0700 %[1]s) or name another", filepath.Dir(args[0]), filepath.Base(args[0]))
 			}
 			switch err := store.Backup(cmd.Context(), db, args[0]); {
 			case errors.Is(err, fs.ErrExist):

@@ -24,7 +24,9 @@ func gatewayCmd() *cobra.Command {
 					return err
 				}
 			}
-			cfg.Stream = nil // only this role runs
+			// Only this role runs, whatever else the file has (the
+			// package's file has the broker and the portal too).
+			cfg.Broker, cfg.Stream, cfg.Web, cfg.Agent = nil, nil, nil, nil
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}

@@ -30,6 +30,12 @@ type reloader struct {
 	log     *slog.Logger
 	gateway *gateway.Server // nil when the role does not run
 	broker  *broker.Server
+	// portal is the users the portal signs people in with; nil without
+	// the web role.
+	portal *auth.Users
+	// fileGateway and fileBroker: the file had the section when the
+	// process started (it may run only some of the roles in it).
+	fileGateway, fileBroker bool
 
 	mu      sync.Mutex     // one reload at a time
 	running *config.Config // what is in force
@@ -52,8 +58,15 @@ func (r *reloader) apply(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if (r.gateway != nil) != (next.Gateway != nil) || (r.broker != nil) != (next.Broker != nil) {
-		return errors.New("the file adds or removes the gateway or broker section: roles change only at a restart")
+	// A section for a role this process does not run is another
+	// process's (deskway gateway and deskway broker read the whole file);
+	// removing the section of one it runs, or adding one the file did
+	// not have, takes a restart.
+	if (r.gateway != nil && next.Gateway == nil) || (r.broker != nil && next.Broker == nil) {
+		return errors.New("the file removes the gateway or broker section this process runs: roles change only at a restart")
+	}
+	if (!r.fileGateway && next.Gateway != nil) || (!r.fileBroker && next.Broker != nil) {
+		return errors.New("the file adds a gateway or broker section: roles change only at a restart")
 	}
 	// Keys and tokens change only at a restart; a reload that seemed to
 	// revoke a leaked one, and did not, would be worse than a refusal.
@@ -78,6 +91,9 @@ func (r *reloader) apply(ctx context.Context) error {
 	}
 	if r.gateway != nil {
 		r.gateway.Reload(users, pol)
+	}
+	if r.portal != nil {
+		r.portal.Replace(users)
 	}
 	r.running = next
 	return nil

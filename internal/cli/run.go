@@ -40,6 +40,12 @@ type listeners struct {
 func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
 	rl := &reloader{path: path, log: log, running: cfg}
+	// cfg may hold fewer roles than the file (deskway gateway): which
+	// sections the file itself has tells an added role from another's.
+	rl.fileGateway, rl.fileBroker = cfg.Gateway != nil, cfg.Broker != nil
+	if f, err := config.Load(path); err == nil {
+		rl.fileGateway, rl.fileBroker = f.Gateway != nil, f.Broker != nil
+	}
 	var audit obs.AuditLog // in memory unless a broker's database keeps it
 	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil && cfg.Web == nil {
 		return errors.New("no role is enabled: add a gateway, broker, stream or web section to the config (or use deskway up)")
@@ -166,7 +172,12 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		if cfg.Web.LocalBroker() && rl.broker != nil {
 			local = rl.broker.Local(portalLaunchRetries)
 		}
-		wb, err := newWeb(cfg, log, reg, local)
+		users, err := auth.NewUsers(cfg.Auth.Users)
+		if err != nil {
+			return err
+		}
+		rl.portal = users
+		wb, err := newWeb(cfg, users, log, reg, local)
 		if err != nil {
 			return err
 		}

@@ -31,16 +31,12 @@ const webCookieKeyFile = "web-cookie.key"
 // with logons) before showing the user the refusal.
 const portalLaunchRetries = 3
 
-// newWeb builds the portal from the config: its users, its broker (this
-// deskway's unless web.broker names another) and its cookie key. A
-// non-nil local is the broker of this process: the portal calls it
-// without TLS or a socket.
-func newWeb(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, local *broker.Local) (*web.Server, error) {
+// newWeb builds the portal from the config: its broker (this deskway's
+// unless web.broker names another) and its cookie key, with users, which
+// a reload replaces. A non-nil local is the broker of this process: the
+// portal calls it without TLS or a socket.
+func newWeb(cfg *config.Config, users *auth.Users, log *slog.Logger, reg prometheus.Registerer, local *broker.Local) (*web.Server, error) {
 	w := cfg.Web
-	users, err := auth.NewUsers(cfg.Auth.Users)
-	if err != nil {
-		return nil, err
-	}
 	ca := w.BrokerCA
 	if ca == "" {
 		ca = cfg.TLS.Cert

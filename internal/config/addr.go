@@ -148,6 +148,19 @@ func checkPrefixes(bad badFunc, key string, list []string) {
 	}
 }
 
+// checkBalancers checks a proxy_protocol_from list. A prefix of every
+// address is refused: whoever is trusted to send a PROXY header names
+// the client, so with it any client could choose the address its
+// failed logins and caps are counted against.
+func checkBalancers(bad badFunc, key string, list []string) {
+	checkPrefixes(bad, key, list)
+	for i, s := range list {
+		if p, err := parsePrefix(s); err == nil && p.Bits() == 0 {
+			bad(fmt.Sprintf("%s[%d]", key, i), "%q is every address: any client could then send a PROXY header naming any address, and its failed logins and caps would count against that one; list the load balancers' addresses or their network", s)
+		}
+	}
+}
+
 // parsePrefix reads an address or a CIDR prefix; an address is a prefix
 // of its full length, and an IPv4-mapped prefix is compared unmapped, as
 // connections' addresses are.

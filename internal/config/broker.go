@@ -195,7 +195,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 
 func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	checkListen(bad, "broker.listen", b.Listen)
-	checkPrefixes(bad, "broker.proxy_protocol_from", b.ProxyProtocolFrom)
+	checkBalancers(bad, "broker.proxy_protocol_from", b.ProxyProtocolFrom)
 	checkDatabase(bad, "broker.database", b.Database)
 	if !c.Auth.TokenKey.IsSet() {
 		bad("auth.token_key", "the broker signs gateway tokens and agent credentials with it: set 32 or more random bytes")

@@ -199,7 +199,7 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	if len(g.FarmPeers) > 0 && !c.Auth.TokenKey.IsSet() {
 		bad("gateway.farm_peers", "a farm's nodes authenticate each other with a key derived from auth.token_key: set the same token_key on every node")
 	}
-	checkPrefixes(bad, "gateway.proxy_protocol_from", g.ProxyProtocolFrom)
+	checkBalancers(bad, "gateway.proxy_protocol_from", g.ProxyProtocolFrom)
 	for i, peer := range g.FarmPeers {
 		checkDial(bad, fmt.Sprintf("gateway.farm_peers[%d]", i), peer)
 	}

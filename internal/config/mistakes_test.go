@@ -20,7 +20,7 @@ func TestShippedExampleValidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := map[string]string{}
-	for _, name := range []string{"token.key", "win10.img", "golden.img", "golden-vmlinuz", "golden-initrd.img", "farm-db-url"} {
+	for _, name := range []string{"token.key", "admin.token", "admin.password", "portal.token", "win10.img", "golden.img", "golden-vmlinuz", "golden-initrd.img", "farm-db-url"} {
 		files[name] = filepath.Join(dir, name)
 		body := strings.Repeat("k", 32)
 		if name == "farm-db-url" {
@@ -38,7 +38,9 @@ func TestShippedExampleValidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	example := strings.NewReplacer("/etc/deskway/tls.crt", cert, "/etc/deskway/tls.key", key,
-		"/etc/deskway/token.key", files["token.key"], "/srv/vdisks/win10-2026-11.img", files["win10.img"],
+		"/etc/deskway/token.key", files["token.key"], "/etc/deskway/admin.token", files["admin.token"],
+		"/etc/deskway/admin.password", files["admin.password"], "/etc/deskway/portal.token", files["portal.token"],
+		"/srv/vdisks/win10-2026-11.img", files["win10.img"],
 		"/var/lib/deskway", dir).Replace(string(b))
 	if _, err := Parse([]byte(example)); err != nil {
 		t.Fatalf("deploy/deskway.yaml is refused:\n%v", err)

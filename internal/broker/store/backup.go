@@ -13,9 +13,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -86,69 +89,136 @@ func Backup(ctx context.Context, path, out string) error {
 
 // Restore puts the backup in place of the SQLite database at path. It
 // refuses with ErrInUse while a broker has the database open. The
-// restored file, and the lock file, belong to the owner and group of
-// path's directory (the state directory), with DatabaseMode; the old
+// restored file, and a lock file it makes, belong to the owner and group
+// of path's directory (the state directory), with DatabaseMode; the old
 // database's write-ahead log is removed, so none of it is applied to the
 // restored file.
+//
+// Run as root, it must not be led elsewhere by the state directory's
+// owner (the broker's user), who can put a link at any name there at any
+// time: the database is made in a directory of the caller's own, and in
+// the state directory every file is opened beside a descriptor of it,
+// never through a link, and is chmodded and chowned by its descriptor.
 func Restore(ctx context.Context, backup, path string) error {
 	if _, err := os.Stat(backup); err != nil {
 		return fmt.Errorf("store: restore: %w", err)
 	}
-	dir := filepath.Dir(path)
-	st, err := os.Stat(dir)
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("store: restore: %w", err)
+		return fmt.Errorf("store: restore: opening %s: %w", dir, err)
 	}
-	owner, ok := st.Sys().(*syscall.Stat_t)
-	if !ok {
-		return errors.New("store: restore: cannot tell who owns " + dir)
+	defer unix.Close(dfd)
+	var owner unix.Stat_t
+	if err := unix.Fstat(dfd, &owner); err != nil {
+		return fmt.Errorf("store: restore: %s: %w", dir, err)
 	}
-	lock, err := lockSQLite(path)
+	lock, err := lockAt(dfd, dir, base+".lock", &owner)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
-	if err := chownIfRoot(lock.Name(), owner); err != nil {
-		return fmt.Errorf("store: restore: %w", err)
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".restore-*")
+
+	work, err := os.MkdirTemp("", "deskway-restore-")
 	if err != nil {
 		return fmt.Errorf("store: restore: %w", err)
 	}
-	tmp.Close()
-	done := false
-	defer func() {
-		if !done {
-			os.Remove(tmp.Name())
-		}
-	}()
+	defer os.RemoveAll(work)
+	made := filepath.Join(work, base)
 	// Through SQLite rather than a file copy: whatever the backup's state
 	// (a write-ahead log beside it), the result is one whole database.
-	if err := vacuumInto(ctx, backup, tmp.Name()); err != nil {
+	if err := vacuumInto(ctx, backup, made); err != nil {
 		return fmt.Errorf("store: restore: %s is not a database deskway can read: %w", backup, err)
 	}
-	if err := check(ctx, tmp.Name()); err != nil {
+	if err := check(ctx, made); err != nil {
 		return fmt.Errorf("store: restore: %s: %w", backup, err)
 	}
-	if err := os.Chmod(tmp.Name(), DatabaseMode); err != nil {
+	tmpName := "." + base + ".restore-" + strconv.FormatUint(rand.Uint64(), 36)
+	if err := copyInto(dfd, dir, tmpName, made, &owner); err != nil {
+		_ = unix.Unlinkat(dfd, tmpName, 0)
 		return fmt.Errorf("store: restore: %w", err)
 	}
-	if err := chownIfRoot(tmp.Name(), owner); err != nil {
-		return fmt.Errorf("store: restore: %w", err)
-	}
-	if err := syncFile(tmp.Name()); err != nil {
-		return fmt.Errorf("store: restore: %w", err)
-	}
-	for _, stale := range []string{path + "-wal", path + "-shm", path + "-journal"} {
-		if err := os.Remove(stale); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("store: restore: %w", err)
+	for _, stale := range []string{base + "-wal", base + "-shm", base + "-journal"} {
+		if err := unix.Unlinkat(dfd, stale, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			_ = unix.Unlinkat(dfd, tmpName, 0)
+			return fmt.Errorf("store: restore: removing %s: %w", filepath.Join(dir, stale), err)
 		}
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := unix.Renameat(dfd, tmpName, dfd, base); err != nil {
+		_ = unix.Unlinkat(dfd, tmpName, 0)
 		return fmt.Errorf("store: restore: %w", err)
 	}
-	done = true
-	return syncFile(dir)
+	return unix.Fsync(dfd)
+}
+
+// lockAt takes the lock file name in the directory dfd (dir) without
+// following a link there. One it makes is given to owner's user and
+// group by its descriptor; one that exists is left as it is (a broker
+// locks it read-only, whoever owns it).
+func lockAt(dfd int, dir, name string, owner *unix.Stat_t) (*os.File, error) {
+	path := filepath.Join(dir, name)
+	created := true
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if errors.Is(err, unix.EEXIST) {
+		created = false
+		fd, err = unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	}
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("store: restore: %s is a symbolic link, which a broker never makes; remove it and restore again", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: restore: lock file %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, fmt.Errorf("store: restore: %s is not a regular file; remove it and restore again", path)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("store: %s: %w (another process holds %s)", strings.TrimSuffix(path, ".lock"), ErrInUse, path)
+		}
+		return nil, fmt.Errorf("store: restore: locking %s: %w", path, err)
+	}
+	if created && os.Geteuid() == 0 {
+		if err := f.Chown(int(owner.Uid), int(owner.Gid)); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("store: restore: %w", err)
+		}
+	}
+	return f, nil
+}
+
+// copyInto writes the file at from as the new file name in the
+// directory dfd (dir), with DatabaseMode and, as root, owner's user and
+// group, set by its descriptor, and synced.
+func copyInto(dfd int, dir, name, from string, owner *unix.Stat_t) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", filepath.Join(dir, name), err)
+	}
+	dst := os.NewFile(uintptr(fd), filepath.Join(dir, name))
+	_, err = io.Copy(dst, src)
+	if err == nil {
+		err = dst.Chmod(DatabaseMode)
+	}
+	if err == nil && os.Geteuid() == 0 {
+		err = dst.Chown(int(owner.Uid), int(owner.Gid))
+	}
+	if err == nil {
+		err = dst.Sync()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // vacuumInto writes the database at from into the empty file to.
@@ -183,22 +253,15 @@ func check(ctx context.Context, path string) error {
 	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil || n == 0 {
 		return errors.New("not a deskway broker's database (no schema_migrations)")
 	}
+	// The migrations make no trigger or view; one in a backup was put
+	// there by someone else, and a trigger would run inside the
+	// broker's own writes once it is restored.
+	var kind, name string
+	switch err := db.QueryRowContext(ctx, "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') LIMIT 1").Scan(&kind, &name); {
+	case err == nil:
+		return fmt.Errorf("not a deskway broker's database: it has the %s %q, which a broker never makes", kind, name)
+	case !errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("reading its schema: %w", err)
+	}
 	return nil
-}
-
-// chownIfRoot gives path to owner's user and group when this process may.
-func chownIfRoot(path string, owner *syscall.Stat_t) error {
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	return os.Chown(path, int(owner.Uid), int(owner.Gid))
-}
-
-func syncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
