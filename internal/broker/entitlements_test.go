@@ -31,7 +31,8 @@ func (r *rig) adminCall(method, path, body string) *httptest.ResponseRecorder {
 // broker and on another sharing the database, and clearing it brings the
 // configured entitlement back. Bad requests are refused with what to fix.
 func TestAdminSetsEntitlements(t *testing.T) {
-	dsn := filepath.Join(t.TempDir(), "broker.db")
+	// Brokers share PostgreSQL: a SQLite file is one broker's alone.
+	dsn := testkit.StartPostgres(t).NewDB(t)
 	r := newRig(t, dsn, nil)
 	r.agent("h1", "desk", "")
 	alice := brokerclient.Basic("alice", "Alice-Pass-1") // staff: configured for desk
