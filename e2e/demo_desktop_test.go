@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"os/user"
 	"strings"
 	"testing"
 	"time"
 
+	cdpruntime "github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
 
 	"github.com/deskway/deskway/internal/bench/childproc"
@@ -47,7 +50,10 @@ func browserDesktopDrawn(t *testing.T, tab context.Context, artifacts string, lo
 	wait, cancel := context.WithTimeout(tab, 60*time.Second)
 	defer cancel()
 	if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.CSS("#browser[data-connected='true'] #toolbar"))); err != nil {
-		status, _ := chromedp.Run(tab, chromedp.Text(chromedp.ID("status")))
+		// The status may be empty, which chromedp.Text would wait on.
+		read, cancel := context.WithTimeout(tab, 5*time.Second)
+		defer cancel()
+		status, _ := chromedp.Run(read, chromedp.Evaluate[string](`document.getElementById('status').textContent`))
 		shot(t, tab, artifacts, "browser-failed")
 		t.Fatalf("the desktop did not connect: the page says %q\n%s", status, lastLines(log.Log.String(), 30))
 	}
@@ -88,4 +94,47 @@ func portalShows(t *testing.T, ctx context.Context, portal, group, want, artifac
 		t.Fatal(err)
 	}
 	return labels
+}
+
+// openSignedOn clicks group's "Open in browser" and returns the new tab,
+// once its client has loaded: with single sign-on the page shows no
+// logon form to wait for.
+func openSignedOn(t *testing.T, ctx context.Context, group string) context.Context {
+	t.Helper()
+	ch := chromedp.WaitNewTarget(ctx, func(i *target.Info) bool { return i.Type == "page" })
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='"+group+"'] button[formaction='/browser']"))); err != nil {
+		t.Fatal(err)
+	}
+	var id target.ID
+	select {
+	case id = <-ch:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Open in browser opened no tab")
+	}
+	tab, cancel := chromedp.NewContext(ctx, chromedp.WithTargetID(id))
+	t.Cleanup(cancel)
+	var console testkit.Buffer
+	if err := chromedp.Listen(tab, func(ev any) {
+		switch e := ev.(type) {
+		case *cdpruntime.EventExceptionThrown:
+			fmt.Fprintf(&console, "exception: %s %v\n", e.ExceptionDetails.Text, e.ExceptionDetails.Exception)
+		case *cdpruntime.EventConsoleAPICalled:
+			for _, a := range e.Args {
+				fmt.Fprintf(&console, "console.%s: %s\n", e.Type, a.Value)
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the desktop page's console:\n%s", console.String())
+		}
+	})
+	wait, cancel2 := context.WithTimeout(tab, 30*time.Second)
+	defer cancel2()
+	if err := chromedp.Do(wait, chromedp.WaitReady(chromedp.CSS("#browser[data-ready='true']"))); err != nil {
+		t.Fatalf("the desktop page did not load its client: %v", err)
+	}
+	return tab
 }

@@ -176,10 +176,9 @@ func TestREADMEQuickstart(t *testing.T) {
 		mark := len(up.Log.String())
 		portal := "https://localhost:8446"
 		portalSignIn(t, ctx, portal, "demo", password, "desktops")
-		tab := openInBrowser(t, ctx, "desktops")
+		tab := openSignedOn(t, ctx, "desktops")
 		browserDesktopDrawn(t, tab, artifacts, up)
-		if !strings.Contains(up.Log.String()[mark:], `"transport":"browser"`) ||
-			!strings.Contains(up.Log.String()[mark:], `desktop account's credentials put in the client info","account":"`+demoAccount+`"`) {
+		if !regexp.MustCompile(`"msg":"desktop account's credentials put in the client info",[^}]*"transport":"browser","user":"demo","account":"` + demoAccount + `"`).MatchString(up.Log.String()[mark:]) {
 			t.Fatalf("no browser tunnel logged on as %s in the log:\n%s", demoAccount, lastLines(up.Log.String(), 20))
 		}
 		if asked, err := chromedp.Run(tab, chromedp.Evaluate[bool](`!document.getElementById('credentials').hidden || document.getElementById('password').value !== ''`)); err != nil || asked {
@@ -204,6 +203,17 @@ func TestREADMEQuickstart(t *testing.T) {
 		}
 		if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='desktops'] form.logoff button"))); err != nil {
 			t.Fatal(err)
+		}
+		// The portal answers the logoff with its page and a notice; going
+		// on before it would cancel the form's request.
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`)); err == nil && strings.Contains(href, "notice=logoff") {
+				break
+			}
+			if time.Now().After(deadline) {
+				shot(t, ctx, artifacts, "portal-logoff-failed")
+				t.Fatalf("the portal did not answer the logoff:\n%s", lastLines(up.Log.String(), 20))
+			}
 		}
 		portalShows(t, ctx, portal, "desktops", "Not running.", artifacts, "portal-logged-off")
 		for deadline := time.Now().Add(30 * time.Second); exec.Command("pgrep", "-u", demoAccount, "-x", "twm").Run() == nil; time.Sleep(200 * time.Millisecond) {
