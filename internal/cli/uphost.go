@@ -218,7 +218,7 @@ func startXRDP(ctx context.Context, out io.Writer, stateDir string) (func(), err
 			return wait, fmt.Errorf("session host: xrdp did not listen on %s within 15s", xrdpAddr)
 		}
 	}
-	fmt.Fprintf(out, "session host: started %s on %s (loopback only; they stop with deskway up)\n", what, xrdpAddr)
+	fmt.Fprintf(out, "session host: started %s on %s (loopback only, until deskway up stops)\n", what, xrdpAddr)
 	return wait, nil
 }
 
