@@ -1353,7 +1353,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /api/v1/broker/sessions", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		sq := store.SessionQuery{User: q.Get("user"), Host: q.Get("host"), All: q.Get("all") == "1", Limit: 1000}
+		sq := store.SessionQuery{User: q.Get("user"), Host: q.Get("host"), All: q.Get("all") == "1", LoggedOn: q.Get("logged_on") == "1", Limit: 1000}
 		for key, dst := range map[string]*int{"limit": &sq.Limit, "offset": &sq.Offset} {
 			if v := q.Get(key); v != "" {
 				n, err := strconv.Atoi(v)
@@ -1372,6 +1372,9 @@ func (s *Server) AdminHandler() *http.ServeMux {
 			return err
 		}) {
 			ss, err = s.cache.sessions(q.Get("user")), nil
+			if sq.LoggedOn {
+				ss = slices.DeleteFunc(ss, func(x store.Session) bool { return x.State == store.Launching })
+			}
 			total = len(ss)
 			fromCache(w)
 		}

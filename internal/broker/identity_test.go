@@ -88,6 +88,11 @@ func TestDesktopAccountIsThePortalUsersSession(t *testing.T) {
 	if _, err := r.launch(erin, brokerapi.LaunchRequest{DeliveryGroup: "desk"}); err != nil {
 		t.Fatal(err)
 	}
+	// Waiting for its logon, it is no live session of the console's count.
+	rec := r.adminCall("GET", "/api/v1/broker/sessions?limit=1&logged_on=1", "")
+	if rec.Code != 200 || rec.Header().Get("Deskway-Total") != "0" {
+		t.Fatalf("logged-on sessions with a launch pending: %d, total %q: %s", rec.Code, rec.Header().Get("Deskway-Total"), rec.Body)
+	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		r.beat("h1", h1, brokerapi.Heartbeat{DiskIdle: 0.9})
 		hosts := r.adminList("/api/v1/broker/hosts")
