@@ -1,5 +1,7 @@
-# deskway: `make run` starts every role with embedded defaults; `make test`
-# installs what the tests need and runs all of them.
+# deskway: `make run` starts every role with embedded defaults and, as
+# root, makes this machine the demo's session host (xrdp on loopback, the
+# deskway-demo account with twm and an xterm; it prints each step);
+# `make test` installs what the tests need and runs all of them.
 SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go

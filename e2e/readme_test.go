@@ -7,10 +7,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/deskway/deskway/internal/testkit"
 )
@@ -32,10 +35,15 @@ func readmeBlocks(t *testing.T) map[string]string {
 }
 
 // TestREADMEQuickstart runs the README's own lines, as a new user would on
-// this machine: make run, then each way of connecting with xfreerdp to
-// the xrdp server on port 3389, and checks each reaches the desktop, not
-// the login box. Only the placeholders are filled in: the state directory,
-// and the host account (HOSTUSER, HOSTPASSWORD).
+// this machine: make run, on a machine without the demo's desktop
+// account and with no RDP server running, then each way of connecting
+// with xfreerdp to the xrdp server make run started on port 3389, and
+// checks each reaches the desktop, not the login box. Only the
+// placeholders are filled in: the state directory, and the host account
+// (HOSTUSER, HOSTPASSWORD: the desktop account make run made). Then the
+// portal's Open in browser logs on with no password typed, to twm and
+// an xterm, and the portal follows the session: running, disconnected,
+// logged off.
 func TestREADMEQuickstart(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
@@ -58,11 +66,19 @@ func TestREADMEQuickstart(t *testing.T) {
 			t.Fatalf("port %s is taken; the README's commands use it", port)
 		}
 	}
-	xrdp := testkit.StartXRDP(t, 3389)
+	for _, sesman := range []string{"127.0.0.1:3350", "[::1]:3350"} {
+		// Another test's session manager would log make run's users on,
+		// and go away with that test.
+		if err := testkit.WaitPortClosed(sesman, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withoutDemoAccount(t)
 	display := testkit.Xvfb(t)
 	state := t.TempDir()
+	hostPassword := ""
 	fill := func(s string) string {
-		return strings.NewReplacer("/var/lib/deskway", state, "HOSTUSER", xrdp.User, "HOSTPASSWORD", xrdp.Password).Replace(s)
+		return strings.NewReplacer("/var/lib/deskway", state, "HOSTUSER", demoAccount, "HOSTPASSWORD", hostPassword).Replace(s)
 	}
 
 	// make run, as written; STATE_DIR (the Makefile's) keeps the test's
@@ -80,6 +96,18 @@ func TestREADMEQuickstart(t *testing.T) {
 	for _, line := range strings.Split(string(creds), "\n") {
 		if _, secret, ok := strings.Cut(line, ": "); ok && strings.Contains(up.Log.String(), secret) {
 			t.Fatalf("make run printed a secret from the credentials file:\n%s", up.Log.String())
+		}
+		if v, ok := strings.CutPrefix(line, demoAccount+" password: "); ok {
+			hostPassword = v
+		}
+	}
+	if hostPassword == "" {
+		t.Fatalf("the credentials file has no %s password:\n%s", demoAccount, creds)
+	}
+	// make run says what it did to the machine.
+	for _, said := range []string{"session host: created the Unix account " + demoAccount, "session host: started xrdp"} {
+		if !strings.Contains(up.Log.String(), said) {
+			t.Fatalf("make run did not say %q:\n%s", said, lastLines(up.Log.String(), 40))
 		}
 	}
 	// The local agent registers the machine with the broker.
@@ -133,7 +161,9 @@ func TestREADMEQuickstart(t *testing.T) {
 		})
 	}
 	// Open in browser, as the README tells it: the same desktop in a tab,
-	// the host account typed into the page.
+	// logged on by the gateway with the desktop account (nothing typed),
+	// then the portal's view of the session as it runs, is disconnected
+	// and is logged off.
 	t.Run("portal-open-in-browser", func(t *testing.T) {
 		password := ""
 		for _, line := range strings.Split(string(creds), "\n") {
@@ -141,15 +171,56 @@ func TestREADMEQuickstart(t *testing.T) {
 				password = v
 			}
 		}
+		artifacts := filepath.Join("artifacts", t.Name())
 		ctx := newBrowser(t)
 		mark := len(up.Log.String())
-		portalSignIn(t, ctx, "https://localhost:8446", "demo", password, "desktops")
-		tab := openInBrowser(t, ctx, "desktops")
-		connectInBrowser(t, tab, xrdp.User, xrdp.Password, filepath.Join("artifacts", t.Name()), up)
-		if !strings.Contains(up.Log.String()[mark:], `"transport":"browser"`) {
-			t.Fatalf("no browser tunnel in the log:\n%s", lastLines(up.Log.String(), 20))
+		portal := "https://localhost:8446"
+		portalSignIn(t, ctx, portal, "demo", password, "desktops")
+		tab := openSignedOn(t, ctx, "desktops")
+		browserDesktopDrawn(t, tab, artifacts, up)
+		if !regexp.MustCompile(`"msg":"desktop account's credentials put in the client info",[^}]*"transport":"browser","user":"demo","account":"` + demoAccount + `"`).MatchString(up.Log.String()[mark:]) {
+			t.Fatalf("no browser tunnel logged on as %s in the log:\n%s", demoAccount, lastLines(up.Log.String(), 20))
 		}
-		shot(t, tab, filepath.Join("artifacts", t.Name()), "desktop")
+		if asked, err := chromedp.Run(tab, chromedp.Evaluate[bool](`!document.getElementById('credentials').hidden || document.getElementById('password').value !== ''`)); err != nil || asked {
+			t.Fatalf("the page asked for credentials (%v)", err)
+		}
+		// A real xrdp session with the window manager and a terminal.
+		for _, prog := range []string{"Xorg", "twm", "xterm"} {
+			if err := exec.Command("pgrep", "-u", demoAccount, "-x", prog).Run(); err != nil {
+				t.Fatalf("no %s runs as %s", prog, demoAccount)
+			}
+		}
+		shot(t, tab, artifacts, "desktop")
+		// The portal shows demo's session, the one the broker placed.
+		if labels := portalShows(t, ctx, portal, "desktops", "Running on", artifacts, "portal-running"); !slices.Contains(labels, "Log off") {
+			t.Fatalf("a running session offers %q, no Log off", labels)
+		}
+		if err := chromedp.Do(tab, chromedp.Click(chromedp.ID("disconnect"))); err != nil {
+			t.Fatal(err)
+		}
+		if labels := portalShows(t, ctx, portal, "desktops", "Disconnected on", artifacts, "portal-disconnected"); !slices.Contains(labels, "Reconnect") || !slices.Contains(labels, "Log off") {
+			t.Fatalf("a disconnected session offers %q, not Reconnect and Log off", labels)
+		}
+		if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("li.desktop[data-group='desktops'] form.logoff button"))); err != nil {
+			t.Fatal(err)
+		}
+		// The portal answers the logoff with its page and a notice; going
+		// on before it would cancel the form's request.
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`)); err == nil && strings.Contains(href, "notice=logoff") {
+				break
+			}
+			if time.Now().After(deadline) {
+				shot(t, ctx, artifacts, "portal-logoff-failed")
+				t.Fatalf("the portal did not answer the logoff:\n%s", lastLines(up.Log.String(), 20))
+			}
+		}
+		portalShows(t, ctx, portal, "desktops", "Not running.", artifacts, "portal-logged-off")
+		for deadline := time.Now().Add(30 * time.Second); exec.Command("pgrep", "-u", demoAccount, "-x", "twm").Run() == nil; time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the session's twm still runs after the logoff")
+			}
+		}
 	})
 	// A stream client, as the README shows it: a certificate for pc1, a
 	// copy of the base, and a write and read of pc1's own boot over TLS.

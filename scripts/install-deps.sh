@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   xrdp xorgxrdp freerdp2-x11 xvfb xterm imagemagick   # RDP host, client, display, screenshots
+  twm                                                  # the window manager of make run's demo desktop
   x11-utils                                            # xmessage for session messages, xwininfo to see them, xdpyinfo for a resized session
   xdotool vim-tiny                                     # the session-host bench's workload types into an editor in each desktop
   xclip xinput x11-xserver-utils                       # the session's clipboard, the keys that reach it and its keymap (xmodmap), for browser desktops

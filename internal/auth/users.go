@@ -33,7 +33,8 @@ func (u *User) CheckPassword(password string) bool {
 // Users is the local user store, keyed by lower-case name. A reload of
 // the configuration replaces its contents while it is in use.
 type Users struct {
-	byName atomic.Pointer[map[string]*User]
+	byName   atomic.Pointer[map[string]*User]
+	desktops atomic.Pointer[desktops]
 }
 
 // NTHash returns MD4 of the UTF-16LE password, the key NTLM is built on.
@@ -63,12 +64,16 @@ func NewUsers(cfg []config.User) (*Users, error) {
 	}
 	s := &Users{}
 	s.byName.Store(&byName)
+	s.desktops.Store(&desktops{})
 	return s, nil
 }
 
-// Replace gives s the users of n: lookups from now on see n's, and one
-// already made keeps the user it found.
-func (s *Users) Replace(n *Users) { s.byName.Store(n.byName.Load()) }
+// Replace gives s the users and desktop accounts of n: lookups from now
+// on see n's, and one already made keeps the user it found.
+func (s *Users) Replace(n *Users) {
+	s.byName.Store(n.byName.Load())
+	s.desktops.Store(n.desktops.Load())
+}
 
 // Lookup finds a user by name, ignoring case as Windows does. A name given
 // as DOMAIN\user or user@domain is reduced to the user part.

@@ -874,8 +874,14 @@ func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req
 	if g.HostUsername == "none" {
 		hostUser = ""
 	}
+	// A user with a desktop account logs on as it: the gateway puts its
+	// password in a browser session's logon, and the .rdp file names it.
+	d, sso := s.users.Desktop(who.user)
+	if sso {
+		hostUser = d.Account
+	}
 	return &brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
-		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok,
+		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok, SingleSignOn: sso,
 		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, hostUser)}, nil
 }
 
@@ -1063,11 +1069,14 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 			err = errors.Join(err, fmt.Errorf("session of %q: %w", ss.User, e))
 			break
 		}
-		sessions[ss.User] = ss.State
+		// A desktop account's session is its portal user's: the one the
+		// broker placed and the portal shows.
+		user := s.users.PortalUser(ss.User)
+		sessions[user] = ss.State
 		if usage == nil {
 			usage = map[string]store.Usage{}
 		}
-		usage[ss.User] = store.Usage{Memory: ss.MemoryBytes, CPU: ss.CPU}
+		usage[user] = store.Usage{Memory: ss.MemoryBytes, CPU: ss.CPU}
 	}
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
@@ -1103,7 +1112,12 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := brokerapi.HeartbeatResponse{}
 	for _, c := range cmds {
-		resp.Commands = append(resp.Commands, brokerapi.Command{ID: c.ID, SessionID: c.SessionID, User: c.User, Kind: c.Kind, Text: c.Text})
+		// The host knows the session by its own account's name.
+		hostUser := c.User
+		if d, ok := s.users.Desktop(c.User); ok {
+			hostUser = d.Account
+		}
+		resp.Commands = append(resp.Commands, brokerapi.Command{ID: c.ID, SessionID: c.SessionID, User: hostUser, Kind: c.Kind, Text: c.Text})
 		s.log.Info("session command sent to host", "command", c.ID, "kind", c.Kind, "host", hb.Host, "user", c.User, "session", c.SessionID)
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -1235,7 +1249,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	for i := 0; i < len(ev.Events); {
 		j, users := i, []string{}
 		for ; j < len(ev.Events) && ev.Events[j].State == ev.Events[i].State; j++ {
-			users = append(users, ev.Events[j].User)
+			users = append(users, s.users.PortalUser(ev.Events[j].User))
 		}
 		e := store.Event{Host: ev.Host, Registration: c.Registration, Users: users, State: ev.Events[i].State, Now: now}
 		changed, err := s.applyEvent(r.Context(), e)
@@ -1339,7 +1353,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /api/v1/broker/sessions", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		sq := store.SessionQuery{User: q.Get("user"), Host: q.Get("host"), All: q.Get("all") == "1", Limit: 1000}
+		sq := store.SessionQuery{User: q.Get("user"), Host: q.Get("host"), All: q.Get("all") == "1", LoggedOn: q.Get("logged_on") == "1", Limit: 1000}
 		for key, dst := range map[string]*int{"limit": &sq.Limit, "offset": &sq.Offset} {
 			if v := q.Get(key); v != "" {
 				n, err := strconv.Atoi(v)
@@ -1358,6 +1372,9 @@ func (s *Server) AdminHandler() *http.ServeMux {
 			return err
 		}) {
 			ss, err = s.cache.sessions(q.Get("user")), nil
+			if sq.LoggedOn {
+				ss = slices.DeleteFunc(ss, func(x store.Session) bool { return x.State == store.Launching })
+			}
 			total = len(ss)
 			fromCache(w)
 		}

@@ -80,6 +80,7 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	users.WithDesktops(cfg.Auth.DesktopAccounts)
 	tokens, err := auth.NewTokens([]byte(key), nil)
 	if err != nil {
 		t.Fatal(err)

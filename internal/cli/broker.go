@@ -115,6 +115,7 @@ func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *p
 		st.Close()
 		return nil, nil, err
 	}
+	users.WithDesktops(cfg.Auth.DesktopAccounts)
 	tokens, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
 	if err != nil {
 		st.Close()

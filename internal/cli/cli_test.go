@@ -92,7 +92,7 @@ func TestUp(t *testing.T) {
 	out, errb := &lockedBuf{}, &lockedBuf{}
 	done := make(chan int, 1)
 	go func() {
-		done <- Main(ctx, []string{"up", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort),
+		done <- Main(ctx, []string{"up", "--session-host=false", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort),
 			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort), "--broker-listen", fmt.Sprintf(":%d", brokerPort), "--web-listen", fmt.Sprintf(":%d", webPort)}, out, errb)
 	}()
 	defer func() {

@@ -77,6 +77,7 @@ func (r *reloader) apply(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	users.WithDesktops(next.Auth.DesktopAccounts)
 	var pol *policy.Engine
 	if r.gateway != nil {
 		if pol, err = policy.New(next.Gateway, nil); err != nil {

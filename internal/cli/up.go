@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
@@ -42,6 +43,13 @@ auth:
   - name: admin
     password: %[15]s
     groups: [admins]
+  # The demo user's account on this machine (a Unix user deskway up
+  # creates): the broker counts its xrdp session as demo's, and the
+  # gateway logs demo's browser sessions on with it (single sign-on).
+  desktop_accounts:
+  - user: demo
+    account: deskway-demo
+    password: %[18]s
 gateway:
   listen: "%[6]s"
   public_name: localhost:%[11]s
@@ -66,7 +74,7 @@ broker:
     description: this machine's RDP server
     groups: [users]
     # The demo user is a gateway account, not one of this machine's: the
-    # .rdp file names no host user, and the client gives it (/u: /p:).
+    # .rdp file names its desktop account (auth.desktop_accounts) instead.
     host_username: none
   # This machine is the session host and runs everything else too, so
   # a busy moment (a build, a test run) is not a host too busy for users:
@@ -101,7 +109,7 @@ const credentialsFile = "credentials"
 
 func upCmd() *cobra.Command {
 	var stateDir, bind, listen, adminListen, streamListen, brokerListen, webListen string
-	var public bool
+	var public, host bool
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run every role on this machine with embedded defaults and print where to connect",
@@ -111,6 +119,13 @@ every interface. The demo password and the admin token are written to
 STATE_DIR/credentials (mode 0600), never printed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			// Before the config: its first start pins xrdp's certificate.
+			if host {
+				if err := installHostPackages(cmd.Context(), out); err != nil {
+					return err
+				}
+			}
 			path := filepath.Join(stateDir, "up.yaml")
 			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 				if err := os.MkdirAll(stateDir, 0o700); err != nil {
@@ -153,7 +168,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 					return err
 				}
 				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo,
-					brokerListen, join, gport, bport, random(24), webListen, random(12), wport, xrdpPinLine("/etc/xrdp/cert.pem"))
+					brokerListen, join, gport, bport, random(24), webListen, random(12), wport, xrdpPinLine("/etc/xrdp/cert.pem"), random(12))
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -169,7 +184,15 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 			if err := writeCredentials(creds, cfg); err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
+			// xrdp, when deskway up started it, stops with the roles.
+			hctx, stop := context.WithCancel(cmd.Context())
+			wait := func() {}
+			defer func() { stop(); wait() }()
+			if host {
+				if wait, err = sessionHost(hctx, out, cfg); err != nil {
+					return err
+				}
+			}
 			return runRoles(cmd.Context(), path, cfg, cmd.ErrOrStderr(), func(l listeners) {
 				printUp(out, cfg, l, path, creds)
 			})
@@ -177,6 +200,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 	}
 	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
 	c.Flags().StringVar(&bind, "bind", "127.0.0.1", "address the listeners bind to, written into the config on first start")
+	c.Flags().BoolVar(&host, "session-host", true, "make this machine the demo's session host: install xrdp, twm and xterm if missing, create the deskway-demo account, start xrdp on loopback (needs root)")
 	c.Flags().BoolVar(&public, "public", false, "bind to every interface instead of --bind (other machines can then connect)")
 	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port (or HOST:PORT), written into the config on first start")
 	c.Flags().StringVar(&brokerListen, "broker-listen", ":8444", "broker port (or HOST:PORT), written into the config on first start")
@@ -254,6 +278,9 @@ func writeCredentials(path string, cfg *config.Config) error {
 			fmt.Fprintf(&b, "%s password: %s\n", u.Name, u.Password.Value())
 		}
 	}
+	for _, d := range cfg.Auth.DesktopAccounts {
+		fmt.Fprintf(&b, "%s password: %s\n", d.Account, d.Password.Value())
+	}
 	if len(cfg.Admin.Tokens) > 0 {
 		fmt.Fprintf(&b, "admin token: %s\n", cfg.Admin.Tokens[0].Value())
 	}
@@ -278,25 +305,26 @@ func printUp(out io.Writer, cfg *config.Config, l listeners, path, creds string)
 	}
 	gport := port(l.Gateway, "8443")
 	pw := fmt.Sprintf(`"$(sed -n 's/^demo password: //p' %s)"`, creds)
+	hostPW := fmt.Sprintf(`"$(sed -n 's/^%s password: //p' %s)"`, demoAccount, creds)
 	fmt.Fprintf(out, `deskway is up (config: %[1]s)
-  credentials  %[2]s  (the demo and admin users' passwords and the admin token, mode 0600)
+  credentials  %[2]s  (the demo, %[6]s and admin users' passwords and the admin token, mode 0600)
   gateway      https://localhost:%[3]s  (RD Gateway: MS-TSGU over websocket and RDG_IN/OUT_DATA)
   admin API    https://%[4]s/api/v1/gateway/tunnels  (Authorization: Bearer <admin token>)
   metrics      https://%[4]s/metrics
-Connect through the gateway to this machine's RDP server as one of its users (HOSTUSER, HOSTPASSWORD):
-  xfreerdp /v:127.0.0.1 /u:HOSTUSER /p:HOSTPASSWORD /g:localhost:%[3]s /gu:demo /gp:%[5]s /gt:http /cert:ignore
-`, path, creds, gport, l.Admin, pw)
+Connect through the gateway to this machine's RDP server as the demo's desktop account, %[6]s:
+  xfreerdp /v:127.0.0.1 /u:%[6]s /p:%[7]s /g:localhost:%[3]s /gu:demo /gp:%[5]s /gt:http /cert:ignore
+`, path, creds, gport, l.Admin, pw, demoAccount, hostPW)
 	if l.Web != nil {
-		fmt.Fprintf(out, `  portal       https://localhost:%[1]s  (sign in as demo, press Launch, open the downloaded file: xfreerdp desktops.rdp /u:HOSTUSER /p:HOSTPASSWORD /cert:ignore)
+		fmt.Fprintf(out, `  portal       https://localhost:%[1]s  (sign in as demo and press Open in browser: the desktop opens in the tab, logged on as %[2]s; or Launch, and open the downloaded file: xfreerdp desktops.rdp /p:%[3]s /cert:ignore)
   console      https://localhost:%[1]s/admin/  (sign in as admin)
-`, port(l.Web, "8446"))
+`, port(l.Web, "8446"), demoAccount, hostPW)
 	}
 	if l.Broker != nil {
 		fmt.Fprintf(out, `A desktop from the broker, as an .rdp file, opened with xfreerdp:
   curl -sk -u demo:%[2]s -H 'Accept: application/x-rdp' -H 'Content-Type: application/json' -d '{"delivery_group":"desktops"}' https://localhost:%[1]s/api/v1/launch > desk.rdp
-  xfreerdp desk.rdp /u:HOSTUSER /p:HOSTPASSWORD /cert:ignore
+  xfreerdp desk.rdp /p:%[4]s /cert:ignore
   hosts        https://%[3]s/api/v1/broker/hosts
-`, port(l.Broker, "8444"), pw, l.Admin)
+`, port(l.Broker, "8444"), pw, l.Admin, hostPW)
 	}
 	if l.Stream != nil && cfg.Stream != nil && len(cfg.Stream.VDisks) > 0 {
 		fmt.Fprintf(out, `  stream       nbd://localhost:%[1]s/%[2]s/CLIENT/BOOT  (vDisks over NBD with a client certificate: ./bin/deskway stream cert issue -c %[3]s --client CLIENT)

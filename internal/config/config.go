@@ -86,6 +86,24 @@ type Auth struct {
 	// users, lock that address (a password spray).
 	MaxFailuresPerAddress int      `yaml:"max_failures_per_address"`
 	FailureWindow         Duration `yaml:"failure_window"`
+	// DesktopAccounts map portal (gateway) users to the session hosts'
+	// accounts they log on as: the broker counts a host's report of the
+	// account as the user's session, and the gateway logs a browser
+	// session of the user on with the account's password.
+	DesktopAccounts []DesktopAccount `yaml:"desktop_accounts"`
+}
+
+// DesktopAccount is one user's account on the session hosts.
+type DesktopAccount struct {
+	// User is the portal user (the name the gateway's token carries).
+	User string `yaml:"user"`
+	// Account is the host's user name, as its RDP server and the agent's
+	// session reports name it.
+	Account string `yaml:"account"`
+	// Domain is the host account's domain, when it has one.
+	Domain string `yaml:"domain"`
+	// Password is the host account's password.
+	Password Secret `yaml:"password"`
 }
 
 // User is a local account. NTLM needs the NT hash of the password, so either
@@ -210,6 +228,7 @@ func (c *Config) Validate() error {
 			bad(key+".nt_hash", "must be 32 hex digits")
 		}
 	}
+	validateDesktopAccounts(c.Auth.DesktopAccounts, bad)
 	if g := c.Gateway; g != nil {
 		c.validateGateway(g, bad)
 	}

@@ -116,6 +116,9 @@ func (c *Config) resolveSecrets() error {
 		resolve(fmt.Sprintf("auth.users[%d].password", i), &c.Auth.Users[i].Password)
 		resolve(fmt.Sprintf("auth.users[%d].nt_hash", i), &c.Auth.Users[i].NTHash)
 	}
+	for i := range c.Auth.DesktopAccounts {
+		resolve(fmt.Sprintf("auth.desktop_accounts[%d].password", i), &c.Auth.DesktopAccounts[i].Password)
+	}
 	if c.Agent != nil {
 		resolve("agent.join_token", &c.Agent.JoinToken)
 	}

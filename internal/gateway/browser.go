@@ -466,7 +466,7 @@ func (f *outputFramer) stop(done int, err error) ([]byte, error) {
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 	wto := tn.srv.cfg.WriteTimeout.D()
 	buf := make([]byte, 16<<10)
-	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags)}
+	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags), creds: tn.desktopCredentials()}
 	for {
 		n, err := bt.in.Read(buf)
 		if n > 0 {
@@ -479,7 +479,11 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 			}
 			if logon.set {
 				logon.set = false
-				tn.log.Debug("auto-logon turned on in the client info")
+				if logon.creds != nil {
+					tn.log.Info("desktop account's credentials put in the client info", "account", logon.creds.User)
+				} else {
+					tn.log.Debug("auto-logon turned on in the client info")
+				}
 			}
 			if logon.raised {
 				logon.raised = false
@@ -517,6 +521,9 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 // passes bytes on untouched.
 type logonWatch struct {
 	withhold []string
+	// creds, when set, replace whatever the client put in its Client
+	// Info PDU (single sign-on with the user's desktop account).
+	creds    *x224.Credentials
 	pending  []byte
 	sawMCS   bool // the Connect Initial went through
 	done     bool
@@ -598,7 +605,12 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 				return nil, err
 			}
 			w.raised = w.raised || raised
-			ok, err := x224.SetAutoLogon(pkt)
+			var ok bool
+			if w.creds != nil {
+				pkt, ok, err = x224.SetCredentials(pkt, *w.creds)
+			} else {
+				ok, err = x224.SetAutoLogon(pkt)
+			}
 			if err != nil {
 				return nil, err
 			}

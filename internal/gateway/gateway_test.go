@@ -126,6 +126,7 @@ func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mo
 	if err != nil {
 		t.Fatal(err)
 	}
+	users.WithDesktops(cfg.Auth.DesktopAccounts)
 	tokens, _ := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
 	pol, err := policy.New(cfg.Gateway, nil)
 	if err != nil {

@@ -101,6 +101,20 @@ func WaitPort(addr string, timeout time.Duration) error {
 	return errors.New("testkit: " + addr + " did not open in " + timeout.String())
 }
 
+// WaitPortClosed waits until nothing accepts TCP connections on addr.
+func WaitPortClosed(addr string, timeout time.Duration) error {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(200 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return nil
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			return errors.New("testkit: " + addr + " still accepts connections after " + timeout.String())
+		}
+	}
+}
+
 // FreePort returns a loopback port that was free a moment ago, from
 // outside the range the kernel gives outgoing connections.
 func FreePort(t testing.TB) int {

@@ -291,7 +291,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 			d.Problems = append(d.Problems, fmt.Sprintf("Host %s: %s", h.Name, h.Status))
 		}
 	}
-	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?limit=1", nil, nil, &hdr); err != nil {
+	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?limit=1&logged_on=1", nil, nil, &hdr); err != nil {
 		errs = append(errs, "sessions: "+err.Error())
 	} else {
 		d.SessionCount, _ = strconv.Atoi(hdr.Get("Deskway-Total"))

@@ -57,6 +57,10 @@ type LaunchResponse struct {
 	Token string `json:"token"`
 	// RDP is the .rdp file: host, gateway and token.
 	RDP string `json:"rdp"`
+	// SingleSignOn is true when the user has a desktop account
+	// (auth.desktop_accounts): the gateway logs a browser session on
+	// with it, and no password is asked.
+	SingleSignOn bool `json:"single_sign_on,omitempty"`
 }
 
 // Error is every non-2xx body.

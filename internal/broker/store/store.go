@@ -825,6 +825,9 @@ func (s *Store) sessionRows(ctx context.Context, q SessionQuery, count bool) ([]
 	if !q.All {
 		conds = append(conds, "state <> 'ended'")
 	}
+	if q.LoggedOn {
+		conds = append(conds, "state IN ('active', 'disconnected')")
+	}
 	where := ""
 	if len(conds) > 0 {
 		where = " WHERE " + strings.Join(conds, " AND ")
@@ -850,8 +853,11 @@ func (s *Store) sessionRows(ctx context.Context, q SessionQuery, count bool) ([]
 type SessionQuery struct {
 	User, Host string // empty: any
 	All        bool   // ended ones too
-	Limit      int
-	Offset     int
+	// LoggedOn keeps sessions a host has reported (active or
+	// disconnected): not launches still waiting for their logon.
+	LoggedOn bool
+	Limit    int
+	Offset   int
 }
 
 // SessionPage returns the sessions q selects and how many there are in

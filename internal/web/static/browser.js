@@ -111,6 +111,13 @@ form.addEventListener('submit', async (ev) => {
   }
 });
 
+// Single sign-on: the gateway logs the session on with the portal
+// user's desktop account, so nothing is asked for here.
+if (root.dataset.sso === 'true') {
+  form.elements.password.required = false;
+  form.requestSubmit();
+}
+
 document.getElementById('cad').addEventListener('click', () => ui.ctrlAltDel());
 document.getElementById('meta').addEventListener('click', () => ui.metaKey());
 document.getElementById('disconnect').addEventListener('click', () => ui.shutdown());
