@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/gobwas/ws"
@@ -53,13 +54,35 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		return
 	}
 	hs := handshakeInfo{method: policy.MethodPAA, remote: cs.remote, conns: []*connState{cs}}
-	conn, in, ok := s.upgrade(w, r, hs)
+	neg, err := negotiateDeflate(r.Header, s.cfg.BrowserCompression)
+	if err != nil {
+		plain(w, http.StatusBadRequest, "websocket extensions cannot be read\n")
+		s.log.Info("browser websocket refused", "remote", cs.remote.String(), "err", err)
+		return
+	}
+	var extra string
+	if neg.header != "" {
+		extra = "Sec-WebSocket-Extensions: " + neg.header + "\r\n"
+	}
+	conn, in, ok := s.upgrade(w, r, hs, extra)
 	if !ok {
 		return
 	}
 	bt := &browserTransport{wsTransport: newWSTransport(conn, cs.raw, in, s.cfg.WriteTimeout.D())}
+	if neg.header != "" {
+		if bt.deflate, err = newDeflater(neg.context); err != nil {
+			s.log.Error("browser websocket", "err", err)
+			_ = cs.raw.Close()
+			cs.finish()
+			return
+		}
+		bt.in.inflate = &inflater{}
+	}
 	origin := r.Header.Get("Origin")
 	s.runWith(bt, hs, "browser", func(tn *tunnel) error {
+		if neg.header != "" {
+			tn.log = tn.log.With("permessage_deflate", neg.header)
+		}
 		// The gateway's own reasons for ending it reach the page.
 		tn.clientCaps = tsgu.CapMessagingServiceMsg
 		return tn.runBrowser(bt, origin)
@@ -74,14 +97,17 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 // carry no reason: their errors name the gateway's own addresses.
 type browserTransport struct {
 	*wsTransport
+	// deflate compresses what is sent when the browser negotiated
+	// permessage-deflate.
+	deflate *deflater
+	// sent counts the bytes of the messages' payloads sent, after
+	// compression: what reaches the browser.
+	sent atomic.Uint64
 }
 
 // writePacket sends a ping: the only packet the common code sends once a
 // browser session is open is a keepalive.
 func (t *browserTransport) writePacket([]byte) error { return t.writeControl(ws.OpPing, nil) }
-
-// writeBinary sends p as one binary message.
-func (t *browserTransport) writeBinary(p []byte) error { return t.wsTransport.writePacket(p) }
 
 func (t *browserTransport) close(final ...[]byte) {
 	t.g.shut(func() {
