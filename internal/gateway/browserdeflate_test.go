@@ -57,8 +57,13 @@ func openDeflate(t *testing.T, h *harness, offer string) *deflateConn {
 	return &deflateConn{browserConn: &browserConn{conn: conn, br: br}, accepted: resp.Header.Get("Sec-WebSocket-Extensions")}
 }
 
-// sendCompressed sends p as one compressed message (RFC 7692 7.2.1).
-func (d *deflateConn) sendCompressed(t *testing.T, p []byte) {
+// sendCompressed sends p as one compressed message (RFC 7692 7.2.1), in
+// one frame.
+func (d *deflateConn) sendCompressed(t *testing.T, p []byte) { d.sendFragments(t, p, 1) }
+
+// sendFragments sends p as one compressed message in n frames, with a
+// ping between the first two (control frames may come between).
+func (d *deflateConn) sendFragments(t *testing.T, p []byte, n int) {
 	t.Helper()
 	var b bytes.Buffer
 	fw, _ := flate.NewWriter(&b, flate.BestSpeed)
@@ -68,10 +73,24 @@ func (d *deflateConn) sendCompressed(t *testing.T, p []byte) {
 	if err := fw.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	f := ws.NewBinaryFrame(bytes.TrimSuffix(b.Bytes(), []byte{0, 0, 0xff, 0xff}))
-	f.Header.Rsv = ws.Rsv(true, false, false)
-	if err := ws.WriteFrame(d.conn, ws.MaskFrameInPlace(f)); err != nil {
-		t.Fatal(err)
+	c := bytes.TrimSuffix(b.Bytes(), []byte{0, 0, 0xff, 0xff})
+	for i := 0; i < n; i++ {
+		op := ws.OpBinary
+		if i > 0 {
+			op = ws.OpContinuation
+		}
+		f := ws.NewFrame(op, i == n-1, bytes.Clone(c[len(c)*i/n:len(c)*(i+1)/n]))
+		if i == 0 {
+			f.Header.Rsv = ws.Rsv(true, false, false)
+		}
+		if err := ws.WriteFrame(d.conn, ws.MaskFrameInPlace(f)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 && n > 1 {
+			if err := ws.WriteFrame(d.conn, ws.MaskFrameInPlace(ws.NewPingFrame([]byte("p")))); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 
@@ -158,11 +177,16 @@ func TestBrowserDeflate(t *testing.T) {
 				t.Fatalf("echo %x, %v", echo, err)
 			}
 			// Screen-like output, the same rows again and again: the host
-			// echoes it, in TLS records of its own sizes.
+			// echoes it, in TLS records of its own sizes. The second round
+			// goes up as a compressed message in three frames.
 			row := []byte("the quick brown fox jumps over the lazy dog 0123456789 ")
 			for i := 0; i < 3; i++ {
 				tail := append([]byte{0x44, 0x0a}, bytes.Repeat(row, 200)...)
-				send(t, tail)
+				if i == 1 && tc.accept != "" {
+					b.sendFragments(t, tail, 3)
+				} else {
+					send(t, tail)
+				}
 				var back []byte
 				for len(back) < len(tail) {
 					m, err := b.next()
