@@ -316,29 +316,45 @@ func TestPortalBenchSmoke(t *testing.T) {
 
 // TestBrowserBenchSmoke runs a short `deskway bench browser` (xrdp,
 // chromium, xfreerdp, the gateway on its own) and checks the result's
-// shape: every run of both clients, first frames and frames counted, and
-// the summary keys docs/benchmarks/browser is read by.
+// shape: every run of every client (the browser with each setting of
+// gateway.browser_compression), first frames and frames counted, the
+// summary keys docs/benchmarks/browser is read by, and that chromium,
+// which negotiates permessage-deflate, is sent fewer bytes with
+// compression on than off in every run while its frames keep coming.
 func TestBrowserBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "chromium", "import")
 	testkit.RequireRoot(t)
 	out := t.TempDir()
 	res := runBench(t, out, "browser", "--runs", "2", "--window", "2s")
-	for _, k := range []string{"browser_first_frame_s", "xfreerdp_first_frame_s", "first_frame_ratio", "gateway_cpu_ratio_tsgu", "browser_fps", "xfreerdp_fps"} {
+	for _, k := range []string{"browser_first_frame_s", "xfreerdp_first_frame_s", "first_frame_ratio", "gateway_cpu_ratio_tsgu", "browser_fps", "xfreerdp_fps",
+		"bytes_ratio_tsgu", "bytes_ratio_tsgu_worst", "gateway_cpu_ratio_tsgu_off", "bytes_ratio_tsgu_off", "bytes_ratio_tsgu_no_context_takeover"} {
 		if v, ok := res.Summary[k]; !ok || v <= 0 {
 			t.Errorf("summary %s = %v", k, v)
 		}
 	}
 	seen := map[string]int{}
+	toClient := map[string]map[any]float64{}
 	for _, p := range res.Points {
 		seen[p.System]++
-		if p.Metrics["first_frame_s"] <= 0 || p.Metrics["fps"] <= 0 || p.Metrics["gateway_kbytes_per_s"] <= 0 {
+		if p.Metrics["first_frame_s"] <= 0 || p.Metrics["fps"] <= 0 || p.Metrics["gateway_kbytes_per_s"] <= 0 || p.Metrics["to_client_kbytes_per_s"] <= 0 {
 			t.Errorf("point %+v", p)
 		}
+		if toClient[p.System] == nil {
+			toClient[p.System] = map[any]float64{}
+		}
+		toClient[p.System][p.Params["run"]] = p.Metrics["to_client_kbytes_per_s"]
 	}
-	if seen["deskway-browser"] != 2 || seen["deskway-xfreerdp"] != 2 {
-		t.Fatalf("points %v, want 2 runs of each client", seen)
+	for _, sys := range []string{"deskway-browser", "deskway-browser-no-context-takeover", "deskway-browser-uncompressed", "deskway-xfreerdp"} {
+		if seen[sys] != 2 {
+			t.Fatalf("points %v, want 2 runs of each client", seen)
+		}
 	}
-	for _, f := range []string{"result.md", "first-frame.svg", "browser-moving.png", "xfreerdp-moving.png"} {
+	for run, off := range toClient["deskway-browser-uncompressed"] {
+		if on := toClient["deskway-browser"][run]; on >= off {
+			t.Errorf("run %v: %.0f KiB/s to chromium with context_takeover, %.0f with compression off", run, on, off)
+		}
+	}
+	for _, f := range []string{"result.md", "first-frame.svg", "browser-moving.png", "browser-uncompressed-moving.png", "xfreerdp-moving.png"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Error(err)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/bench/sessionhost"
+	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
@@ -370,6 +371,8 @@ xfreerdp, all on loopback, and takes turns between the two clients.`,
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
 	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each client, taking turns")
 	c.Flags().DurationVar(&o.Window, "window", 10*time.Second, "how long frames and gateway CPU are measured while the window moves")
+	c.Flags().StringSliceVar(&o.Compression, "browser-compression", []string{config.BrowserCompressionContext, config.BrowserCompressionMessage, config.BrowserCompressionOff},
+		"the gateway's browser_compression settings to measure the browser with, each in every run")
 	return c
 }
 

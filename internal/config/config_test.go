@@ -39,6 +39,7 @@ func TestValidationNamesKey(t *testing.T) {
 		"gateway:\n  resource_policies:\n  - name: r\n    groups: [g]\n    hosts: [10.0.0.0/33]\n": "CIDR",
 		"gateway:\n  connection_policies:\n  - name: c\n":                                          "match nobody",
 		"gateway:\n  auth_methods: [ntlm]\n  radius:\n    server: nowhere\n    secret: s\n":        "gateway.radius.server",
+		"gateway:\n  browser_compression: gzip\n":                                                  `gateway.browser_compression (line 2): "gzip" is not off, no_context_takeover or context_takeover`,
 	}
 	for in, want := range cases {
 		_, err := Parse([]byte(in))

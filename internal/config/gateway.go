@@ -59,6 +59,11 @@ type Gateway struct {
 	// pages may open browser sessions on /rdp; empty turns browser
 	// sessions off.
 	BrowserOrigins []string `yaml:"browser_origins"`
+	// BrowserCompression is how the gateway compresses what it sends a
+	// browser (permessage-deflate, RFC 7692): off, no_context_takeover
+	// (each message on its own) or context_takeover (each message
+	// against the 32 KiB the session sent before it; the default).
+	BrowserCompression string `yaml:"browser_compression"`
 	// FarmPeers are the other nodes of a gateway farm (host:port of each
 	// one's listener, as this node reaches it). A legacy IN half whose OUT
 	// half went to another node behind a load balancer is carried to it.
@@ -73,6 +78,13 @@ type Gateway struct {
 	// farm peer's link, which proves itself with the farm key.
 	ProxyProtocolFrom []string `yaml:"proxy_protocol_from"`
 }
+
+// The values of gateway.browser_compression.
+const (
+	BrowserCompressionOff     = "off"
+	BrowserCompressionMessage = "no_context_takeover"
+	BrowserCompressionContext = "context_takeover"
+)
 
 // CAP is a connection authorization policy: who may connect, and how.
 type CAP struct {
@@ -143,6 +155,7 @@ func gatewayDefaults(g *Gateway) {
 	setDefault(&g.DialTimeout, Duration(10*time.Second))
 	setDefault(&g.ShutdownGrace, Duration(30*time.Second))
 	setDefault(&g.MaxTunnels, 20000)
+	setDefault(&g.BrowserCompression, BrowserCompressionContext)
 	if g.RelayLoops == nil {
 		// Two per CPU, not one: each loop's tunnels then wait behind
 		// fewer others while a loop works through its ready sockets,
@@ -172,6 +185,11 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	}
 	if g.RelayLoops != nil && (*g.RelayLoops < 0 || *g.RelayLoops > 1024) {
 		bad("gateway.relay_loops", "must be between 0 (no event loops) and 1024")
+	}
+	switch g.BrowserCompression {
+	case BrowserCompressionOff, BrowserCompressionMessage, BrowserCompressionContext:
+	default:
+		bad("gateway.browser_compression", "%q is not off, no_context_takeover or context_takeover", g.BrowserCompression)
 	}
 	if g.MaxTunnels < 1 {
 		bad("gateway.max_tunnels", "must be at least 1")

@@ -10,17 +10,21 @@ import (
 
 // TunnelInfo is one row of the admin API's tunnel list.
 type TunnelInfo struct {
-	ID         uint32    `json:"id"`
-	User       string    `json:"user"`
-	Client     string    `json:"client_address"`
-	ClientName string    `json:"client_name,omitempty"`
-	Transport  string    `json:"transport"`
-	Method     string    `json:"auth_method"`
-	Target     string    `json:"target,omitempty"`
-	TargetName string    `json:"target_name,omitempty"`
-	BytesUp    uint64    `json:"bytes_up"`
-	BytesDown  uint64    `json:"bytes_down"`
-	Started    time.Time `json:"started"`
+	ID         uint32 `json:"id"`
+	User       string `json:"user"`
+	Client     string `json:"client_address"`
+	ClientName string `json:"client_name,omitempty"`
+	Transport  string `json:"transport"`
+	Method     string `json:"auth_method"`
+	Target     string `json:"target,omitempty"`
+	TargetName string `json:"target_name,omitempty"`
+	BytesUp    uint64 `json:"bytes_up"`
+	BytesDown  uint64 `json:"bytes_down"`
+	// BytesToClient is what the client was sent: bytes_down for an
+	// MS-TSGU tunnel; for a browser's, its websocket messages' payloads
+	// after compression (the RDCleanPath answer among them).
+	BytesToClient uint64    `json:"bytes_to_client"`
+	Started       time.Time `json:"started"`
 	// IdleSecs is the time since the client's last input.
 	IdleSecs float64 `json:"idle_seconds"`
 	Open     bool    `json:"channel_open"`
@@ -37,6 +41,10 @@ func (s *Server) Tunnels() []TunnelInfo {
 	for _, tn := range s.tunnels {
 		ti := TunnelInfo{ID: tn.id, Client: tn.hs.remote.String(), Transport: tn.transport, Method: tn.hs.method,
 			BytesUp: tn.bytesUp.Load(), BytesDown: tn.bytesDown.Load(), Started: tn.started}
+		ti.BytesToClient = ti.BytesDown
+		if bt, ok := tn.t.(*browserTransport); ok {
+			ti.BytesToClient = bt.sent.Load()
+		}
 		// Handshake fields are written by the tunnel goroutine before the
 		// channel opens; they are read only once it is open.
 		if tn.isOpen() {

@@ -11,12 +11,12 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/gobwas/ws"
 
 	"github.com/deskway/deskway/internal/policy"
-	"github.com/deskway/deskway/internal/proto/bitmapupdate"
 	"github.com/deskway/deskway/internal/proto/rdcleanpath"
 	"github.com/deskway/deskway/internal/proto/sharecontrol"
 	"github.com/deskway/deskway/internal/proto/tsgu"
@@ -53,13 +53,35 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		return
 	}
 	hs := handshakeInfo{method: policy.MethodPAA, remote: cs.remote, conns: []*connState{cs}}
-	conn, in, ok := s.upgrade(w, r, hs)
+	neg, err := negotiateDeflate(r.Header, s.cfg.BrowserCompression)
+	if err != nil {
+		plain(w, http.StatusBadRequest, "websocket extensions cannot be read\n")
+		s.log.Info("browser websocket refused", "remote", cs.remote.String(), "err", err)
+		return
+	}
+	var extra string
+	if neg.header != "" {
+		extra = "Sec-WebSocket-Extensions: " + neg.header + "\r\n"
+	}
+	conn, in, ok := s.upgrade(w, r, hs, extra)
 	if !ok {
 		return
 	}
 	bt := &browserTransport{wsTransport: newWSTransport(conn, cs.raw, in, s.cfg.WriteTimeout.D())}
+	if neg.header != "" {
+		if bt.deflate, err = newDeflater(neg.context); err != nil {
+			s.log.Error("browser websocket", "err", err)
+			_ = cs.raw.Close()
+			cs.finish()
+			return
+		}
+		bt.in.inflate = &inflater{}
+	}
 	origin := r.Header.Get("Origin")
 	s.runWith(bt, hs, "browser", func(tn *tunnel) error {
+		if neg.header != "" {
+			tn.log = tn.log.With("permessage_deflate", neg.header)
+		}
 		// The gateway's own reasons for ending it reach the page.
 		tn.clientCaps = tsgu.CapMessagingServiceMsg
 		return tn.runBrowser(bt, origin)
@@ -74,14 +96,17 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 // carry no reason: their errors name the gateway's own addresses.
 type browserTransport struct {
 	*wsTransport
+	// deflate compresses what is sent when the browser negotiated
+	// permessage-deflate.
+	deflate *deflater
+	// sent counts the bytes of the messages' payloads sent, after
+	// compression: what reaches the browser.
+	sent atomic.Uint64
 }
 
 // writePacket sends a ping: the only packet the common code sends once a
 // browser session is open is a keepalive.
 func (t *browserTransport) writePacket([]byte) error { return t.writeControl(ws.OpPing, nil) }
-
-// writeBinary sends p as one binary message.
-func (t *browserTransport) writeBinary(p []byte) error { return t.wsTransport.writePacket(p) }
 
 func (t *browserTransport) close(final ...[]byte) {
 	t.g.shut(func() {
@@ -401,66 +426,6 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 			return err
 		}
 	}
-}
-
-// outputFramer cuts the host's output into whole PDUs and mends what
-// the browser's client would otherwise get wrong: it widens the
-// destination of each bitmap update to the bitmap's size (see package
-// bitmapupdate: xrdp's padded bitmaps are otherwise drawn sheared), and
-// carries the output through a resize, when the host deactivates and
-// reactivates the session (see package sharecontrol: the client
-// otherwise ends the session). Anything it cannot frame makes it pass
-// the rest of the session through untouched.
-type outputFramer struct {
-	pending []byte
-	out     []byte // the whole PDUs of the last feed, reused: the caller writes them before feeding again
-	off     bool
-	react   sharecontrol.Reactivation
-	// events are the reactivation's events of the last feed, for the log.
-	events []sharecontrol.Event
-}
-
-// feed takes bytes from the host and returns the whole PDUs among them
-// that may go to the client now.
-func (f *outputFramer) feed(p []byte) ([]byte, error) {
-	f.events = f.events[:0]
-	if f.off {
-		return p, nil
-	}
-	f.pending = append(f.pending, p...)
-	f.out = f.out[:0]
-	done := 0
-	for done < len(f.pending) {
-		n, err := bitmapupdate.Len(f.pending[done:])
-		if err != nil {
-			return f.stop(done, err)
-		}
-		if n == 0 || n > len(f.pending)-done {
-			break
-		}
-		pdu := f.pending[done : done+n]
-		if _, err := bitmapupdate.Widen(pdu); err != nil {
-			return f.stop(done, err)
-		}
-		var ev sharecontrol.Event
-		f.out, ev = f.react.Pass(f.out, pdu)
-		if ev != sharecontrol.None {
-			f.events = append(f.events, ev)
-		}
-		done += n
-	}
-	f.pending = append(f.pending[:0], f.pending[done:]...)
-	return f.out, nil
-}
-
-// stop gives up framing at pending[done:]: what is held and the rest go
-// out as they are, and from then on everything does.
-func (f *outputFramer) stop(done int, err error) ([]byte, error) {
-	f.off = true
-	f.out = f.react.Release(f.out)
-	f.out = append(f.out, f.pending[done:]...)
-	f.pending = nil
-	return f.out, err
 }
 
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {

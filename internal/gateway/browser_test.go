@@ -92,7 +92,7 @@ func (h *fakeHost) serve(c net.Conn, cert tls.Certificate, protocol uint32) {
 
 // browserHarness is a gateway with browser sessions on, for the portal's
 // origin, and a resource policy that pins the fake host's certificate.
-func browserHarness(t *testing.T, protocol uint32) (*harness, *fakeHost, []byte) {
+func browserHarness(t *testing.T, protocol uint32, mods ...func(*config.Config)) (*harness, *fakeHost, []byte) {
 	t.Helper()
 	hostTLS, _, _, _ := testkit.TLS(t)
 	cert := hostTLS.Certificates[0]
@@ -100,6 +100,9 @@ func browserHarness(t *testing.T, protocol uint32) (*harness, *fakeHost, []byte)
 	h := start(t, func(c *config.Config) {
 		c.Gateway.BrowserOrigins = []string{portalOrigin}
 		c.Gateway.RAP[0].HostCertSHA256 = []string{hex.EncodeToString(sum[:])}
+		for _, m := range mods {
+			m(c)
+		}
 	})
 	return h, startFakeHost(t, cert, protocol), cert.Certificate[0]
 }

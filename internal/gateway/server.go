@@ -558,7 +558,7 @@ const websocketGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 // Sec-WebSocket-Key that is not base64, so any non-empty key is accepted and
 // the accept value is computed from it exactly as sent.
 func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs handshakeInfo) {
-	conn, in, ok := s.upgrade(w, r, hs)
+	conn, in, ok := s.upgrade(w, r, hs, "")
 	if !ok {
 		return
 	}
@@ -568,7 +568,8 @@ func (s *Server) serveWebsocket(w http.ResponseWriter, r *http.Request, hs hands
 // upgrade answers a websocket upgrade request with 101 and hands back the
 // connection, and a reader that replays what the client pipelined behind
 // its request. It has answered the client itself when it returns false.
-func (s *Server) upgrade(w http.ResponseWriter, r *http.Request, hs handshakeInfo) (net.Conn, io.Reader, bool) {
+// extra holds further header lines for the response, each ending in CRLF.
+func (s *Server) upgrade(w http.ResponseWriter, r *http.Request, hs handshakeInfo, extra string) (net.Conn, io.Reader, bool) {
 	key := r.Header.Get("Sec-WebSocket-Key")
 	if key == "" || !headerHasToken(r.Header, "Connection", "upgrade") {
 		plain(w, http.StatusBadRequest, "websocket upgrade needs Connection: Upgrade and Sec-WebSocket-Key\n")
@@ -586,7 +587,7 @@ func (s *Server) upgrade(w http.ResponseWriter, r *http.Request, hs handshakeInf
 	}
 	sum := sha1.Sum([]byte(key + websocketGUID))
 	resp := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
-		base64.StdEncoding.EncodeToString(sum[:]) + "\r\n\r\n"
+		base64.StdEncoding.EncodeToString(sum[:]) + "\r\n" + extra + "\r\n"
 	_ = conn.SetReadDeadline(hs.deadline())
 	_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout.D()))
 	if _, err := conn.Write([]byte(resp)); err != nil {

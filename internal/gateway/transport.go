@@ -272,11 +272,21 @@ type wsReader struct {
 	ctl  []byte // a control frame's payload being read, after its header
 	cn   int
 	ctlH frameHeader
+
+	// fin is the last data frame's FIN bit: its message ends with it.
+	fin bool
+	// continued is whether the last data frame was a continuation.
+	continued bool
+	// inflate is set when the client negotiated permessage-deflate: its
+	// messages may then come compressed (see inflater).
+	inflate *inflater
 }
 
 // frameHeader is what the relay needs of a client frame header (RFC 6455 5.2).
 type frameHeader struct {
 	op     ws.OpCode
+	fin    bool
+	rsv1   bool // permessage-deflate's "compressed" bit
 	masked bool
 	length int64
 	mask   [4]byte
@@ -297,12 +307,15 @@ func headerLen(b1 byte) int {
 	return n
 }
 
-// parseFrameHeader decodes a whole header as sized by headerLen.
+// parseFrameHeader decodes a whole header as sized by headerLen. RSV1 is
+// left to the caller, which knows whether an extension gave it a meaning.
 func parseFrameHeader(b []byte) (frameHeader, error) {
 	var h frameHeader
-	if b[0]&0x70 != 0 {
+	if b[0]&0x30 != 0 {
 		return h, errors.New("websocket: reserved bits set without an extension")
 	}
+	h.fin = b[0]&0x80 != 0
+	h.rsv1 = b[0]&0x40 != 0
 	h.op = ws.OpCode(b[0] & 0x0f)
 	h.masked = b[1]&0x80 != 0
 	i := 2
@@ -348,46 +361,65 @@ func (w *wsReader) fill(b []byte, n *int) error {
 }
 
 func (w *wsReader) Read(p []byte) (int, error) {
+	if w.inflate != nil {
+		return w.inflate.read(w, p)
+	}
 	for w.left == 0 {
+		if _, err := w.frame(); err != nil {
+			return 0, err
+		}
+	}
+	return w.payload(p)
+}
+
+// frame reads frame headers, answering control frames, up to the next
+// data frame's; it reports whether that frame is marked compressed.
+func (w *wsReader) frame() (compressed bool, err error) {
+	for {
 		if w.closed {
-			return 0, io.EOF
+			return false, io.EOF
 		}
 		if w.ctl == nil {
 			if err := w.fill(w.hdr[:2], &w.hn); err != nil {
-				return 0, wsHeaderErr(err)
+				return false, wsHeaderErr(err)
 			}
 			if err := w.fill(w.hdr[:headerLen(w.hdr[1])], &w.hn); err != nil {
-				return 0, wsHeaderErr(err)
+				return false, wsHeaderErr(err)
 			}
 			h, err := parseFrameHeader(w.hdr[:w.hn])
 			w.hn = 0
 			if err != nil {
-				return 0, err
+				return false, err
 			}
 			if !h.masked {
-				return 0, errors.New("websocket: client frame not masked")
+				return false, errors.New("websocket: client frame not masked")
 			}
 			if h.length > maxFrameLen {
-				return 0, fmt.Errorf("websocket: frame of %d bytes over %d", h.length, maxFrameLen)
+				return false, fmt.Errorf("websocket: frame of %d bytes over %d", h.length, maxFrameLen)
+			}
+			if h.rsv1 && (w.inflate == nil || h.op == ws.OpContinuation || h.op.IsControl()) {
+				// RFC 7692 6: only a message's first frame is marked.
+				return false, errors.New("websocket: compressed bit set where no compression applies")
 			}
 			switch h.op {
 			case ws.OpBinary, ws.OpContinuation, ws.OpText:
 				w.left, w.mask, w.pos = h.length, h.mask, 0
-				continue
+				w.fin, w.continued = h.fin, h.op == ws.OpContinuation
+				return h.rsv1, nil
 			case ws.OpPing, ws.OpPong, ws.OpClose:
 				if h.length > maxControlPayload {
-					return 0, errors.New("websocket: control frame too long")
+					return false, errors.New("websocket: control frame too long")
 				}
 				w.ctlH, w.ctl, w.cn = h, make([]byte, h.length), 0
 			default:
-				return 0, fmt.Errorf("websocket: unknown opcode %d", h.op)
+				return false, fmt.Errorf("websocket: unknown opcode %d", h.op)
 			}
 		}
 		if err := w.fill(w.ctl, &w.cn); err != nil {
 			if !errors.Is(err, errWouldBlock) {
 				err = fmt.Errorf("websocket control frame: %w", err)
 			}
-			return 0, err
+			return false, err
 		}
 		payload, h := w.ctl, w.ctlH
 		w.ctl = nil
@@ -395,13 +427,18 @@ func (w *wsReader) Read(p []byte) (int, error) {
 		switch h.op {
 		case ws.OpPing:
 			if err := w.t.writeControl(ws.OpPong, payload); err != nil {
-				return 0, err
+				return false, err
 			}
 		case ws.OpClose:
 			w.closed = true
-			return 0, io.EOF
+			return false, io.EOF
 		}
 	}
+}
+
+// payload reads the current data frame's payload, of which w.left bytes
+// are still due.
+func (w *wsReader) payload(p []byte) (int, error) {
 	if int64(len(p)) > w.left {
 		p = p[:w.left]
 	}

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/childproc"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/config"
 )
 
 // Options configure a run.
@@ -34,7 +34,11 @@ type Options struct {
 	// Runs of each client, taking turns.
 	Runs int
 	// Window is how long frames and CPU are counted while the window moves.
-	Window       time.Duration
+	Window time.Duration
+	// Compression lists the gateway's browser_compression settings the
+	// browser is measured with, each as a client of its own in every run;
+	// the gateway restarts between them.
+	Compression  []string
 	Out, Command string
 	Log          *slog.Logger
 }
@@ -45,6 +49,9 @@ func (o *Options) defaults() {
 	}
 	if o.Window == 0 {
 		o.Window = 10 * time.Second
+	}
+	if len(o.Compression) == 0 {
+		o.Compression = []string{config.BrowserCompressionContext, config.BrowserCompressionMessage, config.BrowserCompressionOff}
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -66,12 +73,18 @@ type sample struct {
 	firstFrame time.Duration
 	fps        float64
 	cpuPct     float64 // the gateway process, while the window moved
-	bytes      uint64  // through the gateway in that time
+	bytes      uint64  // through the gateway in that time, both ways
+	toClient   uint64  // sent to the client in that time, after compression
 }
 
 // Run measures and writes the result when Out is set.
 func Run(ctx context.Context, o Options) (*report.Result, error) {
 	o.defaults()
+	for _, m := range o.Compression {
+		if m != config.BrowserCompressionContext && m != config.BrowserCompressionMessage && m != config.BrowserCompressionOff {
+			return nil, fmt.Errorf("browserbench: %q is not a browser_compression setting (off, no_context_takeover or context_takeover)", m)
+		}
+	}
 	res := &report.Result{Bench: "browser", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(), Summary: map[string]float64{}}
 	if o.Out != "" {
 		if err := os.MkdirAll(o.Out, 0o755); err != nil {
@@ -85,7 +98,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	defer os.RemoveAll(dir)
 	r := &rig{dir: dir}
 	defer r.close()
-	if err := r.setUp(ctx); err != nil {
+	if err := r.setUp(ctx, o.Compression[0]); err != nil {
 		return nil, err
 	}
 	b, err := newBrowser(ctx, filepath.Join(dir, "chromium"))
@@ -106,10 +119,10 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	time.Sleep(time.Second)
 	runs := map[string][]sample{}
 	for run := 1; run <= o.Runs; run++ {
-		order := []string{"browser", "xfreerdp"}
-		if run%2 == 0 {
-			order[0], order[1] = order[1], order[0]
-		}
+		// Each browser setting and xfreerdp, the order turning each run.
+		order := append([]string{"xfreerdp"}, o.Compression...)
+		k := (run - 1) % len(order)
+		order = append(order[k:], order[:k]...)
 		for _, sys := range order {
 			var s sample
 			var err error
@@ -117,12 +130,12 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			// client draws.
 			shot := ""
 			if o.Out != "" && run == o.Runs {
-				shot = filepath.Join(o.Out, sys+"-moving.png")
+				shot = filepath.Join(o.Out, strings.TrimPrefix(sysName(sys), "deskway-")+"-moving.png")
 			}
-			if sys == "browser" {
-				s, err = b.measure(ctx, r, o.Window, shot)
-			} else {
+			if sys == "xfreerdp" {
 				s, err = measureXfreerdp(ctx, r, o.Window, shot)
+			} else if err = r.setCompression(sys); err == nil {
+				s, err = b.measure(ctx, r, o.Window, shot)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("browserbench: run %d, %s: %w", run, sys, err)
@@ -131,124 +144,29 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			res.Points = append(res.Points, report.Point{Scenario: "desktop", System: sysName(sys),
 				Params: map[string]any{"run": run, "width": r.desktopW, "height": r.desktopH, "window_s": o.Window.Seconds()},
 				Metrics: map[string]float64{"first_frame_s": round3(s.firstFrame.Seconds()), "fps": round3(s.fps), "gateway_cpu_pct": round3(s.cpuPct),
-					"gateway_kbytes_per_s": round3(float64(s.bytes) / 1024 / o.Window.Seconds()), "gateway_cpu_ms_per_mib": round3(cpuPerMiB(s, o.Window))}})
-			if sys == "browser" {
+					"gateway_kbytes_per_s": round3(float64(s.bytes) / 1024 / o.Window.Seconds()), "gateway_cpu_ms_per_mib": round3(cpuPerMiB(s, o.Window)),
+					"to_client_kbytes_per_s": round3(float64(s.toClient) / 1024 / o.Window.Seconds())}})
+			if sys != "xfreerdp" {
 				res.Points[len(res.Points)-1].Metrics["page_ready_s"] = round3(s.pageReady.Seconds())
 			}
 			o.Log.Info("run", "system", sys, "run", run, "first_frame_s", round3(s.firstFrame.Seconds()), "fps", round3(s.fps), "gateway_cpu_pct", round3(s.cpuPct))
 			time.Sleep(time.Second) // xrdp notes the disconnect
 		}
 	}
-	summarize(res, runs)
+	summarize(res, runs, o.Compression)
 	res.Notes = []string{
-		fmt.Sprintf("One xrdp host (Debian's xrdp and xorgxrdp), one deskway gateway process on its own (its CPU is read from /proc), and deskway's broker, agent and portal in another; %d runs of each client taking turns, both reconnecting to the same session of %dx%d, which the first (unmeasured) connection started.", o.Runs, r.desktopW, r.desktopH),
+		fmt.Sprintf("One xrdp host (Debian's xrdp and xorgxrdp), one deskway gateway process on its own (its CPU is read from /proc), and deskway's broker, agent and portal in another; %d runs of each client taking turns, all reconnecting to the same session of %dx%d, which the first (unmeasured) connection started. The browser is measured once for each gateway.browser_compression setting (%s) in every run, the gateway restarted with it before (no session is open then); the order of the clients turns each run.", o.Runs, r.desktopW, r.desktopH, strings.Join(o.Compression, ", ")),
 		"Browser: Debian's chromium, headless, signed in to the portal; Open in browser, then the user name and password; the time runs from the click on Connect to the first animation frame in which the canvas shows the session's navy xterm (checked on every frame). xfreerdp: the .rdp file from the broker's launch, `xfreerdp FILE /u /p /gt:http /size:WxH` on Xvfb; the time runs from starting the process to the first poll (every 2 ms, X GetImage of one row) that finds the xterm on the Xvfb screen.",
-		fmt.Sprintf("Frames: while the xterm moves itself 8 px every 30 ms (xterm's window operations) and scrolls a directory listing, for %s each client counts the changes of the xterm's right edge it shows: the browser in every animation frame of its canvas, xfreerdp's screen by X GetImage every 2 ms. gateway_cpu_pct is the gateway process's scheduler time (/proc/PID/task/*/schedstat, nanoseconds) over that window; gateway_kbytes_per_s what it relayed both ways, from its admin API.", o.Window),
+		fmt.Sprintf("Frames: while the xterm moves itself 8 px every 30 ms (xterm's window operations) and scrolls a directory listing, for %s each client counts the changes of the xterm's right edge it shows: the browser in every animation frame of its canvas, xfreerdp's screen by X GetImage every 2 ms. gateway_cpu_pct is the gateway process's scheduler time (/proc/PID/task/*/schedstat, nanoseconds) over that window; gateway_kbytes_per_s what it relayed both ways and to_client_kbytes_per_s what it sent the client (the browser's after permessage-deflate), from its admin API's bytes_up, bytes_down and bytes_to_client.", o.Window),
 		"The browser's time from clicking Open in browser on the portal to its client being loaded (the page and 6 MB of JavaScript with WebAssembly) is page_ready_s, beside the first-frame time, which starts at the click on Connect after the password is typed.",
-		"Headlines are medians over runs; first_frame_ratio and gateway_cpu_ratio_tsgu are medians of the per-run ratios (browser ÷ xfreerdp), with the worst beside them.",
+		"Headlines are medians over runs; the ratios (bytes_ratio_tsgu, gateway_cpu_ratio_tsgu, first_frame_ratio) are medians of the per-run ratios (browser ÷ xfreerdp of the same run), with the worst run's beside them; keys without a suffix are the default setting's (context_takeover), the others end in the setting's name.",
 	}
 	if o.Out != "" {
-		if err := write(res, o.Out); err != nil {
+		if err := write(res, o.Out, o.Compression); err != nil {
 			return nil, err
 		}
 	}
 	return res, nil
-}
-
-// cpuPerMiB is the gateway's CPU milliseconds per MiB it relayed.
-func cpuPerMiB(s sample, window time.Duration) float64 {
-	if s.bytes == 0 {
-		return 0
-	}
-	return s.cpuPct / 100 * window.Seconds() * 1000 / (float64(s.bytes) / (1 << 20))
-}
-
-func sysName(s string) string {
-	if s == "browser" {
-		return "deskway-browser"
-	}
-	return "deskway-xfreerdp"
-}
-
-func summarize(res *report.Result, runs map[string][]sample) {
-	br, xf := runs["browser"], runs["xfreerdp"]
-	get := func(ss []sample, f func(sample) float64) []float64 {
-		var out []float64
-		for _, s := range ss {
-			out = append(out, f(s))
-		}
-		return out
-	}
-	first := func(s sample) float64 { return s.firstFrame.Seconds() }
-	cpu := func(s sample) float64 { return s.cpuPct }
-	fps := func(s sample) float64 { return s.fps }
-	var ffRatio, cpuRatio, perMiBRatio []float64
-	for i := range br {
-		ffRatio = append(ffRatio, first(br[i])/first(xf[i]))
-		if cpu(xf[i]) > 0 {
-			cpuRatio = append(cpuRatio, cpu(br[i])/cpu(xf[i]))
-		}
-		if xf[i].bytes > 0 && br[i].bytes > 0 {
-			perMiBRatio = append(perMiBRatio, (cpu(br[i])/float64(br[i].bytes))/(cpu(xf[i])/float64(xf[i].bytes)))
-		}
-	}
-	s := res.Summary
-	s["browser_first_frame_s"] = round3(median(get(br, first)))
-	s["xfreerdp_first_frame_s"] = round3(median(get(xf, first)))
-	s["first_frame_ratio"] = round3(median(ffRatio))
-	s["first_frame_ratio_worst"] = round3(maxOf(ffRatio))
-	s["browser_fps"] = round3(median(get(br, fps)))
-	s["xfreerdp_fps"] = round3(median(get(xf, fps)))
-	s["browser_gateway_cpu_pct"] = round3(median(get(br, cpu)))
-	s["xfreerdp_gateway_cpu_pct"] = round3(median(get(xf, cpu)))
-	s["browser_page_ready_s"] = round3(median(get(br, func(s sample) float64 { return s.pageReady.Seconds() })))
-	bytesPerS := func(s sample) float64 { return float64(s.bytes) }
-	if xb := median(get(xf, bytesPerS)); xb > 0 {
-		s["bytes_ratio_tsgu"] = round3(median(get(br, bytesPerS)) / xb)
-	}
-	if len(perMiBRatio) > 0 {
-		s["gateway_cpu_per_byte_ratio_tsgu"] = round3(median(perMiBRatio))
-	}
-	if len(cpuRatio) > 0 {
-		s["gateway_cpu_ratio_tsgu"] = round3(median(cpuRatio))
-		s["gateway_cpu_ratio_tsgu_worst"] = round3(maxOf(cpuRatio))
-	}
-}
-
-func write(res *report.Result, dir string) error {
-	if err := res.WriteJSON(dir); err != nil {
-		return err
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Browser desktops\n\n`%s`\n\nMeasured %s on %d CPUs, %.0f GiB, Linux %s, %s.\n\n", res.Command, res.Started.Format(time.RFC3339),
-		res.Machine.CPUs, float64(res.Machine.MemBytes)/(1<<30), res.Machine.Kernel, res.Machine.Go)
-	t := report.Table{Title: "Each run, the two clients taking turns on one session", Head: []string{"Run", "Client", "Click to first frame (s)", "Frames/s, window moving", "Gateway CPU (%)", "Through the gateway (KiB/s)", "Gateway CPU (ms/MiB)"}}
-	ff := map[string][]float64{}
-	var labels []string
-	for _, p := range res.Points {
-		run := fmt.Sprint(p.Params["run"])
-		t.Rows = append(t.Rows, []string{run, p.System, fmt.Sprintf("%.2f", p.Metrics["first_frame_s"]), fmt.Sprintf("%.1f", p.Metrics["fps"]),
-			fmt.Sprintf("%.2f", p.Metrics["gateway_cpu_pct"]), fmt.Sprintf("%.0f", p.Metrics["gateway_kbytes_per_s"]), fmt.Sprintf("%.1f", p.Metrics["gateway_cpu_ms_per_mib"])})
-		ff[p.System] = append(ff[p.System], p.Metrics["first_frame_s"])
-		if p.System == "deskway-browser" {
-			labels = append(labels, "run "+run)
-		}
-	}
-	s := res.Summary
-	fmt.Fprintf(&b, "Summary (medians over runs): click on Connect to first frame %.2f s in the browser (its page and client loaded in %.2f s before that), %.2f s with xfreerdp from its start: **%.2f ×** (worst run %.2f ×); frames shown while a window moves %.1f/s and %.1f/s; gateway CPU for the browser session **%.2f ×** that of the MS-TSGU tunnel (worst run %.2f ×), for %.2f × the bytes, so %.2f × per byte.\n\n",
-		s["browser_first_frame_s"], s["browser_page_ready_s"], s["xfreerdp_first_frame_s"], s["first_frame_ratio"], s["first_frame_ratio_worst"], s["browser_fps"], s["xfreerdp_fps"],
-		s["gateway_cpu_ratio_tsgu"], s["gateway_cpu_ratio_tsgu_worst"], s["bytes_ratio_tsgu"], s["gateway_cpu_per_byte_ratio_tsgu"])
-	b.WriteString(t.Markdown())
-	b.WriteString("\n## How it was measured\n\n")
-	for _, n := range res.Notes {
-		b.WriteString("- " + n + "\n")
-	}
-	b.WriteString("\nChart: `first-frame.svg`. What each client showed at the end of the last run's moving window: `browser-moving.png`, `xfreerdp-moving.png`.\n")
-	if err := os.WriteFile(filepath.Join(dir, "result.md"), []byte(b.String()), 0o644); err != nil {
-		return err
-	}
-	return report.BarChart(filepath.Join(dir, "first-frame.svg"), "Click to first frame", "seconds", labels,
-		[]report.Series{{Name: "browser", Y: ff["deskway-browser"]}, {Name: "xfreerdp", Y: ff["deskway-xfreerdp"]}})
 }
 
 // browser is one chromium, signed in to the portal.
@@ -485,7 +403,7 @@ func moving(ctx context.Context, r *rig, window time.Duration, s *sample, edge, 
 		return err
 	}
 	t0 := time.Now()
-	b0, err := r.gatewayBytes(ctx)
+	b0, c0, err := r.gatewayBytes(ctx)
 	if err != nil {
 		return err
 	}
@@ -493,7 +411,7 @@ func moving(ctx context.Context, r *rig, window time.Duration, s *sample, edge, 
 	if err != nil {
 		return fmt.Errorf("counting frames: %w", err)
 	}
-	b1, err := r.gatewayBytes(ctx)
+	b1, c1, err := r.gatewayBytes(ctx)
 	if err != nil {
 		return err
 	}
@@ -503,7 +421,7 @@ func moving(ctx context.Context, r *rig, window time.Duration, s *sample, edge, 
 	}
 	s.fps = float64(n) / window.Seconds()
 	s.cpuPct = 100 * (z - a).Seconds() / time.Since(t0).Seconds()
-	s.bytes = b1 - b0
+	s.bytes, s.toClient = b1-b0, c1-c0
 	return nil
 }
 
@@ -579,22 +497,3 @@ func measureXfreerdp(ctx context.Context, r *rig, window time.Duration, shot str
 	})
 	return s, err
 }
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
-func maxOf(v []float64) float64 {
-	m := 0.0
-	for _, x := range v {
-		m = max(m, x)
-	}
-	return m
-}
-
-func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }

@@ -16,6 +16,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -64,6 +65,7 @@ type rig struct {
 	brokerPort           int
 	display              string
 	gw, rest             *childproc.Proc
+	compression          string // the gateway's browser_compression
 	procs                []*childproc.Proc
 	client               *http.Client
 	portal, adminToken   string
@@ -100,6 +102,7 @@ gateway:
   listen: "127.0.0.1:%[5]d"
   public_name: "127.0.0.1:%[5]d"
   browser_origins: ["https://127.0.0.1:%[6]d"]
+  browser_compression: %[9]s
   connection_policies:
   - {name: bench, groups: [bench], auth_methods: [paa]}
   resource_policies:
@@ -138,7 +141,7 @@ web:
 `
 
 // setUp starts everything; close stops it, also after an error.
-func (r *rig) setUp(ctx context.Context) error {
+func (r *rig) setUp(ctx context.Context, compression string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("browserbench: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the user " + benchUser)
 	}
@@ -234,15 +237,9 @@ func (r *rig) setUp(ctx context.Context) error {
 	roots.AppendCertsFromPEM(pemCert)
 	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	r.tokenKey, r.adminToken, r.frontendToken = randomString(40), randomString(24), randomString(24)
-	gwCfg := filepath.Join(r.dir, "gateway.yaml")
-	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.adminPort, r.adminToken, r.tokenKey, r.gwPort, r.webPort, r.rdpPort, r.xrdpCertSHA256)), 0o600); err != nil {
+	if err := r.startGateway(compression); err != nil {
 		return err
 	}
-	if r.gw, err = childproc.Start(nil, exe, "gateway", "-c", gwCfg); err != nil {
-		return err
-	}
-	r.procs = append(r.procs, r.gw)
-	r.gatewayPID = r.gw.Pid()
 	r.gatewayAdminURL = fmt.Sprintf("https://127.0.0.1:%d", r.adminPort)
 	restCfg := filepath.Join(r.dir, "rest.yaml")
 	write := func(join string) error {
@@ -280,6 +277,42 @@ func (r *rig) setUp(ctx context.Context) error {
 	return nil
 }
 
+// startGateway starts the gateway, in a process of its own, with
+// browser_compression set to compression.
+func (r *rig) startGateway(compression string) error {
+	gwCfg := filepath.Join(r.dir, "gateway.yaml")
+	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.adminPort, r.adminToken, r.tokenKey, r.gwPort, r.webPort, r.rdpPort, r.xrdpCertSHA256, compression)), 0o600); err != nil {
+		return err
+	}
+	gw, err := childproc.Start(nil, r.deskwayExe, "gateway", "-c", gwCfg)
+	if err != nil {
+		return err
+	}
+	r.gw, r.compression = gw, compression
+	r.procs = append(r.procs, gw)
+	r.gatewayPID = gw.Pid()
+	return nil
+}
+
+// setCompression restarts the gateway with browser_compression set to
+// compression, unless it runs so already. No session is open: the
+// clients connect anew for each measurement.
+func (r *rig) setCompression(compression string) error {
+	if compression == r.compression {
+		return nil
+	}
+	old := r.gw
+	old.Stop()
+	r.procs = slices.DeleteFunc(r.procs, func(p *childproc.Proc) bool { return p == old })
+	if err := r.startGateway(compression); err != nil {
+		return err
+	}
+	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.gwPort), 20*time.Second); err != nil {
+		return fmt.Errorf("gateway restarted with browser_compression %s: %w\n%s", compression, err, r.gw.Tail(10))
+	}
+	return loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.adminPort), 20*time.Second)
+}
+
 // launchRDP asks the broker for the bench user's desktop: an .rdp file
 // through the gateway with a token.
 func (r *rig) launchRDP(ctx context.Context) (string, error) {
@@ -303,30 +336,32 @@ func (r *rig) launchRDP(ctx context.Context) (string, error) {
 	return lr.RDP, nil
 }
 
-// gatewayBytes is what the gateway's open tunnels have moved, both ways.
-func (r *rig) gatewayBytes(ctx context.Context) (uint64, error) {
+// gatewayBytes is what the gateway's open tunnels have moved, both ways,
+// and what they sent their clients (for a browser, after compression).
+func (r *rig) gatewayBytes(ctx context.Context) (both, toClient uint64, err error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", r.gatewayAdminURL+"/api/v1/gateway/tunnels", nil)
 	req.Header.Set("Authorization", "Bearer "+r.adminToken)
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer resp.Body.Close()
 	var body struct {
 		Tunnels []struct {
-			Up   uint64 `json:"bytes_up"`
-			Down uint64 `json:"bytes_down"`
-			Open bool   `json:"channel_open"`
+			Up       uint64 `json:"bytes_up"`
+			Down     uint64 `json:"bytes_down"`
+			ToClient uint64 `json:"bytes_to_client"`
+			Open     bool   `json:"channel_open"`
 		} `json:"tunnels"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var n uint64
 	for _, t := range body.Tunnels {
 		if t.Open {
-			n += t.Up + t.Down
+			both += t.Up + t.Down
+			toClient += t.ToClient
 		}
 	}
-	return n, nil
+	return both, toClient, nil
 }
