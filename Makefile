@@ -60,7 +60,7 @@ lint:
 # Every test: short fuzzing, then unit, loopback integration and real-peer
 # e2e tests, ending with the line "N passed, N failed, N skipped".
 test: deps assets lint fuzz
-	set -o pipefail; $(GO) test -race -count=1 -timeout 28m -json ./... | $(GO) run ./tools/testsummary
+	set -o pipefail; $(GO) test -race -count=1 -timeout 60m -json ./... | $(GO) run ./tools/testsummary
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
