@@ -58,6 +58,11 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		return
 	}
 	bt := &browserTransport{wsTransport: newWSTransport(conn, cs.raw, in, s.cfg.WriteTimeout.D())}
+	layout, err := keyboardLayout(r.URL.Query())
+	if err != nil {
+		s.log.Warn("browser session: the host's default keyboard layout is used", "remote", cs.remote, "err", err)
+	}
+	bt.layout = layout
 	origin := r.Header.Get("Origin")
 	s.runWith(bt, hs, "browser", func(tn *tunnel) error {
 		// The gateway's own reasons for ending it reach the page.
@@ -74,6 +79,7 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 // carry no reason: their errors name the gateway's own addresses.
 type browserTransport struct {
 	*wsTransport
+	layout uint32 // the page's keyboard layout, 0 for none (see keyboardParam)
 }
 
 // writePacket sends a ping: the only packet the common code sends once a
@@ -466,7 +472,7 @@ func (f *outputFramer) stop(done int, err error) ([]byte, error) {
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 	wto := tn.srv.cfg.WriteTimeout.D()
 	buf := make([]byte, 16<<10)
-	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags)}
+	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags), layout: bt.layout}
 	for {
 		n, err := bt.in.Read(buf)
 		if n > 0 {
@@ -484,6 +490,10 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 			if logon.raised {
 				logon.raised = false
 				tn.log.Debug("client build raised in the connect initial", "build", browserClientBuild)
+			}
+			if logon.keyboard {
+				logon.keyboard = false
+				tn.log.Debug("keyboard layout set in the connect initial", "layout", fmt.Sprintf("%#04x", bt.layout))
 			}
 			if logon.withheld > 0 {
 				tn.log.Info("channels withheld by the connection policy", "channels", logon.withhold, "policy", tn.grant.Policy)
@@ -523,6 +533,8 @@ type logonWatch struct {
 	set      bool // auto-logon was turned on by the last feed
 	withheld int  // channels renamed by the last feed
 	raised   bool // the client build was raised by the last feed
+	layout   uint32
+	keyboard bool // the keyboard layout was set by the last feed
 }
 
 // browserClientBuild is the client build the gateway reports for a
@@ -598,6 +610,11 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 				return nil, err
 			}
 			w.raised = w.raised || raised
+			kbd, err := x224.SetKeyboardLayout(pkt, w.layout)
+			if err != nil {
+				return nil, err
+			}
+			w.keyboard = w.keyboard || kbd
 			ok, err := x224.SetAutoLogon(pkt)
 			if err != nil {
 				return nil, err
