@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/chromedp"
+)
+
+// key is one key as a browser reports it: the physical key (code, ""
+// for a character no key makes, as an input method or an on-screen
+// keyboard delivers it), what it types (key), and whether AltGr is held.
+type key struct {
+	code, key string
+	altGr     bool
+}
+
+// press sends the keys to the focused page as chromium's keyboard would.
+func press(t *testing.T, tab context.Context, keys ...key) {
+	t.Helper()
+	var evs []input.DispatchKeyEventParams
+	ev := func(typ input.DispatchKeyEventType, code, k, text string) input.DispatchKeyEventParams {
+		return input.DispatchKeyEventParams{Type: typ, Code: code, Key: k, Text: text, UnmodifiedText: text}
+	}
+	for _, k := range keys {
+		text := k.key
+		switch k.key {
+		case "Enter":
+			text = "\r"
+		case "Dead":
+			text = ""
+		}
+		if k.altGr {
+			evs = append(evs, ev(input.DispatchKeyEventTypeRawKeyDown, "AltRight", "AltGraph", ""))
+		}
+		typ := input.DispatchKeyEventTypeKeyDown
+		if text == "" {
+			typ = input.DispatchKeyEventTypeRawKeyDown
+		}
+		evs = append(evs, ev(typ, k.code, k.key, text), ev(input.DispatchKeyEventTypeKeyUp, k.code, k.key, ""))
+		if k.altGr {
+			evs = append(evs, ev(input.DispatchKeyEventTypeKeyUp, "AltRight", "AltGraph", ""))
+		}
+	}
+	err := chromedp.Do(tab, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		for _, e := range evs {
+			if _, err := cdp.Call(ctx, tg, input.DispatchKeyEvent, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitTyped waits for the session's xterm to have written want.
+func (b *browserRig) waitTyped(t *testing.T, tab context.Context, want, name string) {
+	t.Helper()
+	typed := "/home/" + b.xrdp.User + "/typed.txt"
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, _ := os.ReadFile(typed)
+		if strings.Contains(string(got), want+"\n") {
+			t.Logf("the session's xterm wrote %q", got)
+			return
+		}
+		if time.Now().After(deadline) {
+			shot(t, tab, b.artifacts, name)
+			t.Fatalf("the session's xterm wrote %q, want the line %q", got, want)
+		}
+	}
+}
+
+// endSession ends the user's desktop session, so that the next logon
+// starts one with the layout it names (a session keeps the layout it
+// started with).
+func (b *browserRig) endSession(t *testing.T) {
+	t.Helper()
+	_ = exec.Command("pkill", "-KILL", "-u", b.xrdp.User).Run()
+	for deadline := time.Now().Add(15 * time.Second); len(userProcs(t, b.xrdp.User, "xterm")) > 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the user's session did not end")
+		}
+	}
+	_ = os.Remove("/home/" + b.xrdp.User + "/typed.txt")
+}
+
+// TestBrowserKeyboardLayouts: a German and a French keyboard type their
+// own characters into the session's xterm through the browser desktop.
+// Chromium speaks German, and the page picks the German layout from its
+// language; the person picks French in the form for the second session.
+// Each key is sent as chromium reports a key of that keyboard (the
+// physical key and the character), AltGr combinations included, and a
+// character with no key (as an input method types it) goes as a Unicode
+// keyboard event. Before, the client sent layout 0, xrdp mapped the keys
+// as US English (ö came out as ;, z as y) and dropped characters with no
+// key.
+func TestBrowserKeyboardLayouts(t *testing.T) {
+	ctx := newBrowserWith(t, chromedp.Flag("lang", "de-DE"), chromedp.Flag("accept-lang", "de-DE,de"))
+	b := newBrowserRig(t)
+	// A UTF-8 locale, so that the xterm writes what it gets as UTF-8.
+	wm := "#!/bin/sh\nexport LANG=C.UTF-8 LC_ALL=C.UTF-8\nexec xterm -u8 -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; cat > $HOME/typed.txt'\n"
+	if err := os.WriteFile("/home/"+b.xrdp.User+"/startwm.sh", []byte(wm), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.signIn(t, ctx)
+
+	// German, as the browser's language suggests.
+	tab := b.openInBrowser(t, ctx)
+	chosen, err := chromedp.Run(tab, chromedp.Value(chromedp.ID("keyboard")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chosen != "0407" {
+		langs, _ := chromedp.Run(tab, chromedp.Evaluate[[]string]("navigator.languages"))
+		t.Fatalf("a German browser's page (languages %q) chose keyboard layout %q, want 0407", langs, chosen)
+	}
+	shot(t, tab, b.artifacts, "keyboard-1-form")
+	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
+	if err := chromedp.Do(tab, chromedp.Click(chromedp.CSS("iron-remote-desktop"))); err != nil {
+		t.Fatal(err)
+	}
+	press(t, tab,
+		key{code: "KeyY", key: "z"},
+		key{code: "Semicolon", key: "ö"},
+		key{code: "Minus", key: "ß"},
+		key{code: "KeyQ", key: "@", altGr: true},
+		key{code: "KeyE", key: "€", altGr: true},
+		key{code: "", key: "ä"}, // no key: a Unicode event
+		key{code: "Enter", key: "Enter"},
+	)
+	b.waitTyped(t, tab, "zöß@€ä", "keyboard-german")
+	shot(t, tab, b.artifacts, "keyboard-2-german")
+	b.endSession(t)
+
+	// French, chosen in the form.
+	tab = b.openInBrowser(t, ctx)
+	if err := chromedp.Do(tab, chromedp.SetValue(chromedp.ID("keyboard"), "040c")); err != nil {
+		t.Fatal(err)
+	}
+	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
+	if err := chromedp.Do(tab, chromedp.Click(chromedp.CSS("iron-remote-desktop"))); err != nil {
+		t.Fatal(err)
+	}
+	press(t, tab,
+		key{code: "Digit2", key: "é"},
+		key{code: "KeyQ", key: "a"},
+		key{code: "Digit9", key: "ç"},
+		key{code: "KeyE", key: "€", altGr: true},
+		key{code: "", key: "ù"}, // no key: a Unicode event
+		key{code: "Enter", key: "Enter"},
+	)
+	b.waitTyped(t, tab, "éaç€ù", "keyboard-french")
+	shot(t, tab, b.artifacts, "keyboard-3-french")
+}
