@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
+
+	"github.com/deskway/deskway/internal/testkit"
 )
 
 // key is one key as a browser reports it: the physical key (code, ""
@@ -159,4 +162,87 @@ func TestBrowserKeyboardLayouts(t *testing.T) {
 	)
 	b.waitTyped(t, tab, "éaç€ù", "keyboard-french")
 	shot(t, tab, b.artifacts, "keyboard-3-french")
+}
+
+// TestBrowserLogonForm: the desktop's logon form names no user where
+// the broker names none (a group whose host_username is none), rather
+// than guess the portal's name, which xrdp refuses with its own login
+// dialog inside the desktop once the one-time pass is spent; and it is
+// laid out as a column, each label above its field.
+func TestBrowserLogonForm(t *testing.T) {
+	ctx := newBrowser(t)
+	b := newBrowserRigWith(t, "drives", func(cfg string) string {
+		return strings.Replace(cfg, "{name: desk, groups: [staff]}", "{name: desk, groups: [staff], host_username: none}", 1)
+	})
+	b.signIn(t, ctx)
+	tab := b.openInBrowser(t, ctx)
+	shot(t, tab, b.artifacts, "logon-form")
+	if user, err := chromedp.Run(tab, chromedp.Value(chromedp.ID("username"))); err != nil || user != "" {
+		t.Fatalf("the form names %q (%v) where the broker names no desktop user", user, err)
+	}
+	const below = `(() => {
+		const r = (s) => document.querySelector(s).getBoundingClientRect();
+		const order = ['label[for=username]', '#username', 'label[for=password]', '#password', 'label[for=keyboard]', '#keyboard', '#credentials button'];
+		for (let i = 1; i < order.length; i++) {
+			if (r(order[i]).top < r(order[i-1]).bottom) return order[i] + ' is beside ' + order[i-1];
+		}
+		return '';
+	})()`
+	if msg, err := chromedp.Run(tab, chromedp.Evaluate[string](below)); err != nil || msg != "" {
+		t.Fatalf("the logon form is not a column: %s (%v)", msg, err)
+	}
+	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
+}
+
+// TestXfreerdpKeyboardLayout is TestBrowserKeyboardLayouts's French line
+// typed through xfreerdp with /kbd:0x040C, for comparison: the same
+// physical keys (2, Q, 9, AltGr+E on the client's US keyboard) reach the
+// session's xterm as the same characters. xfreerdp has no key without a
+// physical key, so the Unicode character is left out.
+func TestXfreerdpKeyboardLayout(t *testing.T) {
+	testkit.Require(t, "xfreerdp", "xdotool")
+	b := newBrowserRig(t)
+	wm := "#!/bin/sh\nexport LANG=C.UTF-8 LC_ALL=C.UTF-8\nexec xterm -u8 -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; cat > $HOME/typed.txt'\n"
+	if err := os.WriteFile("/home/"+b.xrdp.User+"/startwm.sh", []byte(wm), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rdp := filepath.Join(b.dir, "desk.rdp")
+	if err := os.WriteFile(rdp, []byte(b.launch().RDP), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	xctx, stop := context.WithCancel(context.Background())
+	xf := exec.CommandContext(xctx, "xfreerdp", rdp, "/u:"+b.xrdp.User, "/p:"+b.xrdp.Password, "/cert:ignore", "/gt:http", "/kbd:0x0000040C", "/size:800x600")
+	xf.Env = append(os.Environ(), "DISPLAY="+b.display)
+	if err := xf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stop(); _ = xf.Wait() }()
+	for deadline := time.Now().Add(30 * time.Second); len(userProcs(t, b.xrdp.User, "xterm")) == 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("xfreerdp did not log on")
+		}
+	}
+	xdo := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("xdotool", args...)
+		cmd.Env = append(os.Environ(), "DISPLAY="+b.display)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("xdotool %v: %v %s", args, err, out)
+		}
+	}
+	// No window manager: the pointer over the window and a click give it
+	// the keyboard.
+	xdo("search", "--sync", "--class", "xfreerdp", "mousemove", "--window", "%1", "300", "200", "click", "1", "windowfocus", "--sync", "%1")
+	typed := "/home/" + b.xrdp.User + "/typed.txt"
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		xdo("key", "2", "q", "9", "Alt_R+e", "Return")
+		got, _ := os.ReadFile(typed)
+		if strings.Contains(string(got), "éaç€\n") {
+			t.Logf("the session's xterm wrote %q", got)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("through xfreerdp /kbd:0x0000040C the session's xterm wrote %q, want the line %q", got, "éaç€")
+		}
+	}
 }
