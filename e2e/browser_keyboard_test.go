@@ -158,9 +158,11 @@ func TestBrowserKeyboardLayouts(t *testing.T) {
 		key{code: "Digit9", key: "ç"},
 		key{code: "KeyE", key: "€", altGr: true},
 		key{code: "", key: "ù"}, // no key: a Unicode event
+		key{code: "BracketLeft", key: "Dead"}, // ^, composed in the session
+		key{code: "KeyE", key: "ê"},
 		key{code: "Enter", key: "Enter"},
 	)
-	b.waitTyped(t, tab, "éaç€ù", "keyboard-french")
+	b.waitTyped(t, tab, "éaç€ùê", "keyboard-french")
 	shot(t, tab, b.artifacts, "keyboard-3-french")
 }
 
