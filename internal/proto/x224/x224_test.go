@@ -407,3 +407,35 @@ func TestSetKeyboardLayout(t *testing.T) {
 		t.Error("accepted a Connect Initial whose blocks do not add up")
 	}
 }
+
+// FuzzSetKeyboardLayout: at most the four bytes of one keyboard layout
+// change, from 0 to the layout asked for.
+func FuzzSetKeyboardLayout(f *testing.F) {
+	f.Add(connectInitial("rdpdr", "cliprdr"))
+	f.Add(clientInfo(0x133, 0))
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		orig := bytes.Clone(pkt)
+		set, _ := SetKeyboardLayout(pkt, 0x040C)
+		first, last := -1, -1
+		for i := range pkt {
+			if pkt[i] != orig[i] {
+				if first < 0 {
+					first = i
+				}
+				last = i
+			}
+		}
+		if first < 0 {
+			return
+		}
+		if !set || last-first > 3 {
+			t.Fatalf("bytes %d..%d changed (set %v)", first, last, set)
+		}
+		for at := last - 3; at <= first; at++ {
+			if at >= 0 && at+4 <= len(pkt) && binary.LittleEndian.Uint32(pkt[at:]) == 0x040C && binary.LittleEndian.Uint32(orig[at:]) == 0 {
+				return
+			}
+		}
+		t.Fatalf("bytes %d..%d changed to %x, not a layout of 0x040C over 0", first, last, pkt[first:last+1])
+	})
+}
