@@ -62,6 +62,12 @@ func newBrowserRig(t *testing.T) *browserRig {
 // newBrowserRigRedirecting is the browser rig whose connection policy
 // allows the redirection classes in redirection (a YAML list's items).
 func newBrowserRigRedirecting(t *testing.T, redirection string) *browserRig {
+	return newBrowserRigWith(t, redirection, nil)
+}
+
+// newBrowserRigWith is newBrowserRigRedirecting with edit applied to the
+// configuration last.
+func newBrowserRigWith(t *testing.T, redirection string, edit func(string) string) *browserRig {
 	webPort := testkit.FreePort(t)
 	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
 	pin := xrdpCertSHA256(t)
@@ -70,7 +76,11 @@ func newBrowserRigRedirecting(t *testing.T, redirection string) *browserRig {
 		cfg = strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_origins: [\""+portal+"\"]\n", 1)
 		cfg = strings.Replace(cfg, "hosts: [127.0.0.1], ports:", "hosts: [127.0.0.1], host_certificate_sha256: ["+pin+"], ports:", 1)
 		cfg = strings.Replace(cfg, "auth_methods: [paa]}", "auth_methods: [paa], redirection: ["+redirection+"]}", 1)
-		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)
+		cfg += fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)
+		if edit != nil {
+			cfg = edit(cfg)
+		}
+		return cfg
 	})
 	// A shell in the xterm would echo; cat writes each typed line to a
 	// file, so the test reads what reached the session.

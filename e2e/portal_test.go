@@ -20,6 +20,12 @@ import (
 // newBrowser starts Debian's chromium, headless, for one test.
 func newBrowser(t *testing.T) context.Context {
 	t.Helper()
+	return newBrowserWith(t)
+}
+
+// newBrowserWith is newBrowser with more of chromium's options.
+func newBrowserWith(t *testing.T, more ...chromedp.ExecAllocatorOption) context.Context {
+	t.Helper()
 	testkit.Require(t, "chromium")
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath("/usr/bin/chromium"),
@@ -28,6 +34,7 @@ func newBrowser(t *testing.T) context.Context {
 		chromedp.WindowSize(1280, 800),
 		chromedp.UserDataDir(t.TempDir()),
 	)
+	opts = append(opts, more...)
 	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancel)
 	ctx, cancel2 := chromedp.NewContext(actx)

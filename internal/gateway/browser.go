@@ -77,6 +77,11 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		}
 		bt.in.inflate = &inflater{}
 	}
+	layout, err := keyboardLayout(r.URL.Query())
+	if err != nil {
+		s.log.Warn("browser session: the host's default keyboard layout is used", "remote", cs.remote, "err", err)
+	}
+	bt.layout = layout
 	origin := r.Header.Get("Origin")
 	s.runWith(bt, hs, "browser", func(tn *tunnel) error {
 		if neg.header != "" {
@@ -101,7 +106,8 @@ type browserTransport struct {
 	deflate *deflater
 	// sent counts the bytes of the messages' payloads sent, after
 	// compression: what reaches the browser.
-	sent atomic.Uint64
+	sent   atomic.Uint64
+	layout uint32 // the page's keyboard layout, 0 for none (see keyboardParam)
 }
 
 // writePacket sends a ping: the only packet the common code sends once a
@@ -431,7 +437,7 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 	wto := tn.srv.cfg.WriteTimeout.D()
 	buf := make([]byte, 16<<10)
-	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags), creds: tn.desktopCredentials()}
+	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags), creds: tn.desktopCredentials(), layout: bt.layout}
 	for {
 		n, err := bt.in.Read(buf)
 		if n > 0 {
@@ -453,6 +459,10 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 			if logon.raised {
 				logon.raised = false
 				tn.log.Debug("client build raised in the connect initial", "build", browserClientBuild)
+			}
+			if logon.keyboard {
+				logon.keyboard = false
+				tn.log.Debug("keyboard layout set in the connect initial", "layout", fmt.Sprintf("%#04x", bt.layout))
 			}
 			if logon.withheld > 0 {
 				tn.log.Info("channels withheld by the connection policy", "channels", logon.withhold, "policy", tn.grant.Policy)
@@ -495,6 +505,8 @@ type logonWatch struct {
 	set      bool // auto-logon was turned on by the last feed
 	withheld int  // channels renamed by the last feed
 	raised   bool // the client build was raised by the last feed
+	layout   uint32
+	keyboard bool // the keyboard layout was set by the last feed
 }
 
 // browserClientBuild is the client build the gateway reports for a
@@ -570,6 +582,11 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 				return nil, err
 			}
 			w.raised = w.raised || raised
+			kbd, err := x224.SetKeyboardLayout(pkt, w.layout)
+			if err != nil {
+				return nil, err
+			}
+			w.keyboard = w.keyboard || kbd
 			var ok bool
 			if w.creds != nil {
 				pkt, ok, err = x224.SetCredentials(pkt, *w.creds)

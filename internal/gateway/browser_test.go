@@ -115,12 +115,18 @@ type browserConn struct {
 
 func openBrowser(t *testing.T, h *harness, origin string) *browserConn {
 	t.Helper()
+	return openBrowserAt(t, h, origin, "/rdp")
+}
+
+// openBrowserAt opens the websocket at path, which may carry a query.
+func openBrowserAt(t *testing.T, h *harness, origin, path string) *browserConn {
+	t.Helper()
 	conn, err := tls.Dial("tcp", h.addr, h.clientTLS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	req := "GET /rdp HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n" +
+	req := "GET " + path + " HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n" +
 		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nOrigin: " + origin + "\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
 		t.Fatal(err)
@@ -421,6 +427,12 @@ func connectInitial(channels ...string) []byte { return connectInitialWith(nil, 
 // allows the given redirection, to a host selecting protocol.
 func withholdingSession(t *testing.T, redirection []string, protocol uint32, mod func(*config.Config)) (*harness, *fakeHost, *browserConn) {
 	t.Helper()
+	return sessionAt(t, "/rdp", redirection, protocol, mod)
+}
+
+// sessionAt is withholdingSession with the websocket opened at path.
+func sessionAt(t *testing.T, path string, redirection []string, protocol uint32, mod func(*config.Config)) (*harness, *fakeHost, *browserConn) {
+	t.Helper()
 	hostTLS, _, _, _ := testkit.TLS(t)
 	cert := hostTLS.Certificates[0]
 	sum := sha256.Sum256(cert.Certificate[0])
@@ -433,7 +445,7 @@ func withholdingSession(t *testing.T, redirection []string, protocol uint32, mod
 		}
 	})
 	host := startFakeHost(t, cert, protocol)
-	b := openBrowser(t, h, portalOrigin)
+	b := openBrowserAt(t, h, portalOrigin, path)
 	cr := bytes.Clone(connectionRequest)
 	cr[15] = byte(x224.ProtocolSSL | x224.ProtocolHybrid)
 	req, err := (&rdcleanpath.PDU{Version: rdcleanpath.Version, Destination: fmt.Sprintf("127.0.0.1:%d", host.port),

@@ -19,8 +19,8 @@ func browserClientBuilt() bool {
 
 // browserData is what the browser desktop page needs to connect: the
 // gateway's websocket, the host, the one-use token and the user's name on
-// the desktop, which the person may change (a portal account need not be
-// one of the host's). The password is asked for on the page and goes from
+// the desktop where the broker names it, which the person may change (a
+// portal account need not be one of the host's). The password is asked for on the page and goes from
 // the browser to the host only.
 type browserData struct {
 	Title, Group, User, Gateway, Destination, Token string
@@ -49,10 +49,10 @@ func (s *Server) openInBrowser(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The form names the desktop's user only where the broker says who
+	// that is (the group's host_username): the portal's name is no guess
+	// to make, since a wrong one costs the person the desktop's pass.
 	user := rdpField(res.RDP, "username")
-	if user == "" {
-		user = si.User
-	}
 	d := browserData{Title: group, Group: group, User: user, Gateway: "wss://" + res.Gateway + "/rdp",
 		Destination: res.Address + ":" + strconv.Itoa(res.Port), Token: res.Token, SSO: res.SingleSignOn}
 	if strings.Contains(res.Address, ":") {

@@ -341,12 +341,41 @@ func DisableChannels(pkt []byte, names []string) (connectInitial bool, renamed i
 }
 
 // csCore is the type of the client's core data block (TS_UD_CS_CORE),
-// whose clientBuild field starts 20 bytes in.
+// whose keyboardLayout field starts 16 bytes in and clientBuild 20.
 const (
 	csCore           = 0xC001
+	coreKeyboard     = 16
 	coreClientBuild  = 20
 	coreWithBuildLen = coreClientBuild + 4
 )
+
+// SetKeyboardLayout looks at one whole TPKT packet from the client. If
+// it is an MCS Connect Initial whose core data gives no keyboard layout
+// (0), the layout becomes layout (a Windows input locale identifier
+// such as 0x040C, French) and it reports true. The host maps the
+// client's scancodes by that layout: xrdp, given 0, uses US English,
+// and IronRDP's browser client always sends 0. A layout the client gave
+// is kept. Any other packet is left as it is; a Connect Initial whose
+// structure does not add up is an error.
+func SetKeyboardLayout(pkt []byte, layout uint32) (set bool, err error) {
+	if layout == 0 {
+		return false, nil
+	}
+	_, err = walkClientData(pkt, func(typ uint16, block []byte) error {
+		if typ != csCore {
+			return nil
+		}
+		if len(block) < coreClientBuild {
+			return fmt.Errorf("x224: core data of %d bytes", len(block))
+		}
+		if binary.LittleEndian.Uint32(block[coreKeyboard:]) == 0 {
+			binary.LittleEndian.PutUint32(block[coreKeyboard:], layout)
+			set = true
+		}
+		return nil
+	})
+	return set, err
+}
 
 // RaiseClientBuild looks at one whole TPKT packet from the client. If it
 // is an MCS Connect Initial whose core data gives a client build below

@@ -369,3 +369,73 @@ func FuzzRaiseClientBuild(f *testing.F) {
 		t.Fatalf("bytes %d..%d changed to %x, not a build of 2600", first, last, pkt[first:last+1])
 	})
 }
+
+// TestSetKeyboardLayout: IronRDP's browser client sends keyboard layout
+// 0; set to French, the four bytes before the client build read 0x040C
+// (0c 04 00 00), and nothing else in the packet changes. A layout the
+// client gave is kept.
+func TestSetKeyboardLayout(t *testing.T) {
+	pkt := connectInitial("cliprdr")
+	orig := bytes.Clone(pkt)
+	set, err := SetKeyboardLayout(pkt, 0x040C)
+	if err != nil || !set {
+		t.Fatalf("set %v, %v", set, err)
+	}
+	at := bytes.Index(orig, []byte{0x01, 0xc0, 0xd8, 0x00}) + coreKeyboard
+	if got := hex.EncodeToString(pkt[at : at+4]); got != "0c040000" {
+		t.Fatalf("keyboard layout bytes %s", got)
+	}
+	copy(pkt[at:at+4], orig[at:at+4])
+	if !bytes.Equal(pkt, orig) {
+		t.Fatal("bytes other than the keyboard layout changed")
+	}
+	given := connectInitial("cliprdr")
+	binary.LittleEndian.PutUint32(given[at:], 0x0407)
+	keep := bytes.Clone(given)
+	if set, err := SetKeyboardLayout(given, 0x040C); set || err != nil || !bytes.Equal(given, keep) {
+		t.Fatalf("changed the client's own layout: %v, %v", set, err)
+	}
+	for _, p := range [][]byte{unhex(t, specRequest), clientInfo(0x133, 40)} {
+		o := bytes.Clone(p)
+		if set, err := SetKeyboardLayout(p, 0x040C); set || err != nil || !bytes.Equal(p, o) {
+			t.Errorf("changed a packet that is no Connect Initial: %v, %v", set, err)
+		}
+	}
+	bad := connectInitial("cliprdr")
+	bad[len(bad)-12-8+2] = 0xff
+	if _, err := SetKeyboardLayout(bad, 0x040C); err == nil {
+		t.Error("accepted a Connect Initial whose blocks do not add up")
+	}
+}
+
+// FuzzSetKeyboardLayout: at most the four bytes of one keyboard layout
+// change, from 0 to the layout asked for.
+func FuzzSetKeyboardLayout(f *testing.F) {
+	f.Add(connectInitial("rdpdr", "cliprdr"))
+	f.Add(clientInfo(0x133, 0))
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		orig := bytes.Clone(pkt)
+		set, _ := SetKeyboardLayout(pkt, 0x040C)
+		first, last := -1, -1
+		for i := range pkt {
+			if pkt[i] != orig[i] {
+				if first < 0 {
+					first = i
+				}
+				last = i
+			}
+		}
+		if first < 0 {
+			return
+		}
+		if !set || last-first > 3 {
+			t.Fatalf("bytes %d..%d changed (set %v)", first, last, set)
+		}
+		for at := last - 3; at <= first; at++ {
+			if at >= 0 && at+4 <= len(pkt) && binary.LittleEndian.Uint32(pkt[at:]) == 0x040C && binary.LittleEndian.Uint32(orig[at:]) == 0 {
+				return
+			}
+		}
+		t.Fatalf("bytes %d..%d changed to %x, not a layout of 0x040C over 0", first, last, pkt[first:last+1])
+	})
+}

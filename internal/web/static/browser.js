@@ -4,6 +4,7 @@
 // from this page to the host inside RDP; the gateway only relays it.
 import '/static/vendor/iron-remote-desktop.js';
 import { Backend, init, enableCredssp, displayControl } from '/static/vendor/iron-remote-desktop-rdp.js';
+import { keyboardLayout, fillChoice, withLayout, capturingModule, sendUnicode } from '/static/keyboard.js';
 
 const root = document.getElementById('browser');
 const form = document.getElementById('credentials');
@@ -57,13 +58,16 @@ function finish(text, error) {
 
 await init('WARN');
 const el = document.createElement('iron-remote-desktop');
-el.module = Backend;
+let session;
+el.module = capturingModule(Backend, (s) => { session = s; });
 el.setAttribute('scale', 'fit');
 el.setAttribute('flexcenter', 'true');
 el.setAttribute('verbose', 'false');
 const ready = new Promise((resolve) => el.addEventListener('ready', (e) => resolve(e.detail.irgUserInteraction), { once: true }));
 screen.append(el);
 const ui = await ready;
+fillChoice(form.elements.keyboard, await keyboardLayout());
+sendUnicode(Backend, () => session, () => document.activeElement === el);
 root.dataset.ready = 'true';
 
 // A width that is a multiple of 4: xrdp pads every bitmap to one, and
@@ -91,7 +95,7 @@ form.addEventListener('submit', async (ev) => {
     .withUsername(form.elements.username.value)
     .withPassword(password)
     .withDestination(d.destination)
-    .withProxyAddress(d.gateway)
+    .withProxyAddress(withLayout(d.gateway, form.elements.keyboard.value))
     .withAuthToken(d.token)
     .withDesktopSize(size())
     // xrdp and other hosts without NLA: TLS only, the credentials in the
