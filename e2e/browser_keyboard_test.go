@@ -157,7 +157,7 @@ func TestBrowserKeyboardLayouts(t *testing.T) {
 		key{code: "KeyQ", key: "a"},
 		key{code: "Digit9", key: "ç"},
 		key{code: "KeyE", key: "€", altGr: true},
-		key{code: "", key: "ù"}, // no key: a Unicode event
+		key{code: "", key: "ù"},               // no key: a Unicode event
 		key{code: "BracketLeft", key: "Dead"}, // ^, composed in the session
 		key{code: "KeyE", key: "ê"},
 		key{code: "Enter", key: "Enter"},
