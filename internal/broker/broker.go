@@ -1049,6 +1049,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	err := errors.Join(fraction("cpu", hb.CPU), fraction("memory", hb.Memory), fraction("disk_idle", hb.DiskIdle),
 		fraction("memory_pressure", hb.MemoryPressure), fraction("cpu_pressure", hb.CPUPressure), rate("major_faults_per_s", hb.MajorFaultsPerSec),
 		rate("swap_in_per_s", hb.SwapInPerSec), rate("swap_out_per_s", hb.SwapOutPerSec))
+	if hb.RDPDown < 0 || hb.RDPDown > 65535 {
+		err = errors.Join(err, fmt.Errorf("rdp_down_port %d is not a port", hb.RDPDown))
+	}
 	if hb.DiskLatencyMS < 0 || hb.DiskLatencyMS != hb.DiskLatencyMS {
 		err = errors.Join(err, fmt.Errorf("disk_latency_ms %g is negative", hb.DiskLatencyMS))
 	}

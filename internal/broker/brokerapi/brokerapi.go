@@ -114,7 +114,10 @@ type Heartbeat struct {
 	SwapInPerSec      float64 `json:"swap_in_per_s"`
 	SwapOutPerSec     float64 `json:"swap_out_per_s"`
 	// Drain asks for no new sessions (the host's own drain switch).
-	Drain    bool      `json:"drain"`
+	Drain bool `json:"drain"`
+	// RDPDown is the port of the host's RDP service when it did not
+	// answer the agent's check (a TLS handshake), 0 when it did.
+	RDPDown  int       `json:"rdp_down_port,omitempty"`
 	Sessions []Session `json:"sessions"`
 }
 

@@ -369,3 +369,13 @@ func FuzzRaiseClientBuild(f *testing.F) {
 		t.Fatalf("bytes %d..%d changed to %x, not a build of 2600", first, last, pkt[first:last+1])
 	})
 }
+
+func TestConnectionRequestPacket(t *testing.T) {
+	pkt := ConnectionRequestPacket(ProtocolSSL)
+	if !bytes.Equal(pkt, unhex(t, `03000013 0e e0 0000 0000 00 01 00 0800 01000000`)) {
+		t.Fatalf("packet % x", pkt)
+	}
+	if cr, err := ParseConnectionRequest(pkt); err != nil || !cr.HasNeg || cr.Protocols != ProtocolSSL {
+		t.Fatalf("parsed %+v, %v", cr, err)
+	}
+}
