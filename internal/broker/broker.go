@@ -1440,11 +1440,23 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.log.Info("host removed by administrator", "host", name)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/drain", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/drain", s.drainHost(false))
+	// Undrain has a path of its own so that the audit trail, which keeps
+	// the method and path, tells it from drain.
+	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/undrain", s.drainHost(true))
+	return mux
+}
+
+// drainHost sets a host's admin drain: as the body says, or off for
+// undrain, which takes no body.
+func (s *Server) drainHost(undrain bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		var req brokerapi.DrainRequest
-		if err := decode(w, r, &req); err != nil {
-			s.fail(w, r, http.StatusBadRequest, "%v", err)
-			return
+		if !undrain {
+			if err := decode(w, r, &req); err != nil {
+				s.fail(w, r, http.StatusBadRequest, "%v", err)
+				return
+			}
 		}
 		name := r.PathValue("name")
 		offline, err := s.applyDrain(r.Context(), name, req.Drain)
@@ -1461,8 +1473,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		}
 		s.log.Info("drain", "host", name, "drain", req.Drain, "offline", offline)
 		writeJSON(w, http.StatusOK, map[string]any{"host": name, "admin_drain": req.Drain})
-	})
-	return mux
+	}
 }
 
 // offlineFor runs query unless the database is known to be unreachable,

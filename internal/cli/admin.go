@@ -147,7 +147,11 @@ func hostCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := a.call(cmd.Context(), "POST", "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/drain", map[string]bool{"drain": on}, nil); err != nil {
+				path, body := "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/drain", any(map[string]bool{"drain": true})
+				if !on {
+					path, body = "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/undrain", nil
+				}
+				if err := a.call(cmd.Context(), "POST", path, body, nil); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: drain %v\n", args[0], on)

@@ -246,6 +246,8 @@ type consoleData struct {
 	Page, Pages, Total    int
 	PrevPage, NextPage    int
 	CanControl, CanManage bool
+	// Confirm is the question of a confirmation page.
+	Confirm *consoleConfirm
 }
 
 // consoleAccess returns the sign-in and role of a console request, or
@@ -397,6 +399,19 @@ type consoleAction struct {
 	path   func(r *http.Request) string
 	body   func(r *http.Request) any
 	done   string // the notice shown after it (see noticeText)
+	// confirm, when set, asks before the action: the form's first post
+	// shows the question, and only the answer's post (confirmed=yes)
+	// acts. It works without scripts.
+	confirm func(r *http.Request) consoleConfirm
+}
+
+// consoleConfirm is the question a console action asks before it acts.
+type consoleConfirm struct {
+	Question, Detail, Button string
+	// Action is the form's own path, posted again with confirmed=yes
+	// and the fields in Keep; Back is where Cancel goes.
+	Action, Back string
+	Keep         map[string]string
 }
 
 func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
@@ -412,6 +427,12 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 			s.d.Logger.Warn("console action refused for the role", "user", si.User, "role", role, "action", a.what)
 			s.consolePage(w, si, http.StatusForbidden, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
 				fmt.Sprintf("Your role (%s) may not %s.", role, a.what), "")
+			return
+		}
+		if a.confirm != nil && r.PostFormValue("confirmed") != "yes" {
+			c := a.confirm(r)
+			c.Action, c.Back = r.URL.Path, a.back
+			s.consolePage(w, si, http.StatusOK, consoleData{Role: role, Tab: "confirm", Confirm: &c}, "", "")
 			return
 		}
 		var body any
@@ -497,19 +518,29 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 				}
 				return nil
 			},
-			done: "session-" + kind}))
+			confirm: sessionConfirm(kind),
+			done:    "session-" + kind}))
 	}
 	for _, on := range []bool{true, false} {
 		verb := map[bool]string{true: "drain", false: "undrain"}[on]
 		mux.HandleFunc("POST /admin/hosts/{name}/"+verb, s.consoleAct(consoleAction{need: roleAdmin, what: verb + " hosts",
 			back: "/admin/hosts", method: "POST",
-			path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) + "/drain" },
-			body: func(*http.Request) any { return map[string]bool{"drain": on} },
+			path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) + "/" + verb },
+			body: func(*http.Request) any {
+				if on {
+					return map[string]bool{"drain": true}
+				}
+				return nil
+			},
 			done: "host-" + verb + "ed"}))
 	}
 	mux.HandleFunc("POST /admin/hosts/{name}/remove", s.consoleAct(consoleAction{need: roleAdmin, what: "remove hosts",
 		back: "/admin/hosts", method: "DELETE",
 		path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) },
+		confirm: func(r *http.Request) consoleConfirm {
+			return consoleConfirm{Question: "Remove host " + r.PathValue("name") + "?", Button: "Remove the host",
+				Detail: "The broker forgets the host. A host with live sessions cannot be removed; its agent registers it again only with a new join token."}
+		},
 		done: "host-removed"}))
 	mux.HandleFunc("POST /admin/tunnels/{id}/disconnect", s.consoleAct(consoleAction{need: roleAdmin, what: "disconnect tunnels",
 		back: "/admin/tunnels", method: "DELETE",
@@ -520,7 +551,40 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 			}
 			return p
 		},
+		confirm: func(r *http.Request) consoleConfirm {
+			c := consoleConfirm{Question: "Disconnect tunnel " + r.PathValue("id") + "?", Button: "Disconnect",
+				Detail: "The client's connection through the gateway is cut; its session on the host keeps running."}
+			if n := r.PostFormValue("node"); n != "" {
+				c.Keep = map[string]string{"node": n}
+			}
+			return c
+		},
 		done: "tunnel-disconnected"}))
+}
+
+// sessionConfirm is the question before a session's logoff or
+// disconnect; a message needs none. The user and host come from the
+// row's form, for the question's words only: the action names the
+// session by its id.
+func sessionConfirm(kind string) func(*http.Request) consoleConfirm {
+	if kind != "logoff" && kind != "disconnect" {
+		return nil
+	}
+	return func(r *http.Request) consoleConfirm {
+		who, host := r.PostFormValue("user"), r.PostFormValue("host")
+		if who == "" {
+			who = "this user"
+		}
+		if host == "" {
+			host = "its host"
+		}
+		if kind == "logoff" {
+			return consoleConfirm{Question: "Log " + who + " off " + host + "?", Button: "Log off",
+				Detail: "The session's programs are closed; work not saved in them is lost."}
+		}
+		return consoleConfirm{Question: "Disconnect " + who + " from " + host + "?", Button: "Disconnect",
+			Detail: "The session keeps running on the host; " + who + " can reconnect to it."}
+	}
 }
 
 // actorName is how the audit trail names a console user: as it is when

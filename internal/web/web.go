@@ -295,8 +295,9 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 		return signIn{}, false
 	}
 	// Renew at most once a minute, so that a page's requests do not each
-	// set a cookie.
-	if now.Unix()-si.Seen >= 60 {
+	// set a cookie; a console's own live updates (live.js) renew nothing,
+	// so a console left open still ends when idle.
+	if now.Unix()-si.Seen >= 60 && r.Header.Get("Deskway-Live") == "" {
 		si.Seen = now.Unix()
 		s.setCookie(w, si)
 	}
