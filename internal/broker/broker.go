@@ -441,6 +441,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v1/launch", s.launch)
 	mux.HandleFunc("POST /api/v1/desktops", s.desktops)
 	mux.HandleFunc("POST /api/v1/sessions/{id}/logoff", s.userLogoff)
+	mux.HandleFunc("POST /api/v1/sessions/{id}/end", s.userSessionEnd)
 	mux.HandleFunc("POST /api/v1/agent/register", s.register)
 	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
 	mux.HandleFunc("POST /api/v1/agent/events", s.events)

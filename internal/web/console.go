@@ -105,6 +105,18 @@ func (c *console) call(ctx context.Context, si signIn, role, method, path string
 	return nil
 }
 
+// apiWords is what a console page says of a failed admin API call: the
+// API's own refusal, which is written for administrators, or, when the
+// API did not answer, a sentence, with the reason in the portal's log.
+func (s *Server) apiWords(err error) string {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.msg
+	}
+	s.d.Logger.Warn("the console's admin API call failed", "error", err)
+	return "the admin API does not answer right now; the portal's log has the reason."
+}
+
 // The admin API's rows, as the console reads them.
 type (
 	consoleHost struct {
@@ -283,7 +295,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	var errs []string
 	var hdr http.Header
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, &hdr); err != nil {
-		errs = append(errs, "hosts: "+err.Error())
+		errs = append(errs, "The hosts cannot be listed: "+s.apiWords(err))
 	} else if hdr.Get("Deskway-Source") != "" {
 		d.Problems = append(d.Problems, "The broker's database does not answer: launches are placed from its local host cache.")
 	}
@@ -294,7 +306,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?limit=1", nil, nil, &hdr); err != nil {
-		errs = append(errs, "sessions: "+err.Error())
+		errs = append(errs, "The sessions cannot be counted: "+s.apiWords(err))
 	} else {
 		d.SessionCount, _ = strconv.Atoi(hdr.Get("Deskway-Total"))
 	}
@@ -302,7 +314,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err == nil {
 		d.TunnelCount = len(tl.Tunnels)
 	}
-	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), notice(r))
+	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, " "), notice(r))
 }
 
 func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
@@ -325,7 +337,7 @@ func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
 	var hdr http.Header
 	errMsg := ""
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?"+v.Encode(), nil, &d.Sessions, &hdr); err != nil {
-		errMsg = "The sessions cannot be listed: " + err.Error()
+		errMsg = "The sessions cannot be listed: " + s.apiWords(err)
 	}
 	d.Total, _ = strconv.Atoi(hdr.Get("Deskway-Total"))
 	d.Pages = max(1, (d.Total+consolePageSize-1)/consolePageSize)
@@ -349,7 +361,7 @@ func (s *Server) consoleList(tab, what, path string, into func(d *consoleData) a
 		d := consoleData{Role: role, Tab: tab}
 		errMsg := ""
 		if err := s.console.call(r.Context(), si, role, "GET", path, nil, into(&d), nil); err != nil {
-			errMsg = "The " + what + " cannot be listed: " + err.Error()
+			errMsg = "The " + what + " cannot be listed: " + s.apiWords(err)
 		}
 		s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
 	}
@@ -369,7 +381,7 @@ func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &ae) && ae.status == http.StatusNotFound {
 			errMsg = "This deskway runs no stream role: there are no vDisks to show."
 		} else {
-			errMsg = "The vDisks cannot be listed: " + err.Error()
+			errMsg = "The vDisks cannot be listed: " + s.apiWords(err)
 		}
 	} else {
 		for i := range vl.VDisks {
@@ -441,7 +453,7 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 		}
 		if err := s.console.call(r.Context(), si, role, a.method, a.path(r), body, nil, nil); err != nil {
 			s.consolePage(w, si, http.StatusBadGateway, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
-				"Not done: "+err.Error(), "")
+				"Not done: "+s.apiWords(err), "")
 			return
 		}
 		s.d.Logger.Info("console action", "user", si.User, "role", role, "action", a.what, "path", a.path(r))

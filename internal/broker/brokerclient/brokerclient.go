@@ -144,6 +144,16 @@ func (c *Client) Desktops(ctx context.Context, cred Credentials, req brokerapi.D
 	return out, nil
 }
 
+// SessionEnd asks how the user's own session id ended (req names the
+// user when cred is a front end's).
+func (c *Client) SessionEnd(ctx context.Context, cred Credentials, id string, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error) {
+	var out brokerapi.SessionEnd
+	if err := c.do(ctx, "/api/v1/sessions/"+url.PathEscape(id)+"/end", cred, req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Logoff asks for the user's own session id to be logged off (req names
 // the user when cred is a front end's).
 func (c *Client) Logoff(ctx context.Context, cred Credentials, id string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error) {
@@ -198,6 +208,11 @@ func (f FrontEnd) Launch(ctx context.Context, req brokerapi.LaunchRequest) (*bro
 // Desktops lists the delivery groups the user req names may launch.
 func (f FrontEnd) Desktops(ctx context.Context, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error) {
 	return f.Client.Desktops(ctx, Bearer(f.Token), req)
+}
+
+// SessionEnd asks how the user's own session id ended.
+func (f FrontEnd) SessionEnd(ctx context.Context, id string, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error) {
+	return f.Client.SessionEnd(ctx, Bearer(f.Token), id, req)
 }
 
 // Logoff asks for the user's own session id to be logged off.
