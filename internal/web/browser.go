@@ -24,9 +24,9 @@ func browserClientBuilt() bool {
 // the browser to the host only.
 type browserData struct {
 	Title, Group, User, Gateway, Destination, Token string
-	// Session and CSRF let the page ask the portal, when its connection
-	// ends, why (POST /browser/end).
-	Session, CSRF string
+	// Session, CSRF and Opened (the portal's clock, Unix ms) let the page
+	// ask the portal, when its connection ends, why (POST /browser/end).
+	Session, CSRF, Opened string
 }
 
 // openInBrowser launches a desktop like launch does, but answers with a
@@ -54,7 +54,8 @@ func (s *Server) openInBrowser(w http.ResponseWriter, r *http.Request) {
 		user = si.User
 	}
 	d := browserData{Title: group, Group: group, User: user, Gateway: "wss://" + res.Gateway + "/rdp",
-		Destination: res.Address + ":" + strconv.Itoa(res.Port), Token: res.Token, Session: res.SessionID, CSRF: s.codec.csrf(si)}
+		Destination: res.Address + ":" + strconv.Itoa(res.Port), Token: res.Token, Session: res.SessionID, CSRF: s.codec.csrf(si),
+		Opened: strconv.FormatInt(s.d.Now().UnixMilli(), 10)}
 	if strings.Contains(res.Address, ":") {
 		d.Destination = "[" + res.Address + "]:" + strconv.Itoa(res.Port)
 	}

@@ -71,7 +71,7 @@ type Broker interface {
 	Desktops(ctx context.Context, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error)
 	Launch(ctx context.Context, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, error)
 	Logoff(ctx context.Context, session string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error)
-	SessionEnd(ctx context.Context, session string, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error)
+	SessionEnd(ctx context.Context, session string, since time.Time, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error)
 }
 
 // Server is the portal.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -73,13 +74,19 @@ func (s *Server) browserEnd(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, detail := r.PostFormValue("session"), r.PostFormValue("detail")
+	// When the page opened, by the portal's clock: a command older than
+	// that ended an earlier connection, not this one.
+	var opened time.Time
+	if ms, err := strconv.ParseInt(r.PostFormValue("opened"), 10, 64); err == nil {
+		opened = time.UnixMilli(ms)
+	}
 	if len(detail) > 500 {
 		detail = detail[:500]
 		for !utf8.ValidString(detail) {
 			detail = detail[:len(detail)-1]
 		}
 	}
-	msg, state := s.endWords(r.Context(), si, id)
+	msg, state := s.endWords(r.Context(), si, id, opened)
 	s.d.Logger.Info("browser session ended", "user", si.User, "session", id, "client_said", detail, "state", state, "shown", msg)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]string{"message": msg})
@@ -88,10 +95,10 @@ func (s *Server) browserEnd(w http.ResponseWriter, r *http.Request) {
 // endWords asks the broker how si's session id ended, waiting up to
 // endSettle for its state to leave active, and returns the words and
 // the state read.
-func (s *Server) endWords(ctx context.Context, si signIn, id string) (string, string) {
+func (s *Server) endWords(ctx context.Context, si signIn, id string, opened time.Time) (string, string) {
 	deadline := time.Now().Add(endSettle)
 	for {
-		end, err := s.d.Broker.SessionEnd(ctx, id, forUser(si))
+		end, err := s.d.Broker.SessionEnd(ctx, id, opened, forUser(si))
 		if err != nil {
 			s.d.Logger.Warn("asking the broker how a browser session ended", "user", si.User, "session", id, "error", err)
 			return endUnknown, "unknown"

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,10 +72,12 @@ func TestBrowserEndInWords(t *testing.T) {
 		}
 		return m[1]
 	}
-	ended := func(id string) string {
+	// ended asks as the page opened at opened asks when its connection
+	// ends.
+	ended := func(id string, opened time.Time) string {
 		t.Helper()
 		csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, c, nil)))[1]
-		r := p.do("POST", "/browser/end", url.Values{"csrf": {csrf}, "session": {id},
+		r := p.do("POST", "/browser/end", url.Values{"csrf": {csrf}, "session": {id}, "opened": {strconv.FormatInt(opened.UnixMilli(), 10)},
 			"detail": {"[connector error @ crates/ironrdp-session/src/lib.rs:98] UserRequested"}}, c, nil)
 		var out struct{ Message string }
 		if err := json.NewDecoder(r.Body).Decode(&out); err != nil || r.StatusCode != http.StatusOK {
@@ -89,14 +92,15 @@ func TestBrowserEndInWords(t *testing.T) {
 	// exit in the session: the host reports it gone.
 	id := launch()
 	beat()
-	if m := ended(id); m != "You logged off. The session has ended." {
+	if m := ended(id, time.Now()); m != "You logged off. The session has ended." {
 		t.Fatalf("after the user's own logoff the page says %q", m)
 	}
 	// The connection lost (a tunnel cut, a network gone): the session
 	// lives on, and no command ended it.
+	opened := time.Now()
 	id = launch()
 	start := time.Now()
-	if m := ended(id); !strings.HasPrefix(m, "The connection to the desktop was lost.") {
+	if m := ended(id, opened); !strings.HasPrefix(m, "The connection to the desktop was lost.") {
 		t.Fatalf("after a lost connection the page says %q", m)
 	}
 	if took := time.Since(start); took > 6*time.Second {
@@ -117,8 +121,19 @@ func TestBrowserEndInWords(t *testing.T) {
 		t.Fatalf("the host was handed %+v", hb.Commands)
 	}
 	beat(brokerapi.Session{User: "alice", State: "disconnected"})
-	if m := ended(id); !strings.HasPrefix(m, "An administrator disconnected you") {
+	if m := ended(id, opened); !strings.HasPrefix(m, "An administrator disconnected you") {
 		t.Fatalf("after the administrator's disconnect the page says %q", m)
+	}
+	// The user reconnects, then logs off: the earlier disconnect ended
+	// the earlier connection, not this one.
+	time.Sleep(5 * time.Millisecond) // the command's millisecond is before the reopening's
+	opened = time.Now()
+	if again := launch(); again != id {
+		t.Fatalf("the reconnect is to session %s, want %s", again, id)
+	}
+	beat()
+	if m := ended(id, opened); m != "You logged off. The session has ended." {
+		t.Fatalf("after a reconnect and the user's own logoff the page says %q", m)
 	}
 }
 

@@ -75,7 +75,7 @@ async function ended(detail) {
     const resp = await fetch('/browser/end', {
       method: 'POST',
       credentials: 'same-origin',
-      body: new URLSearchParams({ csrf: d.csrf, session: d.session, detail: detail }),
+      body: new URLSearchParams({ csrf: d.csrf, session: d.session, opened: d.opened, detail: detail }),
     });
     if (resp.ok) {
       text = (await resp.json()).message || text;
