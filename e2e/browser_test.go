@@ -148,9 +148,7 @@ func openInBrowser(t *testing.T, ctx context.Context, group string) context.Cont
 			t.Logf("the desktop page's console:\n%s", console.String())
 		}
 	})
-	// The client compiles 6 MB of WebAssembly: on a loaded machine (two
-	// cores under several test runs) that has taken over 30 s.
-	wait, cancel2 := context.WithTimeout(tab, 90*time.Second)
+	wait, cancel2 := context.WithTimeout(tab, 30*time.Second)
 	defer cancel2()
 	if err := chromedp.Do(wait, chromedp.WaitVisible(chromedp.CSS("#browser[data-ready='true'] #password"))); err != nil {
 		t.Fatalf("the desktop page did not load its client: %v", err)
