@@ -104,6 +104,9 @@ func TestBrowserEndsInWords(t *testing.T) {
 	}
 	plain(ctx, "words-1-drained-launch")
 	admin("POST", "/api/v1/broker/hosts/xrdp-host/undrain", "", nil)
+	if err := chromedp.Do(ctx, chromedp.Navigate(b.portal+"/"), chromedp.WaitVisible(chromedp.CSS("li.desktop[data-group='desk']"))); err != nil {
+		t.Fatal(err)
+	}
 
 	// The tunnel cut by an administrator: the connection is lost, the
 	// session lives on.

@@ -60,10 +60,10 @@ function rawDetail(err) {
   return String(err);
 }
 
-// ended shows why a connected session ended: the portal asks the broker
+// explainEnd shows why a connected session ended: the portal asks the broker
 // (an administrator's disconnect or logoff, the user's own logoff, or a
 // connection lost) and logs what the client said.
-async function ended(detail) {
+async function explainEnd(detail) {
   if (disconnecting) {
     finish('You disconnected. The desktop\'s programs are still running: open it again from your desktops to carry on.', false);
     return;
@@ -146,11 +146,11 @@ form.addEventListener('submit', async (ev) => {
     ui.setVisibility(true);
     root.dataset.connected = 'true';
     const end = await session.run();
-    await ended(end.reason());
+    await explainEnd(end.reason());
   } catch (err) {
     console.warn('the desktop connection failed:', rawDetail(err));
     if (connected) {
-      await ended(rawDetail(err));
+      await explainEnd(rawDetail(err));
     } else {
       finish(describe(err), true);
     }
