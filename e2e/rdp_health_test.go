@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ func TestRDPServiceDownTurnsHostUnhealthy(t *testing.T) {
 	// The heartbeat is 1 s: one heartbeat, with the time to send it.
 	if took := time.Since(stopped); took > 3*time.Second {
 		t.Errorf("the host turned unhealthy %v after xrdp stopped, want within one heartbeat (1 s)", took)
+	}
+	if out, err := exec.Command(b.bin, "host", "ls", "-c", b.cfg).CombinedOutput(); err != nil || !strings.Contains(string(out), "unhealthy ("+why+")") {
+		t.Errorf("deskway host ls with xrdp down: %v\n%s", err, out)
 	}
 	status, body := b.tryLaunch()
 	if status != http.StatusServiceUnavailable || !strings.Contains(body, why) {

@@ -123,6 +123,7 @@ func hostCmd() *cobra.Command {
 				SessionLimit  int     `json:"session_limit"`
 				CPU           float64 `json:"cpu"`
 				Status        string  `json:"status"`
+				Unhealthy     string  `json:"unhealthy"`
 			}
 			if err := a.call(cmd.Context(), "GET", "/api/v1/broker/hosts?delivery_group="+url.QueryEscape(group), nil, &hosts); err != nil {
 				return err
@@ -130,8 +131,12 @@ func hostCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "HOST\tGROUP\tADDRESS\tSESSIONS\tCPU\tSTATUS")
 			for _, h := range hosts {
+				status := h.Status
+				if h.Unhealthy != "" {
+					status += " (" + h.Unhealthy + ")"
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%.0f%%\t%s\n", h.Name, h.DeliveryGroup, net.JoinHostPort(h.Address, fmt.Sprint(h.Port)),
-					h.Sessions, h.SessionLimit, 100*h.CPU, h.Status)
+					h.Sessions, h.SessionLimit, 100*h.CPU, status)
 			}
 			return tw.Flush()
 		},
