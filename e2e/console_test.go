@@ -181,8 +181,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot(t, ctx, b.artifacts, "console-2-hosts")
 	// Drain, undrain and drain again: the audit trail tells them apart.
+	// Each waits for the other's button, which only the page after it
+	// shows: the page before has a notice too.
+	next := map[string]string{"drain": "undrain", "undrain": "drain"}
 	for _, verb := range []string{"drain", "undrain", "drain"} {
-		must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/"+verb+"'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+		must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/"+verb+"'] button")),
+			chromedp.WaitVisible(chromedp.CSS("form[action='/admin/hosts/xrdp-host/"+next[verb]+"'] button")))
 		if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "Host "+verb+"ed.") {
 			t.Fatalf("after %s the page says %q", verb, n)
 		}
