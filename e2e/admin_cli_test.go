@@ -136,6 +136,7 @@ func TestHostAndSessionCommands(t *testing.T) {
 	}
 	got := strings.Join(actions, "\n")
 	for _, want := range []string{"DELETE /api/v1/broker/hosts/nosuch", "DELETE /api/v1/broker/hosts/h1", "POST /api/v1/broker/hosts/h1/drain",
+		"POST /api/v1/broker/hosts/h1/undrain",
 		"DELETE /api/v1/broker/sessions/" + launched.SessionID, "PUT /api/v1/broker/groups/desk/entitlements", "DELETE /api/v1/broker/groups/desk/entitlements"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("audit trail lacks %s:\n%s", want, got)

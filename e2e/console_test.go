@@ -161,6 +161,16 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the sessions page shows memory %q and CPU %q", m, c)
 	}
 	shot(t, ctx, b.artifacts, "console-1b-sessions")
+	// Log off asks first; Cancel leaves the session alone.
+	must(chromedp.Click(chromedp.CSS("tr[data-session] form[action$='/logoff'] button")), chromedp.WaitVisible(chromedp.CSS("section.confirm")))
+	if q := read(chromedp.Text(chromedp.CSS("section.confirm h1"))); q != "Log "+b.xrdp.User+" off xrdp-host?" {
+		t.Fatalf("Log off asks %q", q)
+	}
+	shot(t, ctx, b.artifacts, "console-1c-logoff-confirm")
+	must(chromedp.Click(chromedp.CSS("section.confirm a")), chromedp.WaitVisible(chromedp.CSS("tr[data-session] td.state")))
+	if st := b.sessionState(); st != "active" {
+		t.Fatalf("after Log off was cancelled the session is %s", st)
+	}
 	// Drain the host.
 	must(chromedp.Navigate(portal+"/admin/hosts"), chromedp.WaitVisible(chromedp.CSS("tr[data-host='xrdp-host']")))
 	if m := read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.session-memory"))); !strings.HasSuffix(m, " MiB") && !strings.HasSuffix(m, " GiB") {
@@ -170,9 +180,16 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the hosts page shows major faults %q and swap %q", f, sw)
 	}
 	shot(t, ctx, b.artifacts, "console-2-hosts")
-	must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/drain'] button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
-	if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "Host drained.") {
-		t.Fatalf("after Drain the page says %q", n)
+	// Drain, undrain and drain again: the audit trail tells them apart.
+	// Each waits for the other's button, which only the page after it
+	// shows: the page before has a notice too.
+	next := map[string]string{"drain": "undrain", "undrain": "drain"}
+	for _, verb := range []string{"drain", "undrain", "drain"} {
+		must(chromedp.Click(chromedp.CSS("form[action='/admin/hosts/xrdp-host/"+verb+"'] button")),
+			chromedp.WaitVisible(chromedp.CSS("form[action='/admin/hosts/xrdp-host/"+next[verb]+"'] button")))
+		if n := read(chromedp.Text(chromedp.CSS(".notice"))); !strings.Contains(n, "Host "+verb+"ed.") {
+			t.Fatalf("after %s the page says %q", verb, n)
+		}
 	}
 	if st := read(chromedp.Text(chromedp.CSS("tr[data-host='xrdp-host'] td.status"))); !strings.Contains(st, "drain") {
 		t.Fatalf("the drained host's status reads %q", st)
@@ -182,15 +199,48 @@ func TestConsoleInBrowser(t *testing.T) {
 	if len(hosts) != 1 || hosts[0]["admin_drain"] != true {
 		t.Fatalf("the admin API shows hosts %v after the console's drain", hosts)
 	}
-	// Disconnect the tunnel: the client ends.
-	must(chromedp.Navigate(portal+"/admin/tunnels"), chromedp.WaitVisible(chromedp.CSS("tr[data-tunnel]")))
-	shot(t, ctx, b.artifacts, "console-4-tunnels")
-	must(chromedp.Click(chromedp.CSS("tr[data-tunnel] form button")), chromedp.WaitVisible(chromedp.CSS(".notice")))
+	// The sessions page stays open in this tab while another tab
+	// disconnects the tunnel (asking first): the session's state changes
+	// on the open page, which was not loaded again.
+	must(chromedp.Navigate(portal+"/admin/sessions"), chromedp.WaitVisible(chromedp.CSS("tr[data-session] td.state")))
+	if st := read(chromedp.Text(chromedp.CSS("tr[data-session] td.state"))); st != "active" {
+		t.Fatalf("the open sessions page shows %q before the disconnect", st)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.samePage = true`)); err != nil {
+		t.Fatal(err)
+	}
+	other, closeOther := chromedp.NewContext(ctx)
+	defer closeOther()
+	if err := chromedp.Do(other, chromedp.Navigate(portal+"/admin/tunnels"), chromedp.WaitVisible(chromedp.CSS("tr[data-tunnel]"))); err != nil {
+		t.Fatal(err)
+	}
+	shot(t, other, b.artifacts, "console-4-tunnels")
+	if err := chromedp.Do(other, chromedp.Click(chromedp.CSS("tr[data-tunnel] form button")), chromedp.WaitVisible(chromedp.CSS("section.confirm"))); err != nil {
+		t.Fatal(err)
+	}
+	shot(t, other, b.artifacts, "console-4a-tunnel-confirm")
+	if err := chromedp.Do(other, chromedp.Click(chromedp.CSS("section.confirm button")), chromedp.WaitVisible(chromedp.CSS(".notice"))); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-exited:
 	case <-time.After(15 * time.Second):
 		t.Fatal("xfreerdp still runs 15 s after the console disconnected its tunnel")
 	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		st := read(chromedp.Text(chromedp.CSS("tr[data-session] td.state")))
+		same, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.samePage === true`))
+		if err != nil || !same {
+			t.Fatalf("the sessions page was loaded again (%v)", err)
+		}
+		if st == "disconnected" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the open sessions page still shows %q 15 s after the disconnect (the broker has %s)", st, b.sessionState())
+		}
+	}
+	shot(t, ctx, b.artifacts, "console-4b-sessions-live")
 	var tl struct{ Tunnels []map[string]any }
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		api("/api/v1/gateway/tunnels", &tl)
@@ -210,12 +260,12 @@ func TestConsoleInBrowser(t *testing.T) {
 			found[fmt.Sprint(e["action"])] = true
 		}
 	}
-	if !found["POST /api/v1/broker/hosts/xrdp-host/drain"] || len(found) != 2 {
+	if !found["POST /api/v1/broker/hosts/xrdp-host/drain"] || !found["POST /api/v1/broker/hosts/xrdp-host/undrain"] || len(found) != 3 {
 		t.Fatalf("the audit trail under ada's name: %v\n%v", found, al.Entries)
 	}
 	must(chromedp.Navigate(portal+"/admin/audit"), chromedp.WaitVisible(chromedp.CSS("table")))
-	if page := read(chromedp.Text(chromedp.CSS("table"))); !strings.Contains(page, "POST /api/v1/broker/hosts/xrdp-host/drain") {
-		t.Fatalf("the audit page lacks the drain:\n%s", page)
+	if page := read(chromedp.Text(chromedp.CSS("table"))); !strings.Contains(page, "POST /api/v1/broker/hosts/xrdp-host/drain") || !strings.Contains(page, "POST /api/v1/broker/hosts/xrdp-host/undrain") {
+		t.Fatalf("the audit page lacks the drain or the undrain:\n%s", page)
 	}
 	shot(t, ctx, b.artifacts, "console-5-audit")
 	// Delivery groups with their entitlements, and the vDisks with a

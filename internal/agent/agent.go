@@ -38,6 +38,9 @@ type Deps struct {
 	// a restarted agent re-registers with it: a join token only ever
 	// registers new hosts. Empty keeps it in memory only.
 	CredentialFile string
+	// CheckRDP checks the host's RDP service each heartbeat (CheckRDP at
+	// agent.address and agent.port); nil checks nothing.
+	CheckRDP func(ctx context.Context) error
 }
 
 // Agent is one host's agent.
@@ -49,6 +52,7 @@ type Agent struct {
 	// cpu and usageFailing belong to Run's heartbeats.
 	cpu          cpuMeter
 	usageFailing bool
+	rdpFailing   bool
 }
 
 // New builds an agent; Run registers and reports.
@@ -207,6 +211,9 @@ func (a *Agent) heartbeat(ctx context.Context, w *loadWindow, sessions []brokera
 	hb := brokerapi.Heartbeat{Host: a.cfg.Name, CPU: l.CPU, Memory: l.Memory, DiskIdle: l.DiskIdle,
 		DiskLatencyMS: l.DiskLatencyMS, MemoryPressure: l.MemoryPressure, CPUPressure: l.CPUPressure, MajorFaultsPerSec: l.MajorFaultsPerSec,
 		SwapInPerSec: l.SwapInPerSec, SwapOutPerSec: l.SwapOutPerSec, Drain: drainErr == nil, Sessions: a.withUsage(sessions)}
+	if !a.rdpAnswers(ctx) {
+		hb.RDPDown = a.cfg.Port
+	}
 	cmds, err := a.d.Client.Heartbeat(ctx, a.cred, hb)
 	var se *brokerclient.StatusError
 	if errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusUnauthorized) {
@@ -224,6 +231,23 @@ func (a *Agent) heartbeat(ctx context.Context, w *loadWindow, sessions []brokera
 		return nil
 	}
 	return err
+}
+
+// rdpAnswers checks the host's RDP service, logging when it stops or
+// starts answering; without Deps.CheckRDP it says yes.
+func (a *Agent) rdpAnswers(ctx context.Context) bool {
+	if a.d.CheckRDP == nil {
+		return true
+	}
+	err := a.d.CheckRDP(ctx)
+	switch {
+	case err != nil && !a.rdpFailing:
+		a.d.Logger.Warn("the host's RDP service does not answer: the broker places no new sessions here until it does", "port", a.cfg.Port, "error", err)
+	case err == nil && a.rdpFailing:
+		a.d.Logger.Info("the host's RDP service answers again", "port", a.cfg.Port)
+	}
+	a.rdpFailing = err != nil
+	return err == nil
 }
 
 // withUsage returns the sessions with what each uses now; without

@@ -441,6 +441,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v1/launch", s.launch)
 	mux.HandleFunc("POST /api/v1/desktops", s.desktops)
 	mux.HandleFunc("POST /api/v1/sessions/{id}/logoff", s.userLogoff)
+	mux.HandleFunc("POST /api/v1/sessions/{id}/end", s.userSessionEnd)
 	mux.HandleFunc("POST /api/v1/agent/register", s.register)
 	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
 	mux.HandleFunc("POST /api/v1/agent/events", s.events)
@@ -1055,6 +1056,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	err := errors.Join(fraction("cpu", hb.CPU), fraction("memory", hb.Memory), fraction("disk_idle", hb.DiskIdle),
 		fraction("memory_pressure", hb.MemoryPressure), fraction("cpu_pressure", hb.CPUPressure), rate("major_faults_per_s", hb.MajorFaultsPerSec),
 		rate("swap_in_per_s", hb.SwapInPerSec), rate("swap_out_per_s", hb.SwapOutPerSec))
+	if hb.RDPDown < 0 || hb.RDPDown > 65535 {
+		err = errors.Join(err, fmt.Errorf("rdp_down_port %d is not a port", hb.RDPDown))
+	}
 	if hb.DiskLatencyMS < 0 || hb.DiskLatencyMS != hb.DiskLatencyMS {
 		err = errors.Join(err, fmt.Errorf("disk_latency_ms %g is negative", hb.DiskLatencyMS))
 	}
@@ -1454,11 +1458,23 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		s.log.Info("host removed by administrator", "host", name)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/drain", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/drain", s.drainHost(false))
+	// Undrain has a path of its own so that the audit trail, which keeps
+	// the method and path, tells it from drain.
+	mux.HandleFunc("POST /api/v1/broker/hosts/{name}/undrain", s.drainHost(true))
+	return mux
+}
+
+// drainHost sets a host's admin drain: as the body says, or off for
+// undrain, which takes no body.
+func (s *Server) drainHost(undrain bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		var req brokerapi.DrainRequest
-		if err := decode(w, r, &req); err != nil {
-			s.fail(w, r, http.StatusBadRequest, "%v", err)
-			return
+		if !undrain {
+			if err := decode(w, r, &req); err != nil {
+				s.fail(w, r, http.StatusBadRequest, "%v", err)
+				return
+			}
 		}
 		name := r.PathValue("name")
 		offline, err := s.applyDrain(r.Context(), name, req.Drain)
@@ -1475,8 +1491,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		}
 		s.log.Info("drain", "host", name, "drain", req.Drain, "offline", offline)
 		writeJSON(w, http.StatusOK, map[string]any{"host": name, "admin_drain": req.Drain})
-	})
-	return mux
+	}
 }
 
 // offlineFor runs query unless the database is known to be unreachable,

@@ -18,9 +18,14 @@ import (
 // idle, under 25 ms a request, and memory not so short that the page cache
 // thrashes. CPU is judged by pressure, how often runnable tasks wait for
 // a CPU, not by how busy it is: waiting is what users feel, and a host
-// 95% busy can still serve everyone promptly.
+// 95% busy can still serve everyone promptly. A host whose RDP service
+// does not answer comes first: no threshold matters while nobody can
+// connect.
 func Unhealthy(h config.Health, hb brokerapi.Heartbeat) string {
 	var why []string
+	if hb.RDPDown != 0 {
+		why = append(why, fmt.Sprintf("RDP service not answering on port %d", hb.RDPDown))
+	}
 	if idle := hb.DiskIdle * 100; idle < h.DiskIdleMinPct {
 		why = append(why, fmt.Sprintf("disk idle %.0f%% < %.0f%%", idle, h.DiskIdleMinPct))
 	}

@@ -123,6 +123,7 @@ func hostCmd() *cobra.Command {
 				SessionLimit  int     `json:"session_limit"`
 				CPU           float64 `json:"cpu"`
 				Status        string  `json:"status"`
+				Unhealthy     string  `json:"unhealthy"`
 			}
 			if err := a.call(cmd.Context(), "GET", "/api/v1/broker/hosts?delivery_group="+url.QueryEscape(group), nil, &hosts); err != nil {
 				return err
@@ -130,8 +131,12 @@ func hostCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "HOST\tGROUP\tADDRESS\tSESSIONS\tCPU\tSTATUS")
 			for _, h := range hosts {
+				status := h.Status
+				if h.Unhealthy != "" {
+					status += " (" + h.Unhealthy + ")"
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%.0f%%\t%s\n", h.Name, h.DeliveryGroup, net.JoinHostPort(h.Address, fmt.Sprint(h.Port)),
-					h.Sessions, h.SessionLimit, 100*h.CPU, h.Status)
+					h.Sessions, h.SessionLimit, 100*h.CPU, status)
 			}
 			return tw.Flush()
 		},
@@ -147,7 +152,11 @@ func hostCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := a.call(cmd.Context(), "POST", "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/drain", map[string]bool{"drain": on}, nil); err != nil {
+				path, body := "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/drain", any(map[string]bool{"drain": true})
+				if !on {
+					path, body = "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/undrain", nil
+				}
+				if err := a.call(cmd.Context(), "POST", path, body, nil); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: drain %v\n", args[0], on)

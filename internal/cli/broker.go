@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,7 +101,10 @@ func newAgent(cfg *config.Agent, stateDir string, log *slog.Logger) (*agent.Agen
 		control = &agent.XRDP{}
 	}
 	return agent.New(cfg, agent.Deps{Logger: log, Client: &brokerclient.Client{Base: cfg.Broker, HTTP: hc}, Sessions: sessions,
-		Usage: usage, Control: control, CredentialFile: filepath.Join(stateDir, agentCredentialFile)})
+		Usage: usage, Control: control, CredentialFile: filepath.Join(stateDir, agentCredentialFile),
+		CheckRDP: func(ctx context.Context) error {
+			return agent.CheckRDP(ctx, net.JoinHostPort(cfg.Address, strconv.Itoa(cfg.Port)))
+		}})
 }
 
 // newBroker opens the broker's store and builds the role.

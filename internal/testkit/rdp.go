@@ -183,6 +183,36 @@ func CountColor(img image.Image, r, g, b uint8) int {
 // whose desktop is a navy xterm (a color nothing else on screen has).
 type XRDP struct {
 	Addr, User, Password string
+	// xrdp is the listener's process and cfg its xrdp.ini, for Stop and
+	// Restart.
+	xrdp *Process
+	cfg  string
+	t    testing.TB
+}
+
+// Stop ends xrdp's listener (its session manager and sessions stay), as
+// a crashed or stopped RDP service would, and waits until the port no
+// longer accepts connections.
+func (x *XRDP) Stop() {
+	x.t.Helper()
+	_ = syscall.Kill(-x.xrdp.Cmd.Process.Pid, syscall.SIGKILL)
+	_ = x.xrdp.Cmd.Wait()
+	_ = os.Remove("/var/run/xrdp/xrdp.pid")
+	for deadline := time.Now().Add(10 * time.Second); WaitPort(x.Addr, 50*time.Millisecond) == nil; {
+		if time.Now().After(deadline) {
+			x.t.Fatalf("%s still accepts connections after xrdp was stopped", x.Addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Restart starts the listener Stop ended and waits for its port.
+func (x *XRDP) Restart() {
+	x.t.Helper()
+	x.xrdp = Start(x.t, nil, "xrdp", "--nodaemon", "--config", x.cfg)
+	if err := WaitPort(x.Addr, 10*time.Second); err != nil {
+		x.t.Fatal(err)
+	}
 }
 
 // DesktopColor is the xterm background the test desktop shows: navy.
@@ -236,7 +266,8 @@ func StartXRDP(t testing.TB, port int) *XRDP {
 		}
 	}
 	Start(t, nil, "xrdp-sesman", "--nodaemon")
-	Start(t, nil, "xrdp", "--nodaemon", "--config", cfgPath)
+	x.t, x.cfg = t, cfgPath
+	x.xrdp = Start(t, nil, "xrdp", "--nodaemon", "--config", cfgPath)
 	t.Cleanup(func() {
 		_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
 		childproc.RemoveStaleX(xrdpDisplays[0], xrdpDisplays[1])

@@ -27,6 +27,9 @@ type browserData struct {
 	// SSO: the gateway logs the session on with the user's desktop
 	// account, so the page asks for nothing.
 	SSO bool
+	// Session, CSRF and Opened (the portal's clock, Unix ms) let the page
+	// ask the portal, when its connection ends, why (POST /browser/end).
+	Session, CSRF, Opened string
 }
 
 // openInBrowser launches a desktop like launch does, but answers with a
@@ -54,7 +57,8 @@ func (s *Server) openInBrowser(w http.ResponseWriter, r *http.Request) {
 	// to make, since a wrong one costs the person the desktop's pass.
 	user := rdpField(res.RDP, "username")
 	d := browserData{Title: group, Group: group, User: user, Gateway: "wss://" + res.Gateway + "/rdp",
-		Destination: res.Address + ":" + strconv.Itoa(res.Port), Token: res.Token, SSO: res.SingleSignOn}
+		Destination: res.Address + ":" + strconv.Itoa(res.Port), Token: res.Token, SSO: res.SingleSignOn, Session: res.SessionID, CSRF: s.codec.csrf(si),
+		Opened: strconv.FormatInt(s.d.Now().UnixMilli(), 10)}
 	if strings.Contains(res.Address, ":") {
 		d.Destination = "[" + res.Address + "]:" + strconv.Itoa(res.Port)
 	}

@@ -246,6 +246,8 @@ type consoleData struct {
 	Page, Pages, Total    int
 	PrevPage, NextPage    int
 	CanControl, CanManage bool
+	// Confirm is the question of a confirmation page.
+	Confirm *consoleConfirm
 }
 
 // consoleAccess returns the sign-in and role of a console request, or
@@ -281,7 +283,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	var errs []string
 	var hdr http.Header
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/hosts", nil, &d.Hosts, &hdr); err != nil {
-		errs = append(errs, "hosts: "+err.Error())
+		errs = append(errs, "The hosts cannot be listed: "+s.apiWords(err))
 	} else if hdr.Get("Deskway-Source") != "" {
 		d.Problems = append(d.Problems, "The broker's database does not answer: launches are placed from its local host cache.")
 	}
@@ -292,7 +294,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?limit=1&logged_on=1", nil, nil, &hdr); err != nil {
-		errs = append(errs, "sessions: "+err.Error())
+		errs = append(errs, "The sessions cannot be counted: "+s.apiWords(err))
 	} else {
 		d.SessionCount, _ = strconv.Atoi(hdr.Get("Deskway-Total"))
 	}
@@ -300,7 +302,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err == nil {
 		d.TunnelCount = len(tl.Tunnels)
 	}
-	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, "; "), notice(r))
+	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, " "), notice(r))
 }
 
 func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
@@ -323,7 +325,7 @@ func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
 	var hdr http.Header
 	errMsg := ""
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/broker/sessions?"+v.Encode(), nil, &d.Sessions, &hdr); err != nil {
-		errMsg = "The sessions cannot be listed: " + err.Error()
+		errMsg = "The sessions cannot be listed: " + s.apiWords(err)
 	}
 	d.Total, _ = strconv.Atoi(hdr.Get("Deskway-Total"))
 	d.Pages = max(1, (d.Total+consolePageSize-1)/consolePageSize)
@@ -347,7 +349,7 @@ func (s *Server) consoleList(tab, what, path string, into func(d *consoleData) a
 		d := consoleData{Role: role, Tab: tab}
 		errMsg := ""
 		if err := s.console.call(r.Context(), si, role, "GET", path, nil, into(&d), nil); err != nil {
-			errMsg = "The " + what + " cannot be listed: " + err.Error()
+			errMsg = "The " + what + " cannot be listed: " + s.apiWords(err)
 		}
 		s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
 	}
@@ -367,7 +369,7 @@ func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &ae) && ae.status == http.StatusNotFound {
 			errMsg = "This deskway runs no stream role: there are no vDisks to show."
 		} else {
-			errMsg = "The vDisks cannot be listed: " + err.Error()
+			errMsg = "The vDisks cannot be listed: " + s.apiWords(err)
 		}
 	} else {
 		for i := range vl.VDisks {
@@ -397,6 +399,10 @@ type consoleAction struct {
 	path   func(r *http.Request) string
 	body   func(r *http.Request) any
 	done   string // the notice shown after it (see noticeText)
+	// confirm, when set, asks before the action: the form's first post
+	// shows the question, and only the answer's post (confirmed=yes)
+	// acts. It works without scripts.
+	confirm func(r *http.Request) consoleConfirm
 }
 
 func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
@@ -414,13 +420,19 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 				fmt.Sprintf("Your role (%s) may not %s.", role, a.what), "")
 			return
 		}
+		if a.confirm != nil && r.PostFormValue("confirmed") != "yes" {
+			c := a.confirm(r)
+			c.Action, c.Back = r.URL.Path, a.back
+			s.consolePage(w, si, http.StatusOK, consoleData{Role: role, Tab: "confirm", Confirm: &c}, "", "")
+			return
+		}
 		var body any
 		if a.body != nil {
 			body = a.body(r)
 		}
 		if err := s.console.call(r.Context(), si, role, a.method, a.path(r), body, nil, nil); err != nil {
 			s.consolePage(w, si, http.StatusBadGateway, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
-				"Not done: "+err.Error(), "")
+				"Not done: "+s.apiWords(err), "")
 			return
 		}
 		s.d.Logger.Info("console action", "user", si.User, "role", role, "action", a.what, "path", a.path(r))
@@ -497,19 +509,29 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 				}
 				return nil
 			},
-			done: "session-" + kind}))
+			confirm: sessionConfirm(kind),
+			done:    "session-" + kind}))
 	}
 	for _, on := range []bool{true, false} {
 		verb := map[bool]string{true: "drain", false: "undrain"}[on]
 		mux.HandleFunc("POST /admin/hosts/{name}/"+verb, s.consoleAct(consoleAction{need: roleAdmin, what: verb + " hosts",
 			back: "/admin/hosts", method: "POST",
-			path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) + "/drain" },
-			body: func(*http.Request) any { return map[string]bool{"drain": on} },
+			path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) + "/" + verb },
+			body: func(*http.Request) any {
+				if on {
+					return map[string]bool{"drain": true}
+				}
+				return nil
+			},
 			done: "host-" + verb + "ed"}))
 	}
 	mux.HandleFunc("POST /admin/hosts/{name}/remove", s.consoleAct(consoleAction{need: roleAdmin, what: "remove hosts",
 		back: "/admin/hosts", method: "DELETE",
 		path: func(r *http.Request) string { return "/api/v1/broker/hosts/" + pv("name")(r) },
+		confirm: func(r *http.Request) consoleConfirm {
+			return consoleConfirm{Question: "Remove host " + r.PathValue("name") + "?", Button: "Remove the host",
+				Detail: "The broker forgets the host. A host with live sessions cannot be removed; its agent registers it again only with a new join token."}
+		},
 		done: "host-removed"}))
 	mux.HandleFunc("POST /admin/tunnels/{id}/disconnect", s.consoleAct(consoleAction{need: roleAdmin, what: "disconnect tunnels",
 		back: "/admin/tunnels", method: "DELETE",
@@ -519,6 +541,14 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 				p += "?node=" + url.QueryEscape(n) // another farm node's tunnel
 			}
 			return p
+		},
+		confirm: func(r *http.Request) consoleConfirm {
+			c := consoleConfirm{Question: "Disconnect tunnel " + r.PathValue("id") + "?", Button: "Disconnect",
+				Detail: "The client's connection through the gateway is cut; its session on the host keeps running."}
+			if n := r.PostFormValue("node"); n != "" {
+				c.Keep = map[string]string{"node": n}
+			}
+			return c
 		},
 		done: "tunnel-disconnected"}))
 }

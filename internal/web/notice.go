@@ -10,6 +10,8 @@ import (
 // a link made elsewhere, or by another user, can show only these.
 func noticeText(key string) string {
 	switch key {
+	case "signed-out":
+		return "Signed out."
 	case "logoff":
 		return "Logging off: the session's programs are being closed."
 	case "entitlements-saved":

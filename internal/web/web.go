@@ -71,6 +71,7 @@ type Broker interface {
 	Desktops(ctx context.Context, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error)
 	Launch(ctx context.Context, req brokerapi.LaunchRequest) (*brokerapi.LaunchResponse, error)
 	Logoff(ctx context.Context, session string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error)
+	SessionEnd(ctx context.Context, session string, since time.Time, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error)
 }
 
 // Server is the portal.
@@ -185,6 +186,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux.HandleFunc("POST /launch", s.launch)
 	mux.HandleFunc("POST /browser", s.openInBrowser)
+	mux.HandleFunc("POST /browser/end", s.browserEnd)
 	mux.HandleFunc("POST /logoff", s.logoff)
 	mux.HandleFunc("GET /{$}", s.desktops)
 	cop := http.NewCrossOriginProtection()
@@ -295,8 +297,9 @@ func (s *Server) current(w http.ResponseWriter, r *http.Request) (signIn, bool) 
 		return signIn{}, false
 	}
 	// Renew at most once a minute, so that a page's requests do not each
-	// set a cookie.
-	if now.Unix()-si.Seen >= 60 {
+	// set a cookie; a console's own live updates (live.js) renew nothing,
+	// so a console left open still ends when idle.
+	if now.Unix()-si.Seen >= 60 && r.Header.Get("Deskway-Live") == "" {
 		si.Seen = now.Unix()
 		s.setCookie(w, si)
 	}
@@ -365,7 +368,7 @@ func (s *Server) signinPage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
-	s.render(w, http.StatusOK, "signin.html", s.signinData(page{}))
+	s.render(w, http.StatusOK, "signin.html", s.signinData(page{Notice: notice(r)}))
 }
 
 func remoteAddr(r *http.Request) netip.Addr {
@@ -393,7 +396,7 @@ func (s *Server) signout(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	http.Redirect(w, r, "/signin", http.StatusSeeOther)
+	http.Redirect(w, r, withNotice("/signin", "signed-out"), http.StatusSeeOther)
 }
 
 func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
@@ -408,21 +411,18 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 	ds, err := s.d.Broker.Desktops(r.Context(), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("listing a user's desktops", "user", si.User, "error", err)
-		p.Error = "Your desktops cannot be listed right now: " + brokerMessage(err)
+		p.Error = "Your desktops cannot be listed right now. Try again in a moment."
 		s.render(w, http.StatusBadGateway, "desktops.html", p)
+		return
+	}
+	if len(ds) == 0 && p.ConsoleLink && p.Notice == "" {
+		// An administrator with no desktop of their own came for the
+		// console.
+		http.Redirect(w, r, "/admin/", http.StatusSeeOther)
 		return
 	}
 	p.Desktops = ds
 	s.render(w, http.StatusOK, "desktops.html", p)
-}
-
-// brokerMessage is what a person can read of a broker's refusal.
-func brokerMessage(err error) string {
-	var se *brokerclient.StatusError
-	if errors.As(err, &se) {
-		return se.Message
-	}
-	return "the broker does not answer."
 }
 
 // checkForm bounds a posted form and checks that it carries si's CSRF
@@ -483,7 +483,7 @@ func (s *Server) startDesktop(w http.ResponseWriter, r *http.Request, si signIn,
 		}
 		s.launches.WithLabelValues(result).Inc()
 		s.d.Logger.Warn("portal launch failed", "user", si.User, "delivery_group", group, "error", err)
-		s.desktopsFailed(w, r, si, fmt.Sprintf("%s could not start: %s", group, brokerMessage(err)))
+		s.desktopsFailed(w, r, si, launchRefusal(group, err))
 		return nil, false
 	}
 	s.launches.WithLabelValues("ok").Inc()
@@ -505,7 +505,7 @@ func (s *Server) logoff(w http.ResponseWriter, r *http.Request) {
 	_, err := s.d.Broker.Logoff(r.Context(), r.PostFormValue("session"), forUser(si))
 	if err != nil {
 		s.d.Logger.Warn("portal logoff failed", "user", si.User, "error", err)
-		s.desktopsFailed(w, r, si, "Your session could not be logged off: "+brokerMessage(err))
+		s.desktopsFailed(w, r, si, logoffRefusal(err))
 		return
 	}
 	s.d.Logger.Info("portal logoff", "user", si.User, "delivery_group", group)

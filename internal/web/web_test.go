@@ -250,8 +250,11 @@ func TestSignInListLaunchSignOut(t *testing.T) {
 		t.Fatalf("launch with another sign-in's token: %s", r.Status)
 	}
 	out := p.do("POST", "/signout", url.Values{"csrf": {csrf}}, c, nil)
-	if out.StatusCode != http.StatusSeeOther || out.Header.Get("Location") != "/signin" {
-		t.Fatalf("sign-out: %s", out.Status)
+	if out.StatusCode != http.StatusSeeOther || out.Header.Get("Location") != "/signin?notice=signed-out" {
+		t.Fatalf("sign-out: %s to %q", out.Status, out.Header.Get("Location"))
+	}
+	if body := read(p.do("GET", out.Header.Get("Location"), nil, nil, nil)); !strings.Contains(body, `<p class="notice" role="status">Signed out.</p>`) {
+		t.Fatalf("the page after sign-out:\n%s", body)
 	}
 	if cs := out.Cookies(); len(cs) != 1 || cs[0].MaxAge >= 0 {
 		t.Fatalf("sign-out left the cookie: %+v", cs)

@@ -44,6 +44,18 @@ type UserSession struct {
 	Since time.Time `json:"since"`
 }
 
+// SessionEnd is what the broker knows of how a user's session ended, for
+// the page that showed it to say so in words.
+type SessionEnd struct {
+	// State is the session's state now: launching, active, disconnected
+	// or ended.
+	State string `json:"state"`
+	// Command is the newest logoff or disconnect the session's host was
+	// handed for it in the last minutes (by an administrator, or the
+	// user's own logoff from the portal); "" when none.
+	Command string `json:"command,omitempty"`
+}
+
 // LaunchResponse says where the session runs and how to reach it.
 type LaunchResponse struct {
 	SessionID string `json:"session_id"`
@@ -118,7 +130,10 @@ type Heartbeat struct {
 	SwapInPerSec      float64 `json:"swap_in_per_s"`
 	SwapOutPerSec     float64 `json:"swap_out_per_s"`
 	// Drain asks for no new sessions (the host's own drain switch).
-	Drain    bool      `json:"drain"`
+	Drain bool `json:"drain"`
+	// RDPDown is the port of the host's RDP service when it did not
+	// answer the agent's check (a TLS handshake), 0 when it did.
+	RDPDown  int       `json:"rdp_down_port,omitempty"`
 	Sessions []Session `json:"sessions"`
 }
 

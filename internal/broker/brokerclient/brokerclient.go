@@ -144,6 +144,18 @@ func (c *Client) Desktops(ctx context.Context, cred Credentials, req brokerapi.D
 	return out, nil
 }
 
+// SessionEnd asks how the user's own session id ended, counting the
+// logoff and disconnect commands since since (req names the user when
+// cred is a front end's).
+func (c *Client) SessionEnd(ctx context.Context, cred Credentials, id string, since time.Time, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error) {
+	var out brokerapi.SessionEnd
+	path := "/api/v1/sessions/" + url.PathEscape(id) + "/end?since=" + strconv.FormatInt(since.UnixMilli(), 10)
+	if err := c.do(ctx, path, cred, req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Logoff asks for the user's own session id to be logged off (req names
 // the user when cred is a front end's).
 func (c *Client) Logoff(ctx context.Context, cred Credentials, id string, req brokerapi.DesktopsRequest) (*brokerapi.CommandStatus, error) {
@@ -198,6 +210,12 @@ func (f FrontEnd) Launch(ctx context.Context, req brokerapi.LaunchRequest) (*bro
 // Desktops lists the delivery groups the user req names may launch.
 func (f FrontEnd) Desktops(ctx context.Context, req brokerapi.DesktopsRequest) ([]brokerapi.Desktop, error) {
 	return f.Client.Desktops(ctx, Bearer(f.Token), req)
+}
+
+// SessionEnd asks how the user's own session id ended, counting the
+// commands since since.
+func (f FrontEnd) SessionEnd(ctx context.Context, id string, since time.Time, req brokerapi.DesktopsRequest) (*brokerapi.SessionEnd, error) {
+	return f.Client.SessionEnd(ctx, Bearer(f.Token), id, since, req)
 }
 
 // Logoff asks for the user's own session id to be logged off.

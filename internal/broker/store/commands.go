@@ -153,3 +153,23 @@ func (s *Store) PruneCommands(ctx context.Context, before time.Time) (int64, err
 	n, _ := res.RowsAffected()
 	return n, nil
 }
+
+// SessionEnd returns the state of user's session id (ErrNotFound when
+// there is none of theirs) and the kind of the newest logoff or
+// disconnect its host's agent was handed for it since since ("" when
+// none): what tells a session ended from outside from one its user left.
+func (s *Store) SessionEnd(ctx context.Context, id, user string, since time.Time) (state, command string, err error) {
+	err = s.db.QueryRowContext(ctx, `SELECT state FROM sessions WHERE id = $1 AND user_name = $2`, id, user).Scan(&state)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", ErrNotFound
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("store: session end: %w", err)
+	}
+	err = s.db.QueryRowContext(ctx, `SELECT kind FROM host_commands WHERE session_id = $1 AND kind IN ('logoff', 'disconnect')
+		AND state IN ('sent', 'done') AND created_at >= $2 ORDER BY created_at DESC LIMIT 1`, id, since.UnixMilli()).Scan(&command)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", "", fmt.Errorf("store: session end: %w", err)
+	}
+	return state, command, nil
+}

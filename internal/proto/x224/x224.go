@@ -401,3 +401,13 @@ func RaiseClientBuild(pkt []byte, build uint32) (raised bool, err error) {
 	})
 	return raised, err
 }
+
+// ConnectionRequestPacket is a Connection Request with no cookie whose
+// RDP_NEG_REQ asks for protocols: what a client sends first.
+func ConnectionRequestPacket(protocols uint32) []byte {
+	pkt := []byte{3, 0, 0, 19, // TPKT, 19 bytes in all
+		14, 0xe0, 0, 0, 0, 0, 0, // X.224 CR: length indicator, code, references, class
+		0x01, 0, 8, 0, 0, 0, 0, 0} // RDP_NEG_REQ
+	binary.LittleEndian.PutUint32(pkt[15:], protocols)
+	return pkt
+}

@@ -439,3 +439,13 @@ func FuzzSetKeyboardLayout(f *testing.F) {
 		t.Fatalf("bytes %d..%d changed to %x, not a layout of 0x040C over 0", first, last, pkt[first:last+1])
 	})
 }
+
+func TestConnectionRequestPacket(t *testing.T) {
+	pkt := ConnectionRequestPacket(ProtocolSSL)
+	if !bytes.Equal(pkt, unhex(t, `03000013 0e e0 0000 0000 00 01 00 0800 01000000`)) {
+		t.Fatalf("packet % x", pkt)
+	}
+	if cr, err := ParseConnectionRequest(pkt); err != nil || !cr.HasNeg || cr.Protocols != ProtocolSSL {
+		t.Fatalf("parsed %+v, %v", cr, err)
+	}
+}

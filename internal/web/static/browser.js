@@ -22,8 +22,12 @@ const refusals = {
   408: 'The connection took too long to set up. Go back to your desktops and try again.',
   429: 'Too many failed attempts from your address. Wait a few minutes, then open the desktop again from the portal.',
   502: 'The desktop\'s host did not answer, or its certificate is not one the gateway trusts.',
+  500: 'The gateway could not set up the connection. Try again in a moment.',
   503: 'The gateway is at its limit of sessions. Try again in a moment.',
 };
+
+// Whether the person pressed Disconnect: then the end is theirs.
+let disconnecting = false;
 
 function say(text, error) {
   status.textContent = text;
@@ -43,9 +47,44 @@ function describe(err) {
       case 3: return 'Access to the desktop was denied.';
       case 5: return 'The gateway could not be reached.';
     }
-    return 'The connection failed: ' + (typeof err.backtrace === 'function' ? err.backtrace() : String(err));
   }
-  return 'The connection failed: ' + String(err);
+  return 'The desktop could not be reached. Try again in a moment; if it keeps failing, tell your administrator.';
+}
+
+// rawDetail is what the client library says of an error: its internals
+// (source paths, protocol states), for the portal's log and the browser
+// console, never the page.
+function rawDetail(err) {
+  if (err && typeof err.backtrace === 'function') {
+    return err.backtrace();
+  }
+  return String(err);
+}
+
+// explainEnd shows why a connected session ended: the portal asks the broker
+// (an administrator's disconnect or logoff, the user's own logoff, or a
+// connection lost) and logs what the client said.
+async function explainEnd(detail) {
+  if (disconnecting) {
+    finish('You disconnected. The desktop\'s programs are still running: open it again from your desktops to carry on.', false);
+    return;
+  }
+  say('The connection ended. Finding out why…');
+  let text = 'The session ended.';
+  try {
+    const d = root.dataset;
+    const resp = await fetch('/browser/end', {
+      method: 'POST',
+      credentials: 'same-origin',
+      body: new URLSearchParams({ csrf: d.csrf, session: d.session, opened: d.opened, detail: detail }),
+    });
+    if (resp.ok) {
+      text = (await resp.json()).message || text;
+    }
+  } catch {
+    // The portal is away: the plain default stands.
+  }
+  finish(text, false);
 }
 
 function finish(text, error) {
@@ -103,15 +142,22 @@ form.addEventListener('submit', async (ev) => {
     .withExtension(enableCredssp(false))
     .withExtension(displayControl(true))
     .build();
+  let connected = false;
   try {
     const session = await ui.connect(config);
+    connected = true;
     say('');
     ui.setVisibility(true);
     root.dataset.connected = 'true';
     const end = await session.run();
-    finish('The session ended: ' + end.reason() + '.', false);
+    await explainEnd(end.reason());
   } catch (err) {
-    finish(describe(err), true);
+    console.warn('the desktop connection failed:', rawDetail(err));
+    if (connected) {
+      await explainEnd(rawDetail(err));
+    } else {
+      finish(describe(err), true);
+    }
   }
 });
 
@@ -124,7 +170,10 @@ if (root.dataset.sso === 'true') {
 
 document.getElementById('cad').addEventListener('click', () => ui.ctrlAltDel());
 document.getElementById('meta').addEventListener('click', () => ui.metaKey());
-document.getElementById('disconnect').addEventListener('click', () => ui.shutdown());
+document.getElementById('disconnect').addEventListener('click', () => {
+  disconnecting = true;
+  ui.shutdown();
+});
 document.getElementById('fullscreen').addEventListener('click', async () => {
   await document.documentElement.requestFullscreen();
   // In full screen, keys a browser keeps for itself (Escape, Alt+Tab
