@@ -298,16 +298,23 @@ func waitRecord(t *testing.T, db *pgx.Conn, what, query string) {
 // second, or 0 when it took the half without answering.
 func paaHalf(t *testing.T, h *harness, method, id string) (net.Conn, int) {
 	t.Helper()
-	cfg := h.cfg("", "", tsgclient.Legacy)
-	cfg.Token = "unchecked-until-tunnel-create"
-	conn, resp, err := tsgclient.OpenLegacyHalf(context.Background(), cfg, method, id)
+	conn, status, err := openPAAHalf(h, method, id)
 	if err != nil {
 		t.Fatalf("%s: %v", method, err)
 	}
-	if resp == nil {
-		return conn, 0
+	return conn, status
+}
+
+// openPAAHalf is paaHalf for a goroutine of its own, where t.Fatal would
+// end only that goroutine and leave the test waiting for its answer.
+func openPAAHalf(h *harness, method, id string) (net.Conn, int, error) {
+	cfg := h.cfg("", "", tsgclient.Legacy)
+	cfg.Token = "unchecked-until-tunnel-create"
+	conn, resp, err := tsgclient.OpenLegacyHalf(context.Background(), cfg, method, id)
+	if err != nil || resp == nil {
+		return conn, 0, err
 	}
-	return conn, resp.StatusCode
+	return conn, resp.StatusCode, nil
 }
 
 // TestFarmClaimsAreBounded: IN halves need no credentials, and each one
@@ -340,8 +347,12 @@ func TestFarmClaimsAreBounded(t *testing.T) {
 	statuses := make(chan int, 6)
 	for i := 0; i < 6; i++ {
 		go func() {
-			c, status := paaHalf(t, h, "RDG_IN_DATA", fmt.Sprintf("{flood-%d}", i))
-			defer c.Close()
+			c, status, err := openPAAHalf(h, "RDG_IN_DATA", fmt.Sprintf("{flood-%d}", i))
+			if err != nil {
+				t.Errorf("IN half %d: %v", i, err)
+			} else {
+				defer c.Close()
+			}
 			statuses <- status
 		}()
 	}
