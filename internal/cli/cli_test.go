@@ -85,15 +85,18 @@ func TestTokenAndNTHash(t *testing.T) {
 
 // TestUp starts every role with embedded defaults, connects through the
 // gateway with the printed credentials, and checks the admin listener.
+// The session host is a stand-in that answers the agent's check of its
+// RDP service on a port of its own (--rdp-port).
 func TestUp(t *testing.T) {
 	dir := t.TempDir()
+	rdpPort := testkit.FakeRDP(t)
 	gwPort, adminPort, streamPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errb := &lockedBuf{}, &lockedBuf{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"up", "--session-host=false", "--state-dir", dir, "--listen", fmt.Sprintf(":%d", gwPort), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adminPort),
-			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort), "--broker-listen", fmt.Sprintf(":%d", brokerPort), "--web-listen", fmt.Sprintf(":%d", webPort)}, out, errb)
+			"--stream-listen", fmt.Sprintf("127.0.0.1:%d", streamPort), "--broker-listen", fmt.Sprintf(":%d", brokerPort), "--web-listen", fmt.Sprintf(":%d", webPort), "--rdp-port", fmt.Sprint(rdpPort)}, out, errb)
 	}()
 	defer func() {
 		cancel()
@@ -209,7 +212,7 @@ func TestUp(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	for _, want := range []string{"full address:s:127.0.0.1:3389\r\n", fmt.Sprintf("gatewayhostname:s:localhost:%d\r\n", gwPort), "gatewayaccesstoken:s:ey"} {
+	for _, want := range []string{fmt.Sprintf("full address:s:127.0.0.1:%d\r\n", rdpPort), fmt.Sprintf("gatewayhostname:s:localhost:%d\r\n", gwPort), "gatewayaccesstoken:s:ey"} {
 		if !strings.Contains(string(rdp), want) {
 			t.Fatalf(".rdp from deskway up lacks %q:\n%s", want, rdp)
 		}

@@ -62,7 +62,7 @@ gateway:
   - name: local-rdp
     groups: [users]
     hosts: [127.0.0.0/8, "::1"]
-    ports: [3389]
+    ports: [%[19]d]
     # A browser cannot judge the host's certificate, so the gateway does:
 %[17]s
 broker:
@@ -89,7 +89,7 @@ agent:
   broker_ca: %[1]s/tls.crt
   join_token: %[10]s
   address: 127.0.0.1
-  port: 3389
+  port: %[19]d
 web:
   listen: "%[14]s"
   console:
@@ -110,6 +110,7 @@ const credentialsFile = "credentials"
 func upCmd() *cobra.Command {
 	var stateDir, bind, listen, adminListen, streamListen, brokerListen, webListen string
 	var public, host bool
+	var rdpPort int
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run every role on this machine with embedded defaults and print where to connect",
@@ -149,6 +150,9 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 					}
 					*a = net.JoinHostPort(h, p)
 				}
+				if rdpPort < 1 || rdpPort > 65535 {
+					return fmt.Errorf("up: --rdp-port %d is not a TCP port (1-65535)", rdpPort)
+				}
 				_, gport, _ := net.SplitHostPort(listen)
 				_, bport, _ := net.SplitHostPort(brokerListen)
 				_, wport, _ := net.SplitHostPort(webListen)
@@ -168,7 +172,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 					return err
 				}
 				body := fmt.Sprintf(upConfigTemplate, stateDir, random(24), key, random(12), adminListen, listen, streamListen, demo,
-					brokerListen, join, gport, bport, random(24), webListen, random(12), wport, xrdpPinLine("/etc/xrdp/cert.pem"), random(12))
+					brokerListen, join, gport, bport, random(24), webListen, random(12), wport, xrdpPinLine("/etc/xrdp/cert.pem"), random(12), rdpPort)
 				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
@@ -200,6 +204,7 @@ STATE_DIR/credentials (mode 0600), never printed.`,
 	}
 	c.Flags().StringVar(&stateDir, "state-dir", "/var/lib/deskway", "where the generated config, keys and certificate live")
 	c.Flags().StringVar(&bind, "bind", "127.0.0.1", "address the listeners bind to, written into the config on first start")
+	c.Flags().IntVar(&rdpPort, "rdp-port", 3389, "this machine's RDP port, where the local agent and the gateway reach its desktops (and the demo's xrdp listens), written into the config on first start")
 	c.Flags().BoolVar(&host, "session-host", true, "make this machine the demo's session host: install xrdp, twm and xterm if missing, create the deskway-demo account, start xrdp on loopback (needs root)")
 	c.Flags().BoolVar(&public, "public", false, "bind to every interface instead of --bind (other machines can then connect)")
 	c.Flags().StringVar(&listen, "listen", ":8443", "gateway port (or HOST:PORT), written into the config on first start")

@@ -33,10 +33,6 @@ const demoAccount = "deskway-demo"
 // more again.
 var hostPackages = []string{"xrdp", "xorgxrdp", "twm", "xterm"}
 
-// xrdpAddr is where the demo's xrdp listens: loopback only, as the
-// gateway's resource policy reaches it.
-const xrdpAddr = "127.0.0.1:3389"
-
 // demoStartWM is the demo account's xrdp session (xrdp-sesman runs
 // ~/startwm.sh when it exists): a terminal, and twm managing it.
 const demoStartWM = `#!/bin/sh
@@ -90,7 +86,9 @@ func sessionHost(ctx context.Context, out io.Writer, cfg *config.Config) (wait f
 	} else if err := demoDesktop(ctx, out, acct.Password.Value()); err != nil {
 		return wait, err
 	}
-	return startXRDP(ctx, out, cfg.StateDir)
+	// The demo's xrdp listens on loopback only, where the gateway's
+	// resource policy and the local agent reach it (--rdp-port).
+	return startXRDP(ctx, out, cfg.StateDir, net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.Agent.Port)))
 }
 
 // installHostPackages installs the hostPackages that are missing, as
@@ -169,7 +167,7 @@ func demoDesktop(ctx context.Context, out io.Writer, password string) error {
 
 // startXRDP starts xrdp-sesman and xrdp on xrdpAddr, unless an RDP
 // server already listens there, and stops them when ctx ends.
-func startXRDP(ctx context.Context, out io.Writer, stateDir string) (func(), error) {
+func startXRDP(ctx context.Context, out io.Writer, stateDir, xrdpAddr string) (func(), error) {
 	if listening(xrdpAddr) {
 		fmt.Fprintf(out, "session host: an RDP server already listens on %s; deskway up uses it and leaves it alone\n", xrdpAddr)
 		return func() {}, nil
