@@ -340,7 +340,7 @@ func TestBrowserDesktop(t *testing.T) {
 	if err := chromedp.Do(tab, chromedp.Click(chromedp.ID("disconnect")), chromedp.WaitVisible(chromedp.ID("ended"))); err != nil {
 		t.Fatal(err)
 	}
-	if msg, _ := chromedp.Run(tab, chromedp.Text(chromedp.ID("status"))); !strings.Contains(msg, "The session ended") {
+	if msg, _ := chromedp.Run(tab, chromedp.Text(chromedp.ID("status"))); !strings.Contains(msg, "You disconnected") {
 		t.Fatalf("after Disconnect the page says %q", msg)
 	}
 	rdp := filepath.Join(b.dir, "desk.rdp")
