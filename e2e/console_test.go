@@ -228,7 +228,10 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal("xfreerdp still runs 15 s after the console disconnected its tunnel")
 	}
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		st := read(chromedp.Text(chromedp.CSS("tr[data-session] td.state")))
+		// Read in one evaluation: the live update may replace the row
+		// between finding its node and reading it.
+		st, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector("tr[data-session] td.state") || {}).textContent || ""`))
+		st = strings.TrimSpace(st)
 		same, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.samePage === true`))
 		if err != nil || !same {
 			t.Fatalf("the sessions page was loaded again (%v)", err)

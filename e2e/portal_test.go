@@ -44,7 +44,7 @@ func newBrowserWith(t *testing.T, more ...chromedp.ExecAllocatorOption) context.
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("starting chromium: %v", err)
 	}
-	tctx, cancel3 := context.WithTimeout(ctx, 3*time.Minute)
+	tctx, cancel3 := context.WithTimeout(ctx, 5*time.Minute)
 	t.Cleanup(cancel3)
 	return tctx
 }
