@@ -21,6 +21,7 @@ packages=(
   postgresql                                           # the broker's shared database (tests start their own clusters)
   strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
   podman runc                                          # running the container image (runc: crun refuses hybrid cgroups)
+  frr                                                  # the tenant's router for the site gateway's BGP tests (tests start their own bgpd)
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
@@ -46,7 +47,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian starts these on install; tests start their own on loopback.
-  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server postgresql slapd; do
+  for svc in xrdp xrdp-sesman freeradius haproxy nbd-server postgresql slapd frr; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
   done
   pkill -x xrdp-sesman 2>/dev/null || true
