@@ -34,8 +34,10 @@ const (
 )
 
 // frrConf is the tenant's router: one IPv4 session carrying IPv4 unicast
-// and one IPv6 session carrying IPv6 unicast, each announcing one prefix
-// inside the tenant's accepted space and one outside it (a hijack).
+// and one IPv6 session (with a TCP MD5 key) carrying IPv6 unicast, each
+// announcing one prefix inside the tenant's accepted space and one
+// outside it (a hijack). Its hold time (30s) is longer than the
+// gateway's, so the 3s the test sees is the gateway's setting.
 const frrConf = `frr defaults traditional
 hostname tenant-router
 log stdout informational
@@ -44,11 +46,12 @@ router bgp 65001
  no bgp ebgp-requires-policy
  no bgp network import-check
  neighbor 192.0.2.1 remote-as 65000
- neighbor 192.0.2.1 timers 1 3
+ neighbor 192.0.2.1 timers 10 30
  neighbor 192.0.2.1 timers connect 1
  neighbor 2001:db8:ff::1 remote-as 65000
- neighbor 2001:db8:ff::1 timers 1 3
+ neighbor 2001:db8:ff::1 timers 10 30
  neighbor 2001:db8:ff::1 timers connect 1
+ neighbor 2001:db8:ff::1 password md5-Secret-9
  address-family ipv4 unicast
   network 192.168.1.0/24
   network 10.99.0.0/24
@@ -88,7 +91,7 @@ func TestSpeakerFRR(t *testing.T) {
 		Listen:   []string{gw4, gw6},
 		Peers: []Peer{
 			{Address: rt4, ASN: 65001, HoldTime: 3 * time.Second, MaxPrefixes: 3},
-			{Address: rt6, ASN: 65001, HoldTime: 3 * time.Second},
+			{Address: rt6, ASN: 65001, HoldTime: 3 * time.Second, Password: "md5-Secret-9"},
 		},
 		Announce: []string{"10.0.0.0/24", "2001:db8:aaaa::/48"},
 		Accept:   []string{"192.168.0.0/16", "2001:db8:1::/48"},
