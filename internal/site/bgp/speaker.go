@@ -122,7 +122,6 @@ func (s *Speaker) Start(ctx context.Context) error {
 	}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
 	if err := s.configure(runCtx); err != nil {
 		cancel()
 		s.srv.Stop()
@@ -130,6 +129,7 @@ func (s *Speaker) Start(ctx context.Context) error {
 		s.m.unregister()
 		return fmt.Errorf("bgp: tenant %s: %w", s.opt.Tenant, err)
 	}
+	s.cancel = cancel
 	go s.reconcileLoop(runCtx)
 	go func() {
 		select {
@@ -273,18 +273,21 @@ func (s *Speaker) peerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time
 	s.poke()
 }
 
-// Stop closes every session with a Cease notification, closes the
-// listeners, removes every learnt route from the sink and waits for all
-// of it. It is safe to call more than once.
+// Stop removes every learnt route from the sink, closes every session
+// with a Cease notification, closes the listeners and waits for all of
+// it. It is safe to call more than once, and does nothing for a speaker
+// that never started.
 func (s *Speaker) Stop() {
 	s.stop.Do(func() {
-		if s.srv == nil || s.cancel == nil {
-			return // never started
+		if s.cancel == nil {
+			return
 		}
-		s.srv.Stop()
-		<-s.served
+		// The reconciler goes first: it would otherwise read a RIB that
+		// GoBGP is tearing down and report each failure.
 		s.cancel()
 		<-s.done
+		s.srv.Stop()
+		<-s.served
 		s.m.unregister()
 		s.log.Info("bgp speaker stopped")
 	})
