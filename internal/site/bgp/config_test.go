@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -109,4 +111,26 @@ func TestSecretNeverPrints(t *testing.T) {
 	if v, _ := Secret("file:/etc/deskway/bgp.key").MarshalYAML(); v != "file:/etc/deskway/bgp.key" {
 		t.Errorf("a reference marshalled as %v", v)
 	}
+}
+
+// TestStartOutsideANamespace: a namespace that does not exist fails Start
+// with an error naming it, leaves no metrics behind and Stop a no-op.
+func TestStartOutsideANamespace(t *testing.T) {
+	c, err := decode(t, goodYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	sp, err := New(c, Options{Tenant: "acme", Netns: "/run/netns/dwbgp-none", Sink: newSink(), Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sp.Start(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "/run/netns/dwbgp-none") {
+		t.Fatalf("Start in a missing namespace: %v", err)
+	}
+	if n := testutil.CollectAndCount(reg); n != 0 {
+		t.Errorf("%d metrics left registered by a failed Start", n)
+	}
+	sp.Stop()
 }

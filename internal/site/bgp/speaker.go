@@ -58,8 +58,10 @@ type Speaker struct {
 	served chan struct{} // closed when GoBGP's Serve returns
 	cancel context.CancelFunc
 	kick   chan struct{} // a change in the RIB or a peer's state: reconcile the sink
-	done   chan struct{} // closed when the reconciler has emptied the sink
-	stop   sync.Once
+
+	established map[netip.Addr]bool // owned by GoBGP's watcher goroutine (peerEvent)
+	done        chan struct{}       // closed when the reconciler has emptied the sink
+	stop        sync.Once
 }
 
 // New checks cfg and opt and builds a Speaker without starting anything.
@@ -74,14 +76,15 @@ func New(cfg Config, opt Options) (*Speaker, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Speaker{
-		cfg:      cfg,
-		opt:      opt,
-		log:      opt.Logger.With("tenant", opt.Tenant),
-		announce: prefixes(cfg.Announce),
-		accept:   prefixes(cfg.Accept),
-		kick:     make(chan struct{}, 1),
-		done:     make(chan struct{}),
-		served:   make(chan struct{}),
+		cfg:         cfg,
+		opt:         opt,
+		log:         opt.Logger.With("tenant", opt.Tenant),
+		announce:    prefixes(cfg.Announce),
+		accept:      prefixes(cfg.Accept),
+		kick:        make(chan struct{}, 1),
+		established: map[netip.Addr]bool{},
+		done:        make(chan struct{}),
+		served:      make(chan struct{}),
 	}, nil
 }
 
@@ -255,6 +258,8 @@ func (s *Speaker) poke() {
 	}
 }
 
+// peerEvent runs on GoBGP's watcher goroutine, the only one that
+// touches s.established.
 func (s *Speaker) peerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
 	if ev.Type != apiutil.PEER_EVENT_STATE {
 		return
@@ -263,14 +268,21 @@ func (s *Speaker) peerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time
 	if !addr.IsValid() {
 		addr = ev.Peer.Conf.NeighborAddress
 	}
-	up := ev.Peer.State.SessionState == bgp.BGP_FSM_ESTABLISHED
-	v := 0.0
-	if up {
-		v = 1
-	}
-	s.m.peerUp.WithLabelValues(addr.String()).Set(v)
-	s.log.Info("bgp peer state", "peer", addr, "state", ev.Peer.State.SessionState.String(), "reason", ev.Peer.State.DisconnectMessage)
+	state := ev.Peer.State.SessionState
+	up := state == bgp.BGP_FSM_ESTABLISHED
 	s.poke()
+	if up == s.established[addr] {
+		s.log.Debug("bgp peer state", "peer", addr, "state", state.String())
+		return
+	}
+	s.established[addr] = up
+	if up {
+		s.m.peerUp.WithLabelValues(addr.String()).Set(1)
+		s.log.Info("bgp session established", "peer", addr)
+		return
+	}
+	s.m.peerUp.WithLabelValues(addr.String()).Set(0)
+	s.log.Info("bgp session down", "peer", addr, "reason", ev.Peer.State.DisconnectMessage)
 }
 
 // Stop removes every learnt route from the sink, closes every session
