@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,6 +26,17 @@ import (
 func TestSpeakerFRR(t *testing.T) {
 	l := newLab(t, t.Context())
 	sp, routes, reg, frr, routerNS := l.sp, l.routes, l.reg, l.frr, l.routerNS
+
+	// The listeners are the tenant namespace's own sockets.
+	out, err := exec.Command("ip", "netns", "exec", l.tenantNS, "ss", "-Hltn", "sport = :179").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ss in %s: %v\n%s", l.tenantNS, err, out)
+	}
+	for _, want := range []string{gw4 + ":179", "[" + gw6 + "]:179"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("no listener on %s in the tenant's namespace:\n%s", want, out)
+		}
+	}
 
 	// FRR's prefixes inside the accepted space arrive with FRR's session
 	// address as next hop; the hijacks never do.
