@@ -17,9 +17,9 @@ const frrBgpd = "/usr/lib/frr/bgpd"
 // directory of the test's own: the machine's /etc/frr and /run/frr are
 // neither read nor written.
 type FRR struct {
-	Netns string
-	Dir   string
-	Proc  *Process
+	Netns string   // the namespace bgpd runs in
+	Dir   string   // its bgpd.conf, pid file and vty socket
+	Proc  *Process // bgpd, with its log
 }
 
 // StartFRR runs bgpd in netns with conf as its bgpd.conf, without zebra
