@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/childproc"
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 
