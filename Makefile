@@ -56,6 +56,7 @@ deps:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	$(GO) run ./tools/archcheck
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
 # e2e tests, ending with the line "N passed, N failed, N skipped".

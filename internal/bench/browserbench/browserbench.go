@@ -23,7 +23,7 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/config"

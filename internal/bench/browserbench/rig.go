@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )

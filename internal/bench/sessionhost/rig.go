@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
