@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/agent"
+	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
@@ -286,7 +287,7 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	results := make([]outcome, e.Launches)
 	var next, retries, logoffs, reconnects atomic.Int64
 	waits0 := counter(f.reg, "deskway_broker_busy_waits_total")
-	cpu0 := processCPU()
+	cpu0 := procstat.Self()
 	start := time.Now()
 	var workers sync.WaitGroup
 	for range c {
@@ -363,7 +364,7 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	}
 	workers.Wait()
 	wall := time.Since(start)
-	cpu := processCPU() - cpu0
+	cpu := procstat.Self() - cpu0
 	busyWaits := counter(f.reg, "deskway_broker_busy_waits_total") - waits0
 
 	var ok, desk []time.Duration
@@ -415,10 +416,10 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 		m["bound_database_per_s"] = float64(c) / rtt.Seconds()
 	}
 	if len(ok) > 0 {
-		m["median_ms"] = ms(ok[len(ok)/2])
-		m["p90_ms"] = ms(ok[len(ok)*9/10])
-		m["p99_ms"] = ms(ok[min(len(ok)-1, len(ok)*99/100)])
-		m["max_ms"] = ms(ok[len(ok)-1])
+		m["median_ms"] = report.Millis(ok[len(ok)/2])
+		m["p90_ms"] = report.Millis(ok[len(ok)*9/10])
+		m["p99_ms"] = report.Millis(ok[min(len(ok)-1, len(ok)*99/100)])
+		m["max_ms"] = report.Millis(ok[len(ok)-1])
 		m["desktop_median_s"] = desk[len(desk)/2].Seconds()
 		m["desktop_p90_s"] = desk[len(desk)*9/10].Seconds()
 	}
@@ -440,8 +441,8 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	if firstErr != "" {
 		p.Params["first_error"] = firstErr
 	}
-	o.Log.Info("end-to-end point", "rtt", rtt, "concurrency", c, "launches_per_s", round(m["launches_per_s"]),
-		"median_ms", round(m["median_ms"]), "desktop_median_s", round(m["desktop_median_s"]), "errors", errs,
+	o.Log.Info("end-to-end point", "rtt", rtt, "concurrency", c, "launches_per_s", report.Round(m["launches_per_s"], 2),
+		"median_ms", report.Round(m["median_ms"], 2), "desktop_median_s", report.Round(m["desktop_median_s"], 2), "errors", errs,
 		"relaunches", relaunches, "logoffs", logoffs.Load(), "busy_waits", busyWaits, "bottleneck", bottleneck)
 	return p, nil
 }

@@ -55,8 +55,8 @@ func (r *runner) farm(ctx context.Context) error {
 			}
 		}
 		if len(rs) > 0 {
-			r.res.Summary["farm2_haproxy_ratio_1node_median"] = round(median(rs), 2)
-			r.res.Summary["farm2_haproxy_ratio_1node_worst"] = round(slices.Min(rs), 2)
+			r.res.Summary["farm2_haproxy_ratio_1node_median"] = report.Round(median(rs), 2)
+			r.res.Summary["farm2_haproxy_ratio_1node_worst"] = report.Round(slices.Min(rs), 2)
 		}
 	}
 	return r.failover(ctx, p)
@@ -153,7 +153,7 @@ func (r *runner) failover(ctx context.Context, p load.Pattern) error {
 		}
 	}
 	st, _ := gen.Measure(ctx, r.o.Window)
-	m := map[string]float64{"tunnels": float64(total), "tunnels_lost": float64(lost), "recover_seconds": round(recovered.Seconds(), 2), "p99_ms_after": st.P99ms}
+	m := map[string]float64{"tunnels": float64(total), "tunnels_lost": float64(lost), "recover_seconds": report.Round(recovered.Seconds(), 2), "p99_ms_after": st.P99ms}
 	if !deadlineOK {
 		m["recover_seconds"] = -1
 	}

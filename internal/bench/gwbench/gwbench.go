@@ -260,18 +260,13 @@ func (r *runner) runRamp(ctx context.Context, sys system, p load.Pattern, cpus i
 			s.AddedP99 = s.P99ms
 		}
 		rp.steps = append(rp.steps, s)
-		r.o.Log.Info("step", "system", sys.name, "tunnels", n, "p50_ms", st.P50ms, "p99_ms", st.P99ms, "added_p99_ms", round(s.AddedP99, 2),
-			"cpu_pct", round(s.CPUPct, 1), "cpu_us_per_rt", round(s.CPUusRT, 1), "rss_mb", s.RSS>>20, "gen_cpu_pct", round(s.GenCPU, 0), "missing", st.Missing)
+		r.o.Log.Info("step", "system", sys.name, "tunnels", n, "p50_ms", st.P50ms, "p99_ms", st.P99ms, "added_p99_ms", report.Round(s.AddedP99, 2),
+			"cpu_pct", report.Round(s.CPUPct, 1), "cpu_us_per_rt", report.Round(s.CPUusRT, 1), "rss_mb", s.RSS>>20, "gen_cpu_pct", report.Round(s.GenCPU, 0), "missing", st.Missing)
 		if s.Errors > 0 || (n >= through && (s.AddedP99 > thresholdMs || st.Missing > 0)) {
 			break
 		}
 	}
 	return rp
-}
-
-func round(v float64, d int) float64 {
-	p := math.Pow(10, float64(d))
-	return math.Round(v*p) / p
 }
 
 // addRamp records a ramp's steps as points and returns its 40 ms count.
@@ -286,11 +281,11 @@ func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float
 	for _, s := range rp.steps {
 		m := map[string]float64{
 			"tunnels": float64(s.Tunnels), "round_trips": float64(s.RoundTrips), "p50_ms": s.P50ms, "p99_ms": s.P99ms, "max_ms": s.Maxms,
-			"added_p99_ms": round(s.AddedP99, 3), "gen_cpu_pct": round(s.GenCPU, 1), "echo_cpu_pct": round(s.EchoCPU, 1),
+			"added_p99_ms": report.Round(s.AddedP99, 3), "gen_cpu_pct": report.Round(s.GenCPU, 1), "echo_cpu_pct": report.Round(s.EchoCPU, 1),
 			"missing": float64(s.Missing), "errors": float64(s.Errors),
 		}
 		if s.RSS > 0 {
-			m["cpu_pct"], m["rss_bytes"], m["cpu_us_per_roundtrip"] = round(s.CPUPct, 1), float64(s.RSS), round(s.CPUusRT, 2)
+			m["cpu_pct"], m["rss_bytes"], m["cpu_us_per_roundtrip"] = report.Round(s.CPUPct, 1), float64(s.RSS), report.Round(s.CPUusRT, 2)
 			if s.Tunnels > 0 && rp.idle > 0 {
 				m["bytes_per_tunnel"] = math.Round(float64(s.RSS-rp.idle) / float64(s.Tunnels))
 			}

@@ -35,13 +35,13 @@ func (r *runner) throughput(ctx context.Context) error {
 					return fmt.Errorf("%s %d streams, run %d: %w", sys.name, streams, run, err)
 				}
 				gbps[fmt.Sprintf("%s/%d", sys.name, streams)] = g
-				m := map[string]float64{"gbps": round(g, 3)}
+				m := map[string]float64{"gbps": report.Round(g, 3)}
 				if cpu >= 0 {
-					m["cpu_pct"] = round(cpu, 1)
+					m["cpu_pct"] = report.Round(cpu, 1)
 				}
 				r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: sys.name,
 					Params: map[string]any{"streams": streams, "seconds": r.o.ThroughputD.Seconds(), "run": run}, Metrics: m})
-				r.o.Log.Info("throughput", "system", sys.name, "streams", streams, "run", run, "gbps", round(g, 3))
+				r.o.Log.Info("throughput", "system", sys.name, "streams", streams, "run", run, "gbps", report.Round(g, 3))
 			}
 		}
 		runs = append(runs, gbps)
