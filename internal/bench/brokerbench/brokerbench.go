@@ -8,8 +8,6 @@ package brokerbench
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -367,7 +365,7 @@ func (o *Options) startFarm(ctx context.Context, wg *sync.WaitGroup, tmp, dsn, p
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = b.Serve(ctx, ln, tc) }()
-	ctc, err := trust(filepath.Join(tmp, "tls.crt"))
+	ctc, err := tlsconf.Trusting(filepath.Join(tmp, "tls.crt"))
 	if err != nil {
 		return nil, err
 	}
@@ -628,15 +626,4 @@ func summarize(res *report.Result) {
 		}
 	}
 	res.Summary["max_error_pct"] = worst
-}
-
-// trust returns a client TLS config that trusts the bench's own certificate.
-func trust(certFile string) (*tls.Config, error) {
-	pem, err := os.ReadFile(certFile)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
