@@ -462,32 +462,20 @@ func (o *Options) point(ctx context.Context, tmp, dialect, dsn, pgAddr string, r
 	warm.Wait()
 	lat := make([]time.Duration, o.Launches)
 	failed := make([]bool, o.Launches)
-	var next, retries atomic.Int64
+	var retries atomic.Int64
 	var firstErr atomic.Value
 	waits0 := counter(reg, "deskway_broker_busy_waits_total")
 	cpu0 := procstat.Self()
 	start := time.Now()
-	var workers sync.WaitGroup
-	for range c {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= o.Launches || ctx.Err() != nil {
-					return
-				}
-				d, r, err := launch(fmt.Sprintf("user%05d", i))
-				lat[i] = d
-				retries.Add(int64(r))
-				if err != nil {
-					failed[i] = true
-					firstErr.CompareAndSwap(nil, err.Error())
-				}
-			}
-		}()
-	}
-	workers.Wait()
+	each(ctx, c, o.Launches, func(i int) {
+		d, r, err := launch(fmt.Sprintf("user%05d", i))
+		lat[i] = d
+		retries.Add(int64(r))
+		if err != nil {
+			failed[i] = true
+			firstErr.CompareAndSwap(nil, err.Error())
+		}
+	})
 	wall := time.Since(start)
 	cpu := procstat.Self() - cpu0
 	var ok []time.Duration
@@ -626,4 +614,25 @@ func summarize(res *report.Result) {
 		}
 	}
 	res.Summary["max_error_pct"] = worst
+}
+
+// each runs do(i) for every i below n on c workers, the launch storm's
+// fixed concurrency, and stops handing out work when ctx ends.
+func each(ctx context.Context, c, n int, do func(i int)) {
+	var next atomic.Int64
+	var workers sync.WaitGroup
+	for range c {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				do(i)
+			}
+		}()
+	}
+	workers.Wait()
 }
