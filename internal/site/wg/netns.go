@@ -9,8 +9,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.zx2c4.com/wireguard/tun"
 	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/tun"
 )
 
 // createTUN makes the TUN inside the tenant's namespace. Only the calling
