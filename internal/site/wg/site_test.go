@@ -105,6 +105,13 @@ func TestWireGuardSiteReachesDesktop(t *testing.T) {
 	if out, err := tryRun("ip", "-n", u, "link", "show", "wg0"); err == nil {
 		t.Errorf("a wg0 in the underlay: %s", out)
 	}
+	// The UDP port is in the underlay, not in the tenant's namespace.
+	if out := run(t, "ip", "netns", "exec", u, "ss", "-Hunl", "sport = :51820"); out == "" {
+		t.Errorf("no UDP socket on port 51820 in the underlay")
+	}
+	if out := run(t, "ip", "netns", "exec", a.tenant, "ss", "-Hunl"); out != "" {
+		t.Errorf("UDP sockets in the tenant's namespace:\n%s", out)
+	}
 
 	if err := ping(a.lan, "10.0.0.10", 30*time.Second); err != nil {
 		t.Fatalf("office LAN host to the desktop: %v", err)
@@ -159,7 +166,9 @@ func TestWireGuardTenantsIsolated(t *testing.T) {
 	nets := []*tenantNet{newTenantNet(t, u, "a", 1), newTenantNet(t, u, "b", 2)}
 	var spec gwSpec
 	for _, n := range nets {
-		spec.Tenants = append(spec.Tenants, n.config(t))
+		tn := n.config(t)
+		tn.WireGuard.Interface = "wg-" + n.name
+		spec.Tenants = append(spec.Tenants, tn)
 	}
 	gw := startGateway(t, u, spec)
 	for _, n := range nets {
