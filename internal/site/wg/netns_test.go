@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // The tests below build small networks of namespaces, all named by the
@@ -96,9 +97,15 @@ func veth(t *testing.T, nsA, ifA, addrA, nsB, ifB, addrB string) {
 	}
 }
 
+// addr6 adds an IPv6 address usable at once (no duplicate detection).
+func addr6(t *testing.T, ns, ifname, addr string) {
+	t.Helper()
+	run(t, "ip", "-n", ns, "addr", "add", addr, "dev", ifname, "nodad")
+}
+
 func forwarding(t *testing.T, ns string) {
 	t.Helper()
-	run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 }
 
 // inNS runs fn on a thread inside the namespace; sockets fn opens stay
@@ -137,7 +144,7 @@ func inNS(name string, fn func() error) error {
 func listenTCP(t *testing.T, ns, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	if err := inNS(ns, func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+	if err := inNS(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
 		t.Fatalf("listen %s in %s: %v", addr, ns, err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -146,7 +153,7 @@ func listenTCP(t *testing.T, ns, addr string) net.Listener {
 
 func dialTCP(ns, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNS(ns, func() (err error) { c, err = net.DialTimeout("tcp4", addr, 5*time.Second); return err })
+	err := inNS(ns, func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return err })
 	return c, err
 }
 
@@ -171,8 +178,14 @@ func listenUDP(t *testing.T, ns, addr string) *net.UDPConn {
 // dst or the deadline passes. ICMP goes through the kernels of both
 // ends: nothing of ours answers it.
 func ping(ns, dst string, deadline time.Duration) error {
+	network, laddr, proto := "ip4:icmp", "0.0.0.0", 1
+	var echo, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	if strings.Contains(dst, ":") {
+		network, laddr, proto = "ip6:ipv6-icmp", "::", 58
+		echo, reply = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+	}
 	var c *icmp.PacketConn
-	if err := inNS(ns, func() (err error) { c, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0"); return err }); err != nil {
+	if err := inNS(ns, func() (err error) { c, err = icmp.ListenPacket(network, laddr); return err }); err != nil {
 		return fmt.Errorf("icmp socket in %s: %w", ns, err)
 	}
 	defer c.Close()
@@ -183,7 +196,7 @@ func ping(ns, dst string, deadline time.Duration) error {
 	end := time.Now().Add(deadline)
 	buf := make([]byte, 1500)
 	for seq := 1; time.Now().Before(end); seq++ {
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("deskway wg test")}}
+		msg := icmp.Message{Type: echo, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("deskway wg test")}}
 		b, err := msg.Marshal(nil)
 		if err != nil {
 			return err
@@ -198,8 +211,8 @@ func ping(ns, dst string, deadline time.Duration) error {
 			if err != nil {
 				break // no answer to this one: send the next
 			}
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply || from.String() != dst {
+			m, err := icmp.ParseMessage(proto, buf[:n])
+			if err != nil || m.Type != reply || from.String() != dst {
 				continue
 			}
 			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == seq {
@@ -295,7 +308,9 @@ func startOffice(t *testing.T, bin, ns, keyFile, addr, gwPub, gwEndpoint, allowe
 		run(t, "ip", "-n", ns, "addr", "add", addr, "dev", o.ifname)
 	}
 	run(t, "ip", "-n", ns, "link", "set", o.ifname, "up")
-	run(t, "ip", "-n", ns, "route", "add", allowed, "dev", o.ifname)
+	for _, p := range strings.Split(allowed, ",") {
+		run(t, "ip", "-n", ns, "route", "add", p, "dev", o.ifname)
+	}
 	return o
 }
 
@@ -307,17 +322,20 @@ func (o *office) handshakes(t *testing.T) string {
 // tenantNet is one tenant's side of a test: its namespace with the
 // desktop behind it, and its office with a LAN host behind that.
 type tenantNet struct {
-	name                    string
-	tenant, desktop         string // namespaces
-	office, lan             string // namespaces
-	port                    int    // the gateway's UDP port for this tenant
-	gwKey, gwPub            string // the gateway's key file and public key
-	officeKey, officePub    string
-	underlayIP, officeUplnk string
+	name                      string
+	tenant, desktop           string // namespaces
+	office, lan               string // namespaces
+	port                      int    // the gateway's UDP port for this tenant
+	gwKey, gwPub              string // the gateway's key file and public key
+	officeKey, officePub      string
+	underlayIP, officeUplnk   string // IPv4 underlay
+	underlayIP6, officeUplnk6 string // IPv6 underlay
 }
 
 // newTenantNet builds tenant n's namespaces; idx picks its underlay
-// subnet (172.30.idx.0/24) and its port (51819+idx).
+// subnets (172.30.idx.0/24, fd00:30:idx::/64) and its port (51819+idx).
+// Inside, both IPv4 and IPv6: the desktop is 10.0.0.10 and fd00:10::10,
+// the office LAN host 192.168.1.5 and fd00:192::5.
 func newTenantNet(t *testing.T, underlay, name string, idx int) *tenantNet {
 	t.Helper()
 	dir := t.TempDir()
@@ -328,12 +346,23 @@ func newTenantNet(t *testing.T, underlay, name string, idx int) *tenantNet {
 	n.lan = newNS(t, "l"+name)
 	n.underlayIP = fmt.Sprintf("172.30.%d.1", idx)
 	n.officeUplnk = fmt.Sprintf("172.30.%d.2", idx)
+	n.underlayIP6 = fmt.Sprintf("fd00:30:%d::1", idx)
+	n.officeUplnk6 = fmt.Sprintf("fd00:30:%d::2", idx)
 	veth(t, n.tenant, "lan0", "10.0.0.1/24", n.desktop, "eth0", "10.0.0.10/24")
+	addr6(t, n.tenant, "lan0", "fd00:10::1/64")
+	addr6(t, n.desktop, "eth0", "fd00:10::10/64")
 	run(t, "ip", "-n", n.desktop, "route", "add", "default", "via", "10.0.0.1")
+	run(t, "ip", "-n", n.desktop, "-6", "route", "add", "default", "via", "fd00:10::1")
 	forwarding(t, n.tenant)
-	veth(t, underlay, fmt.Sprintf("up%d", idx), n.underlayIP+"/24", n.office, "up0", n.officeUplnk+"/24")
+	up := fmt.Sprintf("up%d", idx)
+	veth(t, underlay, up, n.underlayIP+"/24", n.office, "up0", n.officeUplnk+"/24")
+	addr6(t, underlay, up, n.underlayIP6+"/64")
+	addr6(t, n.office, "up0", n.officeUplnk6+"/64")
 	veth(t, n.office, "lan0", "192.168.1.1/24", n.lan, "eth0", "192.168.1.5/24")
+	addr6(t, n.office, "lan0", "fd00:192::1/64")
+	addr6(t, n.lan, "eth0", "fd00:192::5/64")
 	run(t, "ip", "-n", n.lan, "route", "add", "default", "via", "192.168.1.1")
+	run(t, "ip", "-n", n.lan, "-6", "route", "add", "default", "via", "fd00:192::1")
 	forwarding(t, n.office)
 	n.gwKey, n.gwPub = genKey(t, dir, "gateway-"+name)
 	n.officeKey, n.officePub = genKey(t, dir, "office-"+name)
@@ -341,7 +370,7 @@ func newTenantNet(t *testing.T, underlay, name string, idx int) *tenantNet {
 }
 
 // config is the gateway's WireGuard section for the tenant: one site,
-// the office, whose LAN is 192.168.1.0/24.
+// the office, whose LAN is 192.168.1.0/24 and fd00:192::/64.
 func (n *tenantNet) config(t *testing.T) gwTenant {
 	t.Helper()
 	pub, err := ParsePublicKey(n.officePub)
@@ -357,15 +386,19 @@ func (n *tenantNet) config(t *testing.T) gwTenant {
 			Sites: []Site{{
 				Name:      "office",
 				PublicKey: pub,
-				Prefixes:  []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
+				Prefixes:  []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:192::/64")},
 			}},
 		},
 	}
 }
 
 // startOffice starts the tenant's office router: wireguard-go with the
-// gateway's public key, sending 10.0.0.0/24 into the tunnel.
-func (n *tenantNet) startOffice(t *testing.T, bin string) *office {
-	return startOffice(t, bin, n.office, n.officeKey, "", n.gwPub,
-		fmt.Sprintf("%s:%d", n.underlayIP, n.port), "10.0.0.0/24")
+// gateway's public key, sending the tenant's hosted networks into the
+// tunnel, which runs over the IPv6 underlay if ipv6.
+func (n *tenantNet) startOffice(t *testing.T, bin string, ipv6 bool) *office {
+	gw := netip.AddrPortFrom(netip.MustParseAddr(n.underlayIP), uint16(n.port))
+	if ipv6 {
+		gw = netip.AddrPortFrom(netip.MustParseAddr(n.underlayIP6), uint16(n.port))
+	}
+	return startOffice(t, bin, n.office, n.officeKey, "", n.gwPub, gw.String(), "10.0.0.0/24,fd00:10::/64")
 }

@@ -87,10 +87,12 @@ func TestWireGuardSiteReachesDesktop(t *testing.T) {
 	a := newTenantNet(t, u, "a", 1)
 	tn := a.config(t)
 	tn.WireGuard.Address = []netip.Prefix{netip.MustParsePrefix("172.31.0.1/32")}
-	tn.WireGuard.Sites[0].Endpoint = netip.MustParseAddrPort(a.officeUplnk + ":51820")
+	// This office's tunnel runs over the IPv6 underlay, the gateway
+	// calling it as well as answering.
+	tn.WireGuard.Sites[0].Endpoint = netip.AddrPortFrom(netip.MustParseAddr(a.officeUplnk6), 51820)
 	tn.WireGuard.Sites[0].PersistentKeepalive = Keepalive(25 * time.Second)
 	gw := startGateway(t, u, gwSpec{Tenants: []gwTenant{tn}})
-	a.startOffice(t, bin)
+	a.startOffice(t, bin, true)
 
 	// The interface is in the tenant's namespace, not the underlay.
 	if out := run(t, "ip", "-n", a.tenant, "-o", "link", "show", "wg0"); !strings.Contains(out, "mtu 1420") || !strings.Contains(out, "UP") {
@@ -116,11 +118,18 @@ func TestWireGuardSiteReachesDesktop(t *testing.T) {
 	if err := ping(a.lan, "10.0.0.10", 30*time.Second); err != nil {
 		t.Fatalf("office LAN host to the desktop: %v", err)
 	}
-	if err := ping(a.desktop, "192.168.1.5", 10*time.Second); err != nil {
-		t.Fatalf("desktop to the office LAN host: %v", err)
+	for _, p := range [][2]string{{a.desktop, "192.168.1.5"}, {a.lan, "fd00:10::10"}, {a.desktop, "fd00:192::5"}} {
+		if err := ping(p[0], p[1], 10*time.Second); err != nil {
+			t.Fatalf("ping %s: %v", p[1], err)
+		}
 	}
 	tcpEcho(t, a.lan, a.desktop, "10.0.0.10:3389")
 	tcpEcho(t, a.desktop, a.lan, "192.168.1.5:445")
+	tcpEcho(t, a.lan, a.desktop, "[fd00:10::10]:3390")
+	tcpEcho(t, a.desktop, a.lan, "[fd00:192::5]:446")
+	if out := run(t, "ip", "netns", "exec", a.office, "wg", "show", "all", "endpoints"); !strings.Contains(out, "["+a.underlayIP6+"]:51820") {
+		t.Errorf("the office's tunnel is not over the IPv6 underlay: %s", out)
+	}
 
 	m := gw.metrics()
 	site := `site="office",tenant="a"`
@@ -131,8 +140,8 @@ func TestWireGuardSiteReachesDesktop(t *testing.T) {
 		t.Errorf("site up %v", up)
 	}
 	for _, name := range []string{"deskway_site_wg_receive_bytes_total", "deskway_site_wg_transmit_bytes_total"} {
-		if v, _ := metricValue(t, m, name, site); v < 2<<20 {
-			t.Errorf("%s %v: under the 2 MiB the echoes moved each way", name, v)
+		if v, _ := metricValue(t, m, name, site); v < 4<<20 {
+			t.Errorf("%s %v: under the 4 MiB the echoes moved each way", name, v)
 		}
 	}
 
@@ -172,38 +181,45 @@ func TestWireGuardTenantsIsolated(t *testing.T) {
 	}
 	gw := startGateway(t, u, spec)
 	for _, n := range nets {
-		n.startOffice(t, bin)
-		// Both desktops are 10.0.0.10 and both offices 192.168.1.5: the
-		// desktop names its tenant, and who called.
-		ln := listenTCP(t, n.desktop, "10.0.0.10:3389")
-		go func(tenant string) {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
+		n.startOffice(t, bin, false)
+		// Both desktops are 10.0.0.10 and fd00:10::10, both offices'
+		// LAN hosts 192.168.1.5 and fd00:192::5: the desktop names its
+		// tenant, and who called.
+		for _, addr := range []string{"10.0.0.10:3389", "[fd00:10::10]:3389"} {
+			ln := listenTCP(t, n.desktop, addr)
+			go func(tenant string) {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					_, _ = io.WriteString(c, "desktop of tenant "+tenant+", called by "+c.RemoteAddr().(*net.TCPAddr).IP.String()+"\n")
+					c.Close()
 				}
-				_, _ = io.WriteString(c, "desktop of tenant "+tenant+", called by "+c.RemoteAddr().(*net.TCPAddr).IP.String()+"\n")
-				c.Close()
-			}
-		}(n.name)
+			}(n.name)
+		}
 	}
 	for _, n := range nets {
 		if err := ping(n.lan, "10.0.0.10", 30*time.Second); err != nil {
 			t.Fatalf("tenant %s: office LAN host to its desktop: %v", n.name, err)
 		}
-		if err := ping(n.desktop, "192.168.1.5", 10*time.Second); err != nil {
-			t.Fatalf("tenant %s: desktop to its office: %v", n.name, err)
-		}
-		for range 5 {
-			c, err := dialTCP(n.lan, "10.0.0.10:3389")
-			if err != nil {
-				t.Fatalf("tenant %s: TCP to its desktop: %v", n.name, err)
+		for _, p := range [][2]string{{n.desktop, "192.168.1.5"}, {n.lan, "fd00:10::10"}, {n.desktop, "fd00:192::5"}} {
+			if err := ping(p[0], p[1], 10*time.Second); err != nil {
+				t.Fatalf("tenant %s: ping %s: %v", n.name, p[1], err)
 			}
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			got, err := io.ReadAll(c)
-			c.Close()
-			if want := "desktop of tenant " + n.name + ", called by 192.168.1.5\n"; string(got) != want || err != nil {
-				t.Fatalf("tenant %s's office reached %q (%v), want %q", n.name, got, err, want)
+		}
+		for _, call := range [][2]string{{"10.0.0.10:3389", "192.168.1.5"}, {"[fd00:10::10]:3389", "fd00:192::5"}} {
+			for range 3 {
+				c, err := dialTCP(n.lan, call[0])
+				if err != nil {
+					t.Fatalf("tenant %s: TCP to its desktop %s: %v", n.name, call[0], err)
+				}
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				got, err := io.ReadAll(c)
+				c.Close()
+				if want := "desktop of tenant " + n.name + ", called by " + call[1] + "\n"; string(got) != want || err != nil {
+					t.Fatalf("tenant %s's office reached %q (%v), want %q", n.name, got, err, want)
+				}
 			}
 		}
 	}
@@ -248,7 +264,7 @@ func TestWireGuardWrongKeyAndRevokedSite(t *testing.T) {
 	a := newTenantNet(t, u, "a", 1)
 	tn := a.config(t)
 	gw := startGateway(t, u, gwSpec{Tenants: []gwTenant{tn}})
-	a.startOffice(t, bin)
+	a.startOffice(t, bin, false)
 
 	// Another office, whose key the gateway does not know, with the
 	// gateway's right public key and port, claiming 192.168.9.0/24.
