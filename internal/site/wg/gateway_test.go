@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -71,8 +72,9 @@ func readKey(ref string) (PrivateKey, error) {
 }
 
 // runGateway is the gateway process: it starts a Device per tenant,
-// serves /metrics on a unix socket in dir, reloads on SIGHUP and closes
-// on SIGTERM. It says "ready" and "reloaded" on stdout.
+// serves /metrics on a unix socket in dir, reloads on SIGHUP, closes the
+// devices on SIGTERM and exits when stdin ends. It says "ready",
+// "reloaded" and "closed" on stdout.
 func runGateway(dir string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
@@ -118,6 +120,14 @@ func runGateway(dir string) int {
 	for {
 		select {
 		case <-ctx.Done():
+			// The devices close on the context's end, as Start promises;
+			// the test looks at the namespaces before the process exits
+			// (which would remove the TUNs anyway) and then closes stdin.
+			for _, d := range devs {
+				_ = d.Close()
+			}
+			fmt.Println("closed")
+			_, _ = io.Copy(io.Discard, os.Stdin)
 			return 0
 		case <-hup:
 			spec, err := readSpec(dir)
@@ -146,6 +156,9 @@ type gateway struct {
 	lines chan string
 	log   string
 	cmd   *exec.Cmd
+	// stop sends SIGTERM and waits for the devices to be closed (once);
+	// the process exits at the test's end.
+	stop func()
 }
 
 func writeSpec(t *testing.T, dir string, s gwSpec) {
@@ -181,6 +194,10 @@ func startGateway(t *testing.T, underlay string, s gwSpec) *gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start the gateway: %v", err)
 	}
@@ -191,10 +208,15 @@ func startGateway(t *testing.T, underlay string, s gwSpec) *gateway {
 		}
 		close(g.lines)
 	}()
-	t.Cleanup(func() {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	g.stop = sync.OnceFunc(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
+		g.expect("closed", 15*time.Second)
+	})
+	t.Cleanup(func() {
+		g.stop()
+		stdin.Close()
 		select {
 		case err := <-done:
 			// A data race seen in the gateway process makes it exit 66.
@@ -203,7 +225,7 @@ func startGateway(t *testing.T, underlay string, s gwSpec) *gateway {
 			}
 		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
-			t.Errorf("the gateway process did not stop within 15s of SIGTERM")
+			t.Errorf("the gateway process did not exit within 15s of its stdin's end")
 			<-done
 		}
 		logf.Close()

@@ -166,6 +166,27 @@ func TestWireGuardSiteReachesDesktop(t *testing.T) {
 			t.Errorf("the gateway logged its private key")
 		}
 	}
+
+	// A stop removes the interface and its routes from the tenant's
+	// namespace, and the port from the underlay.
+	gw.stop()
+	if out, err := tryRun("ip", "-n", a.tenant, "link", "show", "wg0"); err == nil {
+		t.Errorf("wg0 is still in the tenant's namespace after the stop: %s", out)
+	}
+	if out := run(t, "ip", "netns", "exec", u, "ss", "-Hunl", "sport = :51820"); out != "" {
+		t.Errorf("port 51820 still open after the stop: %s", out)
+	}
+	// A clean run warns of nothing: a warning here is a fault of ours
+	// (wireguard-go reports a TUN it cannot query, for one).
+	log, err = os.ReadFile(gw.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			t.Errorf("gateway log: %s", l)
+		}
+	}
 }
 
 func TestWireGuardTenantsIsolated(t *testing.T) {
