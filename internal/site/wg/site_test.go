@@ -278,7 +278,7 @@ func (u *udpTally) count(phase, src string) int {
 	return u.n[phase+" "+src]
 }
 
-func TestWireGuardWrongKeyAndRevokedSite(t *testing.T) {
+func TestWireGuardWrongKeyAndReload(t *testing.T) {
 	needRoot(t)
 	bin := buildWireguardGo(t)
 	u := newNS(t, "u")
@@ -307,18 +307,30 @@ func TestWireGuardWrongKeyAndRevokedSite(t *testing.T) {
 		defer (*s.c).Close()
 	}
 	// send sends the phase's datagram from both offices in turn until
-	// `until` has had 10 arrive; the other's count is then the answer.
-	send := func(phase, until string) {
+	// each source in until has had 10 arrive; the other's count is then
+	// the answer.
+	send := func(phase string, until ...string) {
 		t.Helper()
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
-		for end := time.Now().Add(30 * time.Second); tally.count(phase, until) < 10; <-tick.C {
-			if time.Now().After(end) {
-				t.Fatalf("phase %s: only %d datagrams from %s reached the desktop in 30s", phase, tally.count(phase, until), until)
+		end := time.Now().Add(30 * time.Second)
+		for _, src := range until {
+			for ; tally.count(phase, src) < 10; <-tick.C {
+				if time.Now().After(end) {
+					t.Fatalf("phase %s: only %d datagrams from %s reached the desktop in 30s", phase, tally.count(phase, src), src)
+				}
+				_, _ = fromOffice.Write([]byte(phase))
+				_, _ = fromW.Write([]byte(phase))
 			}
-			_, _ = fromOffice.Write([]byte(phase))
-			_, _ = fromW.Write([]byte(phase))
 		}
+	}
+	officeRx := func() float64 {
+		t.Helper()
+		v, ok := metricValue(t, gw.metrics(), "deskway_site_wg_receive_bytes_total", `site="office",tenant="a"`)
+		if !ok {
+			t.Fatal("no receive counter for the office")
+		}
+		return v
 	}
 
 	send("1", "192.168.1.5")
@@ -329,16 +341,28 @@ func TestWireGuardWrongKeyAndRevokedSite(t *testing.T) {
 		t.Errorf("the unknown office completed a handshake: %q", hs)
 	}
 
-	// The office's site is revoked and the other office configured: the
-	// same probes now reach from the new site only, and at once.
+	// The other office is added as a site: it gets through, and the
+	// office keeps its session (its peer is not made anew: the device's
+	// byte count for it goes on from where it was).
 	wpub, err := ParsePublicKey(wPub)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tn.WireGuard.Sites = []Site{{Name: "w", PublicKey: wpub, Prefixes: []netip.Prefix{netip.MustParsePrefix("192.168.9.0/24")}}}
+	wSite := Site{Name: "w", PublicKey: wpub, Prefixes: []netip.Prefix{netip.MustParsePrefix("192.168.9.0/24")}}
+	before := officeRx()
+	tn.WireGuard.Sites = append(tn.WireGuard.Sites, wSite)
 	gw.reload(gwSpec{Tenants: []gwTenant{tn}})
-	send("2", "192.168.9.1")
-	if n := tally.count("2", "192.168.1.5"); n != 0 {
+	if after := officeRx(); after < before {
+		t.Errorf("the reload made the office's peer anew (received bytes %v, were %v): its session was dropped", after, before)
+	}
+	send("2", "192.168.9.1", "192.168.1.5")
+
+	// The office's site is revoked: the same probes now reach from the
+	// other site only, and at once.
+	tn.WireGuard.Sites = []Site{wSite}
+	gw.reload(gwSpec{Tenants: []gwTenant{tn}})
+	send("3", "192.168.9.1")
+	if n := tally.count("3", "192.168.1.5"); n != 0 {
 		t.Errorf("a revoked office still got %d datagrams to the desktop", n)
 	}
 	if err := ping(w, "10.0.0.10", 10*time.Second); err != nil {
