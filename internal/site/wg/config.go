@@ -42,7 +42,9 @@ type Config struct {
 // Site is one office of the tenant: a WireGuard peer whose allowed IPs
 // are the office's prefixes, routed through the interface.
 type Site struct {
-	Name      string    `yaml:"name"`
+	// Name names the site in logs and metrics, unique in the tenant.
+	Name string `yaml:"name"`
+	// PublicKey is the office's WireGuard key, as wg pubkey prints it.
 	PublicKey PublicKey `yaml:"public_key"`
 	// Endpoint is the office's address in the underlay; without one the
 	// gateway waits for the office to call (roaming offices, NAT).
