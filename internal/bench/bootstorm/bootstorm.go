@@ -431,28 +431,28 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 	cpu := 100 * (end.CPU - idle.CPU).Seconds() / wall.Seconds()
 	m := map[string]float64{
 		"clients": float64(n), "failed_clients": float64(failed), "slow_requests": float64(slow),
-		"cpu_pct": round(cpu, 1), "rss_idle_bytes": float64(idle.RSS), "rss_peak_bytes": float64(peakRSS.Load()),
-		"bytes_read": float64(reads), "read_gbps": round(float64(reads)*8/wall.Seconds()/1e9, 3),
-		"read_mb_s": round(float64(reads)/wall.Seconds()/1e6, 1), "wall_s": round(wall.Seconds(), 2),
+		"cpu_pct": report.Round(cpu, 1), "rss_idle_bytes": float64(idle.RSS), "rss_peak_bytes": float64(peakRSS.Load()),
+		"bytes_read": float64(reads), "read_gbps": report.Round(float64(reads)*8/wall.Seconds()/1e9, 3),
+		"read_mb_s": report.Round(float64(reads)/wall.Seconds()/1e6, 1), "wall_s": report.Round(wall.Seconds(), 2),
 	}
 	if f.check != nil {
 		m["verified_bytes"] = float64(verified.Load())
 	}
 	if len(times) > 0 {
-		m["boot_median_s"] = round(times[len(times)/2], 2)
-		m["boot_max_s"] = round(times[len(times)-1], 2)
+		m["boot_median_s"] = report.Round(times[len(times)/2], 2)
+		m["boot_max_s"] = report.Round(times[len(times)-1], 2)
 	}
 	if len(lat) > 0 {
 		slices.Sort(lat)
-		m["request_p50_ms"] = round(lat[len(lat)/2], 2)
-		m["request_p99_ms"] = round(lat[len(lat)*99/100], 2)
-		m["request_max_ms"] = round(lat[len(lat)-1], 1)
+		m["request_p50_ms"] = report.Round(lat[len(lat)/2], 2)
+		m["request_p99_ms"] = report.Round(lat[len(lat)*99/100], 2)
+		m["request_max_ms"] = report.Round(lat[len(lat)-1], 1)
 	}
 	// What each client costs, its write cache and reserved slab included;
 	// and beside it, for deskway, what it costs beyond the write caches.
-	m["rss_per_client_bytes"] = round(float64(max(0, peakRSS.Load()-idle.RSS))/float64(n), 0)
+	m["rss_per_client_bytes"] = report.Round(float64(max(0, peakRSS.Load()-idle.RSS))/float64(n), 0)
 	if srv.cacheBytes != nil && peakBeyondCache.Load() > 0 {
-		m["rss_beyond_cache_per_client_bytes"] = round(float64(max(0, peakBeyondCache.Load()-idle.RSS))/float64(n), 0)
+		m["rss_beyond_cache_per_client_bytes"] = report.Round(float64(max(0, peakBeyondCache.Load()-idle.RSS))/float64(n), 0)
 	}
 	log := r.o.Log.With("scenario", scenario, "system", sys.name, "clients", n)
 	if failed > 0 {
@@ -462,15 +462,4 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 		"p99_ms", m["request_p99_ms"], "max_ms", m["request_max_ms"],
 		"cpu_pct", m["cpu_pct"], "rss_mib", peakRSS.Load()>>20, "read_mb_s", m["read_mb_s"])
 	return report.Point{Scenario: scenario, System: sys.name, Params: map[string]any{"clients": n}, Metrics: m}, nil
-}
-
-func round(v float64, digits int) float64 {
-	p := 1.0
-	for i := 0; i < digits; i++ {
-		p *= 10
-	}
-	if v >= 0 {
-		return float64(int64(v*p+0.5)) / p
-	}
-	return -float64(int64(-v*p+0.5)) / p
 }

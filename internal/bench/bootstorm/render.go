@@ -55,13 +55,13 @@ func (r *runner) summarize(systems []system) {
 			}
 			if f, ok := r.metric("storm", floorName, n, run.slow); ok {
 				k := "slow_ratio_floor_max" + run.suffix
-				s[k] = round(max(s[k], ratio(d, f)), 3)
+				s[k] = report.Round(max(s[k], ratio(d, f)), 3)
 			}
 			db, ok1 := r.metric("storm", "deskway", n, run.boot)
 			fb, ok2 := r.metric("storm", floorName, n, run.boot)
 			if ok1 && ok2 && fb > 0 {
 				k := "boot_ratio_floor_max" + run.suffix
-				s[k] = round(max(s[k], db/fb), 3)
+				s[k] = report.Round(max(s[k], db/fb), 3)
 			}
 			bestPeer := math.Inf(1)
 			for _, sys := range systems {
@@ -74,7 +74,7 @@ func (r *runner) summarize(systems []system) {
 			}
 			if !math.IsInf(bestPeer, 1) {
 				k := "slow_ratio_best_peer_max" + run.suffix
-				s[k] = round(max(s[k], ratio(d, bestPeer)), 3)
+				s[k] = report.Round(max(s[k], ratio(d, bestPeer)), 3)
 			}
 		}
 	}
@@ -105,7 +105,7 @@ func (r *runner) summarize(systems []system) {
 			}
 		}
 		if bestPeer > 0 {
-			s["read_ratio_best_peer"] = round(v/bestPeer, 3)
+			s["read_ratio_best_peer"] = report.Round(v/bestPeer, 3)
 		}
 	}
 	if len(steps) > 0 {
