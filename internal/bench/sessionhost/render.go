@@ -60,13 +60,21 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 		res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "paper", Params: map[string]any{"server": p.server, "cores": p.cores},
 			Metrics: map[string]float64{"users": p.users, "users_per_core": p.users / float64(p.cores)}})
 	}
+	// One rule for capacity: the users a ramp held before its degradation
+	// point (one below it), given for the median ramp and for the worst.
 	cores := runtime.NumCPU()
-	capacity := 0
-	if out.Degradation.Users > 0 {
-		capacity = out.Degradation.Users - 1
+	held := func(d Degradation) int { return max(d.Users-1, 0) }
+	capacity, worstCapacity := held(out.Degradation), 0
+	if len(out.Ramps) > 0 {
+		worstCapacity = held(out.Ramps[out.Worst].Degradation)
 	}
-	res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "deskway", Params: map[string]any{"server": "this machine", "cores": cores},
-		Metrics: map[string]float64{"users": float64(capacity), "users_per_core": float64(capacity) / float64(cores)}})
+	for _, c := range []struct {
+		run   string
+		users int
+	}{{"median", capacity}, {"worst", worstCapacity}} {
+		res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "deskway", Params: map[string]any{"server": "this machine (" + c.run + " ramp)", "cores": cores, "run": c.run},
+			Metrics: map[string]float64{"users": float64(c.users), "users_per_core": float64(c.users) / float64(cores)}})
+	}
 
 	res.Summary["ramps"] = float64(len(out.Ramps))
 	res.Summary["degradation_users"] = float64(out.Degradation.Users)
@@ -76,6 +84,7 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 	res.Summary["baseline_ms"] = report.Round(out.Baseline, 1)
 	res.Summary["suggested_session_limit"] = float64(out.SuggestLimit)
 	res.Summary["users_per_core"] = report.Round(float64(capacity)/float64(cores), 1)
+	res.Summary["users_per_core_worst"] = report.Round(float64(worstCapacity)/float64(cores), 1)
 	res.SummaryText["limiting_counter"] = out.Limiting
 	res.SummaryText["degradation_reason"] = out.Degradation.Why
 	if out.Degradation.Users == 0 {
