@@ -49,7 +49,7 @@ func arrange(ds []brokerapi.Desktop, q string) ([]listed, *desktopSearch) {
 		return out, nil
 	}
 	if len(q) > maxQuery {
-		q = q[:maxQuery]
+		q = strings.ToValidUTF8(q[:maxQuery], "")
 	}
 	q = strings.TrimSpace(q)
 	words := strings.Fields(strings.ToLower(q))
