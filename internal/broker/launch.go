@@ -54,9 +54,16 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 // session in each.
 func (s *Server) desktopsOf(ctx context.Context, who caller) ([]brokerapi.Desktop, *refusal) {
 	var live []store.Session
+	var used map[string]time.Time
 	var err error
-	if s.offlineFor(ctx, func() error { live, err = s.store.Sessions(ctx, who.user, false, 100); return err }) {
-		live, err = s.cache.sessions(who.user), nil
+	if s.offlineFor(ctx, func() error {
+		if live, err = s.store.Sessions(ctx, who.user, false, 100); err != nil {
+			return err
+		}
+		used, err = s.store.LastUsed(ctx, who.user)
+		return err
+	}) {
+		live, used, err = s.cache.sessions(who.user), nil, nil
 	}
 	if err != nil {
 		return nil, refuse(http.StatusServiceUnavailable, "%v", err)
@@ -66,7 +73,7 @@ func (s *Server) desktopsOf(ctx context.Context, who caller) ([]brokerapi.Deskto
 		if !entitled(&g, who.user, who.groups) {
 			continue
 		}
-		d := brokerapi.Desktop{DeliveryGroup: g.Name, Kind: g.Kind, Description: g.Description}
+		d := brokerapi.Desktop{DeliveryGroup: g.Name, Kind: g.Kind, Description: g.Description, LastUsed: used[g.Name]}
 		for _, ss := range live {
 			// Newest first: the session a launch would reconnect to.
 			if ss.Group == g.Name && ss.User == who.user && !ss.Unverified {
