@@ -56,11 +56,12 @@ deps:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	$(GO) run ./tools/archcheck
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
 # e2e tests, ending with the line "N passed, N failed, N skipped".
 test: deps assets lint fuzz
-	set -o pipefail; $(GO) test -race -count=1 -timeout 60m -json ./... | $(GO) run ./tools/testsummary
+	set -o pipefail; $(GO) test -race -count=1 -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)

@@ -43,39 +43,10 @@ broker:
 func TestBrokerBackupAndRestore(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "setpriv")
-	nobody, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skip("no user nobody")
-	}
-	uid, _ := strconv.Atoi(nobody.Uid)
-	gid, _ := strconv.Atoi(nobody.Gid)
+	r := newNobodysBroker(t, "deskway-backup-")
+	nobody, uid, gid, bin, state, cfg, brokerPort := r.nobody, r.uid, r.gid, r.bin, r.state, r.cfg, r.brokerPort
 
 	backupLine, restoreLine := documentedLines(t)
-
-	// A directory nobody can reach: the binary, the configuration and
-	// the state directory, which is nobody's.
-	dir, err := os.MkdirTemp("", "deskway-backup-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "deskway")
-	copyFile(t, build(t), bin, 0o755)
-	state := filepath.Join(dir, "state")
-	if err := os.Mkdir(state, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(state, uid, gid); err != nil {
-		t.Fatal(err)
-	}
-	adminPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t)
-	cfg := filepath.Join(dir, "deskway.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(backupConfig, state, adminPort, brokerPort)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	backupFile := filepath.Join(t.TempDir(), "broker.db")
 	fill := strings.NewReplacer("/etc/deskway/deskway.yaml", cfg, "/backup/broker.db", backupFile)
 
@@ -222,4 +193,49 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 	if err := os.WriteFile(to, b, mode); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// nobodysBroker is a broker laid out as the package lays it out: the
+// binary and the configuration in a directory anyone may read, the state
+// directory owned by the user the broker runs as (nobody here, deskway in
+// the package), so that root's backup and restore meet its files as they
+// would in production.
+type nobodysBroker struct {
+	nobody                *user.User
+	uid, gid              int
+	dir, bin, state, cfg  string
+	adminPort, brokerPort int
+}
+
+func newNobodysBroker(t *testing.T, prefix string) *nobodysBroker {
+	t.Helper()
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody")
+	}
+	r := &nobodysBroker{nobody: nobody}
+	r.uid, _ = strconv.Atoi(nobody.Uid)
+	r.gid, _ = strconv.Atoi(nobody.Gid)
+	if r.dir, err = os.MkdirTemp("", prefix); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(r.dir) })
+	if err := os.Chmod(r.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r.bin = filepath.Join(r.dir, "deskway")
+	copyFile(t, build(t), r.bin, 0o755)
+	r.state = filepath.Join(r.dir, "state")
+	if err := os.Mkdir(r.state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(r.state, r.uid, r.gid); err != nil {
+		t.Fatal(err)
+	}
+	r.adminPort, r.brokerPort = testkit.FreePort(t), testkit.FreePort(t)
+	r.cfg = filepath.Join(r.dir, "deskway.yaml")
+	if err := os.WriteFile(r.cfg, []byte(fmt.Sprintf(backupConfig, r.state, r.adminPort, r.brokerPort)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

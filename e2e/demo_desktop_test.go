@@ -13,7 +13,7 @@ import (
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/testkit"
 )
 

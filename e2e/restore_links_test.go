@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,35 +25,8 @@ import (
 func TestRestoreFollowsNoLinkInTheStateDirectory(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "setpriv")
-	nobody, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skip("no user nobody")
-	}
-	uid, _ := strconv.Atoi(nobody.Uid)
-	gid, _ := strconv.Atoi(nobody.Gid)
-
-	dir, err := os.MkdirTemp("", "deskway-restore-links-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "deskway")
-	copyFile(t, build(t), bin, 0o755)
-	state := filepath.Join(dir, "state")
-	if err := os.Mkdir(state, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(state, uid, gid); err != nil {
-		t.Fatal(err)
-	}
-	adminPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t)
-	cfg := filepath.Join(dir, "deskway.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(backupConfig, state, adminPort, brokerPort)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	r := newNobodysBroker(t, "deskway-restore-links-")
+	nobody, bin, state, cfg, brokerPort := r.nobody, r.bin, r.state, r.cfg, r.brokerPort
 	// Root's own files, in a directory only root reaches.
 	secret := t.TempDir()
 	victim := filepath.Join(secret, "victim")

@@ -18,6 +18,7 @@ packages=(
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
   ipxe iproute2                                        # iPXE first stages the netboot TFTP serves (undionly.kpxe, ipxe.efi)
   ndisc6                                               # rdisc6: an IPv6 router-discovery client for the boot network's advertisements
+  wireguard-tools                                      # wg: configures the office peer (wireguard-go) in the WireGuard site tests
   postgresql                                           # the broker's shared database (tests start their own clusters)
   strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
   podman runc                                          # running the container image (runc: crun refuses hybrid cgroups)

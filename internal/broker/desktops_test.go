@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
@@ -28,6 +29,10 @@ func TestDesktopsListsEntitlementsAndSessions(t *testing.T) {
 	ds, _ = r.client.Desktops(ctx, alice, brokerapi.DesktopsRequest{})
 	if s := ds[0].Session; s == nil || s.ID != lr.SessionID || s.Host != "h1" || s.State != "launching" {
 		t.Fatalf("alice's desk after a launch = %+v", ds[0])
+	}
+	// The launch is the desk's last use; mine was never used.
+	if ds[0].LastUsed.IsZero() || time.Since(ds[0].LastUsed) > time.Minute || !ds[1].LastUsed.IsZero() {
+		t.Fatalf("alice's last uses after a launch of desk: desk %v, mine %v", ds[0].LastUsed, ds[1].LastUsed)
 	}
 	if ds, err := r.client.Desktops(ctx, brokerclient.Basic("bob", "Bob-Pass-1"), brokerapi.DesktopsRequest{}); err != nil || len(ds) != 0 {
 		t.Fatalf("bob (contractors) sees %+v, %v", ds, err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/store"
@@ -29,6 +30,34 @@ import (
 type adminClient struct {
 	base, token string
 	http        *http.Client
+}
+
+// adminConfig is the --config of a command that calls the admin API: the
+// file naming admin.listen, admin.tokens and the listener's certificate.
+type adminConfig struct{ path string }
+
+// adminConfigFlag registers --config on fs (a group's persistent flags,
+// so every subcommand shares it).
+func adminConfigFlag(fs *pflag.FlagSet) *adminConfig {
+	ac := &adminConfig{}
+	ac.addFlag(fs)
+	return ac
+}
+
+func (ac *adminConfig) addFlag(fs *pflag.FlagSet) {
+	fs.StringVarP(&ac.path, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+}
+
+// run is a subcommand's RunE that opens the admin client the config
+// names and hands it to body.
+func (ac *adminConfig) run(body func(cmd *cobra.Command, a *adminClient, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		a, err := newAdminClient(ac.path)
+		if err != nil {
+			return err
+		}
+		return body(cmd, a, args)
+	}
 }
 
 func newAdminClient(path string) (*adminClient, error) {
@@ -102,18 +131,14 @@ func (a *adminClient) call(ctx context.Context, method, path string, body, out a
 }
 
 func hostCmd() *cobra.Command {
-	var cfgPath, group string
+	var group string
 	c := &cobra.Command{Use: "host", Short: "Session hosts: list, drain, end a drain, remove (through the admin API)"}
-	c.PersistentFlags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	ac := adminConfigFlag(c.PersistentFlags())
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List the session hosts with their state",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
 			var hosts []struct {
 				Name          string  `json:"name"`
 				DeliveryGroup string  `json:"delivery_group"`
@@ -139,7 +164,7 @@ func hostCmd() *cobra.Command {
 					h.Sessions, h.SessionLimit, 100*h.CPU, status)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	ls.Flags().StringVar(&group, "group", "", "only the hosts of this delivery group")
 	drain := func(use, short string, on bool) *cobra.Command {
@@ -147,11 +172,7 @@ func hostCmd() *cobra.Command {
 			Use:   use + " HOST",
 			Short: short,
 			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				a, err := newAdminClient(cfgPath)
-				if err != nil {
-					return err
-				}
+			RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 				path, body := "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/drain", any(map[string]bool{"drain": true})
 				if !on {
 					path, body = "/api/v1/broker/hosts/"+url.PathEscape(args[0])+"/undrain", nil
@@ -161,24 +182,20 @@ func hostCmd() *cobra.Command {
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: drain %v\n", args[0], on)
 				return nil
-			},
+			}),
 		}
 	}
 	remove := &cobra.Command{
 		Use:   "remove HOST",
 		Short: "Remove a host with no live sessions, so that a join token may register the name again",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 			if err := a.call(cmd.Context(), "DELETE", "/api/v1/broker/hosts/"+url.PathEscape(args[0]), nil, nil); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: removed\n", args[0])
 			return nil
-		},
+		}),
 	}
 	c.AddCommand(ls, drain("drain", "Let a host's sessions go on but give it no new ones", true),
 		drain("undrain", "End a host's drain", false), remove)
@@ -186,19 +203,15 @@ func hostCmd() *cobra.Command {
 }
 
 func sessionCmd() *cobra.Command {
-	var cfgPath, user string
+	var user string
 	var all bool
 	c := &cobra.Command{Use: "session", Short: "Sessions the broker placed: list, log off, disconnect, message, end a stale record (through the admin API)"}
-	c.PersistentFlags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	ac := adminConfigFlag(c.PersistentFlags())
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List live sessions (--all: ended ones too)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
 			q := url.Values{"user": {user}}
 			if all {
 				q.Set("all", "1")
@@ -220,7 +233,7 @@ func sessionCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.User, s.DeliveryGroup, s.Host, s.State, s.Updated.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	ls.Flags().StringVar(&user, "user", "", "only this user's sessions")
 	ls.Flags().BoolVar(&all, "all", false, "ended sessions too")
@@ -232,7 +245,7 @@ func sessionCmd() *cobra.Command {
 			if strings.TrimSpace(args[0]) == "" {
 				return errors.New("session end: give the session's id (deskway session ls)")
 			}
-			a, err := newAdminClient(cfgPath)
+			a, err := newAdminClient(ac.path)
 			if err != nil {
 				return err
 			}
@@ -243,26 +256,22 @@ func sessionCmd() *cobra.Command {
 			return nil
 		},
 	}
-	c.AddCommand(ls, end, commandStatusCmd(&cfgPath),
-		commandCmd(&cfgPath, brokerapi.Logoff, "logoff ID", "Log a session's user off: the host's agent ends the session's programs", cobra.ExactArgs(1)),
-		commandCmd(&cfgPath, brokerapi.Disconnect, "disconnect ID", "Disconnect a session's user; the session runs on and the next launch reconnects it", cobra.ExactArgs(1)),
-		commandCmd(&cfgPath, brokerapi.Message, "message ID TEXT", "Show a message in a session", cobra.ExactArgs(2)))
+	c.AddCommand(ls, end, commandStatusCmd(ac),
+		commandCmd(ac, brokerapi.Logoff, "logoff ID", "Log a session's user off: the host's agent ends the session's programs", cobra.ExactArgs(1)),
+		commandCmd(ac, brokerapi.Disconnect, "disconnect ID", "Disconnect a session's user; the session runs on and the next launch reconnects it", cobra.ExactArgs(1)),
+		commandCmd(ac, brokerapi.Message, "message ID TEXT", "Show a message in a session", cobra.ExactArgs(2)))
 	return c
 }
 
 // commandCmd is deskway session logoff, disconnect or message: it queues
 // the command for the session's host and waits for its agent's answer.
-func commandCmd(cfgPath *string, kind, use, short string, args cobra.PositionalArgs) *cobra.Command {
+func commandCmd(ac *adminConfig, kind, use, short string, args cobra.PositionalArgs) *cobra.Command {
 	var wait time.Duration
 	c := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  args,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := newAdminClient(*cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 			req := brokerapi.CommandRequest{}
 			if kind == brokerapi.Message {
 				req.Text = args[1]
@@ -293,23 +302,19 @@ func commandCmd(cfgPath *string, kind, use, short string, args cobra.PositionalA
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "session %s: %s done on %s\n", args[0], kind, st.Host)
 			return nil
-		},
+		}),
 	}
 	c.Flags().DurationVar(&wait, "wait", time.Minute, "how long to wait for the host's agent to carry it out, failing past it (0: queue it and return)")
 	return c
 }
 
 // commandStatusCmd is deskway session command: where a command stands.
-func commandStatusCmd(cfgPath *string) *cobra.Command {
+func commandStatusCmd(ac *adminConfig) *cobra.Command {
 	return &cobra.Command{
 		Use:   "command ID",
 		Short: "Show where a logoff, disconnect or message stands",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := newAdminClient(*cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 			var st brokerapi.CommandStatus
 			if err := a.call(cmd.Context(), "GET", "/api/v1/broker/commands/"+url.PathEscape(args[0]), nil, &st); err != nil {
 				return err
@@ -320,6 +325,6 @@ func commandStatusCmd(cfgPath *string) *cobra.Command {
 			}
 			fmt.Fprintln(cmd.OutOrStdout())
 			return nil
-		},
+		}),
 	}
 }

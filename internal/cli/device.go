@@ -11,9 +11,8 @@ import (
 )
 
 func deviceCmd() *cobra.Command {
-	var cfgPath string
 	c := &cobra.Command{Use: "device", Short: "Network-booted devices, by MAC address: add, list, assign a vDisk, enable, disable, remove (through the admin API)"}
-	c.PersistentFlags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	ac := adminConfigFlag(c.PersistentFlags())
 	show := func(cmd *cobra.Command, d netboot.Device) {
 		state := "enabled"
 		if !d.Enabled {
@@ -26,18 +25,14 @@ func deviceCmd() *cobra.Command {
 		Use:   "add --mac MAC --name NAME [--vdisk VDISK]",
 		Short: "Register a machine by its MAC address; it boots its vDisk on its next power-on",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
 			var d netboot.Device
 			if err := a.call(cmd.Context(), "POST", "/api/v1/stream/devices", req, &d); err != nil {
 				return err
 			}
 			show(cmd, d)
 			return nil
-		},
+		}),
 	}
 	add.Flags().StringVar(&req.MAC, "mac", "", "the machine's Ethernet address")
 	add.Flags().StringVar(&req.Name, "name", "", "the device's name (names its write cache and private image)")
@@ -49,11 +44,7 @@ func deviceCmd() *cobra.Command {
 		Use:   "ls",
 		Short: "List the devices",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
 			var out struct{ Devices []netboot.Device }
 			if err := a.call(cmd.Context(), "GET", "/api/v1/stream/devices", nil, &out); err != nil {
 				return err
@@ -71,25 +62,21 @@ func deviceCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.MAC, orDash(d.Collection), orDash(d.VDisk), orDash(d.Stage), state, last)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	var assign netboot.DeviceRequest
 	assignCmd := &cobra.Command{
 		Use:   "assign DEVICE --vdisk VDISK",
 		Short: "Set the vDisk (and stage) a device boots from its next power-on",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 			var d netboot.Device
 			if err := a.call(cmd.Context(), "POST", "/api/v1/stream/devices/"+url.PathEscape(args[0])+"/assign", assign, &d); err != nil {
 				return err
 			}
 			show(cmd, d)
 			return nil
-		},
+		}),
 	}
 	assignCmd.Flags().StringVar(&assign.VDisk, "vdisk", "", "the vDisk")
 	assignCmd.Flags().StringVar(&assign.Stage, "stage", "", "production (default), test or maintenance")
@@ -98,35 +85,27 @@ func deviceCmd() *cobra.Command {
 			Use:   verb + " DEVICE",
 			Short: short,
 			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				a, err := newAdminClient(cfgPath)
-				if err != nil {
-					return err
-				}
+			RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 				var d netboot.Device
 				if err := a.call(cmd.Context(), "POST", "/api/v1/stream/devices/"+url.PathEscape(args[0])+"/"+verb, nil, &d); err != nil {
 					return err
 				}
 				show(cmd, d)
 				return nil
-			},
+			}),
 		}
 	}
 	remove := &cobra.Command{
 		Use:   "remove DEVICE",
 		Short: "Forget a device: its MAC is unknown from its next power-on",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 			if err := a.call(cmd.Context(), "DELETE", "/api/v1/stream/devices/"+url.PathEscape(args[0]), nil, nil); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: removed\n", args[0])
 			return nil
-		},
+		}),
 	}
 	c.AddCommand(add, ls, assignCmd, toggle("enable", "Let a device boot"), toggle("disable", "Stop a device from booting: its console says why"), remove)
 	return c

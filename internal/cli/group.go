@@ -12,18 +12,13 @@ import (
 )
 
 func groupCmd() *cobra.Command {
-	var cfgPath string
 	c := &cobra.Command{Use: "group", Short: "Delivery groups: list them, set or clear who may launch them (through the admin API)"}
-	c.PersistentFlags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	ac := adminConfigFlag(c.PersistentFlags())
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List the delivery groups with who may launch them",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
 			var groups []brokerapi.DeliveryGroup
 			if err := a.call(cmd.Context(), "GET", "/api/v1/broker/groups", nil, &groups); err != nil {
 				return err
@@ -38,7 +33,7 @@ func groupCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", g.Name, g.Kind, list(g.Users), list(g.Groups), from)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	var users, groups []string
 	var configured bool
@@ -50,7 +45,7 @@ func groupCmd() *cobra.Command {
 			if configured == (len(users)+len(groups) > 0) {
 				return fmt.Errorf("give --user or --group names, or --configured, not both")
 			}
-			a, err := newAdminClient(cfgPath)
+			a, err := newAdminClient(ac.path)
 			if err != nil {
 				return err
 			}

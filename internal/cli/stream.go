@@ -46,7 +46,7 @@ func streamCmd() *cobra.Command {
 // no boot id) in again after its boot's write cache was lost: such a
 // client cannot start a new boot by itself.
 func streamForgetLostCmd() *cobra.Command {
-	var cfgPath string
+	ac := &adminConfig{}
 	c := &cobra.Command{
 		Use:   "forget-lost VDISK CLIENT",
 		Short: "Forget the lost boots of a client, so that its next connection starts a new boot (through the admin API)",
@@ -57,11 +57,7 @@ what it wrote. A client that puts a new boot id in its export name every
 boot gets back by booting again; one with a fixed name (VDISK/CLIENT)
 cannot, and needs this: its next connection starts from the vDisk afresh.`,
 		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := newAdminClient(cfgPath)
-			if err != nil {
-				return err
-			}
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
 			var out struct{ Forgotten []string }
 			path := "/api/v1/stream/vdisks/" + url.PathEscape(args[0]) + "/clients/" + url.PathEscape(args[1]) + "/lost"
 			if err := a.call(cmd.Context(), "DELETE", path, nil, &out); err != nil {
@@ -75,8 +71,8 @@ cannot, and needs this: its next connection starts from the vDisk afresh.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "forgot lost boot %s\n", k)
 			}
 			return nil
-		},
+		}),
 	}
-	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	ac.addFlag(c.Flags())
 	return c
 }

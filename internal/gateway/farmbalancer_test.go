@@ -16,11 +16,15 @@ import (
 	"github.com/deskway/deskway/internal/tsgclient"
 )
 
-// viaBalancerFrom dials from the local address from, as a load balancer
-// with send-proxy-v2 does: a PROXY v2 header naming client first.
+// viaBalancerFrom dials from the local address from (any, if empty), as
+// a load balancer with send-proxy-v2 does: a PROXY v2 header naming
+// client first.
 func viaBalancerFrom(from, client string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		var d net.Dialer
+		if from != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+		}
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err

@@ -2,41 +2,20 @@ package gateway_test
 
 import (
 	"context"
-	"encoding/binary"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/deskway/deskway/internal/config"
-	"github.com/deskway/deskway/internal/proto/proxyv2"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
 
 // viaBalancer dials as a load balancer with send-proxy-v2 does: the
 // PROXY v2 header naming client first, then the client's bytes.
 func viaBalancer(client string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		src := netip.MustParseAddrPort(client)
-		hdr := append([]byte{}, proxyv2.Signature...)
-		hdr = append(hdr, 0x21, 0x11, 0, 12)
-		s4, d4 := src.Addr().As4(), [4]byte{127, 0, 0, 1}
-		hdr = append(append(hdr, s4[:]...), d4[:]...)
-		hdr = binary.BigEndian.AppendUint16(hdr, src.Port())
-		hdr = binary.BigEndian.AppendUint16(hdr, 443)
-		if _, err := c.Write(hdr); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, nil
-	}
+	return viaBalancerFrom("", client)
 }
 
 // TestProxyProtocolKeepsClientsApart: behind a load balancer every

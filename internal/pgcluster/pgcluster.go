@@ -21,7 +21,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/loopback"
 )
 
 // Options tune the cluster.

@@ -4,12 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"sync"
 	"syscall"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // cacheBlock is the unit of the write cache: a partial write first copies
@@ -322,119 +318,10 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 	return c.ramBlock(at), at, nil
 }
 
-// wantsSlab reports whether the reserver should map the cache another
-// slab: it has none, or has handed out blocks of its last one, and the
-// RAM limit leaves room for one more. c.mu is held.
-func (c *writeCache) wantsSlab() bool {
-	n := int64(len(c.slabs))
-	return !c.closed && (n+1)*slabSize <= c.ramLimit && (n == 0 || c.ramBlocks > (n-1)*slabBlocks)
-}
-
-// mapSlab maps a slab of anonymous memory, outside the Go heap.
-func mapSlab() ([]byte, error) {
-	return syscall.Mmap(-1, 0, slabSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-}
-
-// reserve maps the cache's next slab and faults its pages in, off the
-// request path (see reserver): the first when the boot starts, and the
-// next one as soon as writes take a block of the last, so a boot's
-// writes find a slab of faulted-in room ahead of them. A fresh page costs
-// a fault and a page of zeroes on first write, about 0.4 s a GiB on the
-// bench machine; when every client of a storm writes a megabyte at the
-// same moment, those faults were most of what receiving the writes
-// cost, and they fell on the loops serving everyone's reads (a storm of
-// 500 whose writes ran past the first slab stalled every client for a
-// quarter of a second in about one run of three). A reserved slab counts
-// as the cache's RAM from then on, as it would after a write.
-func (c *writeCache) reserve() {
-	c.mu.RLock()
-	n, want := len(c.slabs), c.wantsSlab()
-	c.mu.RUnlock()
-	if !want {
-		return
-	}
-	slab, err := mapSlab()
-	if err != nil {
-		return // the first write maps it
-	}
-	// MADV_POPULATE_WRITE (Linux 5.14) faults every page in one call;
-	// an older kernel leaves the faults to the first write.
-	_ = unix.Madvise(slab, unix.MADV_POPULATE_WRITE)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || len(c.slabs) != n {
-		_ = syscall.Munmap(slab) // the cache mapped one itself meanwhile
-		return
-	}
-	c.slabs = append(c.slabs, slab)
-}
-
-// A reserver reserves the slabs of boots' write caches ahead of their
-// writes, one cache at a time, on one thread of low priority. With a goroutine per
-// boot, a storm of 1,000 boots had as many threads faulting in a gigabyte
-// at once, and the loops' share of the processors fell to almost nothing
-// for most of a second. One thread at reserveNice takes what the loops
-// leave; a cache whose first write comes before its turn maps its slab
-// itself, as it would without a reserver.
-type reserver struct {
-	queue chan *writeCache
-	stop  chan struct{}
-	done  chan struct{}
-}
-
 // reserveNice is the reserving thread's nice value: low enough to give way
 // to the loops, high enough to reserve a storm's caches in a few seconds
 // while they are busy.
 const reserveNice = 10
-
-// startReserver starts the reserving thread; close stops it.
-func startReserver() *reserver {
-	r := &reserver{queue: make(chan *writeCache, 4096), stop: make(chan struct{}), done: make(chan struct{})}
-	go r.run()
-	return r
-}
-
-func (r *reserver) run() {
-	defer close(r.done)
-	// The goroutine keeps its thread and ends locked to it, so the thread
-	// exits with it and its priority never reaches other goroutines.
-	runtime.LockOSThread()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), reserveNice)
-	for {
-		select {
-		case <-r.stop:
-			return
-		case c := <-r.queue:
-			c.reserve()
-		}
-	}
-}
-
-// add queues c; when the queue is full c's writes map their slab.
-func (r *reserver) add(c *writeCache) {
-	select {
-	case r.queue <- c:
-	default:
-	}
-}
-
-func (r *reserver) close() {
-	close(r.stop)
-	<-r.done
-}
-
-// resident is how many bytes of slab are in memory.
-func resident(slab []byte) int64 {
-	var vec [slabBlocks]byte
-	if _, _, e := unix.RawSyscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&slab[0])), uintptr(len(slab)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		return slabSize
-	}
-	var n int64
-	for _, v := range vec {
-		n += int64(v & 1)
-	}
-	return n * cacheBlock
-}
 
 // ramRoom is how many more RAM blocks the cache may hand out.
 func (c *writeCache) ramRoom() int64 {
@@ -520,125 +407,6 @@ func readFull(r io.ReaderAt, p []byte, off int64) (int, error) {
 // setting that up.
 const minStage = 64 << 10
 
-// stagedWrite is a write's payload received straight into RAM blocks of
-// the cache that the index does not name yet: commit puts them in place
-// once all of it has arrived, abort hands them back, so a write whose
-// payload does not arrive in full is never applied. Until then only the
-// connection that staged it touches its blocks; a cache is closed only
-// after every connection of its boot has ended.
-//
-// A storm of clients each writing a megabyte at once otherwise held a
-// megabyte of heap per client as a buffer, and copied every byte twice.
-type stagedWrite struct {
-	c          *writeCache
-	off        int64
-	head, tail []byte // the parts in blocks the write covers in part
-	first      int64  // the first whole block
-	blocks     []uint32
-	parts      [][]byte // where the payload goes, in order
-}
-
-// stage sets up a write of n bytes at off to be received into the cache;
-// nil when it is too small, the cache is closed or has no RAM for it.
-func (c *writeCache) stage(off, n int64) *stagedWrite {
-	first := (off + cacheBlock - 1) / cacheBlock
-	end := (off + n) / cacheBlock // past the whole blocks
-	if n < minStage || end <= first {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.ramRoom() < end-first {
-		return nil
-	}
-	st := &stagedWrite{c: c, off: off, first: first}
-	if h := first*cacheBlock - off; h > 0 {
-		st.head = make([]byte, h)
-		st.parts = append(st.parts, st.head)
-	}
-	// Freed blocks are taken in the order they were freed, which is the
-	// order of the blocks they held: a rewritten range gets runs again.
-	take := min(int(end-first), len(c.free))
-	st.blocks = append(st.blocks, c.free[len(c.free)-take:]...)
-	c.free = c.free[:len(c.free)-take]
-	for range int(end-first) - take {
-		_, at, err := c.newBlock()
-		if err != nil {
-			c.free = append(c.free, st.blocks...)
-			return nil
-		}
-		st.blocks = append(st.blocks, at)
-	}
-	// Blocks next to each other in a slab are read as one part, so a
-	// large payload goes from the socket to the cache in one copy.
-	var slab []byte
-	var from, to int64
-	for _, at := range st.blocks {
-		k := int64(at - firstRAMBlock)
-		sl, o := c.slabs[k/slabBlocks], (k%slabBlocks)*cacheBlock
-		if slab != nil && &sl[0] == &slab[0] && o == to {
-			to += cacheBlock
-			continue
-		}
-		if slab != nil {
-			st.parts = append(st.parts, slab[from:to])
-		}
-		slab, from, to = sl, o, o+cacheBlock
-	}
-	st.parts = append(st.parts, slab[from:to])
-	if t := off + n - end*cacheBlock; t > 0 {
-		st.tail = make([]byte, t)
-		st.parts = append(st.parts, st.tail)
-	}
-	return st
-}
-
-// receive reads the payload from r into its places.
-func (st *stagedWrite) receive(r io.Reader) error {
-	for _, p := range st.parts {
-		if _, err := io.ReadFull(r, p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// commit applies the received write.
-func (st *stagedWrite) commit() error {
-	c := st.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return os.ErrClosed
-	}
-	defer c.settle()
-	for i, at := range st.blocks {
-		c.place(st.first+int64(i), at)
-	}
-	if st.head != nil {
-		if _, err := c.writeLocked(st.head, st.off, int64(len(st.head))); err != nil {
-			return err
-		}
-	}
-	if st.tail != nil {
-		end := st.first + int64(len(st.blocks))
-		if _, err := c.writeLocked(st.tail, end*cacheBlock, int64(len(st.tail))); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// abort gives the staged blocks back, for a payload that did not arrive.
-func (st *stagedWrite) abort() {
-	c := st.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.closed {
-		c.free = append(c.free, st.blocks...)
-	}
-}
-
 // chunkBlocks is how many blocks one entry of a blockIndex covers.
 const chunkBlocks = 512
 
@@ -649,49 +417,3 @@ const (
 	isZero  uint32 = 1 // written as zeroes, held as this mark alone
 	spilled uint32 = 1 << 31
 )
-
-// blockIndex says where every written block of a cache is: an array per
-// 2 MiB of disk that holds any (2 KiB, and a boot writes in a dozen or
-// so), so a block costs one map lookup and a megabyte written 256 array
-// stores, where a map per kind of block took several lookups a block.
-type blockIndex map[int64]*[chunkBlocks]uint32
-
-func (x blockIndex) get(blk int64) uint32 {
-	if a := x[blk/chunkBlocks]; a != nil {
-		return a[blk%chunkBlocks]
-	}
-	return inBase
-}
-
-// set records at for blk; a chunk left all inBase is dropped.
-func (x blockIndex) set(blk int64, at uint32) {
-	a := x[blk/chunkBlocks]
-	if a == nil {
-		if at == inBase {
-			return
-		}
-		a = new([chunkBlocks]uint32)
-		x[blk/chunkBlocks] = a
-	}
-	a[blk%chunkBlocks] = at
-	if at == inBase && *a == ([chunkBlocks]uint32{}) {
-		delete(x, blk/chunkBlocks)
-	}
-}
-
-// any reports whether a block from first to last was written.
-func (x blockIndex) any(first, last int64) bool {
-	for blk := first; blk <= last; {
-		c := blk / chunkBlocks
-		end := min(last, (c+1)*chunkBlocks-1)
-		if a := x[c]; a != nil {
-			for _, at := range a[blk%chunkBlocks : end%chunkBlocks+1] {
-				if at != inBase {
-					return true
-				}
-			}
-		}
-		blk = end + 1
-	}
-	return false
-}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
+	"github.com/deskway/deskway/internal/childproc"
 )
 
 // Require stops the test when a program is missing: a skip on a

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 

@@ -42,3 +42,41 @@ func TestSelfSignedNamesTheMachine(t *testing.T) {
 		}
 	}
 }
+
+// TestTrustingTrustsOnlyThatCertificate: a client built on Trusting
+// reaches the server holding the certificate, and no other.
+func TestTrustingTrustsOnlyThatCertificate(t *testing.T) {
+	dir := t.TempDir()
+	mine, other := filepath.Join(dir, "mine.pem"), filepath.Join(dir, "other.pem")
+	if err := SelfSigned(mine, filepath.Join(dir, "mine.key"), []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := SelfSigned(other, filepath.Join(dir, "other.key"), []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := Trusting(mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verify := func(certFile string) error {
+		b, _ := os.ReadFile(certFile)
+		blk, _ := pem.Decode(b)
+		cert, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cert.Verify(x509.VerifyOptions{Roots: tc.RootCAs, DNSName: "127.0.0.1"})
+		return err
+	}
+	if err := verify(mine); err != nil {
+		t.Errorf("the trusted certificate: %v", err)
+	}
+	if err := verify(other); err == nil {
+		t.Error("another self-signed certificate verified")
+	}
+	empty := filepath.Join(dir, "empty.pem")
+	_ = os.WriteFile(empty, []byte("not a certificate"), 0o600)
+	if _, err := Trusting(empty); err == nil {
+		t.Error("a file with no certificate gave a configuration that trusts nothing")
+	}
+}

@@ -145,7 +145,7 @@ func New(cfg *config.Web, d Deps) (*Server, error) {
 		}
 		s.oidc = newOIDCLogin(cfg.OIDC, cfg.PublicURL, hc, subs)
 	}
-	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "rate": rate, "join": strings.Join}).ParseFS(assets, "templates/layout.html")
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"since": since, "pct": pct, "bytes": humanBytes, "rate": rate, "join": strings.Join, "lastUsed": lastUsed}).ParseFS(assets, "templates/layout.html")
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}
@@ -324,7 +324,10 @@ type page struct {
 	Error    string
 	Notice   string
 	Name     string // the user name typed, kept on a failed sign-in
-	Desktops []brokerapi.Desktop
+	Desktops []listed
+	// Find is the desktops page's search, offered once a user has
+	// searchFrom desktops.
+	Find *desktopSearch
 	// OIDCLabel is the provider's sign-in button, when there is one.
 	OIDCLabel string
 	// Console is the admin console's page, when this is one.
@@ -421,7 +424,7 @@ func (s *Server) desktops(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/admin/", http.StatusSeeOther)
 		return
 	}
-	p.Desktops = ds
+	p.Desktops, p.Find = arrange(ds, r.URL.Query().Get("q"))
 	s.render(w, http.StatusOK, "desktops.html", p)
 }
 
@@ -445,7 +448,7 @@ func forUser(si signIn) brokerapi.DesktopsRequest {
 func (s *Server) desktopsFailed(w http.ResponseWriter, r *http.Request, si signIn, msg string) {
 	p := page{User: si.User, CSRF: s.codec.csrf(si), Error: msg, Browser: s.browserClient}
 	if ds, err := s.d.Broker.Desktops(r.Context(), forUser(si)); err == nil {
-		p.Desktops = ds
+		p.Desktops, p.Find = arrange(ds, "")
 	}
 	s.render(w, http.StatusBadGateway, "desktops.html", p)
 }

@@ -9,9 +9,11 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -28,12 +30,34 @@ type event struct {
 }
 
 func main() {
-	os.Exit(summarize(os.Stdin, os.Stdout, os.Getenv("CI") != ""))
+	times := flag.String("times", "", "also write every top-level test's time to this file (tab-separated, longest first), for planning the suite's budget")
+	flag.Parse()
+	code, timed := summarize(os.Stdin, os.Stdout, os.Getenv("CI") != "")
+	if *times != "" {
+		if err := writeTimes(*times, timed); err != nil {
+			fmt.Fprintln(os.Stderr, "testsummary:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// writeTimes writes one line per test: seconds, package, test.
+func writeTimes(path string, timed []event) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, e := range timed {
+		fmt.Fprintf(&b, "%.1f\t%s\t%s\n", e.Elapsed, e.Package, e.Test)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // summarize reads go test -json from r, writes the summary to w and
-// returns the exit code.
-func summarize(r io.Reader, w io.Writer, ci bool) int {
+// returns the exit code and every top-level test that ended, longest
+// first.
+func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 	out := map[string]*strings.Builder{}
 	var failed []string
 	passed, skipped, buildFailed := 0, 0, false
@@ -90,22 +114,20 @@ func summarize(r io.Reader, w io.Writer, ci bool) int {
 		}
 	}
 	sort.SliceStable(timed, func(i, j int) bool { return timed[i].Elapsed > timed[j].Elapsed })
-	if len(timed) > slowest {
-		timed = timed[:slowest]
-	}
-	if len(timed) > 0 {
+	top := timed[:min(len(timed), slowest)]
+	if len(top) > 0 {
 		fmt.Fprintln(w, "\nslowest tests:")
-		for _, e := range timed {
+		for _, e := range top {
 			fmt.Fprintf(w, "%8.1fs %s %s\n", e.Elapsed, e.Package, e.Test)
 		}
 	}
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d skipped\n", passed, len(failed), skipped)
 	if len(failed) > 0 || buildFailed {
-		return 1
+		return 1, timed
 	}
 	if skipped > 0 && ci {
 		fmt.Fprintln(w, "CI is set and tests were skipped: every test must run in CI")
-		return 1
+		return 1, timed
 	}
-	return 0
+	return 0, timed
 }

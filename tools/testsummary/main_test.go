@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -23,7 +25,7 @@ func TestSummarize(t *testing.T) {
 		{"a build error", "# p\nx.go:1: undefined: y\n" + pass, false, 1, "1 passed, 0 failed, 0 skipped"},
 	} {
 		var w strings.Builder
-		if code := summarize(strings.NewReader(c.in), &w, c.ci); code != c.code || !strings.Contains(w.String(), c.line) {
+		if code, _ := summarize(strings.NewReader(c.in), &w, c.ci); code != c.code || !strings.Contains(w.String(), c.line) {
 			t.Errorf("%s: exit %d, want %d; output:\n%s", c.name, code, c.code, w.String())
 		}
 	}
@@ -37,10 +39,18 @@ func TestSlowestListed(t *testing.T) {
 		`{"Action":"pass","Package":"p","Test":"TestSlow","Elapsed":91}` + "\n" +
 		`{"Action":"fail","Package":"p","Test":"TestMiddle","Elapsed":12}` + "\n"
 	var w strings.Builder
-	summarize(strings.NewReader(in), &w, false)
+	_, timed := summarize(strings.NewReader(in), &w, false)
 	got := w.String()
 	slow, middle, quick := strings.Index(got, "91.0s p TestSlow\n"), strings.Index(got, "12.0s p TestMiddle\n"), strings.Index(got, "0.5s p TestQuick\n")
 	if slow < 0 || middle < slow || quick < middle || strings.Contains(got, "TestSlow/sub\n") {
 		t.Errorf("slowest tests not listed longest first, without subtests:\n%s", got)
+	}
+	path := filepath.Join(t.TempDir(), "times", "test-times.tsv")
+	if err := writeTimes(path, timed); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if want := "91.0\tp\tTestSlow\n12.0\tp\tTestMiddle\n0.5\tp\tTestQuick\n"; string(b) != want {
+		t.Errorf("times file %q, want %q", b, want)
 	}
 }

@@ -55,13 +55,13 @@ func (r *runner) summarize(systems []system) {
 			}
 			if f, ok := r.metric("storm", floorName, n, run.slow); ok {
 				k := "slow_ratio_floor_max" + run.suffix
-				s[k] = round(max(s[k], ratio(d, f)), 3)
+				s[k] = report.Round(max(s[k], ratio(d, f)), 3)
 			}
 			db, ok1 := r.metric("storm", "deskway", n, run.boot)
 			fb, ok2 := r.metric("storm", floorName, n, run.boot)
 			if ok1 && ok2 && fb > 0 {
 				k := "boot_ratio_floor_max" + run.suffix
-				s[k] = round(max(s[k], db/fb), 3)
+				s[k] = report.Round(max(s[k], db/fb), 3)
 			}
 			bestPeer := math.Inf(1)
 			for _, sys := range systems {
@@ -74,7 +74,7 @@ func (r *runner) summarize(systems []system) {
 			}
 			if !math.IsInf(bestPeer, 1) {
 				k := "slow_ratio_best_peer_max" + run.suffix
-				s[k] = round(max(s[k], ratio(d, bestPeer)), 3)
+				s[k] = report.Round(max(s[k], ratio(d, bestPeer)), 3)
 			}
 		}
 	}
@@ -105,7 +105,7 @@ func (r *runner) summarize(systems []system) {
 			}
 		}
 		if bestPeer > 0 {
-			s["read_ratio_best_peer"] = round(v/bestPeer, 3)
+			s["read_ratio_best_peer"] = report.Round(v/bestPeer, 3)
 		}
 	}
 	if len(steps) > 0 {
@@ -131,7 +131,7 @@ func (r *runner) write(systems []system) error {
 	fmt.Fprintf(&md, "# vDisk boot storm: deskway stream beside nbd-server, nbdkit, qemu-nbd and the paper\n\n")
 	fmt.Fprintf(&md, "Command: `%s`  \nStarted: %s  \nMachine: %d CPUs, %d GiB, Linux %s, %s. The clients (NBD clients on one event loop per CPU in the bench process, simple replies) and the server share these CPUs; the paper's server had a dual-core Xeon 5160 and its 100 clients were separate PCs on gigabit Ethernet.\n\n",
 		r.o.Command, r.res.Started.Format("2006-01-02 15:04 UTC"), m.CPUs, m.MemBytes>>30, m.Kernel, m.Go)
-	fmt.Fprintf(&md, "How it is measured: every client replays the same recorded boot (%d requests: %.1f MiB read, %.1f MiB written, spread over %.1f s; `internal/bench/bootstorm/boot-trace.csv`, recorded by deskway from a qemu VM booting Debian's kernel and loading programs and libraries from an ext4 vDisk). A storm starts N clients at the same instant; every system runs every step %d times, each on a freshly started server, and the median run (by slow requests for storms, by throughput for reads) is shown, with the worst run beside it where it matters; each client keeps its recorded pace (think time × %g) with at most %d requests in flight, and its boot time runs from its first connection attempt to its last answer. A *slow request* is one answered after more than 200 ms, the paper's UDP retry timeout, so it counts what the paper counts as retries. Server CPU and memory come from /proc for the server process and its children; the server is restarted for every step. The aggregate read test has N readers replay only the trace's reads through boot exports (deskway's write caches, the peers' copy-on-write layers) with no think time and 8 in flight, for %s.\n\n",
+	fmt.Fprintf(&md, "How it is measured: every client replays the same recorded boot (%d requests: %.1f MiB read, %.1f MiB written, spread over %.1f s; `internal/bench/bootstorm/boot-trace.csv`, recorded by deskway from a qemu VM booting Debian's kernel and loading programs and libraries from an ext4 vDisk). A storm starts N clients at the same instant; every system runs every step %d times, each on a freshly started server, and each figure compared (slow requests, failed clients, boot time, throughput) is its median over the runs, the median run by that figure, with the worst run beside it where it matters; each client keeps its recorded pace (think time × %g) with at most %d requests in flight, and its boot time runs from its first connection attempt to its last answer. A *slow request* is one answered after more than 200 ms, the paper's UDP retry timeout, so it counts what the paper counts as retries. Server CPU and memory come from /proc for the server process and its children; the server is restarted for every step. The aggregate read test has N readers replay only the trace's reads through boot exports (deskway's write caches, the peers' copy-on-write layers) with no think time and 8 in flight, for %s.\n\n",
 		len(r.tr.ops), float64(r.tr.readBytes)/(1<<20), float64(r.tr.writeBytes)/(1<<20), r.tr.span.Seconds(), r.o.Runs, r.o.TimeScale, r.o.QueueDepth, r.o.ReadFor)
 	md.WriteString("Systems: ")
 	var notes []string
@@ -208,7 +208,7 @@ func (r *runner) write(systems []system) error {
 		}
 		md.WriteString(t.Markdown())
 	}
-	md.WriteString("## Summary keys\n\nKeys without a suffix compare each system's median run (by slow requests) with the other's median run at the same step; keys ending in `_worst_run` compare worst run with worst run. Each ratio key keeps its worst step.\n\n")
+	md.WriteString("## Summary keys\n\nKeys without a suffix compare each system's median run of the figure compared (by boot time for boot ratios, by slow requests for slow-request ratios) with the other's at the same step; keys ending in `_worst_run` compare worst run with worst run. Each ratio key keeps its worst step.\n\n")
 	st := report.Table{Head: []string{"key", "value"}}
 	for _, k := range slices.Sorted(maps.Keys(r.res.Summary)) {
 		st.Rows = append(st.Rows, []string{k, fmt.Sprintf("%g", r.res.Summary[k])})

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/loopback"
 )
 
 // server is one NBD server under test, started for one step.

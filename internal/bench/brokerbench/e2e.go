@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/agent"
+	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
@@ -284,86 +285,74 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 		noHost   bool
 	}
 	results := make([]outcome, e.Launches)
-	var next, retries, logoffs, reconnects atomic.Int64
+	var retries, logoffs, reconnects atomic.Int64
 	waits0 := counter(f.reg, "deskway_broker_busy_waits_total")
-	cpu0 := processCPU()
+	cpu0 := procstat.Self()
 	start := time.Now()
-	var workers sync.WaitGroup
-	for range c {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= e.Launches || ctx.Err() != nil {
-					return
-				}
-				user, was, err := pick()
-				if err != nil {
-					results[i] = outcome{err: err}
-					continue
-				}
-				t0 := time.Now()
-				res, r, err := f.client.Launch(ctx, brokerclient.Bearer(frontendToken),
-					brokerapi.LaunchRequest{DeliveryGroup: group, User: user, Groups: []string{group}})
-				d := time.Since(t0)
-				retries.Add(int64(r))
-				out := outcome{d: d, relaunch: was != nil}
-				var se *brokerclient.StatusError
-				switch {
-				case err != nil:
-					out.err = err
-					out.noHost = errors.As(err, &se) && se.Status == http.StatusServiceUnavailable && se.RetryAfter == 0
-				case was != nil:
-					if !res.Reconnect || res.Host != was.name {
-						out.err = fmt.Errorf("relaunch of %s went to %s (reconnect %v), not back to its session on %s", user, res.Host, res.Reconnect, was.name)
-						break
-					}
-					reconnects.Add(1)
-					show := time.Now().Add(e.Reconnect)
-					was.mu.Lock()
-					if s := was.sessions[user]; s != nil {
-						s.then, s.thenAt = store.Active, show
-					}
-					was.mu.Unlock()
-					later(show)
-					out.desktop = d + e.Reconnect
-				default:
-					logon := time.Duration(float64(e.LogonMedian) * math.Exp(e.LogonSigma*normal()))
-					show := time.Now().Add(logon)
-					s := &simSession{state: store.Active, showAt: show}
-					if draw() < e.LogoffShare {
-						// 5 to 30 s after a 20 s logon: a quarter to one and a
-						// half median logons, and never within three polls, or
-						// the agent could miss the session altogether (the
-						// broker then ends its record after broker.logon_grace).
-						s.logoffAt = show.Add(max(time.Duration((0.25+1.25*draw())*float64(e.LogonMedian)), 3*e.SessionPoll))
-						logoffs.Add(1)
-						later(s.logoffAt)
-					}
-					later(show)
-					h := hosts[res.Host]
-					h.mu.Lock()
-					h.sessions[user] = s
-					h.mu.Unlock()
-					usersMu.Lock()
-					launched = append(launched, user)
-					placedOn[user] = res.Host
-					usersMu.Unlock()
-					out.desktop = d + logon
-				}
-				if was != nil {
-					usersMu.Lock()
-					delete(relaunching, user)
-					usersMu.Unlock()
-				}
-				results[i] = out
+	each(ctx, c, e.Launches, func(i int) {
+		user, was, err := pick()
+		if err != nil {
+			results[i] = outcome{err: err}
+			return
+		}
+		t0 := time.Now()
+		res, r, err := f.client.Launch(ctx, brokerclient.Bearer(frontendToken),
+			brokerapi.LaunchRequest{DeliveryGroup: group, User: user, Groups: []string{group}})
+		d := time.Since(t0)
+		retries.Add(int64(r))
+		out := outcome{d: d, relaunch: was != nil}
+		var se *brokerclient.StatusError
+		switch {
+		case err != nil:
+			out.err = err
+			out.noHost = errors.As(err, &se) && se.Status == http.StatusServiceUnavailable && se.RetryAfter == 0
+		case was != nil:
+			if !res.Reconnect || res.Host != was.name {
+				out.err = fmt.Errorf("relaunch of %s went to %s (reconnect %v), not back to its session on %s", user, res.Host, res.Reconnect, was.name)
+				break
 			}
-		}()
-	}
-	workers.Wait()
+			reconnects.Add(1)
+			show := time.Now().Add(e.Reconnect)
+			was.mu.Lock()
+			if s := was.sessions[user]; s != nil {
+				s.then, s.thenAt = store.Active, show
+			}
+			was.mu.Unlock()
+			later(show)
+			out.desktop = d + e.Reconnect
+		default:
+			logon := time.Duration(float64(e.LogonMedian) * math.Exp(e.LogonSigma*normal()))
+			show := time.Now().Add(logon)
+			s := &simSession{state: store.Active, showAt: show}
+			if draw() < e.LogoffShare {
+				// 5 to 30 s after a 20 s logon: a quarter to one and a
+				// half median logons, and never within three polls, or
+				// the agent could miss the session altogether (the
+				// broker then ends its record after broker.logon_grace).
+				s.logoffAt = show.Add(max(time.Duration((0.25+1.25*draw())*float64(e.LogonMedian)), 3*e.SessionPoll))
+				logoffs.Add(1)
+				later(s.logoffAt)
+			}
+			later(show)
+			h := hosts[res.Host]
+			h.mu.Lock()
+			h.sessions[user] = s
+			h.mu.Unlock()
+			usersMu.Lock()
+			launched = append(launched, user)
+			placedOn[user] = res.Host
+			usersMu.Unlock()
+			out.desktop = d + logon
+		}
+		if was != nil {
+			usersMu.Lock()
+			delete(relaunching, user)
+			usersMu.Unlock()
+		}
+		results[i] = out
+	})
 	wall := time.Since(start)
-	cpu := processCPU() - cpu0
+	cpu := procstat.Self() - cpu0
 	busyWaits := counter(f.reg, "deskway_broker_busy_waits_total") - waits0
 
 	var ok, desk []time.Duration
@@ -415,10 +404,10 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 		m["bound_database_per_s"] = float64(c) / rtt.Seconds()
 	}
 	if len(ok) > 0 {
-		m["median_ms"] = ms(ok[len(ok)/2])
-		m["p90_ms"] = ms(ok[len(ok)*9/10])
-		m["p99_ms"] = ms(ok[min(len(ok)-1, len(ok)*99/100)])
-		m["max_ms"] = ms(ok[len(ok)-1])
+		m["median_ms"] = report.Millis(ok[len(ok)/2])
+		m["p90_ms"] = report.Millis(ok[len(ok)*9/10])
+		m["p99_ms"] = report.Millis(ok[min(len(ok)-1, len(ok)*99/100)])
+		m["max_ms"] = report.Millis(ok[len(ok)-1])
 		m["desktop_median_s"] = desk[len(desk)/2].Seconds()
 		m["desktop_p90_s"] = desk[len(desk)*9/10].Seconds()
 	}
@@ -440,8 +429,8 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	if firstErr != "" {
 		p.Params["first_error"] = firstErr
 	}
-	o.Log.Info("end-to-end point", "rtt", rtt, "concurrency", c, "launches_per_s", round(m["launches_per_s"]),
-		"median_ms", round(m["median_ms"]), "desktop_median_s", round(m["desktop_median_s"]), "errors", errs,
+	o.Log.Info("end-to-end point", "rtt", rtt, "concurrency", c, "launches_per_s", report.Round(m["launches_per_s"], 2),
+		"median_ms", report.Round(m["median_ms"], 2), "desktop_median_s", report.Round(m["desktop_median_s"], 2), "errors", errs,
 		"relaunches", relaunches, "logoffs", logoffs.Load(), "busy_waits", busyWaits, "bottleneck", bottleneck)
 	return p, nil
 }

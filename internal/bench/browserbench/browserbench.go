@@ -23,9 +23,9 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -143,13 +143,13 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			runs[sys] = append(runs[sys], s)
 			res.Points = append(res.Points, report.Point{Scenario: "desktop", System: sysName(sys),
 				Params: map[string]any{"run": run, "width": r.desktopW, "height": r.desktopH, "window_s": o.Window.Seconds()},
-				Metrics: map[string]float64{"first_frame_s": round3(s.firstFrame.Seconds()), "fps": round3(s.fps), "gateway_cpu_pct": round3(s.cpuPct),
-					"gateway_kbytes_per_s": round3(float64(s.bytes) / 1024 / o.Window.Seconds()), "gateway_cpu_ms_per_mib": round3(cpuPerMiB(s, o.Window)),
-					"to_client_kbytes_per_s": round3(float64(s.toClient) / 1024 / o.Window.Seconds())}})
+				Metrics: map[string]float64{"first_frame_s": report.Round(s.firstFrame.Seconds(), 3), "fps": report.Round(s.fps, 3), "gateway_cpu_pct": report.Round(s.cpuPct, 3),
+					"gateway_kbytes_per_s": report.Round(float64(s.bytes)/1024/o.Window.Seconds(), 3), "gateway_cpu_ms_per_mib": report.Round(cpuPerMiB(s, o.Window), 3),
+					"to_client_kbytes_per_s": report.Round(float64(s.toClient)/1024/o.Window.Seconds(), 3)}})
 			if sys != "xfreerdp" {
-				res.Points[len(res.Points)-1].Metrics["page_ready_s"] = round3(s.pageReady.Seconds())
+				res.Points[len(res.Points)-1].Metrics["page_ready_s"] = report.Round(s.pageReady.Seconds(), 3)
 			}
-			o.Log.Info("run", "system", sys, "run", run, "first_frame_s", round3(s.firstFrame.Seconds()), "fps", round3(s.fps), "gateway_cpu_pct", round3(s.cpuPct))
+			o.Log.Info("run", "system", sys, "run", run, "first_frame_s", report.Round(s.firstFrame.Seconds(), 3), "fps", report.Round(s.fps, 3), "gateway_cpu_pct", report.Round(s.cpuPct, 3))
 			time.Sleep(time.Second) // xrdp notes the disconnect
 		}
 	}

@@ -58,9 +58,9 @@ func summarize(res *report.Result, runs map[string][]sample, modes []string) {
 	cpu := func(s sample) float64 { return s.cpuPct }
 	fps := func(s sample) float64 { return s.fps }
 	s := res.Summary
-	s["xfreerdp_first_frame_s"] = round3(median(get(xf, first)))
-	s["xfreerdp_fps"] = round3(median(get(xf, fps)))
-	s["xfreerdp_gateway_cpu_pct"] = round3(median(get(xf, cpu)))
+	s["xfreerdp_first_frame_s"] = report.Round(median(get(xf, first)), 3)
+	s["xfreerdp_fps"] = report.Round(median(get(xf, fps)), 3)
+	s["xfreerdp_gateway_cpu_pct"] = report.Round(median(get(xf, cpu)), 3)
 	for _, m := range modes {
 		br, k := runs[m], keySuffix(m)
 		var ffRatio, cpuRatio, perMiBRatio, bytesRatio []float64
@@ -76,22 +76,22 @@ func summarize(res *report.Result, runs map[string][]sample, modes []string) {
 				bytesRatio = append(bytesRatio, float64(br[i].toClient)/float64(xf[i].toClient))
 			}
 		}
-		s["browser_first_frame_s"+k] = round3(median(get(br, first)))
-		s["first_frame_ratio"+k] = round3(median(ffRatio))
-		s["first_frame_ratio"+k+"_worst"] = round3(maxOf(ffRatio))
-		s["browser_fps"+k] = round3(median(get(br, fps)))
-		s["browser_gateway_cpu_pct"+k] = round3(median(get(br, cpu)))
-		s["browser_page_ready_s"+k] = round3(median(get(br, func(s sample) float64 { return s.pageReady.Seconds() })))
+		s["browser_first_frame_s"+k] = report.Round(median(get(br, first)), 3)
+		s["first_frame_ratio"+k] = report.Round(median(ffRatio), 3)
+		s["first_frame_ratio"+k+"_worst"] = report.Round(maxOf(ffRatio), 3)
+		s["browser_fps"+k] = report.Round(median(get(br, fps)), 3)
+		s["browser_gateway_cpu_pct"+k] = report.Round(median(get(br, cpu)), 3)
+		s["browser_page_ready_s"+k] = report.Round(median(get(br, func(s sample) float64 { return s.pageReady.Seconds() })), 3)
 		if len(bytesRatio) > 0 {
-			s["bytes_ratio_tsgu"+k] = round3(median(bytesRatio))
-			s["bytes_ratio_tsgu"+k+"_worst"] = round3(maxOf(bytesRatio))
+			s["bytes_ratio_tsgu"+k] = report.Round(median(bytesRatio), 3)
+			s["bytes_ratio_tsgu"+k+"_worst"] = report.Round(maxOf(bytesRatio), 3)
 		}
 		if len(perMiBRatio) > 0 {
-			s["gateway_cpu_per_byte_ratio_tsgu"+k] = round3(median(perMiBRatio))
+			s["gateway_cpu_per_byte_ratio_tsgu"+k] = report.Round(median(perMiBRatio), 3)
 		}
 		if len(cpuRatio) > 0 {
-			s["gateway_cpu_ratio_tsgu"+k] = round3(median(cpuRatio))
-			s["gateway_cpu_ratio_tsgu"+k+"_worst"] = round3(maxOf(cpuRatio))
+			s["gateway_cpu_ratio_tsgu"+k] = report.Round(median(cpuRatio), 3)
+			s["gateway_cpu_ratio_tsgu"+k+"_worst"] = report.Round(maxOf(cpuRatio), 3)
 		}
 	}
 }
@@ -168,5 +168,3 @@ func maxOf(v []float64) float64 {
 	}
 	return m
 }
-
-func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }

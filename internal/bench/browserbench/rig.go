@@ -3,8 +3,6 @@ package browserbench
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,8 +18,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/childproc"
+	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 
@@ -229,13 +227,11 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
 		return err
 	}
-	pemCert, err := os.ReadFile(filepath.Join(r.dir, "tls.crt"))
+	trust, err := tlsconf.Trusting(filepath.Join(r.dir, "tls.crt"))
 	if err != nil {
 		return err
 	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemCert)
-	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
 	r.tokenKey, r.adminToken, r.frontendToken = randomString(40), randomString(24), randomString(24)
 	if err := r.startGateway(compression); err != nil {
 		return err

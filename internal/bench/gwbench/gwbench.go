@@ -2,7 +2,6 @@ package gwbench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,11 +9,8 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/echo"
 	"github.com/deskway/deskway/internal/bench/load"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
@@ -264,18 +260,13 @@ func (r *runner) runRamp(ctx context.Context, sys system, p load.Pattern, cpus i
 			s.AddedP99 = s.P99ms
 		}
 		rp.steps = append(rp.steps, s)
-		r.o.Log.Info("step", "system", sys.name, "tunnels", n, "p50_ms", st.P50ms, "p99_ms", st.P99ms, "added_p99_ms", round(s.AddedP99, 2),
-			"cpu_pct", round(s.CPUPct, 1), "cpu_us_per_rt", round(s.CPUusRT, 1), "rss_mb", s.RSS>>20, "gen_cpu_pct", round(s.GenCPU, 0), "missing", st.Missing)
+		r.o.Log.Info("step", "system", sys.name, "tunnels", n, "p50_ms", st.P50ms, "p99_ms", st.P99ms, "added_p99_ms", report.Round(s.AddedP99, 2),
+			"cpu_pct", report.Round(s.CPUPct, 1), "cpu_us_per_rt", report.Round(s.CPUusRT, 1), "rss_mb", s.RSS>>20, "gen_cpu_pct", report.Round(s.GenCPU, 0), "missing", st.Missing)
 		if s.Errors > 0 || (n >= through && (s.AddedP99 > thresholdMs || st.Missing > 0)) {
 			break
 		}
 	}
 	return rp
-}
-
-func round(v float64, d int) float64 {
-	p := math.Pow(10, float64(d))
-	return math.Round(v*p) / p
 }
 
 // addRamp records a ramp's steps as points and returns its 40 ms count.
@@ -290,11 +281,11 @@ func (r *runner) addRamp(scenario string, rp ramp, params map[string]any) (float
 	for _, s := range rp.steps {
 		m := map[string]float64{
 			"tunnels": float64(s.Tunnels), "round_trips": float64(s.RoundTrips), "p50_ms": s.P50ms, "p99_ms": s.P99ms, "max_ms": s.Maxms,
-			"added_p99_ms": round(s.AddedP99, 3), "gen_cpu_pct": round(s.GenCPU, 1), "echo_cpu_pct": round(s.EchoCPU, 1),
+			"added_p99_ms": report.Round(s.AddedP99, 3), "gen_cpu_pct": report.Round(s.GenCPU, 1), "echo_cpu_pct": report.Round(s.EchoCPU, 1),
 			"missing": float64(s.Missing), "errors": float64(s.Errors),
 		}
 		if s.RSS > 0 {
-			m["cpu_pct"], m["rss_bytes"], m["cpu_us_per_roundtrip"] = round(s.CPUPct, 1), float64(s.RSS), round(s.CPUusRT, 2)
+			m["cpu_pct"], m["rss_bytes"], m["cpu_us_per_roundtrip"] = report.Round(s.CPUPct, 1), float64(s.RSS), report.Round(s.CPUusRT, 2)
 			if s.Tunnels > 0 && rp.idle > 0 {
 				m["bytes_per_tunnel"] = math.Round(float64(s.RSS-rp.idle) / float64(s.Tunnels))
 			}
@@ -458,263 +449,6 @@ func (r *runner) cpus(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// farm runs kw1 o.Runs times through one gateway node alone, two nodes
-// with clients rotating between them, and two nodes behind HAProxy (the
-// farm as deploy/ ships it), in turn within each run; then kills one node
-// under load and measures how many tunnels were lost and how long until
-// all were open again. On one machine's shared cores more nodes add no
-// capacity: what the runs show is what the farm path costs.
-func (r *runner) farm(ctx context.Context) error {
-	p := load.Pattern{Up: 90, Down: 90, Count: 1, Interval: 100 * time.Millisecond}
-	direct, _, err := r.directRamp(ctx, p)
-	if err != nil {
-		return err
-	}
-	systems := []struct {
-		key   string
-		nodes int
-		sys   system
-	}{
-		{"farm1", 1, r.farmSystem(1)},
-		{"farm2", 2, r.farmSystem(2)},
-		{"farm2_haproxy", 2, r.e.farmBehindHAProxy(2)},
-	}
-	got := map[string][]float64{}
-	for run := 1; run <= r.o.Runs; run++ {
-		for _, s := range systems {
-			rp := r.runRamp(ctx, s.sys, p, 0, direct, run, 0)
-			n, _ := r.addRamp("farm", rp, map[string]any{"nodes": s.nodes, "balancer": strings.HasSuffix(s.key, "haproxy")})
-			if rp.err == nil || len(rp.steps) > 0 {
-				got[s.key] = append(got[s.key], n)
-			}
-		}
-	}
-	for _, s := range systems {
-		spread(r.res.Summary, s.key+"_kw1_max_tunnels_40ms", got[s.key], 0)
-	}
-	// Per run: two nodes behind HAProxy against one node alone.
-	if a, b := got["farm2_haproxy"], got["farm1"]; len(a) == len(b) && len(a) > 0 {
-		var rs []float64
-		for i := range a {
-			if b[i] > 0 {
-				rs = append(rs, a[i]/b[i])
-			}
-		}
-		if len(rs) > 0 {
-			r.res.Summary["farm2_haproxy_ratio_1node_median"] = round(median(rs), 2)
-			r.res.Summary["farm2_haproxy_ratio_1node_worst"] = round(slices.Min(rs), 2)
-		}
-	}
-	return r.failover(ctx, p)
-}
-
-// farmSystem is nodes gateway processes behind client-side rotation.
-func (r *runner) farmSystem(nodes int) system {
-	return system{name: fmt.Sprintf("deskway-%dnode", nodes), start: func(int) (*proc, load.Dialer, string, error) {
-		var procs []*proc
-		var addrs []string
-		for i := 0; i < nodes; i++ {
-			p, a, err := r.e.startGateway(0)
-			if err != nil {
-				for _, q := range procs {
-					q.stop()
-				}
-				return nil, nil, "", err
-			}
-			procs, addrs = append(procs, p), append(addrs, a)
-		}
-		var next atomic.Uint64
-		d, err := r.e.gatewayDialer(func() string { return addrs[next.Add(1)%uint64(len(addrs))] })
-		if err != nil {
-			return nil, nil, "", err
-		}
-		// The first node is sampled; the others stop with it.
-		first := procs[0]
-		go func() {
-			<-first.exited
-			for _, q := range procs[1:] {
-				q.stop()
-			}
-		}()
-		return first, d, addrs[0], nil
-	}}
-}
-
-// failover holds tunnels across two nodes, kills one, and lets clients
-// reconnect through the rotation (a dead node's dial fails fast, the next
-// address is tried), as mstsc does when a farm member disappears.
-func (r *runner) failover(ctx context.Context, p load.Pattern) error {
-	// 1,000 tunnels, or fewer when the ramp steps say the run is small.
-	total := min(1000, r.o.Steps[len(r.o.Steps)-1])
-	pa, a1, err := r.e.startGateway(0)
-	if err != nil {
-		return err
-	}
-	defer pa.stop()
-	pb, a2, err := r.e.startGateway(0)
-	if err != nil {
-		return err
-	}
-	addrs := []string{a1, a2}
-	var dead atomic.Bool
-	var next atomic.Uint64
-	d, err := r.e.gatewayDialer(func() string {
-		a := addrs[next.Add(1)%2]
-		if a == a2 && dead.Load() {
-			a = a1
-		}
-		return a
-	})
-	if err != nil {
-		return err
-	}
-	gen := load.New(d, p)
-	defer gen.Close()
-	if err := gen.Grow(ctx, total, 32); err != nil {
-		return err
-	}
-	time.Sleep(r.o.Warmup)
-	killed := time.Now()
-	pb.kill()
-	deadlineOK := false
-	var lost int
-	var recovered time.Duration
-	for time.Since(killed) < 60*time.Second {
-		time.Sleep(50 * time.Millisecond)
-		alive := gen.Alive()
-		if total-alive > lost {
-			lost = total - alive
-		}
-		if lost > 0 && alive < total {
-			dead.Store(true)
-			// Reconnect what was lost: the rotation now skips the dead node.
-			if err := gen.Reopen(ctx, 32); err != nil {
-				continue
-			}
-		}
-		if lost > 0 && gen.Alive() == total {
-			recovered = time.Since(killed)
-			deadlineOK = true
-			break
-		}
-	}
-	st, _ := gen.Measure(ctx, r.o.Window)
-	m := map[string]float64{"tunnels": float64(total), "tunnels_lost": float64(lost), "recover_seconds": round(recovered.Seconds(), 2), "p99_ms_after": st.P99ms}
-	if !deadlineOK {
-		m["recover_seconds"] = -1
-	}
-	r.res.Points = append(r.res.Points, report.Point{Scenario: "farm-failover", System: "deskway-2node", Params: map[string]any{"tunnels": total, "killed_nodes": 1}, Metrics: m})
-	r.res.Summary["farm_failover_tunnels_lost"] = float64(lost)
-	r.res.Summary["farm_failover_recover_seconds"] = m["recover_seconds"]
-	return nil
-}
-
-// throughput is the ctsTraffic-like test: bulk data from the host to the
-// client over 1 and 8 streams through each system, o.Runs times, the
-// systems' order turning every run.
-func (r *runner) throughput(ctx context.Context) error {
-	systems := []system{r.e.direct(), r.e.deskway()}
-	if r.hap != nil {
-		systems = append(systems, *r.hap)
-	} else {
-		r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: "haproxy", Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
-	}
-	var runs []map[string]float64
-	for run := 1; run <= r.o.Runs; run++ {
-		gbps := map[string]float64{}
-		for _, streams := range []int{1, 8} {
-			for i := range systems {
-				sys := systems[(i+run-1)%len(systems)]
-				g, cpu, err := r.bulk(ctx, sys, streams)
-				if err != nil {
-					return fmt.Errorf("%s %d streams, run %d: %w", sys.name, streams, run, err)
-				}
-				gbps[fmt.Sprintf("%s/%d", sys.name, streams)] = g
-				m := map[string]float64{"gbps": round(g, 3)}
-				if cpu >= 0 {
-					m["cpu_pct"] = round(cpu, 1)
-				}
-				r.res.Points = append(r.res.Points, report.Point{Scenario: "throughput", System: sys.name,
-					Params: map[string]any{"streams": streams, "seconds": r.o.ThroughputD.Seconds(), "run": run}, Metrics: m})
-				r.o.Log.Info("throughput", "system", sys.name, "streams", streams, "run", run, "gbps", round(g, 3))
-			}
-		}
-		runs = append(runs, gbps)
-	}
-	summarizeThroughput(r.res.Summary, runs)
-	return nil
-}
-
-func (r *runner) bulk(ctx context.Context, sys system, streams int) (float64, float64, error) {
-	pr, dial, addr, err := sys.start(0)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer pr.stop()
-	if err := r.recordSuite(ctx, sys.name, addr); err != nil {
-		return 0, 0, err
-	}
-	var conns []io.ReadWriteCloser
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := 0; i < streams; i++ {
-		c, err := dial(ctx)
-		if err != nil {
-			return 0, 0, err
-		}
-		conns = append(conns, c)
-		if _, err := c.Write(echo.Hello{Mode: echo.ModeBulk}.Append(nil)); err != nil {
-			return 0, 0, err
-		}
-	}
-	var total atomic.Int64
-	var counting atomic.Bool
-	var wg sync.WaitGroup
-	for _, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 256<<10)
-			for {
-				n, err := c.Read(buf)
-				if counting.Load() {
-					total.Add(int64(n))
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
-	time.Sleep(time.Second) // reach steady state
-	var a, b procstat.Sample
-	if pr != nil {
-		a, _ = procstat.Read(pr.pid())
-	}
-	start := time.Now()
-	counting.Store(true)
-	time.Sleep(r.o.ThroughputD)
-	counting.Store(false)
-	el := time.Since(start)
-	cpu := -1.0
-	if pr != nil {
-		b, _ = procstat.Read(pr.pid())
-		cpu = procstat.CPUPercent(a, b)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
-	wg.Wait()
-	conns = nil
-	if total.Load() == 0 {
-		return 0, cpu, errors.New("no data flowed")
-	}
-	return float64(total.Load()) * 8 / el.Seconds() / 1e9, cpu, nil
 }
 
 // paperPoints are the published figures, as system "paper", so the

@@ -31,9 +31,9 @@ func spread(sum map[string]float64, key string, xs []float64, d int) {
 	if len(xs) == 0 {
 		return
 	}
-	sum[key] = round(median(xs), d)
-	sum[key+"_min"] = round(slices.Min(xs), d)
-	sum[key+"_max"] = round(slices.Max(xs), d)
+	sum[key] = report.Round(median(xs), d)
+	sum[key+"_min"] = report.Round(slices.Min(xs), d)
+	sum[key+"_max"] = report.Round(slices.Max(xs), d)
 }
 
 // ratios writes key_median and key_worst over per-run ratios a[i]/b[i],
@@ -49,12 +49,12 @@ func ratios(sum map[string]float64, key string, a, b []float64, higherBetter boo
 	if len(rs) == 0 {
 		return
 	}
-	sum[key+"_median"] = round(median(rs), 3)
+	sum[key+"_median"] = report.Round(median(rs), 3)
 	worst := slices.Max(rs)
 	if higherBetter {
 		worst = slices.Min(rs)
 	}
-	sum[key+"_worst"] = round(worst, 3)
+	sum[key+"_worst"] = report.Round(worst, 3)
 }
 
 // mergeSteps adds the equal-load tunnel counts to a ramp's steps.
@@ -138,10 +138,10 @@ func summarizeLoads(sum map[string]float64, runs []map[string]ramp, loads []int)
 		at := fmt.Sprintf("_at_%d", n)
 		for sys, prefix := range map[string]string{"deskway": "", "haproxy": "haproxy_"} {
 			if len(cpu[sys]) > 0 {
-				sum[prefix+"kw1_cpu_us_per_roundtrip"+at] = round(median(cpu[sys]), 2)
+				sum[prefix+"kw1_cpu_us_per_roundtrip"+at] = report.Round(median(cpu[sys]), 2)
 				sum[prefix+"kw1_cpu_runs"+at] = float64(len(cpu[sys]))
 				if i == 0 {
-					sum[prefix+"kw1_cpu_us_per_roundtrip"] = round(median(cpu[sys]), 2)
+					sum[prefix+"kw1_cpu_us_per_roundtrip"] = report.Round(median(cpu[sys]), 2)
 				}
 			}
 			if len(mem[sys]) > 0 {

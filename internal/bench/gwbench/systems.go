@@ -23,7 +23,7 @@ import (
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/bench/load"
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 	"github.com/deskway/deskway/internal/tsgclient"
 )

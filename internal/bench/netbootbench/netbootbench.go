@@ -175,7 +175,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			}
 			name := map[string]string{"pxe": "deskway-pxe", "nbd": "qemu-nbd-direct"}[sys]
 			res.Points = append(res.Points, report.Point{Scenario: "boot-one", System: name, Params: map[string]any{"run": run}, Metrics: b.metrics()})
-			o.Log.Info("boot", "system", name, "run", run, "seconds", round(b.total))
+			o.Log.Info("boot", "system", name, "run", run, "seconds", report.Round(b.total, 2))
 			if sys == "pxe" {
 				pxe1 = append(pxe1, b.total)
 			} else {
@@ -215,7 +215,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			} else {
 				nbd4 = append(nbd4, slowest)
 			}
-			o.Log.Info("boot four at once", "system", sys, "run", run, "slowest_seconds", round(slowest))
+			o.Log.Info("boot four at once", "system", sys, "run", run, "slowest_seconds", report.Round(slowest, 2))
 		}
 	}
 	summarize(res, pxe1, nbd1, pxe4, nbd4)
@@ -235,10 +235,10 @@ type boot struct {
 }
 
 func (b boot) metrics() map[string]float64 {
-	m := map[string]float64{"boot_s": round(b.total)}
+	m := map[string]float64{"boot_s": report.Round(b.total, 2)}
 	for k, v := range map[string]float64{"ipxe_s": b.ipxe, "dhcp_s": b.dhcp, "script_s": b.script, "kernel_s": b.kernelUp, "root_s": b.rooted} {
 		if v >= 0 {
-			m[k] = round(v)
+			m[k] = report.Round(v, 2)
 		}
 	}
 	return m
@@ -294,21 +294,19 @@ func summarize(res *report.Result, pxe1, nbd1, pxe4, nbd4 []float64) {
 		nbdRatio4 = append(nbdRatio4, nbd4[i]/nbd1[i])
 	}
 	s := res.Summary
-	s["pxe_boot_s"], s["pxe_boot_s_min"], s["pxe_boot_s_max"] = round(median(pxe1)), round(slices.Min(pxe1)), round(slices.Max(pxe1))
-	s["nbd_boot_s"], s["nbd_boot_s_min"], s["nbd_boot_s_max"] = round(median(nbd1)), round(slices.Min(nbd1)), round(slices.Max(nbd1))
-	s["pxe_ratio_nbd"], s["pxe_ratio_nbd_worst"] = round(median(ratio)), round(slices.Max(ratio))
-	s["pxe4_ratio_pxe1"], s["pxe4_ratio_pxe1_worst"] = round(median(ratio4)), round(slices.Max(ratio4))
-	s["pxe4_slowest_boot_s"] = round(median(pxe4))
-	s["nbd4_ratio_nbd1"], s["nbd4_ratio_nbd1_worst"] = round(median(nbdRatio4)), round(slices.Max(nbdRatio4))
-	s["nbd4_slowest_boot_s"] = round(median(nbd4))
+	s["pxe_boot_s"], s["pxe_boot_s_min"], s["pxe_boot_s_max"] = report.Round(median(pxe1), 2), report.Round(slices.Min(pxe1), 2), report.Round(slices.Max(pxe1), 2)
+	s["nbd_boot_s"], s["nbd_boot_s_min"], s["nbd_boot_s_max"] = report.Round(median(nbd1), 2), report.Round(slices.Min(nbd1), 2), report.Round(slices.Max(nbd1), 2)
+	s["pxe_ratio_nbd"], s["pxe_ratio_nbd_worst"] = report.Round(median(ratio), 2), report.Round(slices.Max(ratio), 2)
+	s["pxe4_ratio_pxe1"], s["pxe4_ratio_pxe1_worst"] = report.Round(median(ratio4), 2), report.Round(slices.Max(ratio4), 2)
+	s["pxe4_slowest_boot_s"] = report.Round(median(pxe4), 2)
+	s["nbd4_ratio_nbd1"], s["nbd4_ratio_nbd1_worst"] = report.Round(median(nbdRatio4), 2), report.Round(slices.Max(nbdRatio4), 2)
+	s["nbd4_slowest_boot_s"] = report.Round(median(nbd4), 2)
 }
 
 func median(v []float64) float64 {
 	s := slices.Sorted(slices.Values(v))
 	return s[len(s)/2]
 }
-
-func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
 
 // netns is the bench's network namespace: a bridge br0 at 10.77.0.1/24
 // with tap devices, reaching nothing outside.

@@ -54,17 +54,17 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			rates[sys] = rate
 			res.Points = append(res.Points, report.Point{Scenario: "launch", System: sys,
 				Params:  map[string]any{"run": run, "users": o.Users, "concurrency": o.Concurrency},
-				Metrics: map[string]float64{"launches_per_s": rate, "median_ms": ms(lat[len(lat)/2]), "p99_ms": ms(lat[len(lat)*99/100])}})
-			o.Log.Info("launches", "system", sys, "run", run, "launches_per_s", round(rate), "median_ms", round(ms(lat[len(lat)/2])))
+				Metrics: map[string]float64{"launches_per_s": rate, "median_ms": report.Millis(lat[len(lat)/2]), "p99_ms": report.Millis(lat[len(lat)*99/100])}})
+			o.Log.Info("launches", "system", sys, "run", run, "launches_per_s", report.Round(rate, 2), "median_ms", report.Round(report.Millis(lat[len(lat)/2]), 2))
 		}
 		apiRates = append(apiRates, rates["deskway-api"])
 		portalRates = append(portalRates, rates["deskway-portal"])
 		ratios = append(ratios, rates["deskway-portal"]/rates["deskway-api"])
 	}
-	res.Summary["api_launches_per_s"] = round(median(apiRates))
-	res.Summary["portal_launches_per_s"] = round(median(portalRates))
-	res.Summary["portal_ratio_api"] = round(median(ratios))
-	res.Summary["portal_ratio_api_worst"] = round(minOf(ratios))
+	res.Summary["api_launches_per_s"] = report.Round(median(apiRates), 2)
+	res.Summary["portal_launches_per_s"] = report.Round(median(portalRates), 2)
+	res.Summary["portal_ratio_api"] = report.Round(median(ratios), 2)
+	res.Summary["portal_ratio_api_worst"] = report.Round(minOf(ratios), 2)
 
 	// The console, on a broker whose database holds o.Sessions live
 	// sessions, launched through its API.
@@ -106,14 +106,14 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			lat[i] = time.Since(t0)
 		}
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-		p99 := ms(lat[len(lat)*99/100])
+		p99 := report.Millis(lat[len(lat)*99/100])
 		worst = max(worst, p99)
 		res.Points = append(res.Points, report.Point{Scenario: "console", System: "deskway",
 			Params:  map[string]any{"page": pg.name, "sessions": total, "requests": o.ConsoleRequests},
-			Metrics: map[string]float64{"median_ms": ms(lat[len(lat)/2]), "p99_ms": p99, "max_ms": ms(lat[len(lat)-1])}})
-		o.Log.Info("console", "page", pg.name, "median_ms", round(ms(lat[len(lat)/2])), "p99_ms", round(p99))
+			Metrics: map[string]float64{"median_ms": report.Millis(lat[len(lat)/2]), "p99_ms": p99, "max_ms": report.Millis(lat[len(lat)-1])}})
+		o.Log.Info("console", "page", pg.name, "median_ms", report.Round(report.Millis(lat[len(lat)/2]), 2), "p99_ms", report.Round(p99, 2))
 	}
-	res.Summary["console_p99_ms_10k_sessions"] = round(worst)
+	res.Summary["console_p99_ms_10k_sessions"] = report.Round(worst, 2)
 	res.Notes = []string{
 		fmt.Sprintf("One broker (SQLite, the embedded default), its admin API and the portal with its console run in this process, each over TLS on loopback, with %d session hosts registered through the agent API; as in deskway up, the portal calls the broker of its own process directly (its launch, desktops and logoff code, with no socket, HTTP or JSON between them). Each run launches %d new users through the broker's API (HTTP Basic, one request) and %d more through the portal (sign in, its redirect to the desktops page, then Launch: three requests, and two calls from the portal to the broker), %d at a time; the two take turns to go first. Every answer is checked to be an .rdp file with a gateway token. Both load generators run in this process on the same cores, kept lean alike: one pool of keep-alive connections, no cookie jar, a deadline per launch.", o.Hosts, o.Users, o.Users, o.Concurrency),
 		fmt.Sprintf("%d runs of each. Headlines are the median run; portal_ratio_api is the median of the per-run ratios, with the worst beside it.", o.Runs),
@@ -194,10 +194,6 @@ func write(res *report.Result, dir string) error {
 	}
 	return report.BarChart(filepath.Join(dir, "launches.svg"), "Launches per second, bare API and portal", "launches/s", labels, []report.Series{api, portal})
 }
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
 
 func median(v []float64) float64 {
 	s := append([]float64(nil), v...)

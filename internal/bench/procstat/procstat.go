@@ -159,3 +159,10 @@ func ThreadsCPU(pid int) (time.Duration, error) {
 	}
 	return total, nil
 }
+
+// Self is this process's CPU time so far (user + system); 0 if /proc
+// cannot be read, which a bench reports as no CPU measured.
+func Self() time.Duration {
+	s, _ := Read(0)
+	return s.CPU
+}

@@ -2,8 +2,10 @@ package report
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSummaryKeepsNumbersAndNames: result.json's "summary" holds both
@@ -27,5 +29,20 @@ func TestSummaryKeepsNumbersAndNames(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"summary":{"x":[1]}}`), &back); err == nil {
 		t.Fatal("a summary value that is neither number nor name was read")
+	}
+}
+
+func TestRoundAndMillis(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		d    int
+		want float64
+	}{{1.005, 1, 1.0}, {2.25, 1, 2.3}, {-2.25, 1, -2.3}, {1234.5678, 2, 1234.57}, {math.NaN(), 2, 0}, {7, 0, 7}} {
+		if got := Round(c.v, c.d); got != c.want {
+			t.Errorf("Round(%v, %d) = %v, want %v", c.v, c.d, got, c.want)
+		}
+	}
+	if got := Millis(1500 * time.Microsecond); got != 1.5 {
+		t.Errorf("Millis(1.5ms) = %v", got)
 	}
 }

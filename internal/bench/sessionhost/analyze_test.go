@@ -2,9 +2,11 @@ package sessionhost
 
 import (
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -169,5 +171,31 @@ func TestAnalyzeRamp(t *testing.T) {
 	r := Analyze(steps, 2, 1000, Thresholds(config.DefaultHealth()))
 	if r.Baseline != 400 || r.Degradation.Users != 4 || r.Limiting != "cpu" || len(r.Steps) != 4 {
 		t.Fatalf("ramp %+v", r)
+	}
+}
+
+// TestCapacityOneRuleForMedianAndWorst: users per core is the users a
+// ramp held before its degradation point, for the median ramp and, under
+// its own key, the worst; the two are never mixed.
+func TestCapacityOneRuleForMedianAndWorst(t *testing.T) {
+	ramp := func(users int) Ramp { return Ramp{Degradation: Degradation{Users: users}} }
+	out := &Outcome{Ramps: []Ramp{ramp(22), ramp(19), ramp(23)}, Median: 0, Worst: 1, Degradation: Degradation{Users: 22}}
+	res := &report.Result{Summary: map[string]float64{}, SummaryText: map[string]string{}}
+	summarize(res, out, Options{})
+	cores := float64(runtime.NumCPU())
+	if got, want := res.Summary["users_per_core"], report.Round(21/cores, 1); got != want {
+		t.Errorf("users_per_core %v, want the median ramp's 21 held users per core, %v", got, want)
+	}
+	if got, want := res.Summary["users_per_core_worst"], report.Round(18/cores, 1); got != want {
+		t.Errorf("users_per_core_worst %v, want the worst ramp's 18 held users per core, %v", got, want)
+	}
+	runs := map[string]float64{}
+	for _, p := range res.Points {
+		if p.Scenario == "capacity" && p.System == "deskway" {
+			runs[p.Params["run"].(string)] = p.Metrics["users"]
+		}
+	}
+	if runs["median"] != 21 || runs["worst"] != 18 {
+		t.Errorf("capacity points %v, want median 21 and worst 18", runs)
 	}
 }

@@ -51,7 +51,7 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 		}
 		res.Points = append(res.Points, report.Point{Scenario: "degradation", System: "deskway",
 			Params:  map[string]any{"ramp": i + 1, "why": r.Degradation.Why, "limiting_counter": r.Limiting},
-			Metrics: map[string]float64{"degradation_users": float64(r.Degradation.Users), "baseline_ms": round(r.Baseline)}})
+			Metrics: map[string]float64{"degradation_users": float64(r.Degradation.Users), "baseline_ms": report.Round(r.Baseline, 1)}})
 	}
 	for _, s := range out.BrokerSteps {
 		res.Points = append(res.Points, stepPoint("ramp-broker", s))
@@ -60,22 +60,31 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 		res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "paper", Params: map[string]any{"server": p.server, "cores": p.cores},
 			Metrics: map[string]float64{"users": p.users, "users_per_core": p.users / float64(p.cores)}})
 	}
+	// One rule for capacity: the users a ramp held before its degradation
+	// point (one below it), given for the median ramp and for the worst.
 	cores := runtime.NumCPU()
-	capacity := 0
-	if out.Degradation.Users > 0 {
-		capacity = out.Degradation.Users - 1
+	held := func(d Degradation) int { return max(d.Users-1, 0) }
+	capacity, worstCapacity := held(out.Degradation), 0
+	if len(out.Ramps) > 0 {
+		worstCapacity = held(out.Ramps[out.Worst].Degradation)
 	}
-	res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "deskway", Params: map[string]any{"server": "this machine", "cores": cores},
-		Metrics: map[string]float64{"users": float64(capacity), "users_per_core": float64(capacity) / float64(cores)}})
+	for _, c := range []struct {
+		run   string
+		users int
+	}{{"median", capacity}, {"worst", worstCapacity}} {
+		res.Points = append(res.Points, report.Point{Scenario: "capacity", System: "deskway", Params: map[string]any{"server": "this machine (" + c.run + " ramp)", "cores": cores, "run": c.run},
+			Metrics: map[string]float64{"users": float64(c.users), "users_per_core": float64(c.users) / float64(cores)}})
+	}
 
 	res.Summary["ramps"] = float64(len(out.Ramps))
 	res.Summary["degradation_users"] = float64(out.Degradation.Users)
 	if len(out.Ramps) > 0 {
 		res.Summary["degradation_users_worst"] = float64(out.Ramps[out.Worst].Degradation.Users)
 	}
-	res.Summary["baseline_ms"] = round(out.Baseline)
+	res.Summary["baseline_ms"] = report.Round(out.Baseline, 1)
 	res.Summary["suggested_session_limit"] = float64(out.SuggestLimit)
-	res.Summary["users_per_core"] = round(float64(capacity) / float64(cores))
+	res.Summary["users_per_core"] = report.Round(float64(capacity)/float64(cores), 1)
+	res.Summary["users_per_core_worst"] = report.Round(float64(worstCapacity)/float64(cores), 1)
 	res.SummaryText["limiting_counter"] = out.Limiting
 	res.SummaryText["degradation_reason"] = out.Degradation.Why
 	if out.Degradation.Users == 0 {
@@ -83,8 +92,8 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 	}
 	if s, ok := atCapacity(out); ok {
 		res.Summary["memory_bytes_per_session"] = math.Round(s.MemPerSession)
-		res.Summary["client_cpu_pct"] = round(s.ClientCPUPct)
-		res.Summary["host_cpu_pct"] = round(s.HostCPUPct)
+		res.Summary["client_cpu_pct"] = report.Round(s.ClientCPUPct, 1)
+		res.Summary["host_cpu_pct"] = report.Round(s.HostCPUPct, 1)
 	}
 	if len(out.BrokerSteps) > 0 {
 		res.Summary["broker_session_limit"] = float64(out.BrokerLimit)
@@ -108,24 +117,17 @@ func summarize(res *report.Result, out *Outcome, o Options) {
 	}
 }
 
-func round(v float64) float64 {
-	if math.IsNaN(v) {
-		return 0
-	}
-	return math.Round(v*10) / 10
-}
-
 func stepPoint(scenario string, s Step) report.Point {
 	m := map[string]float64{
-		"logon_s": round(s.LogonS), "actions": float64(len(s.all())), "failed_actions": float64(s.failed()),
-		"mean_ms": round(s.Mean()), "median_ms": round(s.Percentile(50)), "p95_ms": round(s.Percentile(95)),
-		"machine_cpu_pct": round(s.MachineCPUPct), "host_cpu_pct": round(s.HostCPUPct), "client_cpu_pct": round(s.ClientCPUPct),
-		"gateway_cpu_pct": round(s.GatewayCPUPct), "mem_used_pct": round(s.MemUsedPct), "mem_bytes_per_session": math.Round(s.MemPerSession),
-		"disk_idle_pct": round(s.DiskIdlePct), "disk_latency_ms": round(s.DiskLatencyMS), "mem_pressure_pct": round(s.MemPressurePct), "cpu_pressure_pct": round(s.CPUPressurePct),
-		"major_faults_per_s": round(s.MajorFaultsPerS), "swap_in_per_s": round(s.SwapInPerS), "swap_out_per_s": round(s.SwapOutPerS),
+		"logon_s": report.Round(s.LogonS, 1), "actions": float64(len(s.all())), "failed_actions": float64(s.failed()),
+		"mean_ms": report.Round(s.Mean(), 1), "median_ms": report.Round(s.Percentile(50), 1), "p95_ms": report.Round(s.Percentile(95), 1),
+		"machine_cpu_pct": report.Round(s.MachineCPUPct, 1), "host_cpu_pct": report.Round(s.HostCPUPct, 1), "client_cpu_pct": report.Round(s.ClientCPUPct, 1),
+		"gateway_cpu_pct": report.Round(s.GatewayCPUPct, 1), "mem_used_pct": report.Round(s.MemUsedPct, 1), "mem_bytes_per_session": math.Round(s.MemPerSession),
+		"disk_idle_pct": report.Round(s.DiskIdlePct, 1), "disk_latency_ms": report.Round(s.DiskLatencyMS, 1), "mem_pressure_pct": report.Round(s.MemPressurePct, 1), "cpu_pressure_pct": report.Round(s.CPUPressurePct, 1),
+		"major_faults_per_s": report.Round(s.MajorFaultsPerS, 1), "swap_in_per_s": report.Round(s.SwapInPerS, 1), "swap_out_per_s": report.Round(s.SwapOutPerS, 1),
 	}
 	for a, ts := range s.Actions {
-		m[a+"_median_ms"] = round(percentile(ts, 50))
+		m[a+"_median_ms"] = report.Round(percentile(ts, 50), 1)
 	}
 	for a, n := range s.Failed {
 		m[a+"_failed"] = float64(n)

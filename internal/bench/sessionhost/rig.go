@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -25,8 +23,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/deskway/deskway/internal/bench/childproc"
-	"github.com/deskway/deskway/internal/bench/loopback"
+	"github.com/deskway/deskway/internal/childproc"
+	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
 
@@ -132,13 +130,11 @@ func (r *rig) setUp(ctx context.Context) error {
 	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
 		return err
 	}
-	pemCert, err := os.ReadFile(filepath.Join(r.dir, "tls.crt"))
+	trust, err := tlsconf.Trusting(filepath.Join(r.dir, "tls.crt"))
 	if err != nil {
 		return err
 	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemCert)
-	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
 	r.tokenKey, r.frontToken, r.adminToken = randomString(40), randomString(24), randomString(24)
 	gwCfg := filepath.Join(r.dir, "gateway.yaml")
 	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.tokenKey, r.gwPort, r.rdpPort, r.xrdpSHA256)), 0o600); err != nil {

@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/agent"
-	"github.com/deskway/deskway/internal/bench/childproc"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/config"
 )
 

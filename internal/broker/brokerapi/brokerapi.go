@@ -34,6 +34,11 @@ type Desktop struct {
 	Kind        string       `json:"kind"`
 	Description string       `json:"description,omitempty"`
 	Session     *UserSession `json:"session,omitempty"`
+	// LastUsed is when the user's sessions of the group last changed (a
+	// launch, logon, reconnection, disconnection or end); zero if they
+	// never had one, or the broker answers from its cache while its
+	// database is unreachable.
+	LastUsed time.Time `json:"last_used,omitzero"`
 }
 
 // UserSession is a user's live session as the user may see it.

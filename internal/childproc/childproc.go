@@ -1,7 +1,7 @@
-// Package childproc starts the programs a bench runs beside deskway
-// (xrdp, Xvfb, clients, deskway's own roles) each in its own process
-// group, keeps what they print for error messages, and stops them with
-// everything they started.
+// Package childproc starts the programs tests and benches run beside
+// deskway (xrdp, Xvfb, clients, deskway's own roles) each in its own
+// process group, keeps what they print for error messages, and stops them
+// with everything they started.
 package childproc
 
 import (

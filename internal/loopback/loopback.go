@@ -1,5 +1,5 @@
-// Package loopback finds free loopback ports and waits for a server the
-// bench started to listen on one.
+// Package loopback finds free loopback ports and waits for a server
+// started on one; tests, benches and the PostgreSQL cluster helper share it.
 package loopback
 
 import (
@@ -43,7 +43,7 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, port)
 	}
 	if len(ports) < n {
-		return nil, errors.New("bench: no free port between 20000 and 32000 on 127.0.0.1")
+		return nil, errors.New("loopback: no free port between 20000 and 32000 on 127.0.0.1")
 	}
 	return ports, nil
 }
@@ -58,5 +58,5 @@ func WaitPort(addr string, d time.Duration) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("bench: %s did not open within %s", addr, d)
+	return fmt.Errorf("loopback: %s did not open within %s", addr, d)
 }

@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/bench/netbootbench"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// netns is a network namespace the test made: a bridge br0 at
+// 10.77.0.1/24 with tap devices on it, reaching nothing outside.
+type netns struct {
+	t    *testing.T
+	name string
+}
+
+func newNetns(t *testing.T, taps ...string) *netns {
+	t.Helper()
+	testkit.RequireRoot(t)
+	testkit.Require(t, "ip", "qemu-system-x86_64", "busybox")
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	n := &netns{t: t, name: "dwnb-" + hex.EncodeToString(b[:])}
+	if out, err := exec.Command("ip", "netns", "add", n.name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.name).Run() })
+	n.run("ip", "link", "set", "lo", "up")
+	n.run("ip", "link", "add", "br0", "type", "bridge")
+	n.run("ip", "addr", "add", "10.77.0.1/24", "dev", "br0")
+	n.run("ip", "link", "set", "br0", "up")
+	for _, tap := range taps {
+		n.run("ip", "tuntap", "add", tap, "mode", "tap")
+		n.run("ip", "link", "set", tap, "master", "br0", "up")
+	}
+	return n
+}
+
+func (n *netns) run(args ...string) string {
+	n.t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", n.name}, args...)...).CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// vm is a qemu machine with no disk, only a virtio NIC on tap with mac and
+// qemu's iPXE option ROM, booting from the network; its serial console
+// (where SeaBIOS, iPXE and the kernel write with -nographic) is out.
+type vm struct {
+	cmd *exec.Cmd
+	out *lockedBuffer
+	in  io.WriteCloser
+}
+
+func (n *netns) bootVM(tap, mac string) *vm {
+	n.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", n.name, "qemu-system-x86_64", "-machine", "accel=tcg", "-m", "256", "-smp", "1",
+		"-nographic", "-monitor", "none", "-no-reboot", "-boot", "n",
+		"-netdev", "tap,id=n0,ifname="+tap+",script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0,mac="+mac)
+	v := &vm{cmd: cmd, out: &lockedBuffer{}}
+	cmd.Stdout, cmd.Stderr = v.out, v.out
+	var err error
+	if v.in, err = cmd.StdinPipe(); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return v
+}
+
+// wait returns the first match of re on the console within d.
+func (v *vm) wait(t *testing.T, re *regexp.Regexp, d time.Duration) []string {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		out := v.out.String()
+		if m := re.FindStringSubmatch(out); m != nil {
+			return m
+		}
+		if strings.Contains(out, "reboot: Power down") {
+			break // the machine is off: nothing more will come
+		}
+	}
+	t.Fatalf("the VM's console never showed %q:\n%s", re, lastLines(strings.ReplaceAll(v.out.String(), "\r", ""), 40))
+	return nil
+}
+
+// netbootKit is Debian's kernel and an initramfs whose /init prints the
+// command line deskway's script gave the kernel, then powers off.
+func netbootKit(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	kernels, _ := filepath.Glob(filepath.Join(testkit.KernelDir, "boot", "vmlinuz-*"))
+	if len(kernels) == 0 {
+		t.Fatalf("no Debian kernel in %s: run scripts/install-deps.sh", testkit.KernelDir)
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	for _, d := range []string{"bin", "proc"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	bb, _ := exec.LookPath("busybox")
+	b, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755)
+	os.WriteFile(filepath.Join(root, "init"), []byte(`#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+echo "DESKWAY netboot $(/bin/busybox cat /proc/cmdline)"
+/bin/busybox poweroff -f
+`), 0o755)
+	initrd = filepath.Join(filepath.Dir(root), "initrd.cpio")
+	if out, err := exec.Command("sh", "-c", "cd "+root+" && busybox find . | busybox cpio -o -H newc > "+initrd).CombinedOutput(); err != nil {
+		t.Fatalf("initramfs: %v\n%s", err, out)
+	}
+	return kernels[0], initrd
+}
+
+// netbootRootKit is Debian's kernel and the initramfs of a network-booted
+// machine, built as an operator builds it (deskway stream initramfs):
+// the NIC and NBD modules, an address over DHCP, the root disk through
+// deskway-nbdroot and the kernel's NBD driver, then switch_root to the
+// vDisk's init.
+func netbootRootKit(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	kernel, version, err := netbootbench.Kernel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	initrd = filepath.Join(t.TempDir(), "netboot.initrd")
+	out, err := exec.Command(build(t), "stream", "initramfs", "--modules", filepath.Join(testkit.KernelDir, "lib", "modules", version),
+		"--busybox", bb, "--nbdroot", buildNbdroot(t), "--out", initrd).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "wrote "+initrd+": ") || !regexp.MustCompile(`modules \(.*\bnbd\b.*\bvirtio_net\b`).MatchString(string(out)) {
+		t.Fatalf("deskway stream initramfs: %v\n%s", err, out)
+	}
+	return kernel, initrd
+}
+
+// rootImage is an ext4 vDisk whose /sbin/init says what it sees, writes
+// a file named after the device, waits for a line on the console, then
+// lists the disk again as the server has it and powers off.
+func rootImage(t *testing.T, path string) {
+	t.Helper()
+	vdiskWithInit(t, path, map[string]string{"golden.txt": "golden image v1\n"}, `#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+DEV=$(sed -n 's/.*deskway\.device=\([^ ]*\).*/\1/p' /proc/cmdline)
+echo "DESKWAY root $DEV: $(cat /golden.txt) files: $(ls / | tr '\n' ' ')"
+echo "written by $DEV" > /$DEV.txt
+sync
+echo "DESKWAY written $DEV"
+read -r word
+echo 3 > /proc/sys/vm/drop_caches
+echo "DESKWAY after $DEV: $(ls / | tr '\n' ' ')"
+poweroff -f
+`)
+}
+
+// vdiskWithInit makes a 64 MiB ext4 vDisk at path with busybox, the
+// files given, and init as its /sbin/init.
+func vdiskWithInit(t *testing.T, path string, files map[string]string, init string) {
+	t.Helper()
+	testkit.Require(t, "mkfs.ext4", "busybox")
+	src := filepath.Join(t.TempDir(), "src")
+	for _, d := range []string{"bin", "sbin", "dev", "proc", "sys"} {
+		os.MkdirAll(filepath.Join(src, d), 0o755)
+	}
+	bb, _ := exec.LookPath("busybox")
+	b, _ := os.ReadFile(bb)
+	os.WriteFile(filepath.Join(src, "bin", "busybox"), b, 0o755)
+	for name, body := range files {
+		os.WriteFile(filepath.Join(src, name), []byte(body), 0o644)
+	}
+	os.WriteFile(filepath.Join(src, "sbin", "init"), []byte(init), 0o755)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "golden", "-d", src, path, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+}
+
+// buildNbdroot builds deskway-nbdroot, static, as make build does.
+func buildNbdroot(t *testing.T) string {
+	t.Helper()
+	helper := filepath.Join(t.TempDir(), "deskway-nbdroot")
+	build := exec.Command("go", "build", "-ldflags=-s", "-o", helper, "../cmd/deskway-nbdroot")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build deskway-nbdroot: %v\n%s", err, out)
+	}
+	return helper
+}

@@ -1,0 +1,123 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/store"
+)
+
+// dbDown reports whether the database is unreachable after cause, and if
+// so switches to placing from the local host cache.
+func (s *Server) dbDown(cause error) bool {
+	if s.offline.Load() {
+		return true
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if s.store.Ping(pctx) == nil {
+		return false
+	}
+	if !s.offline.Swap(true) {
+		s.m.offline.Set(1)
+		s.log.Warn("database unreachable: placing launches from the local host cache until it returns", "error", cause)
+	}
+	return true
+}
+
+// place asks the database, or the local host cache when the database is
+// unreachable; offline says which answered.
+func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, offline bool, err error) {
+	if !s.offline.Load() {
+		dctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		p, err = s.store.Place(dctx, l)
+		cancel()
+		if err == nil {
+			s.cache.placed(l, p)
+			return p, false, nil
+		}
+		if errors.Is(err, store.ErrNoHost) || ctx.Err() != nil || !s.dbDown(err) {
+			return p, false, err
+		}
+	}
+	p, err = s.cache.place(l)
+	if errors.Is(err, errBackOnline) {
+		return s.place(ctx, l)
+	}
+	return p, true, err
+}
+
+// viaDatabase runs online while the database answers, and offline (the
+// local host cache and the journal of the outage, which takes it to the
+// database in its turn when it returns) while it is away; wasOffline says
+// which did. A request that finds the database back just as it was to be
+// journaled goes to the database.
+func (s *Server) viaDatabase(ctx context.Context, online, offline func() error) (wasOffline bool, err error) {
+	for {
+		if !s.offline.Load() {
+			err := online()
+			if err == nil || errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
+				return false, err
+			}
+		}
+		if err := offline(); !errors.Is(err, errBackOnline) {
+			return true, err
+		}
+	}
+}
+
+// applyReport stores a heartbeat, through viaDatabase.
+func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
+	_, err := s.viaDatabase(ctx, func() error {
+		err := s.store.Heartbeat(ctx, rep)
+		if err == nil {
+			s.cache.heartbeat(rep)
+		}
+		return err
+	}, func() error { return s.cache.offlineHeartbeat(rep) })
+	return err
+}
+
+// applyEvent stores session events, through viaDatabase; changed says
+// whether the database changed a session (false while it is away).
+func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, err error) {
+	_, err = s.viaDatabase(ctx, func() error {
+		var err error
+		if changed, err = s.store.Event(ctx, e); err == nil {
+			s.cache.event(e)
+		}
+		return err
+	}, func() error { changed = false; return s.cache.offlineEvent(e) })
+	return changed, err
+}
+
+// applyDrain stores an administrator's drain, through viaDatabase.
+func (s *Server) applyDrain(ctx context.Context, host string, drain bool) (offline bool, err error) {
+	return s.viaDatabase(ctx, func() error {
+		err := s.store.SetAdminDrain(ctx, host, drain)
+		if err == nil {
+			s.cache.drain(host, drain)
+		}
+		return err
+	}, func() error { return s.cache.offlineDrain(host, drain) })
+}
+
+// offlineFor runs query unless the database is known to be unreachable,
+// and reports whether the answer must come from the local host cache
+// instead: the database was unreachable, or became so during query.
+func (s *Server) offlineFor(ctx context.Context, query func() error) bool {
+	if s.offline.Load() {
+		return true
+	}
+	err := query()
+	return err != nil && ctx.Err() == nil && s.dbDown(err)
+}
+
+// fromCache marks an admin answer as the local host cache's: current as
+// far as this broker knows, but not the database's.
+func fromCache(w http.ResponseWriter) {
+	w.Header().Set("Deskway-Source", "local-host-cache")
+	w.Header().Set("Warning", `199 deskway "the database is unreachable: answered from this broker's local host cache"`)
+}
