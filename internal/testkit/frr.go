@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -36,6 +38,10 @@ func StartFRR(t testing.TB, netns, conf string) *FRR {
 	if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// vtysh reads its own settings from the same directory (--config_dir).
+	if err := os.WriteFile(filepath.Join(f.Dir, "vtysh.conf"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// -S: run as root without switching to the frr user, which could not
 	// write the test's directory.
 	f.Proc = Start(t, nil, "ip", "netns", "exec", netns, frrBgpd,
@@ -66,11 +72,20 @@ func (f *FRR) Vtysh(t testing.TB, commands ...string) string {
 }
 
 func (f *FRR) vtysh(commands ...string) (string, error) {
-	args := []string{"netns", "exec", f.Netns, "vtysh", "--vty_socket", f.Dir}
+	args := []string{"netns", "exec", f.Netns, "vtysh", "--vty_socket", f.Dir, "--config_dir", f.Dir}
 	for _, c := range commands {
 		args = append(args, "-c", c)
 	}
-	out, err := exec.Command("ip", args...).CombinedOutput()
+	// stdout only: the answer may be JSON; complaints go to the error.
+	var stderr strings.Builder
+	cmd := exec.Command("ip", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err == nil && stderr.Len() > 0 {
+		err = fmt.Errorf("vtysh complained: %s", strings.TrimSpace(stderr.String()))
+	} else if err != nil {
+		err = fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
 	return string(out), err
 }
 
