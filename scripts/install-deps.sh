@@ -20,6 +20,7 @@ packages=(
   ndisc6                                               # rdisc6: an IPv6 router-discovery client for the boot network's advertisements
   postgresql                                           # the broker's shared database (tests start their own clusters)
   strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
+  tshark python3-scapy                                 # the site gateway's GRE on the wire: decoded by tshark, bad frames built by scapy
   podman runc                                          # running the container image (runc: crun refuses hybrid cgroups)
 )
 
