@@ -290,16 +290,23 @@ func TestSiteTenantsOverlap(t *testing.T) {
 	r := newSiteRig(t)
 	serveLetter(t, r.desk["a"], "10.0.0.10:7000", "A")
 	serveLetter(t, r.desk["b"], "10.0.0.10:7000", "B")
+	serveLetter(t, r.desk["a"], "[fd00:10::10]:7000", "A")
+	serveLetter(t, r.desk["b"], "[fd00:10::10]:7000", "B")
 	for _, x := range []string{"a", "b"} {
 		if out, err := r.exec(r.officeLAN[x], "busybox", "ping", "-c", "2", "-W", "3", "-I", "192.168.1.10", "10.0.0.10"); err != nil {
 			t.Fatalf("office %s pings desktop 10.0.0.10: %v\n%s", x, err, out)
 		}
-		got, err := askLetter(t, r.officeLAN[x], "10.0.0.10:7000")
-		if err != nil {
-			t.Fatalf("office %s: TCP to 10.0.0.10:7000: %v", x, err)
+		if out, err := r.exec(r.officeLAN[x], "busybox", "ping", "-c", "2", "-W", "3", "-I", "fd00:192::10", "fd00:10::10"); err != nil {
+			t.Fatalf("office %s pings desktop fd00:10::10: %v\n%s", x, err, out)
 		}
-		if want := strings.ToUpper(x); got != want {
-			t.Fatalf("office %s reached desktop %s", x, got)
+		for _, addr := range []string{"10.0.0.10:7000", "[fd00:10::10]:7000"} {
+			got, err := askLetter(t, r.officeLAN[x], addr)
+			if err != nil {
+				t.Fatalf("office %s: TCP to %s: %v", x, addr, err)
+			}
+			if want := strings.ToUpper(x); got != want {
+				t.Fatalf("office %s reached desktop %s at %s", x, got, addr)
+			}
 		}
 	}
 	// A graceful stop removes the devices, and the namespaces deskway
