@@ -51,7 +51,7 @@ func (t *tenant) encapLoop(log *slog.Logger) error {
 				t.m.drop(dropNoRoute)
 				continue
 			}
-			if len(pkt) > t.mtu {
+			if len(pkt) > t.mtu && !t.fragmentable(pkt) {
 				t.tooBig(pkt)
 				continue
 			}
@@ -116,9 +116,4 @@ func (l *greLink) Send(bufs [][]byte, offset int) error {
 	l.t.m.pktsOut.Add(float64(sent))
 	l.t.m.bytesOut.Add(float64(bytes))
 	return nil
-}
-
-// tooBig drops a packet bigger than the tunnel's MTU.
-func (t *tenant) tooBig(_ []byte) {
-	t.m.drop(dropTooBig)
 }
