@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -130,7 +131,8 @@ func newSiteRig(t *testing.T) *siteRig {
 	// namespaces an office router creates would not be seen outside.
 	r.gwCfg = filepath.Join(dir, "gateway.yaml")
 	writeFile(t, r.gwCfg, fmt.Sprintf(siteGatewayConfig, filepath.Join(dir, "gw-state"), r.comp["a"], r.comp["b"]))
-	r.gwProc = testkit.Start(t, nil, "nsenter", "--net=/run/netns/"+r.gw, r.bin, "site", "-c", r.gwCfg)
+	// The gateway starts as docs/site.md says.
+	r.gwProc = testkit.Start(t, nil, "nsenter", append([]string{"--net=/run/netns/" + r.gw}, r.docCommand("site-run")...)...)
 	waitLog(t, r.gwProc, `"msg":"site gateway forwarding"`)
 	for i, x := range []string{"a", "b"} {
 		cfg := filepath.Join(dir, "office-"+x+".yaml")
@@ -144,6 +146,27 @@ func newSiteRig(t *testing.T) *siteRig {
 		r.ip(r.officeLAN[x], "addr", "add", "fd00:192::10/128", "dev", "lo")
 	}
 	return r
+}
+
+// docCommand is the command of docs/site.md's block marked
+// "<!-- e2e: NAME -->", with the test's binary and gateway config
+// in place of deskway and /etc/deskway/deskway.yaml.
+func (r *siteRig) docCommand(name string) []string {
+	r.t.Helper()
+	b, err := os.ReadFile("../docs/site.md")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- e2e: " + name + " -->\n```sh\n(.*?)\n```").FindSubmatch(b)
+	if m == nil {
+		r.t.Fatalf("docs/site.md has no sh block marked <!-- e2e: %s -->", name)
+	}
+	args := strings.Fields(strings.ReplaceAll(string(m[1]), "/etc/deskway/deskway.yaml", r.gwCfg))
+	if args[0] != "deskway" {
+		r.t.Fatalf("docs/site.md's %s block runs %q, not deskway", name, args[0])
+	}
+	args[0] = r.bin
+	return args
 }
 
 func writeFile(t *testing.T, path, body string) {

@@ -87,8 +87,9 @@ func TestSiteWire(t *testing.T) {
 		t.Fatalf("tshark decoded:\n%s\nwant:\n%s\nraw:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"), out)
 	}
 
-	// The operator's view: every tunnel up, with what crossed it.
-	cli, err := r.exec(r.gw, r.bin, "site", "tunnels", "-c", r.gwCfg)
+	// The operator's view, as docs/site.md shows it: every tunnel up,
+	// with what crossed it.
+	cli, err := r.exec(r.gw, r.docCommand("site-tunnels")...)
 	if err != nil {
 		t.Fatalf("deskway site tunnels: %v\n%s", err, cli)
 	}

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -68,5 +70,25 @@ func TestSiteValidationNamesKey(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s\nwant error containing %q, got %v", in, want, err)
 		}
+	}
+}
+
+// The example in docs/site.md is a valid file.
+func TestSiteDocExample(t *testing.T) {
+	b, err := os.ReadFile("../../docs/site.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- e2e: site-config -->\n```yaml\n(.*?)```").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("docs/site.md has no yaml block marked <!-- e2e: site-config -->")
+	}
+	t.Setenv("DESKWAY_ADMIN_TOKEN", "a-token")
+	c, err := Parse(m[1])
+	if err != nil {
+		t.Fatalf("docs/site.md's example: %v", err)
+	}
+	if len(c.Site.Tenants) != 2 || c.Site.Tenants[1].Namespace != "deskway-b" {
+		t.Fatalf("docs/site.md's example read as %+v", c.Site)
 	}
 }
