@@ -29,14 +29,19 @@ type tenant struct {
 	sequence, checksum   bool
 	sites                []*peerSite
 	byPeer               map[netip.Addr]*peerSite
-	// routes maps inner destinations to sites; a route source swaps in a
-	// new table whole, so the encapsulating loop reads it without a lock.
+	// own are the tenant's hosted networks.
+	own []netip.Prefix
+	// routes maps inner destinations to sites; learn swaps in a new
+	// table whole, so the encapsulating loop reads it without a lock.
 	routes atomic.Pointer[bart.Table[*peerSite]]
-	m      *tenantMetrics
+	// routeMu serializes learn's changes to routes and learnt prefixes.
+	routeMu sync.Mutex
+	m       *tenantMetrics
 
-	ns      netns.NsHandle
-	dev     tun.Device
-	created bool
+	ns        netns.NsHandle
+	dev       tun.Device
+	linkIndex int // the device's, in ns
+	created   bool
 	devOnce sync.Once
 	closing atomic.Bool
 }
@@ -46,6 +51,9 @@ type peerSite struct {
 	name     string
 	peer     netip.Addr
 	prefixes []netip.Prefix
+	// learnt are the prefixes a route source learnt behind the site,
+	// swapped whole by learn.
+	learnt atomic.Pointer[[]netip.Prefix]
 	// link carries packets to the site; set by Run before forwarding.
 	link Link
 	seq  atomic.Uint32
@@ -65,13 +73,20 @@ type Link interface {
 func newTenant(c *config.Tenant, m *metrics) (*tenant, error) {
 	t := &tenant{name: c.Name, nsName: c.Namespace, ifName: c.Interface, key: c.Key, mtu: c.MTU,
 		sequence: c.Sequence, checksum: c.Checksum, byPeer: map[netip.Addr]*peerSite{}, m: m.tenant(c.Name), ns: -1}
-	table := new(bart.Table[*peerSite])
+	for _, p := range c.Prefixes {
+		pf, err := netip.ParsePrefix(p)
+		if err != nil {
+			return nil, fmt.Errorf("site: tenant %s: prefix %q: %w", c.Name, p, err)
+		}
+		t.own = append(t.own, pf)
+	}
 	for _, sc := range c.Sites {
 		ip, err := netip.ParseAddr(sc.Peer)
 		if err != nil {
 			return nil, fmt.Errorf("site: tenant %s: peer %q: %w", c.Name, sc.Peer, err)
 		}
 		st := &peerSite{name: sc.Name, peer: ip}
+		st.learnt.Store(&[]netip.Prefix{})
 		if st.name == "" {
 			st.name = ip.String()
 		}
@@ -81,12 +96,11 @@ func newTenant(c *config.Tenant, m *metrics) (*tenant, error) {
 				return nil, fmt.Errorf("site: tenant %s: prefix %q: %w", c.Name, p, err)
 			}
 			st.prefixes = append(st.prefixes, pf)
-			table.Insert(pf, st)
 		}
 		t.sites = append(t.sites, st)
 		t.byPeer[ip] = st
 	}
-	t.routes.Store(table)
+	t.routes.Store(t.table())
 	return t, nil
 }
 
@@ -178,6 +192,9 @@ func (t *tenant) up() (created bool, err error) {
 	if err := h.LinkSetUp(link); err != nil {
 		return t.created, fmt.Errorf("set %s up: %w", t.ifName, err)
 	}
+	t.routeMu.Lock()
+	t.linkIndex = link.Attrs().Index
+	t.routeMu.Unlock()
 	for _, st := range t.sites {
 		for _, p := range st.prefixes {
 			r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: prefixNet(p), Scope: netlink.SCOPE_LINK}
@@ -206,6 +223,9 @@ func (t *tenant) closeDevice() {
 
 // down closes the device and deletes the namespace if up created it.
 func (t *tenant) down() (deleted bool, err error) {
+	t.routeMu.Lock()
+	t.linkIndex = 0 // the device's routes go with it
+	t.routeMu.Unlock()
 	t.closeDevice()
 	if t.ns >= 0 {
 		t.ns.Close()

@@ -199,8 +199,14 @@ func innerDest(p []byte) netip.Addr {
 	return netip.AddrFrom16([16]byte(p[24:40]))
 }
 
+// owns tells an address of the site's configured or learnt prefixes.
 func (st *peerSite) owns(a netip.Addr) bool {
 	for _, p := range st.prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	for _, p := range *st.learnt.Load() {
 		if p.Contains(a) {
 			return true
 		}
