@@ -42,8 +42,8 @@ type tenant struct {
 	dev       tun.Device
 	linkIndex int // the device's, in ns
 	created   bool
-	devOnce sync.Once
-	closing atomic.Bool
+	devOnce   sync.Once
+	closing   atomic.Bool
 }
 
 // peerSite is one of a tenant's sites.
