@@ -6,8 +6,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/deskway/deskway/internal/config"
 )
@@ -77,5 +80,46 @@ func TestLearn(t *testing.T) {
 	}
 	if err := tn.learn("office", nil); err == nil {
 		t.Fatal("learnt on a tenant that is down")
+	}
+}
+
+// TestDeviceEventsDrained: the device's up, down and MTU events are
+// read, so that its listener, which blocks on a full channel, ends
+// when the device is closed instead of leaking.
+func TestDeviceEventsDrained(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("this test creates a network namespace and must run as root")
+		}
+		t.Skip("needs root to create a network namespace")
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	ns := "dwse-" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	before := runtime.NumGoroutine()
+	tn, err := newTenant(&config.Tenant{Name: "a", Key: 7, Namespace: ns, Interface: "dw-a", MTU: 1400,
+		Sites: []config.TenantSite{{Name: "office", Peer: "198.51.100.2", Prefixes: []string{"192.168.1.0/24"}}}}, newMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tn.up(); err != nil {
+		t.Fatal(err)
+	}
+	for mtu := 1300; mtu < 1310; mtu++ {
+		if out, err := exec.Command("ip", "-n", ns, "link", "set", "dw-a", "mtu", strconv.Itoa(mtu)).CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	if _, err := tn.down(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines after down, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -165,6 +165,12 @@ func (t *tenant) up() (created bool, err error) {
 			return fmt.Errorf("create TUN device %s: %w", t.ifName, err)
 		}
 		t.dev = dev
+		// The device reports up, down and MTU changes on a channel it
+		// blocks on when full; the datapath needs none of them.
+		go func() {
+			for range dev.Events() {
+			}
+		}()
 		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
 			if err := os.WriteFile(f, []byte("1"), 0); err != nil {
 				return fmt.Errorf("turn forwarding on: %w", err)
