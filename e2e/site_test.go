@@ -92,7 +92,7 @@ site:
 
 func newSiteRig(t *testing.T) *siteRig {
 	testkit.RequireRoot(t)
-	testkit.Require(t, "ip", "busybox", "nsenter")
+	testkit.Require(t, "ip", "busybox", "nsenter", "curl")
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	sfx := hex.EncodeToString(b[:])

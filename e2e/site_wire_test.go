@@ -36,7 +36,7 @@ func (r *siteRig) metric(series string) float64 {
 // sequence numbers and a checksum that verifies where tenant b asks for
 // them; and deskway site tunnels and /metrics count what went through.
 func TestSiteWire(t *testing.T) {
-	testkit.Require(t, "tshark", "curl")
+	testkit.Require(t, "tshark")
 	r := newSiteRig(t)
 	pcap := filepath.Join(t.TempDir(), "underlay.pcap")
 	// 2 echo requests and 2 replies for each office.
