@@ -30,3 +30,28 @@ func TestSitePathMTU(t *testing.T) {
 		t.Fatalf("too_big drops of tenant a = %v, want 2", got)
 	}
 }
+
+// TestSiteOuterFragments: tunnels of MTU 1500 over an underlay of 1500
+// carry full-size packets: the GRE datagrams that do not fit are
+// fragmented by the sending kernel (IPv4 and IPv6 underlays alike) and
+// reassembled by the receiving one before its raw socket sees them.
+func TestSiteOuterFragments(t *testing.T) {
+	r := newSiteRigMTU(t, 1500)
+	serveLetter(t, r.desk["a"], "10.0.0.10:7000", "A")
+	serveLetter(t, r.desk["b"], "10.0.0.10:7000", "B")
+	for _, x := range []string{"a", "b"} {
+		// 1472 bytes of data: a 1500-byte packet, 1524 or more with GRE.
+		if out, err := r.exec(r.officeLAN[x], "busybox", "ping", "-c", "2", "-W", "3", "-s", "1472", "-I", "192.168.1.10", "10.0.0.10"); err != nil {
+			t.Fatalf("office %s: a 1500-byte ping to 10.0.0.10: %v\n%s", x, err, out)
+		}
+		got, err := askLetter(t, r.officeLAN[x], "10.0.0.10:7000")
+		if err != nil || got != strings.ToUpper(x) {
+			t.Fatalf("office %s: TCP through a 1500-byte tunnel: %q, %v", x, got, err)
+		}
+	}
+	for _, series := range []string{`deskway_site_drops_total{cause="too_big",tenant="a"}`, `deskway_site_drops_total{cause="send_error",tenant="b"}`} {
+		if got := r.metric(series); got != 0 {
+			t.Errorf("%s = %v, want 0", series, got)
+		}
+	}
+}

@@ -52,6 +52,7 @@ site:
   tenants:
   - name: a
     key: 1001
+    mtu: %[4]d
     namespace: %[2]s
     prefixes: [10.0.0.0/24, "fd00:10::/64"]
     sites:
@@ -60,6 +61,7 @@ site:
       prefixes: [192.168.1.0/24, "fd00:192::/64"]
   - name: b
     key: 1002
+    mtu: %[4]d
     namespace: %[3]s
     sequence: true
     checksum: true
@@ -81,6 +83,7 @@ site:
   tenants:
   - name: office
     key: %[3]d
+    mtu: %[7]d
     namespace: %[4]s
     sequence: %[6]v
     prefixes: [192.168.1.0/24, "fd00:192::/64"]
@@ -90,7 +93,10 @@ site:
       prefixes: [10.0.0.0/24, "fd00:10::/64"]
 `
 
-func newSiteRig(t *testing.T) *siteRig {
+func newSiteRig(t *testing.T) *siteRig { return newSiteRigMTU(t, 1400) }
+
+// newSiteRigMTU is newSiteRig with every tunnel's MTU mtu.
+func newSiteRigMTU(t *testing.T, mtu int) *siteRig {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "busybox", "nsenter", "curl")
 	var b [3]byte
@@ -130,14 +136,14 @@ func newSiteRig(t *testing.T) *siteRig {
 	// which gives its command a mount namespace of its own, the
 	// namespaces an office router creates would not be seen outside.
 	r.gwCfg = filepath.Join(dir, "gateway.yaml")
-	writeFile(t, r.gwCfg, fmt.Sprintf(siteGatewayConfig, filepath.Join(dir, "gw-state"), r.comp["a"], r.comp["b"]))
+	writeFile(t, r.gwCfg, fmt.Sprintf(siteGatewayConfig, filepath.Join(dir, "gw-state"), r.comp["a"], r.comp["b"], mtu))
 	// The gateway starts as docs/site.md says.
 	r.gwProc = testkit.Start(t, nil, "nsenter", append([]string{"--net=/run/netns/" + r.gw}, r.docCommand("site-run")...)...)
 	waitLog(t, r.gwProc, `"msg":"site gateway forwarding"`)
 	for i, x := range []string{"a", "b"} {
 		cfg := filepath.Join(dir, "office-"+x+".yaml")
 		gwAddr := map[string]string{"a": "198.51.100.1", "b": "2001:db8:100::1"}[x]
-		writeFile(t, cfg, fmt.Sprintf(siteOfficeConfig, filepath.Join(dir, "office-"+x+"-state"), r.underlay[x], 1001+i, r.officeLAN[x], gwAddr, x == "b"))
+		writeFile(t, cfg, fmt.Sprintf(siteOfficeConfig, filepath.Join(dir, "office-"+x+"-state"), r.underlay[x], 1001+i, r.officeLAN[x], gwAddr, x == "b", mtu))
 		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", r.officeLAN[x]).Run() })
 		r.officeProc[x] = testkit.Start(t, nil, "nsenter", "--net=/run/netns/"+r.office[x], r.bin, "site", "-c", cfg)
 		waitLog(t, r.officeProc[x], `"msg":"site gateway forwarding"`)
