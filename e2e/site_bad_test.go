@@ -59,6 +59,11 @@ func TestSiteBadInput(t *testing.T) {
 	for _, f := range badFrames {
 		fmt.Fprintf(&script, "send(%s)\n", f.scapy)
 	}
+	// An ICMP error quoting the gateway's own GRE, as a router without
+	// GRE answers it: the kernel keeps it from an unconnected raw socket
+	// (one with IP_RECVERR would read it as an error), and the gateway
+	// goes on.
+	script.WriteString(`send(IP(src=A, dst=GW)/ICMP(type=3, code=2)/IP(src=GW, dst=A, proto=47)/GRE(key_present=1, key=1001, proto=0x0800)/INNER)` + "\n")
 	fmt.Fprintf(&script, "send(%s)\n", goodFrame)
 	if out, err := r.exec(attacker, "/usr/bin/python3", "-c", script.String()); err != nil {
 		t.Fatalf("scapy: %v\n%s", err, out)
@@ -78,6 +83,10 @@ func TestSiteBadInput(t *testing.T) {
 		}
 		return len(wrong) == 0, strings.Join(wrong, "; ")
 	})
+	// And the gateway still forwards.
+	if out, err := r.exec(r.officeLAN["a"], "busybox", "ping", "-c", "1", "-W", "3", "-I", "192.168.1.10", "10.0.0.10"); err != nil {
+		t.Fatalf("office a pings its desktop after the bad frames: %v\n%s", err, out)
+	}
 	cli, err := r.exec(r.gw, r.bin, "site", "tunnels", "-c", r.gwCfg)
 	if err != nil || !strings.Contains(cli, "no tenant: 1 short") || !strings.Contains(cli, "b: 1 not_peer") {
 		t.Fatalf("deskway site tunnels does not show the drops: %v\n%s", err, cli)

@@ -8,10 +8,12 @@ import (
 	"os"
 
 	"golang.org/x/net/ipv4"
-	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/deskway/deskway/internal/proto/gre"
 )
+
+// maxReadFailures reads failing in a row end the encapsulating loop.
+const maxReadFailures = 100
 
 // encapLoop reads the tenant's device until it is closed and sends each
 // packet to the site whose prefixes hold its destination, a batch per
@@ -24,20 +26,25 @@ func (t *tenant) encapLoop(log *slog.Logger) error {
 		bufs[i] = make([]byte, headroom+maxDatagram)
 	}
 	pending := map[*peerSite][][]byte{}
+	failures := 0
 	for {
 		k, err := t.dev.Read(bufs, sizes, headroom)
 		switch {
 		case err == nil:
+			failures = 0
 		case errors.Is(err, os.ErrClosed) || t.closing.Load():
 			// Closing the device also ends its netlink listener, whose
 			// error may come out of this read instead.
 			return errClosed
-		case errors.Is(err, tun.ErrTooManySegments):
-			// A superpacket of more segments than bufs: those read go
-			// on, the rest are lost.
-			t.m.drop(dropDeviceError)
 		default:
-			return fmt.Errorf("site: tenant %s: read %s: %w", t.name, t.ifName, err)
+			// One packet the offload code refuses (or a superpacket of
+			// more segments than bufs, whose first ones were read) is
+			// not the device's end; a device that fails every read is.
+			t.m.drop(dropDeviceError)
+			if failures++; failures == maxReadFailures {
+				return fmt.Errorf("site: tenant %s: read %s: %w", t.name, t.ifName, err)
+			}
+			log.Debug("read from tunnel device", "tenant", t.name, "error", err)
 		}
 		routes := t.routes.Load()
 		for i := range k {
@@ -58,10 +65,13 @@ func (t *tenant) encapLoop(log *slog.Logger) error {
 			pending[st] = append(pending[st], bufs[i][:headroom+sizes[i]])
 		}
 		for st, pkts := range pending {
+			if len(pkts) == 0 {
+				continue
+			}
 			if err := st.link.Send(pkts, headroom); err != nil {
 				log.Debug("send to site", "tenant", t.name, "site", st.name, "error", err)
 			}
-			delete(pending, st)
+			pending[st] = pkts[:0] // kept for the next batch, as the sites are
 		}
 	}
 }

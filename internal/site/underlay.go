@@ -102,11 +102,14 @@ func (u *underlay) receive() error {
 			t.m.bytesIn.Add(float64(size))
 		}
 		for t, pkts := range pending {
+			if len(pkts) == 0 {
+				continue
+			}
 			if _, err := t.dev.Write(pkts, headroom); err != nil {
 				t.m.drop(dropDeviceError)
 				u.log.Debug("write to tunnel device", "tenant", t.name, "error", err)
 			}
-			delete(pending, t)
+			pending[t] = pkts[:0] // kept for the next batch: the tenants are few
 		}
 	}
 }
