@@ -43,6 +43,13 @@ func siteTunnelsCmd() *cobra.Command {
 		Short: "List each tenant's tunnels with their state and counters (through the admin API)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if cfg.Site == nil {
+				return fmt.Errorf("%s has no site section, so the deskway it configures runs no site gateway to ask", cfgPath)
+			}
 			a, err := newAdminClient(cfgPath)
 			if err != nil {
 				return err
