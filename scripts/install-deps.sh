@@ -21,6 +21,7 @@ packages=(
   wireguard-tools                                      # wg: configures the office peer (wireguard-go) in the WireGuard site tests
   postgresql                                           # the broker's shared database (tests start their own clusters)
   strace                                               # watching the stream server sync what FUA and FLUSH acknowledge
+  tshark python3-scapy                                 # the site gateway's GRE on the wire: decoded by tshark, bad frames built by scapy
   podman runc                                          # running the container image (runc: crun refuses hybrid cgroups)
   frr                                                  # the tenant's router for the site gateway's BGP tests (tests start their own bgpd)
 )

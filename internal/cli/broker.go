@@ -41,7 +41,7 @@ func brokerCmd() *cobra.Command {
 			if cfg.Broker == nil {
 				return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
 			}
-			cfg.Gateway, cfg.Stream, cfg.Agent = nil, nil, nil
+			cfg.Gateway, cfg.Stream, cfg.Agent, cfg.Site = nil, nil, nil, nil
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
@@ -181,7 +181,7 @@ func runCmd() *cobra.Command {
 	var cfgPath string
 	c := &cobra.Command{
 		Use:   "run",
-		Short: "Run every role the config file has a section for (gateway, broker, agent, stream)",
+		Short: "Run every role the config file has a section for (gateway, broker, agent, stream, web, site)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.Load(cfgPath)

@@ -26,7 +26,7 @@ func gatewayCmd() *cobra.Command {
 			}
 			// Only this role runs, whatever else the file has (the
 			// package's file has the broker and the portal too).
-			cfg.Broker, cfg.Stream, cfg.Web, cfg.Agent = nil, nil, nil, nil
+			cfg.Broker, cfg.Stream, cfg.Web, cfg.Agent, cfg.Site = nil, nil, nil, nil, nil
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}

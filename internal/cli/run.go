@@ -24,6 +24,7 @@ import (
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/pki"
 	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/site"
 	"github.com/deskway/deskway/internal/stream"
 	"github.com/deskway/deskway/internal/tlsconf"
 )
@@ -47,8 +48,8 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		rl.fileGateway, rl.fileBroker = f.Gateway != nil, f.Broker != nil
 	}
 	var audit obs.AuditLog // in memory unless a broker's database keeps it
-	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil && cfg.Web == nil {
-		return errors.New("no role is enabled: add a gateway, broker, stream or web section to the config (or use deskway up)")
+	if cfg.Gateway == nil && cfg.Stream == nil && cfg.Broker == nil && cfg.Web == nil && cfg.Site == nil {
+		return errors.New("no role is enabled: add a gateway, broker, stream, web or site section to the config (or use deskway up)")
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
@@ -155,6 +156,14 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		serve = append(serve, func(ctx context.Context) error { return b.Serve(ctx, bln, tc) })
 		api = append(api, b.AdminHandler())
 	}
+	if cfg.Site != nil {
+		st, err := site.New(cfg.Site, site.Deps{Logger: log.With("role", "site"), Registry: reg})
+		if err != nil {
+			return err
+		}
+		serve = append(serve, st.Run)
+		api = append(api, st.AdminHandler())
+	}
 	var consoleTokens []string
 	for _, t := range cfg.Admin.ConsoleTokens {
 		consoleTokens = append(consoleTokens, t.Value())
@@ -239,7 +248,7 @@ func roleNames(cfg *config.Config) []string {
 	for _, x := range []struct {
 		on   bool
 		name string
-	}{{cfg.Gateway != nil, "gateway"}, {cfg.Broker != nil, "broker"}, {cfg.Stream != nil, "stream"}, {cfg.Web != nil, "web"}, {cfg.Agent != nil, "agent"}} {
+	}{{cfg.Gateway != nil, "gateway"}, {cfg.Broker != nil, "broker"}, {cfg.Stream != nil, "stream"}, {cfg.Web != nil, "web"}, {cfg.Agent != nil, "agent"}, {cfg.Site != nil, "site"}} {
 		if x.on {
 			r = append(r, x.name)
 		}

@@ -28,7 +28,7 @@ func streamCmd() *cobra.Command {
 				return errors.New("the config has no stream section: add stream.vdisks (name, base) to serve")
 			}
 			// Only this role runs, whatever else the file configures.
-			cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent = nil, nil, nil, nil
+			cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent, cfg.Site = nil, nil, nil, nil, nil
 			if os.Getenv("GOMEMLIMIT") == "" {
 				// The process holds the stream role alone, so its heap is
 				// what the role's buffers bound.

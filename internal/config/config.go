@@ -32,6 +32,8 @@ type Config struct {
 	Broker  *Broker  `yaml:"broker"`
 	Agent   *Agent   `yaml:"agent"`
 	Web     *Web     `yaml:"web"`
+	// Site is the site gateway: tenants' GRE tunnels (deskway site).
+	Site *Site `yaml:"site"`
 	// Farm is what the gateway nodes of a farm share.
 	Farm *Farm `yaml:"farm"`
 	// src is the file the config was read from, for the lines of mistakes.
@@ -181,6 +183,9 @@ func (c *Config) ApplyDefaults() {
 	if g := c.Gateway; g != nil {
 		gatewayDefaults(g)
 	}
+	if s := c.Site; s != nil {
+		siteDefaults(s)
+	}
 }
 
 // Validate checks the decoded, defaulted config and names the key at fault.
@@ -244,6 +249,9 @@ func (c *Config) Validate() error {
 	c.validateAdminConsoleTokens(bad)
 	if w := c.Web; w != nil {
 		c.validateWeb(w, bad)
+	}
+	if s := c.Site; s != nil {
+		validateSite(s, bad)
 	}
 	return errors.Join(errs...)
 }

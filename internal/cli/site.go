@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/site"
+)
+
+func siteCmd() *cobra.Command {
+	var cfgPath string
+	c := &cobra.Command{
+		Use:   "site",
+		Short: "Run the site gateway: tenants' offices reach their hosted networks through GRE tunnels, each tenant in a network namespace of its own",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if cfg.Site == nil {
+				return errors.New("the config has no site section: add site.underlay.addresses and site.tenants")
+			}
+			// Only this role runs, whatever else the file configures.
+			cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent, cfg.Stream = nil, nil, nil, nil, nil
+			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
+		},
+	}
+	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	c.AddCommand(siteTunnelsCmd())
+	return c
+}
+
+func siteTunnelsCmd() *cobra.Command {
+	var cfgPath string
+	c := &cobra.Command{
+		Use:   "tunnels",
+		Short: "List each tenant's tunnels with their state and counters (through the admin API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if cfg.Site == nil {
+				return fmt.Errorf("%s has no site section, so the deskway it configures runs no site gateway to ask", cfgPath)
+			}
+			a, err := newAdminClient(cfgPath)
+			if err != nil {
+				return err
+			}
+			var out struct{ Tenants []site.TenantStatus }
+			if err := a.call(cmd.Context(), "GET", "/api/v1/site/tunnels", nil, &out); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TENANT\tKEY\tSITE\tPEER\tSTATE\tPACKETS IN\tBYTES IN\tPACKETS OUT\tBYTES OUT")
+			var drops []string
+			for _, t := range out.Tenants {
+				for _, s := range t.Sites {
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", t.Name, t.Key, s.Name, s.Peer, s.State, s.PacketsIn, s.BytesIn, s.PacketsOut, s.BytesOut)
+				}
+				name := t.Name
+				if name == "" {
+					name = "no tenant"
+				}
+				for cause, n := range t.Drops {
+					drops = append(drops, fmt.Sprintf("%s: %d %s", name, n, cause))
+				}
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if len(drops) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "dropped: %s\n", strings.Join(drops, ", "))
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file of the deskway to ask (admin.listen, admin.tokens)")
+	return c
+}

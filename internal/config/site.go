@@ -1,0 +1,190 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+)
+
+// Site is the site gateway: tenants' office networks reach the networks
+// hosted for them through GRE tunnels, each tenant in a network namespace
+// of its own (its compartment), so that tenants may use the same
+// addresses.
+type Site struct {
+	// Underlay is this gateway's side of the network the tunnels cross.
+	Underlay SiteUnderlay `yaml:"underlay"`
+	Tenants  []Tenant     `yaml:"tenants"`
+}
+
+// SiteUnderlay names the local tunnel endpoint addresses.
+type SiteUnderlay struct {
+	// Addresses are the local endpoint addresses, at most one IPv4 and
+	// one IPv6: GRE is received on them and sent from them.
+	Addresses []string `yaml:"addresses"`
+}
+
+// Tenant is one routing domain: its compartment, its key and its sites.
+type Tenant struct {
+	Name string `yaml:"name"`
+	// Key is the GRE key that names the tenant on the wire (RFC 2890),
+	// unique among the tenants, 1 to 4294967295.
+	Key uint32 `yaml:"key"`
+	// Namespace is the tenant's network namespace; deskway creates it
+	// when it is missing, and removes on stop only one it created.
+	Namespace string `yaml:"namespace"`
+	// Interface is the tunnel device in the namespace (at most 15
+	// characters); default dw-NAME, cut to 15.
+	Interface string `yaml:"interface"`
+	// MTU is the tunnel's: the largest inner packet sent through it.
+	MTU int `yaml:"mtu"`
+	// Sequence numbers the packets sent (RFC 2890).
+	Sequence bool `yaml:"sequence"`
+	// Checksum adds the GRE checksum to packets sent.
+	Checksum bool `yaml:"checksum"`
+	// Prefixes are the tenant's hosted networks behind the compartment.
+	Prefixes []string     `yaml:"prefixes"`
+	Sites    []TenantSite `yaml:"sites"`
+}
+
+// TenantSite is one of a tenant's sites: its router's underlay address
+// and the networks behind it.
+type TenantSite struct {
+	Name string `yaml:"name"`
+	// Peer is the site router's underlay address: GRE of the tenant's key
+	// is accepted from it alone.
+	Peer string `yaml:"peer"`
+	// Prefixes are the site's networks: routed to the tunnel in the
+	// tenant's namespace, and the only inner sources accepted from Peer.
+	Prefixes []string `yaml:"prefixes"`
+}
+
+var (
+	siteName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,30}$`)
+	nsName   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	ifName   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$`)
+)
+
+func siteDefaults(s *Site) {
+	for i := range s.Tenants {
+		t := &s.Tenants[i]
+		setDefault(&t.Namespace, "deskway-"+t.Name)
+		if t.Interface == "" {
+			t.Interface = "dw-" + t.Name
+			if len(t.Interface) > 15 {
+				t.Interface = t.Interface[:15]
+			}
+		}
+		setDefault(&t.MTU, 1400)
+	}
+}
+
+func validateSite(s *Site, bad func(string, string, ...any)) {
+	var fams [2]bool // IPv4, IPv6
+	if len(s.Underlay.Addresses) == 0 {
+		bad("site.underlay.addresses", "give this gateway's tunnel endpoint address (IPv4, IPv6 or one of each)")
+	}
+	for i, a := range s.Underlay.Addresses {
+		key := fmt.Sprintf("site.underlay.addresses[%d]", i)
+		ip, err := netip.ParseAddr(a)
+		if !unicast(ip, err) {
+			bad(key, "%q is not a unicast IP address", a)
+			continue
+		}
+		f := family(ip)
+		if fams[f] {
+			bad(key, "a second %s address: give at most one of each family", ipName[f])
+		}
+		fams[f] = true
+	}
+	if len(s.Tenants) == 0 {
+		bad("site.tenants", "give at least one tenant (name, key, sites)")
+	}
+	names, keys, nss := map[string]bool{}, map[uint32]string{}, map[string]bool{}
+	for i, t := range s.Tenants {
+		key := fmt.Sprintf("site.tenants[%d]", i)
+		if !siteName.MatchString(t.Name) {
+			bad(key+".name", "%q is not 1 to 31 lower-case letters, digits and dashes", t.Name)
+		}
+		if names[t.Name] {
+			bad(key+".name", "%q appears twice", t.Name)
+		}
+		names[t.Name] = true
+		if t.Key == 0 {
+			bad(key+".key", "give the GRE key that names this tenant (1 to 4294967295)")
+		} else if other, ok := keys[t.Key]; ok {
+			bad(key+".key", "%d is tenant %s's key too: the key names the tenant, so each needs its own", t.Key, other)
+		}
+		keys[t.Key] = t.Name
+		if !nsName.MatchString(t.Namespace) {
+			bad(key+".namespace", "%q is not a namespace name", t.Namespace)
+		}
+		if nss[t.Namespace] {
+			bad(key+".namespace", "%q is another tenant's: each tenant is a namespace of its own", t.Namespace)
+		}
+		nss[t.Namespace] = true
+		if !ifName.MatchString(t.Interface) {
+			bad(key+".interface", "%q is not an interface name of at most 15 characters", t.Interface)
+		}
+		if t.MTU < 1280 || t.MTU > 65000 {
+			bad(key+".mtu", "%d is not between 1280 (IPv6's least) and 65000", t.MTU)
+		}
+		own := sitePrefixes(bad, key+".prefixes", t.Prefixes, nil)
+		if len(t.Sites) == 0 {
+			bad(key+".sites", "give at least one site (peer, prefixes)")
+		}
+		peers := map[netip.Addr]bool{}
+		seen := own
+		for j, st := range t.Sites {
+			skey := fmt.Sprintf("%s.sites[%d]", key, j)
+			ip, err := netip.ParseAddr(st.Peer)
+			switch {
+			case !unicast(ip, err):
+				bad(skey+".peer", "%q is not a unicast IP address", st.Peer)
+			case !fams[family(ip)]:
+				bad(skey+".peer", "%s is %s and site.underlay.addresses has no %s address to reach it from", st.Peer, ipName[family(ip)], ipName[family(ip)])
+			case peers[ip]:
+				bad(skey+".peer", "%s is another site's of this tenant", st.Peer)
+			}
+			peers[ip] = true
+			if len(st.Prefixes) == 0 {
+				bad(skey+".prefixes", "give the site's networks (they are routed to it, and its packets must come from them)")
+			}
+			seen = sitePrefixes(bad, skey+".prefixes", st.Prefixes, seen)
+		}
+	}
+}
+
+// sitePrefixes checks CIDR prefixes, that none overlaps another of the
+// tenant's (an overlap would make a site's packets' source, or a
+// destination, ambiguous), and returns seen with them added.
+func sitePrefixes(bad func(string, string, ...any), key string, list []string, seen []netip.Prefix) []netip.Prefix {
+	for i, s := range list {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p != p.Masked() {
+			bad(fmt.Sprintf("%s[%d]", key, i), "%q is not a network in CIDR form such as 192.168.1.0/24", s)
+			continue
+		}
+		for _, q := range seen {
+			if p.Overlaps(q) {
+				bad(fmt.Sprintf("%s[%d]", key, i), "%s overlaps %s of the same tenant", p, q)
+			}
+		}
+		seen = append(seen, p)
+	}
+	return seen
+}
+
+var ipName = [2]string{"IPv4", "IPv6"}
+
+func family(ip netip.Addr) int {
+	if ip.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// unicast tells a usable endpoint address: no zone, no IPv4-mapped form
+// (a raw IPv6 socket cannot send to it), not unspecified or multicast.
+func unicast(ip netip.Addr, err error) bool {
+	return err == nil && ip.Zone() == "" && !ip.Is4In6() && !ip.IsUnspecified() && !ip.IsMulticast()
+}
