@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -114,7 +115,16 @@ type browserTransport struct {
 	// asks for, -1 for none: the client's side writes it, the host's
 	// reads it to find the channel's id.
 	clipIndex atomic.Int32
+	// loggedOn is set once the host shows a logged-on desktop (see
+	// watchLogon); refused once the gateway ends the session for want of
+	// one, which the close frame tells the page.
+	loggedOn, refused atomic.Bool
 }
+
+// closeLogonRefused is the websocket close code (one of those RFC 6455
+// leaves to applications) with which the gateway tells the page that
+// the desktop refused the logon: the page asks for the password again.
+const closeLogonRefused = 4401
 
 // writePacket sends a ping: the only packet the common code sends once a
 // browser session is open is a keepalive.
@@ -123,6 +133,9 @@ func (t *browserTransport) writePacket([]byte) error { return t.writeControl(ws.
 func (t *browserTransport) close(final ...[]byte) {
 	t.g.shut(func() {
 		msg := []byte{0x03, 0xe8} // 1000 normal closure
+		if t.refused.Load() {
+			msg = append(binary.BigEndian.AppendUint16(nil, closeLogonRefused), "logon refused"...)
+		}
 		for _, p := range final {
 			if m, err := tsgu.Decode(p); err == nil {
 				if sm, ok := m.(*tsgu.ServiceMessage); ok {
@@ -421,6 +434,10 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 					tn.log.Warn("host sent more output while reactivating the session than the gateway holds; passed on without waiting for the client", "max_held", sharecontrol.DefaultMaxHeld)
 				}
 			}
+			if out.clip.Active() && !bt.loggedOn.Load() {
+				bt.loggedOn.Store(true)
+				tn.log.Debug("host's channel server speaks on the clipboard channel: the desktop is logged on")
+			}
 			for _, ev := range out.clipEvents {
 				switch ev {
 				case cliprdr.Held:
@@ -471,6 +488,7 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 				} else {
 					tn.log.Debug("auto-logon turned on in the client info")
 				}
+				tn.watchLogon(bt)
 			}
 			if logon.raised {
 				logon.raised = false

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/deskway/deskway/internal/proto/rdcleanpath"
 	"github.com/deskway/deskway/internal/proto/tsgu"
@@ -148,4 +149,30 @@ func (w *logonWatch) feed(p []byte) ([]byte, error) {
 	out = append(out, w.pending...)
 	w.pending = nil
 	return out, nil
+}
+
+// watchLogon gives the host gateway.browser_logon_timeout from the
+// Client Info PDU to show a logged-on desktop, and ends the session as a
+// refused logon if it does not: xrdp answers a wrong password with its
+// own "login failed" dialog inside the desktop, says nothing of it on
+// the wire (no Save Session Info or Set Error Info PDU, and no setting
+// makes a failed auto-logon disconnect), and the page would show that
+// dialog with no way on. The sign of a logged-on desktop is xrdp's
+// channel server, which runs in the user's session, speaking on the
+// clipboard channel; where the client asked for no clipboard channel, or
+// the policy withheld it, there is no sign to wait for and the session
+// is left alone.
+func (tn *tunnel) watchLogon(bt *browserTransport) {
+	if bt.clipIndex.Load() < 0 {
+		return
+	}
+	d := tn.srv.cfg.BrowserLogonTimeout.D()
+	time.AfterFunc(d, func() {
+		if bt.loggedOn.Load() || tn.relayDone.Load() {
+			return
+		}
+		bt.refused.Store(true)
+		tn.log.Info("browser session: no logged-on desktop within the logon timeout; ended as a refused logon", "timeout", d.String())
+		tn.stop(fmt.Sprintf("no logged-on desktop within %s of the logon (gateway.browser_logon_timeout): taken as a refused user name or password", d))
+	})
 }

@@ -126,6 +126,7 @@ const (
 // its zero value passes everything until Watch names the channel.
 type Gate struct {
 	channel   uint16 // the clipboard channel's MCS id, 0 for none
+	active    bool   // the host has sent on the clipboard channel
 	ready     bool   // the client's channel is ready: everything passes
 	held      [][]byte
 	heldBytes int
@@ -134,15 +135,25 @@ type Gate struct {
 // Watch names the clipboard channel's MCS id (from ChannelIDs).
 func (g *Gate) Watch(channel uint16) { g.channel = channel }
 
+// Active reports whether the host has sent anything on the clipboard
+// channel. xrdp's channel server, which serves it, runs in the user's
+// session, and starts the channel (Clipboard Capabilities, Monitor
+// Ready) once a logon has succeeded, and again on each reconnection.
+func (g *Gate) Active() bool { return g.active }
+
 // Pass takes pdu, one whole output PDU from the host. Unless the gate
 // holds it (held true; the gate keeps a copy), the caller sends it on,
 // then the PDUs in after, which the gate held until then.
 func (g *Gate) Pass(pdu []byte) (held bool, after [][]byte, ev Event) {
-	if g.channel == 0 || g.ready {
+	if g.channel == 0 || g.ready && g.active {
 		return false, nil, None
 	}
 	ch, data, ok := indication(pdu)
-	if !ok || ch != g.channel || len(data) < 8 {
+	if !ok || ch != g.channel {
+		return false, nil, None
+	}
+	g.active = true
+	if g.ready || len(data) < 8 {
 		return false, nil, None
 	}
 	flags := binary.LittleEndian.Uint32(data[4:])

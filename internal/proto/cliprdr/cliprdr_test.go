@@ -119,6 +119,9 @@ func TestGate(t *testing.T) {
 			if c.watch {
 				g.Watch(0x03ec)
 			}
+			if g.Active() {
+				t.Fatal("active before any PDU")
+			}
 			for i, s := range c.in {
 				got, ev := pass(&g, nil, unhex(t, s))
 				var want []byte
@@ -128,6 +131,9 @@ func TestGate(t *testing.T) {
 				if !bytes.Equal(got, want) || ev != c.ev[i] {
 					t.Fatalf("PDU %d: Pass = % x, %v; want % x, %v", i, got, ev, want, c.ev[i])
 				}
+			}
+			if want := c.watch && c.name != "another channel"; g.Active() != want {
+				t.Fatalf("Active() = %v after the host's PDUs, want %v", g.Active(), want)
 			}
 		})
 	}
