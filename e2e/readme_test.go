@@ -42,8 +42,9 @@ func readmeBlocks(t *testing.T) map[string]string {
 // placeholders are filled in: the state directory, and the host account
 // (HOSTUSER, HOSTPASSWORD: the desktop account make run made). Then the
 // portal's Open in browser logs on with no password typed, to twm and
-// an xterm, and the portal follows the session: running, disconnected,
-// logged off.
+// an xterm, where a French browser types a command with é and € (the
+// issue's "from make run to typing é"), and the portal follows the
+// session: running, disconnected, logged off.
 func TestREADMEQuickstart(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
@@ -172,7 +173,8 @@ func TestREADMEQuickstart(t *testing.T) {
 			}
 		}
 		artifacts := filepath.Join("artifacts", t.Name())
-		ctx := newBrowser(t)
+		// A French person's browser: the page picks AZERTY from its language.
+		ctx := newBrowserWith(t, chromedp.Flag("lang", "fr-FR"), chromedp.Flag("accept-lang", "fr-FR,fr"))
 		mark := len(up.Log.String())
 		portal := "https://localhost:8446"
 		portalSignIn(t, ctx, portal, "demo", password, "desktops")
@@ -191,6 +193,7 @@ func TestREADMEQuickstart(t *testing.T) {
 				t.Fatalf("no %s runs as %s", prog, demoAccount)
 			}
 		}
+		typeInDemoXterm(t, tab, artifacts)
 		shot(t, tab, artifacts, "desktop")
 		// The portal shows demo's session, the one the broker placed.
 		if labels := portalShows(t, ctx, portal, "desktops", "Running on", artifacts, "portal-running"); !slices.Contains(labels, "Log off") {

@@ -38,7 +38,12 @@ var hostPackages = []string{"xrdp", "xorgxrdp", "twm", "xterm"}
 const demoStartWM = `#!/bin/sh
 # Written by "deskway up": this desktop's session, twm with an xterm.
 # Right-click the background for another terminal or to log off.
-xterm -geometry 90x28+40+40 -bg navy -fg white &
+# The terminal in a UTF-8 locale: in xrdp's default (C) it drops € and
+# its shell reads é as a Latin-1 byte. twm stays in C: in a UTF-8
+# locale it wants fonts the machine may not have, and exits. The
+# terminal's font is fontconfig's monospace (xterm's dependencies bring
+# one): the X server's built-in "fixed" has no €.
+LANG=C.UTF-8 xterm -fa Monospace -fs 11 -geometry 90x28+40+40 -bg navy -fg white &
 exec twm
 `
 
@@ -57,7 +62,7 @@ Color {
 Button3 = : root : f.menu "desktop"
 menu "desktop" {
   "Desktop"  f.title
-  "Terminal" f.exec "xterm -bg navy -fg white &"
+  "Terminal" f.exec "LANG=C.UTF-8 xterm -fa Monospace -fs 11 -bg navy -fg white &"
   "Log off"  f.quit
 }
 `

@@ -40,6 +40,7 @@ func TestValidationNamesKey(t *testing.T) {
 		"gateway:\n  connection_policies:\n  - name: c\n":                                          "match nobody",
 		"gateway:\n  auth_methods: [ntlm]\n  radius:\n    server: nowhere\n    secret: s\n":        "gateway.radius.server",
 		"gateway:\n  browser_compression: gzip\n":                                                  `gateway.browser_compression (line 2): "gzip" is not off, no_context_takeover or context_takeover`,
+		"gateway:\n  browser_logon_timeout: 500ms\n":                                               `gateway.browser_logon_timeout (line 2): must be between 1s and 10m`,
 	}
 	for in, want := range cases {
 		_, err := Parse([]byte(in))

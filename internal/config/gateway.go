@@ -64,6 +64,12 @@ type Gateway struct {
 	// (each message on its own) or context_takeover (each message
 	// against the 32 KiB the session sent before it; the default).
 	BrowserCompression string `yaml:"browser_compression"`
+	// BrowserLogonTimeout is how long after a browser session's logon
+	// the host has to show a logged-on desktop (its channel server
+	// speaking on the clipboard channel) before the gateway ends the
+	// session as a refused logon, which the page tells the person, in
+	// place of the host's own "login failed" dialog.
+	BrowserLogonTimeout Duration `yaml:"browser_logon_timeout"`
 	// FarmPeers are the other nodes of a gateway farm (host:port of each
 	// one's listener, as this node reaches it). A legacy IN half whose OUT
 	// half went to another node behind a load balancer is carried to it.
@@ -156,6 +162,7 @@ func gatewayDefaults(g *Gateway) {
 	setDefault(&g.ShutdownGrace, Duration(30*time.Second))
 	setDefault(&g.MaxTunnels, 20000)
 	setDefault(&g.BrowserCompression, BrowserCompressionContext)
+	setDefault(&g.BrowserLogonTimeout, Duration(30*time.Second))
 	if g.RelayLoops == nil {
 		// Two per CPU, not one: each loop's tunnels then wait behind
 		// fewer others while a loop works through its ready sockets,
@@ -190,6 +197,9 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	case BrowserCompressionOff, BrowserCompressionMessage, BrowserCompressionContext:
 	default:
 		bad("gateway.browser_compression", "%q is not off, no_context_takeover or context_takeover", g.BrowserCompression)
+	}
+	if d := g.BrowserLogonTimeout.D(); d < time.Second || d > 10*time.Minute {
+		bad("gateway.browser_logon_timeout", "must be between 1s and 10m")
 	}
 	if g.MaxTunnels < 1 {
 		bad("gateway.max_tunnels", "must be at least 1")

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/gobwas/ws"
 
 	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/proto/cliprdr"
 	"github.com/deskway/deskway/internal/proto/rdcleanpath"
 	"github.com/deskway/deskway/internal/proto/sharecontrol"
 	"github.com/deskway/deskway/internal/proto/tsgu"
@@ -82,6 +84,7 @@ func (s *Server) serveBrowser(w http.ResponseWriter, r *http.Request, cs *connSt
 		s.log.Warn("browser session: the host's default keyboard layout is used", "remote", cs.remote, "err", err)
 	}
 	bt.layout = layout
+	bt.clipIndex.Store(-1)
 	origin := r.Header.Get("Origin")
 	s.runWith(bt, hs, "browser", func(tn *tunnel) error {
 		if neg.header != "" {
@@ -108,7 +111,20 @@ type browserTransport struct {
 	// compression: what reaches the browser.
 	sent   atomic.Uint64
 	layout uint32 // the page's keyboard layout, 0 for none (see keyboardParam)
+	// clipIndex is the clipboard channel's place among those the client
+	// asks for, -1 for none: the client's side writes it, the host's
+	// reads it to find the channel's id.
+	clipIndex atomic.Int32
+	// loggedOn is set once the host shows a logged-on desktop (see
+	// watchLogon); refused once the gateway ends the session for want of
+	// one, which the close frame tells the page.
+	loggedOn, refused atomic.Bool
 }
+
+// closeLogonRefused is the websocket close code (one of those RFC 6455
+// leaves to applications) with which the gateway tells the page that
+// the desktop refused the logon: the page asks for the password again.
+const closeLogonRefused = 4401
 
 // writePacket sends a ping: the only packet the common code sends once a
 // browser session is open is a keepalive.
@@ -117,6 +133,9 @@ func (t *browserTransport) writePacket([]byte) error { return t.writeControl(ws.
 func (t *browserTransport) close(final ...[]byte) {
 	t.g.shut(func() {
 		msg := []byte{0x03, 0xe8} // 1000 normal closure
+		if t.refused.Load() {
+			msg = append(binary.BigEndian.AppendUint16(nil, closeLogonRefused), "logon refused"...)
+		}
 		for _, p := range final {
 			if m, err := tsgu.Decode(p); err == nil {
 				if sm, ok := m.(*tsgu.ServiceMessage); ok {
@@ -396,7 +415,7 @@ func (tn *tunnel) relayBrowser(bt *browserTransport, host *tls.Conn) error {
 
 func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 	buf := make([]byte, 16<<10) // one TLS record's worth
-	var out outputFramer
+	out := outputFramer{clipIndex: &bt.clipIndex}
 	for {
 		n, err := host.Read(buf)
 		if n > 0 {
@@ -413,6 +432,20 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 					tn.log.Debug("session reactivated")
 				case sharecontrol.Overflowed:
 					tn.log.Warn("host sent more output while reactivating the session than the gateway holds; passed on without waiting for the client", "max_held", sharecontrol.DefaultMaxHeld)
+				}
+			}
+			if out.clip.Active() && !bt.loggedOn.Load() {
+				bt.loggedOn.Store(true)
+				tn.log.Debug("host's channel server speaks on the clipboard channel: the desktop is logged on")
+			}
+			for _, ev := range out.clipEvents {
+				switch ev {
+				case cliprdr.Held:
+					tn.log.Debug("host offered its clipboard before the client's clipboard channel was ready; holding the offer until it is")
+				case cliprdr.Released:
+					tn.log.Debug("client's clipboard channel ready; held clipboard offers passed on")
+				case cliprdr.Overflowed:
+					tn.log.Warn("host kept offering its clipboard while the client's clipboard channel was not ready; offers passed on without waiting")
 				}
 			}
 			if len(pdus) > 0 {
@@ -437,7 +470,7 @@ func (tn *tunnel) hostToBrowser(bt *browserTransport, host *tls.Conn) error {
 func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 	wto := tn.srv.cfg.WriteTimeout.D()
 	buf := make([]byte, 16<<10)
-	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags), creds: tn.desktopCredentials(), layout: bt.layout}
+	logon := logonWatch{withhold: withheldChannels(tn.grant.RedirFlags), creds: tn.desktopCredentials(), layout: bt.layout, clipIndex: &bt.clipIndex}
 	for {
 		n, err := bt.in.Read(buf)
 		if n > 0 {
@@ -455,6 +488,7 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 				} else {
 					tn.log.Debug("auto-logon turned on in the client info")
 				}
+				tn.watchLogon(bt)
 			}
 			if logon.raised {
 				logon.raised = false
@@ -480,134 +514,4 @@ func (tn *tunnel) browserToHost(bt *browserTransport, host *tls.Conn) error {
 			return tn.clientReadErr(err)
 		}
 	}
-}
-
-// logonWatch passes the client's connection sequence through whole
-// packets: CredSSP's DER messages when the host chose NLA, then TPKT
-// packets until the Client Info PDU, where it turns on auto-logon (the
-// browser client never sets it, and without it xrdp shows its own login
-// dialog although the user gave the credentials). On the way, in the
-// client's MCS Connect Initial, it raises the client build
-// (browserClientBuild) and renames the static channels the connection
-// policy withholds, so the host opens none of them; while channels
-// are withheld, anything else before the Connect Initial ends the
-// session rather than slip past. After the Client Info PDU, or at the
-// first packet of another kind once the Connect Initial is through, it
-// passes bytes on untouched.
-type logonWatch struct {
-	withhold []string
-	// creds, when set, replace whatever the client put in its Client
-	// Info PDU (single sign-on with the user's desktop account).
-	creds    *x224.Credentials
-	pending  []byte
-	sawMCS   bool // the Connect Initial went through
-	done     bool
-	set      bool // auto-logon was turned on by the last feed
-	withheld int  // channels renamed by the last feed
-	raised   bool // the client build was raised by the last feed
-	layout   uint32
-	keyboard bool // the keyboard layout was set by the last feed
-}
-
-// browserClientBuild is the client build the gateway reports for a
-// browser client that reports an older one (IronRDP's sends 0): xrdp
-// resizes a session to a new window size, by deactivating and
-// reactivating it, only for a build above 419. 2600 is what FreeRDP
-// reports.
-const browserClientBuild = 2600
-
-// withheldChannels are the static channels a policy's redirection flags
-// forbid: the clipboard's, and device redirection's when every device
-// class is off. A browser cannot be trusted to honour the flags as
-// mstsc does, so the gateway enforces them.
-func withheldChannels(flags uint32) []string {
-	if flags&tsgu.RedirEnableAll != 0 {
-		return nil
-	}
-	all := flags&tsgu.RedirDisableAll != 0
-	var out []string
-	if all || flags&tsgu.RedirDisableClipboard != 0 {
-		out = append(out, "cliprdr")
-	}
-	devices := tsgu.RedirDisableDrive | tsgu.RedirDisablePrinter | tsgu.RedirDisablePort | tsgu.RedirDisablePnP
-	if all || flags&devices == devices {
-		out = append(out, "rdpdr")
-	}
-	return out
-}
-
-// feed takes bytes from the client and returns those to send on now.
-func (w *logonWatch) feed(p []byte) ([]byte, error) {
-	if w.done {
-		return p, nil
-	}
-	w.pending = append(w.pending, p...)
-	var out []byte
-	for len(w.pending) > 0 {
-		var n int
-		var err error
-		switch w.pending[0] {
-		case 0x30: // CredSSP (a DER TSRequest), before the connection sequence
-			n, err = rdcleanpath.Len(w.pending, 0xFFFF)
-			if errors.Is(err, rdcleanpath.ErrShort) {
-				return out, nil
-			}
-		case 3:
-			n, err = x224.TPKTLen(w.pending)
-		default:
-			if len(w.withhold) > 0 && !w.sawMCS {
-				return nil, fmt.Errorf("a packet starting 0x%02x before the MCS Connect Initial, while channels are withheld", w.pending[0])
-			}
-			w.done = true
-			out = append(out, w.pending...)
-			w.pending = nil
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n == 0 || len(w.pending) < n {
-			return out, nil
-		}
-		pkt := w.pending[:n]
-		if pkt[0] == 3 {
-			ci, k, err := x224.DisableChannels(pkt, w.withhold)
-			if err != nil {
-				return nil, err
-			}
-			w.sawMCS = w.sawMCS || ci
-			w.withheld += k
-			raised, err := x224.RaiseClientBuild(pkt, browserClientBuild)
-			if err != nil {
-				return nil, err
-			}
-			w.raised = w.raised || raised
-			kbd, err := x224.SetKeyboardLayout(pkt, w.layout)
-			if err != nil {
-				return nil, err
-			}
-			w.keyboard = w.keyboard || kbd
-			var ok bool
-			if w.creds != nil {
-				pkt, ok, err = x224.SetCredentials(pkt, *w.creds)
-			} else {
-				ok, err = x224.SetAutoLogon(pkt)
-			}
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				w.set = true
-				w.done = w.sawMCS || len(w.withhold) == 0
-			}
-		}
-		out = append(out, pkt...)
-		w.pending = w.pending[n:]
-		if w.done {
-			break
-		}
-	}
-	out = append(out, w.pending...)
-	w.pending = nil
-	return out, nil
 }

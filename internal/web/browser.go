@@ -1,10 +1,13 @@
 package web
 
 import (
+	"encoding/json"
 	"io/fs"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
 )
 
 // browserClientFile is the browser RDP client's backend, present when the
@@ -85,4 +88,35 @@ func rdpField(rdp, key string) string {
 		}
 	}
 	return ""
+}
+
+// browserPass answers the browser desktop page, as JSON, with a new
+// one-use pass to its desktop ({"token", "gateway", "destination",
+// "session", "opened"}), or why there is none ({"message"}): the desktop
+// refused the user name or password typed on the page, and the pass the
+// page had is spent.
+func (s *Server) browserPass(w http.ResponseWriter, r *http.Request) {
+	si, ok := s.current(w, r)
+	if !ok {
+		http.Error(w, "Your sign-in to the portal has ended.", http.StatusUnauthorized)
+		return
+	}
+	if !s.checkForm(w, r, si) {
+		return
+	}
+	group := r.PostFormValue("delivery_group")
+	w.Header().Set("Content-Type", "application/json")
+	res, err := s.d.Broker.Launch(r.Context(), brokerapi.LaunchRequest{DeliveryGroup: group, User: si.User, Groups: si.Groups})
+	if err != nil {
+		s.d.Logger.Warn("portal launch failed", "user", si.User, "delivery_group", group, "error", err, "for", "another logon in the browser")
+		_ = json.NewEncoder(w).Encode(map[string]string{"message": launchRefusal(group, err)})
+		return
+	}
+	s.d.Logger.Info("portal launch", "user", si.User, "delivery_group", group, "host", res.Host, "reconnect", res.Reconnect, "for", "another logon in the browser")
+	dest := res.Address + ":" + strconv.Itoa(res.Port)
+	if strings.Contains(res.Address, ":") {
+		dest = "[" + res.Address + "]:" + strconv.Itoa(res.Port)
+	}
+	_ = json.NewEncoder(w).Encode(map[string]string{"token": res.Token, "gateway": "wss://" + res.Gateway + "/rdp", "destination": dest,
+		"session": res.SessionID, "opened": strconv.FormatInt(s.d.Now().UnixMilli(), 10)})
 }

@@ -187,6 +187,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /launch", s.launch)
 	mux.HandleFunc("POST /browser", s.openInBrowser)
 	mux.HandleFunc("POST /browser/end", s.browserEnd)
+	mux.HandleFunc("POST /browser/pass", s.browserPass)
 	mux.HandleFunc("POST /logoff", s.logoff)
 	mux.HandleFunc("GET /{$}", s.desktops)
 	cop := http.NewCrossOriginProtection()

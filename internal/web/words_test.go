@@ -153,3 +153,39 @@ func TestAdminWithoutDesktopsLandsOnConsole(t *testing.T) {
 		t.Fatalf("alice (desktops, no console role) sees:\n%s", body)
 	}
 }
+
+// TestBrowserPass: after the desktop refused a logon, the browser page
+// gets a new pass to it from the portal, as JSON, and a refused launch
+// in words; without the sign-in's form token it gets nothing.
+func TestBrowserPass(t *testing.T) {
+	p := newPortal(t)
+	c := p.signIn("alice", "Alice-Pass-1")
+	if _, err := p.agent.Heartbeat(context.Background(), p.hostCred, brokerapi.Heartbeat{Host: "h1", DiskIdle: 0.9, Sessions: []brokerapi.Session{}}); err != nil {
+		t.Fatal(err)
+	}
+	csrf := csrfField.FindStringSubmatch(read(p.do("GET", "/", nil, c, nil)))[1]
+	pass := func(form url.Values) map[string]string {
+		t.Helper()
+		r := p.do("POST", "/browser/pass", form, c, nil)
+		var out map[string]string
+		if err := json.NewDecoder(r.Body).Decode(&out); err != nil || r.StatusCode != http.StatusOK {
+			t.Fatalf("/browser/pass: %s %v", r.Status, err)
+		}
+		return out
+	}
+	got := pass(url.Values{"delivery_group": {"desk"}, "csrf": {csrf}})
+	for _, k := range []string{"token", "gateway", "destination", "session", "opened"} {
+		if got[k] == "" {
+			t.Fatalf("the new pass has no %s: %v", k, got)
+		}
+	}
+	if !strings.HasPrefix(got["gateway"], "wss://") || !strings.HasSuffix(got["gateway"], "/rdp") {
+		t.Fatalf("the new pass's gateway is %q", got["gateway"])
+	}
+	if got := pass(url.Values{"delivery_group": {"nothing"}, "csrf": {csrf}}); got["token"] != "" || got["message"] == "" || internalWords.MatchString(got["message"]) {
+		t.Fatalf("a refused launch answers %v", got)
+	}
+	if r := p.do("POST", "/browser/pass", url.Values{"delivery_group": {"desk"}}, c, nil); r.StatusCode == http.StatusOK {
+		t.Fatalf("/browser/pass without the form token: %s", r.Status)
+	}
+}

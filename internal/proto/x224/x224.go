@@ -8,6 +8,7 @@
 package x224
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -410,4 +411,32 @@ func ConnectionRequestPacket(protocols uint32) []byte {
 		0x01, 0, 8, 0, 0, 0, 0, 0} // RDP_NEG_REQ
 	binary.LittleEndian.PutUint32(pkt[15:], protocols)
 	return pkt
+}
+
+// ChannelIndex looks at one whole TPKT packet from the client. If it is
+// an MCS Connect Initial, it returns the place of the static channel
+// called name (case-insensitively) among those its network data asks
+// for, -1 if it asks for none of that name: the host's Connect Response
+// gives the channels' ids in that order. connectInitial is false for any
+// other packet.
+func ChannelIndex(pkt []byte, name string) (index int, connectInitial bool, err error) {
+	index = -1
+	connectInitial, err = walkClientData(pkt, func(typ uint16, block []byte) error {
+		if typ != csNet || len(block) < 8 {
+			return nil
+		}
+		count := int(binary.LittleEndian.Uint32(block[4:]))
+		for c := 0; c < count && 8+12*c+8 <= len(block); c++ {
+			n := block[8+12*c : 8+12*c+8]
+			if end := bytes.IndexByte(n, 0); end >= 0 {
+				n = n[:end]
+			}
+			if strings.EqualFold(string(n), name) {
+				index = c
+				return nil
+			}
+		}
+		return nil
+	})
+	return index, connectInitial, err
 }

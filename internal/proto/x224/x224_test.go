@@ -242,6 +242,26 @@ func TestDisableChannels(t *testing.T) {
 	}
 }
 
+// TestChannelIndex: the clipboard channel's place among those the
+// client asks for, after any the policy withheld (renamed) before it.
+func TestChannelIndex(t *testing.T) {
+	for _, c := range []struct {
+		pkt  []byte
+		want int
+	}{
+		{connectInitial("rdpdr", "rdpsnd", "cliprdr", "drdynvc"), 2},
+		{connectInitial("_liprdr", "drdynvc"), -1},
+		{connectInitial("drdynvc", "CLIPRDR"), 1},
+	} {
+		if i, ci, err := ChannelIndex(c.pkt, "cliprdr"); i != c.want || !ci || err != nil {
+			t.Errorf("ChannelIndex = %d %v %v, want %d", i, ci, err, c.want)
+		}
+	}
+	if i, ci, err := ChannelIndex(unhex(t, specRequest), "cliprdr"); i != -1 || ci || err != nil {
+		t.Errorf("a Connection Request: ChannelIndex = %d %v %v", i, ci, err)
+	}
+}
+
 // TestDisableChannelsIgnoresDecoys: a network-data header hidden in a
 // field the host ignores (the client name) does not stop the real
 // channel list from being found: the blocks are walked, not scanned.

@@ -29,6 +29,22 @@ const refusals = {
 // Whether the person pressed Disconnect: then the end is theirs.
 let disconnecting = false;
 
+// The gateway ends a session whose desktop refused the logon (xrdp shows
+// its own "login failed" dialog and says nothing else) with this close
+// code on the websocket (closeLogonRefused in the gateway). The client
+// does not pass close codes on, so the page notes the code of each
+// websocket the client opens.
+const logonRefusedCode = 4401;
+let closeCode = 0;
+const NativeWebSocket = window.WebSocket;
+window.WebSocket = class extends NativeWebSocket {
+  constructor(...args) {
+    super(...args);
+    closeCode = 0;
+    this.addEventListener('close', (e) => { closeCode = e.code; });
+  }
+};
+
 function say(text, error) {
   status.textContent = text;
   status.className = error ? 'error' : '';
@@ -59,6 +75,38 @@ function rawDetail(err) {
     return err.backtrace();
   }
   return String(err);
+}
+
+// logonRefused shows the form again, after the desktop refused the
+// user name or password, with a new pass from the portal (the one the
+// page had is spent). With single sign-on there is nothing to retype.
+async function logonRefused() {
+  root.dataset.connected = '';
+  toolbar.hidden = true;
+  if (root.dataset.sso === 'true') {
+    finish('The desktop refused the account the portal logs you on with. Tell your administrator.', true);
+    return;
+  }
+  const d = root.dataset;
+  let pass;
+  try {
+    const resp = await fetch('/browser/pass', {
+      method: 'POST',
+      credentials: 'same-origin',
+      body: new URLSearchParams({ csrf: d.csrf, delivery_group: d.group }),
+    });
+    pass = await resp.json();
+  } catch {
+    pass = {};
+  }
+  if (!pass.token) {
+    finish(pass.message || 'The desktop refused that user name or password. Go back to your desktops and open it again.', true);
+    return;
+  }
+  Object.assign(d, { token: pass.token, destination: pass.destination, gateway: pass.gateway, session: pass.session, opened: pass.opened });
+  form.hidden = false;
+  say('The desktop refused that user name or password. Try again.', true);
+  form.elements.password.focus();
 }
 
 // explainEnd shows why a connected session ended: the portal asks the broker
@@ -150,10 +198,16 @@ form.addEventListener('submit', async (ev) => {
     ui.setVisibility(true);
     root.dataset.connected = 'true';
     const end = await session.run();
+    if (closeCode === logonRefusedCode) {
+      await logonRefused();
+      return;
+    }
     await explainEnd(end.reason());
   } catch (err) {
     console.warn('the desktop connection failed:', rawDetail(err));
-    if (connected) {
+    if (closeCode === logonRefusedCode) {
+      await logonRefused();
+    } else if (connected) {
       await explainEnd(rawDetail(err));
     } else {
       finish(describe(err), true);
