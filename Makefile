@@ -71,7 +71,7 @@ e2e: deps assets
 
 # Short coverage-guided runs of every fuzz target, seeded from testdata.
 fuzz:
-	@set -e; for pkg in ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/proto/bitmapupdate ./internal/proto/gre ./internal/gateway ./internal/stream ./internal/site; do \
+	@set -e; for pkg in ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/proto/bitmapupdate ./internal/proto/gre ./internal/proto/cliprdr ./internal/gateway ./internal/stream ./internal/site; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$f"; \
 	    $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \
