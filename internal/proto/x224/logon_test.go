@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"testing"
 	"unicode/utf16"
+
+	"github.com/deskway/deskway/internal/proto/x224/x224test"
 )
 
 // clientInfoWith is a Unicode Client Info PDU with the given strings
@@ -25,7 +27,7 @@ func clientInfoWith(strs [5]string, extra []byte) []byte {
 	}
 	info = append(info, extra...)
 	user := append([]byte{0x40, 0x00, 0x00, 0x00}, info...)
-	mcs := append([]byte{0x64, 0x00, 0x06, 0x03, 0xeb, 0x70}, perLength(len(user))...)
+	mcs := append([]byte{0x64, 0x00, 0x06, 0x03, 0xeb, 0x70}, x224test.PERLength(len(user))...)
 	body := append(append([]byte{0x02, 0xf0, 0x80}, mcs...), user...)
 	return append([]byte{3, 0, byte((len(body) + 4) >> 8), byte(len(body) + 4)}, body...)
 }
