@@ -90,6 +90,7 @@ type desktopGeometry struct {
 	Pixels                   [2]int  // the desktop's width and height
 }
 
+// geometry is the desktop's geometry in the tab now.
 func geometry(t *testing.T, tab context.Context) desktopGeometry {
 	t.Helper()
 	g, err := chromedp.Run(tab, chromedp.Evaluate[desktopGeometry](`(() => {
@@ -138,6 +139,7 @@ func (b *browserRig) waitButton(t *testing.T, tab context.Context, n int, kind s
 	}
 }
 
+// abs is n's distance from 0.
 func abs(n int) int {
 	if n < 0 {
 		return -n
