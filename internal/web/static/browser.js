@@ -5,6 +5,7 @@
 import '/static/vendor/iron-remote-desktop.js';
 import { Backend, init, enableCredssp, displayControl } from '/static/vendor/iron-remote-desktop-rdp.js';
 import { keyboardLayout, fillChoice, withLayout, capturingModule, sendUnicode } from '/static/keyboard.js';
+import { touchScreen, touchAsMouse, phoneKeyboard } from '/static/touch.js';
 
 const root = document.getElementById('browser');
 const form = document.getElementById('credentials');
@@ -155,17 +156,32 @@ screen.append(el);
 const ui = await ready;
 fillChoice(form.elements.keyboard, await keyboardLayout());
 sendUnicode(Backend, () => session, () => document.activeElement === el);
+touchAsMouse(Backend, () => session, screen, el);
+phoneKeyboard(Backend, () => session, document.getElementById('keys'), document.getElementById('typing'));
 root.dataset.ready = 'true';
 
 // A width that is a multiple of 4: xrdp pads every bitmap to one, and
 // the gateway widens each update to its bitmap (the client draws a
 // narrower destination sheared), so on a screen of another width the
 // updates at its right edge would reach past it and not be drawn. Even
-// heights: some hosts refuse odd sizes.
+// heights: some hosts refuse odd sizes. A desktop at least 640 by 480
+// is shrunk to fit a smaller window; on a phone that made it unreadable,
+// so a touch screen gets a desktop of its own size, drawn pixel for
+// pixel, and the person pinches to zoom (200 is the least a host takes).
 function size() {
-  const w = Math.max(640, screen.clientWidth) & ~3;
-  const h = Math.max(480, window.innerHeight - toolbar.offsetHeight) & ~1;
+  const least = phone() ? 200 : null;
+  const w = Math.max(least || 640, screen.clientWidth) & ~3;
+  const h = Math.max(least || 480, window.innerHeight - toolbar.offsetHeight) & ~1;
   return { width: w, height: h };
+}
+
+function phone() {
+  return touchScreen() && screen.clientWidth < 640;
+}
+
+// The toolbar offers the phone's keyboard where there is no other.
+function fitToolbar() {
+  document.getElementById('keys').hidden = !touchScreen();
 }
 
 form.addEventListener('submit', async (ev) => {
@@ -176,6 +192,7 @@ form.addEventListener('submit', async (ev) => {
   // The toolbar takes its place before the size is measured, so the
   // desktop fits the space left below it.
   toolbar.hidden = false;
+  fitToolbar();
   say('Connecting…');
   const d = root.dataset;
   const config = ui.configBuilder()
@@ -241,6 +258,7 @@ let resizeTimer;
 window.addEventListener('resize', () => {
   clearTimeout(resizeTimer);
   resizeTimer = setTimeout(() => {
+    fitToolbar();
     if (root.dataset.connected) {
       const s = size();
       ui.resize(s.width, s.height);

@@ -132,12 +132,32 @@ export function sendUnicode(backend, session, focused) {
     }
     e.preventDefault();
     e.stopImmediatePropagation();
-    const ev = e.type === 'keydown' ? backend.DeviceEvent.unicodePressed(e.key) : backend.DeviceEvent.unicodeReleased(e.key);
-    const tx = new backend.InputTransaction();
-    tx.addEvent(ev);
-    s.applyInputs(tx);
+    send(backend, s, [e.type === 'keydown' ? backend.DeviceEvent.unicodePressed(e.key) : backend.DeviceEvent.unicodeReleased(e.key)]);
   };
   // Capturing, so that the page sees the key before the web component.
   window.addEventListener('keydown', handle, true);
   window.addEventListener('keyup', handle, true);
+}
+
+function send(backend, session, events) {
+  const tx = new backend.InputTransaction();
+  for (const ev of events) tx.addEvent(ev);
+  session.applyInputs(tx);
+}
+
+// typeText types text on the desktop as Unicode keyboard events, a press
+// and a release for each character, as sendUnicode sends a key with no
+// physical key: the phone's keyboard gives characters, not keys.
+export function typeText(backend, session, text) {
+  const events = [];
+  for (const ch of text) {
+    events.push(backend.DeviceEvent.unicodePressed(ch), backend.DeviceEvent.unicodeReleased(ch));
+  }
+  send(backend, session, events);
+}
+
+// pressKey presses and releases the key with the given scancode (0xE0..
+// for an extended key).
+export function pressKey(backend, session, scancode) {
+  send(backend, session, [backend.DeviceEvent.keyPressed(scancode), backend.DeviceEvent.keyReleased(scancode)]);
 }
