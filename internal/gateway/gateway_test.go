@@ -5,20 +5,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,197 +20,10 @@ import (
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
-	"github.com/deskway/deskway/internal/gateway"
-	"github.com/deskway/deskway/internal/policy"
 	"github.com/deskway/deskway/internal/proto/tsgu"
 	"github.com/deskway/deskway/internal/testkit"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
-
-const testConfig = `
-auth:
-  token_key: "0123456789abcdef0123456789abcdef"
-  max_failures: 3
-  users:
-  - {name: alice, password: "Alice-Pass1", groups: [staff]}
-  - {name: bob, password: "Bob-Pass1", groups: [staff]}
-  - {name: eve, password: "Eve-Pass1", groups: [outsiders]}
-  - {name: carol, password: "Carol-Pass1"}
-gateway:
-  listen: 127.0.0.1:0
-  handshake_timeout: 2s
-  keepalive: 1s
-  shutdown_grace: 1s
-  service_message: "Maintenance at 22:00"
-  connection_policies:
-  - {name: staff, groups: [staff], max_tunnels_per_user: 4}
-  resource_policies:
-  - {name: loop, groups: [staff], hosts: [127.0.0.1]}
-`
-
-type harness struct {
-	srv       *gateway.Server
-	addr      string
-	clientTLS *tls.Config
-	tokens    *auth.Tokens
-	echo      string
-	echoPort  uint16
-	cancel    context.CancelFunc
-	done      chan error
-	logs      *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func start(t *testing.T, mod func(*config.Config)) *harness {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverTLS, clientTLS, _, _ := testkit.TLS(t)
-	return startOn(t, ln, serverTLS, clientTLS, mod)
-}
-
-// startOn is start on a listener of the caller's, with its certificates
-// (a farm's nodes share them), the farm key derived when the
-// configuration names farm peers.
-func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mod func(*config.Config)) *harness {
-	t.Helper()
-	cfg, err := config.Parse([]byte(testConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mod != nil {
-		mod(cfg)
-	}
-	var farmKey []byte
-	if len(cfg.Gateway.FarmPeers) > 0 {
-		farmKey = gateway.FarmKey([]byte(cfg.Auth.TokenKey.Value()))
-	}
-	var uses gateway.TokenUses
-	if cfg.Farm != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		maxUses := 1
-		if cfg.Gateway.TokenMaxUses != nil {
-			maxUses = *cfg.Gateway.TokenMaxUses
-		}
-		var err error
-		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, slog.New(slog.NewTextHandler(io.Discard, nil)), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	users, err := auth.NewUsers(cfg.Auth.Users)
-	if err != nil {
-		t.Fatal(err)
-	}
-	users.WithDesktops(cfg.Auth.DesktopAccounts)
-	tokens, _ := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
-	pol, err := policy.New(cfg.Gateway, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	h := &harness{clientTLS: clientTLS, tokens: tokens, logs: logs, done: make(chan error, 1)}
-	h.srv, err = gateway.New(cfg.Gateway, gateway.Deps{
-		Logger:    slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Users:     users,
-		Tokens:    tokens,
-		Policy:    pol,
-		Throttle:  auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		Domain:    cfg.Auth.Domain,
-		FarmKey:   farmKey,
-		TokenUses: uses,
-		FarmDatabase: func() string {
-			if cfg.Farm == nil {
-				return ""
-			}
-			return cfg.Farm.Database.Value()
-		}(),
-		Authorizer: func() gateway.Authorizer {
-			if cfg.Gateway.RADIUS == nil {
-				return nil
-			}
-			return policy.NewRADIUS(cfg.Gateway.RADIUS)
-		}(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.addr = ln.Addr().String()
-	h.echo = testkit.Echo(t)
-	_, p, _ := net.SplitHostPort(h.echo)
-	fmt.Sscan(p, &h.echoPort)
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	go func() { h.done <- h.srv.Serve(ctx, ln, serverTLS) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-h.done:
-		case <-time.After(10 * time.Second):
-			t.Error("gateway did not stop")
-		}
-	})
-	return h
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	if testing.Verbose() {
-		w.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
-
-func (h *harness) cfg(user, pass, transport string) tsgclient.Config {
-	return tsgclient.Config{Gateway: h.addr, TLS: h.clientTLS, User: user, Password: pass, Transport: transport}
-}
-
-func (h *harness) token(t *testing.T, user, host string, port uint16, ttl time.Duration) string {
-	t.Helper()
-	s, err := h.tokens.Mint(user, nil, host, int(port), ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func dial(t *testing.T, c tsgclient.Config, host string, port uint16) (*tsgclient.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return tsgclient.Dial(ctx, c, host, port)
-}
-
-func echoRoundTrip(t *testing.T, c *tsgclient.Conn, size int) {
-	t.Helper()
-	msg := bytes.Repeat([]byte("deskway!"), size/8+1)[:size]
-	go func() { _, _ = c.Write(msg) }()
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil {
-		t.Fatalf("echo read: %v", err)
-	}
-	if !bytes.Equal(got, msg) {
-		t.Fatal("echo mismatch")
-	}
-}
 
 func TestTunnelsEcho(t *testing.T) {
 	h := start(t, nil)
@@ -381,105 +188,6 @@ func TestMaxTunnelsPerUser(t *testing.T) {
 	}
 }
 
-func TestServiceMessageAndKeepalive(t *testing.T) {
-	h := start(t, nil)
-	cfg := h.cfg("alice", "Alice-Pass1", tsgclient.Websocket)
-	var local atomic.Int32 // the client's port
-	cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, network, addr)
-		if err == nil {
-			local.Store(int32(conn.LocalAddr().(*net.TCPAddr).Port))
-		}
-		return conn, err
-	}
-	c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if c.ServiceMessage != "Maintenance at 22:00" && c.ServiceMessage == "" {
-		// The service message follows the auth response; it is read by the first Read.
-		echoRoundTrip(t, c, 4)
-	}
-	if c.ServiceMessage != "Maintenance at 22:00" {
-		t.Fatalf("service message %q", c.ServiceMessage)
-	}
-	// Silent until the gateway's keepalives (every second) have come
-	// twice, unread: the tunnel must stay up.
-	gw := portOf(t, h.addr)
-	unread := func() int {
-		for _, s := range tcpSocks(t) {
-			if s.localPort == int(local.Load()) && s.remotePort == gw {
-				return s.unread
-			}
-		}
-		t.Fatal("the client's connection is gone")
-		return 0
-	}
-	for first, deadline := 0, time.Now().Add(5*time.Second); ; time.Sleep(50 * time.Millisecond) {
-		n := unread()
-		if first == 0 {
-			first = n
-		} else if n > first {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no second keepalive within 5 s of silence (%d bytes unread)", n)
-		}
-	}
-	echoRoundTrip(t, c, 4)
-}
-
-func TestIdleTimeout(t *testing.T) {
-	h := start(t, func(c *config.Config) {
-		c.Gateway.CAP[0].IdleTimeout = config.Duration(1500 * time.Millisecond)
-	})
-	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	buf := make([]byte, 10)
-	start := time.Now()
-	if _, err := c.Read(buf); !errors.Is(err, io.EOF) {
-		t.Fatalf("idle tunnel: read returned %v", err)
-	}
-	if d := time.Since(start); d < time.Second || d > 8*time.Second {
-		t.Fatalf("idle close after %s", d)
-	}
-}
-
-func TestSessionTimeout(t *testing.T) {
-	h := start(t, func(c *config.Config) {
-		c.Gateway.CAP[0].SessionTimeout = config.Duration(2 * time.Second)
-	})
-	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	start := time.Now()
-	// Busy all along: only the session limit can end it.
-	for time.Since(start) < 10*time.Second {
-		msg := []byte("ping")
-		if _, err := c.Write(msg); err != nil {
-			break
-		}
-		buf := make([]byte, 4)
-		if _, err := io.ReadFull(c, buf); err != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if d := time.Since(start); d < 1500*time.Millisecond || d > 9*time.Second {
-		t.Fatalf("busy tunnel ended after %s, want about the 2s session limit", d)
-	}
-	if !strings.Contains(h.logs.String(), "session longer than 2s") {
-		t.Fatal("session timeout not logged")
-	}
-}
-
 // TestMemoryBoundedUnderHugeAnnouncedPackets opens many websockets that each
 // announce a maximum-size packet and send a few bytes of it: the gateway
 // may buffer at most one packet per connection, not what a frame claims.
@@ -518,78 +226,8 @@ func TestMemoryBoundedUnderHugeAnnouncedPackets(t *testing.T) {
 	}
 }
 
-func TestAdminListAndDisconnect(t *testing.T) {
-	h := start(t, nil)
-	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	echoRoundTrip(t, c, 100)
-	api := httptest.NewServer(h.srv.AdminHandler())
-	defer api.Close()
-	resp, err := http.Get(api.URL + "/api/v1/gateway/tunnels")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var list struct{ Tunnels []gateway.TunnelInfo }
-	_ = json.NewDecoder(resp.Body).Decode(&list)
-	resp.Body.Close()
-	if len(list.Tunnels) != 1 || list.Tunnels[0].User != "alice" || list.Tunnels[0].BytesUp != 100 || list.Tunnels[0].Target != "127.0.0.1:"+fmt.Sprint(h.echoPort) {
-		t.Fatalf("tunnel list: %+v", list)
-	}
-	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("%s/api/v1/gateway/tunnels/%d", api.URL, list.Tunnels[0].ID), nil)
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("disconnect: %v %v", resp.Status, err)
-	}
-	if _, err := io.ReadAll(c); err != nil && !errors.Is(err, io.EOF) && !isClosed(err) {
-		t.Fatalf("after disconnect: %v", err)
-	}
-	req, _ = http.NewRequest(http.MethodDelete, api.URL+"/api/v1/gateway/tunnels/999", nil)
-	if resp, _ := http.DefaultClient.Do(req); resp.StatusCode != http.StatusNotFound {
-		t.Fatalf("unknown tunnel: %s", resp.Status)
-	}
-}
-
 func isClosed(err error) bool {
 	return errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "connection reset")
-}
-
-func TestGracefulShutdown(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Gateway.ShutdownGrace = config.Duration(3 * time.Second) })
-	c, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	h.cancel()
-	// Shutdown has begun once new tunnels are refused...
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		c2, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-		if err != nil {
-			break
-		}
-		c2.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("new tunnels still accepted 5 s after shutdown began")
-		}
-	}
-	// ...and the open tunnel keeps working during the grace period.
-	echoRoundTrip(t, c, 50)
-	// ...and it is closed when the grace period ends.
-	select {
-	case err := <-h.done:
-		if err != nil {
-			t.Fatalf("shutdown: %v", err)
-		}
-		h.done <- nil
-	case <-time.After(8 * time.Second):
-		t.Fatal("shutdown did not finish after the grace period")
-	}
-	if _, err := io.ReadAll(c); err != nil && !errors.Is(err, io.EOF) && !isClosed(err) {
-		t.Fatalf("tunnel after shutdown: %v", err)
-	}
 }
 
 // rawWS opens a PAA websocket with no tunnel yet, for sending arbitrary bytes.
@@ -823,10 +461,6 @@ func rawLegacy(t *testing.T, h *harness, method, id, user, pass string) net.Conn
 	return conn
 }
 
-func TestMain(m *testing.M) {
-	os.Exit(m.Run())
-}
-
 // TestBulkBothWaysWithASlowReader sends more than the socket buffers hold
 // while the client does not read, so the relay must hold back each side
 // in turn (its queues fill, then drain) without losing or reordering a
@@ -916,47 +550,4 @@ func TestPingFloodIsHeldBack(t *testing.T) {
 		}
 	}
 	t.Fatalf("the gateway read %d MiB of pings whose answers nobody read", sent>>20)
-}
-
-// TestReloadPutsUsersAndPoliciesInForce: a reload's users can log in and
-// its policies decide the next tunnel; an open tunnel keeps its grant.
-func TestReloadPutsUsersAndPoliciesInForce(t *testing.T) {
-	h := start(t, nil)
-	open, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer open.Close()
-	if _, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); httpStatusOf(err) != http.StatusUnauthorized {
-		t.Fatalf("zoe before she was added: %v, want 401", err)
-	}
-	cfg := &config.Config{Auth: config.Auth{Users: []config.User{
-		{Name: "alice", Password: config.NewSecret("Alice-Pass1"), Groups: []string{"staff"}},
-		{Name: "zoe", Password: config.NewSecret("Zoe-Pass1"), Groups: []string{"night"}},
-	}}, Gateway: &config.Gateway{
-		CAP: []config.CAP{{Name: "night", Groups: []string{"night"}}},
-		RAP: []config.RAP{{Name: "loop", Groups: []string{"night"}, Hosts: []string{"127.0.0.1"}}},
-	}}
-	cfg.ApplyDefaults()
-	users, err := auth.NewUsers(cfg.Auth.Users)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := policy.New(cfg.Gateway, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.srv.Reload(users, pol)
-	c, err := dial(t, h.cfg("zoe", "Zoe-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatalf("zoe after the reload: %v", err)
-	}
-	echoRoundTrip(t, c, 10)
-	c.Close()
-	// staff has no policy now: alice logs in but gets no new tunnel...
-	if _, err := dial(t, h.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyNAPAccessDenied {
-		t.Fatalf("alice, with no connection policy for her group: %v, want E_PROXY_NAP_ACCESSDENIED", err)
-	}
-	// ...and the one she had goes on.
-	echoRoundTrip(t, open, 10)
 }
