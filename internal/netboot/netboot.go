@@ -16,11 +16,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,9 +227,9 @@ const (
 // firmware asks again.
 func (s *Service) tftpRead(name string, rf io.ReaderFrom) error {
 	name = strings.TrimPrefix(name, "/")
-	if name != "undionly.kpxe" && name != "ipxe.efi" {
+	if !slices.Contains(slices.Collect(maps.Values(pxeStages)), name) {
 		s.m.tftp.WithLabelValues("refused").Inc()
-		return fmt.Errorf("no file %q here: deskway serves undionly.kpxe and ipxe.efi", name)
+		return fmt.Errorf("no file %q here: deskway serves undionly.kpxe, ipxe.efi and ipxe-arm64.efi", name)
 	}
 	select {
 	case s.tftpSlots <- struct{}{}:
