@@ -59,15 +59,17 @@ func (n *netns) run(args ...string) string {
 	return string(out)
 }
 
-// vm is a qemu machine with no disk, only a virtio NIC on tap with mac and
-// qemu's iPXE option ROM, booting from the network; its serial console
-// (where SeaBIOS, iPXE and the kernel write with -nographic) is out.
+// vm is a qemu machine with no disk, only a virtio NIC on a tap,
+// booting from the network; its serial console (where the firmware,
+// iPXE and the kernel write with -nographic) is out.
 type vm struct {
 	cmd *exec.Cmd
 	out *lockedBuffer
 	in  io.WriteCloser
 }
 
+// bootVM starts a BIOS machine (SeaBIOS) whose NIC has mac and qemu's
+// iPXE option ROM.
 func (n *netns) bootVM(tap, mac string) *vm {
 	n.t.Helper()
 	return n.startVM("-m", "256", "-boot", "n", "-netdev", "tap,id=n0,ifname="+tap+",script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0,mac="+mac)
