@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/netbootbench"
-	"github.com/deskway/deskway/internal/qemuaccel"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -80,7 +79,7 @@ func (n *netns) bootVM(tap, mac string) *vm {
 func (n *netns) startVM(args ...string) *vm {
 	n.t.Helper()
 	accel := vmAccel()
-	n.t.Logf("qemu accelerator: %s (%s)", accel.Accel, accel.Why)
+	n.t.Logf("qemu accelerator: %s (%s)", accel.Name, accel.Why)
 	args = append(append([]string{"netns", "exec", n.name, "qemu-system-x86_64"}, accel.Args()...),
 		append([]string{"-smp", "1", "-nographic", "-monitor", "none", "-no-reboot"}, args...)...)
 	cmd := exec.Command("ip", args...)
@@ -106,12 +105,12 @@ func (v *vm) exited() bool {
 // vmAccel is the accelerator of the test binary's VMs, probed once: a
 // probe that finds KVM unusable waits seconds for a guest that never
 // starts.
-var vmAccel = sync.OnceValue(func() qemuaccel.Choice {
+var vmAccel = sync.OnceValue(func() netbootbench.Accelerator {
 	kernels, _ := filepath.Glob(filepath.Join(testkit.KernelDir, "boot", "vmlinuz-*"))
 	if len(kernels) == 0 {
-		return qemuaccel.Choice{Accel: "tcg", Why: "no kernel to try KVM with"}
+		return netbootbench.Accelerator{Name: "tcg", Why: "no kernel to try KVM with"}
 	}
-	return qemuaccel.Probe(context.Background(), kernels[0])
+	return netbootbench.ProbeAccelerator(context.Background(), kernels[0])
 })
 
 // wait returns the first match of re on the console within d.

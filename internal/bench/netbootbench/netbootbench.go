@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/report"
-	"github.com/deskway/deskway/internal/qemuaccel"
 )
 
 // Options configure a run.
@@ -98,8 +97,8 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	accel := qemuaccel.Probe(ctx, kernel)
-	o.Log.Info("qemu accelerator", "accel", accel.Accel, "why", accel.Why)
+	accel := ProbeAccelerator(ctx, kernel)
+	o.Log.Info("qemu accelerator", "accel", accel.Name, "why", accel.Why)
 	if err := os.MkdirAll(filepath.Join(dir, "pxe"), 0o755); err != nil {
 		return nil, err
 	}
@@ -150,7 +149,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		}
 	}
 	res := &report.Result{Bench: "netboot", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(), Summary: map[string]float64{},
-		SummaryText: map[string]string{"accel": accel.Accel, "accel_why": accel.Why}}
+		SummaryText: map[string]string{"accel": accel.Name, "accel_why": accel.Why}}
 	qemu := func(args ...string) *exec.Cmd {
 		return ns.command("qemu-system-x86_64", append(append(accel.Args(), "-m", "256", "-smp", "1", "-nographic", "-monitor", "none", "-no-reboot"), args...)...)
 	}
@@ -181,7 +180,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 				return nil, fmt.Errorf("run %d, %s: %w", run, sys, err)
 			}
 			name := map[string]string{"pxe": "deskway-pxe", "nbd": "qemu-nbd-direct"}[sys]
-			res.Points = append(res.Points, report.Point{Scenario: "boot-one", System: name, Params: map[string]any{"run": run, "accel": accel.Accel}, Metrics: b.metrics()})
+			res.Points = append(res.Points, report.Point{Scenario: "boot-one", System: name, Params: map[string]any{"run": run, "accel": accel.Name}, Metrics: b.metrics()})
 			o.Log.Info("boot", "system", name, "run", run, "seconds", round(b.total))
 			if sys == "pxe" {
 				pxe1 = append(pxe1, b.total)
@@ -215,7 +214,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			slowest := 0.0
 			for i, b := range boots {
 				slowest = max(slowest, b.total)
-				res.Points = append(res.Points, report.Point{Scenario: "boot-four", System: sys, Params: map[string]any{"run": run, "vm": i + 1, "accel": accel.Accel}, Metrics: b.metrics()})
+				res.Points = append(res.Points, report.Point{Scenario: "boot-four", System: sys, Params: map[string]any{"run": run, "vm": i + 1, "accel": accel.Name}, Metrics: b.metrics()})
 			}
 			if sys == "deskway-pxe" {
 				pxe4 = append(pxe4, slowest)

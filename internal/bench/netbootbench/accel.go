@@ -1,8 +1,4 @@
-// Package qemuaccel picks qemu's accelerator for the VMs tests and
-// benches start: KVM when a guest kernel runs on this machine's
-// /dev/kvm, qemu's own emulator (TCG) otherwise, so the same VMs run
-// either way and each run can say which it had.
-package qemuaccel
+package netbootbench
 
 import (
 	"bytes"
@@ -27,29 +23,32 @@ const kvmGetAPIVersion = 0xAE00
 // well under a second, and one that has not in this long is stuck.
 const probeTime = 5 * time.Second
 
-// Choice is the accelerator to use and why.
-type Choice struct {
-	Accel string // "kvm" or "tcg"
-	Why   string // a sentence for logs and results
+// Accelerator is qemu's accelerator for the VMs of the bench and the
+// network-boot tests, and why: KVM when a guest kernel runs on this
+// machine's /dev/kvm, qemu's own emulator (TCG) otherwise, so the same
+// VMs run either way and each run can say which it had.
+type Accelerator struct {
+	Name string // "kvm" or "tcg"
+	Why  string // a sentence for logs and results
 }
 
-// Args are qemu's options for the choice.
-func (c Choice) Args() []string { return []string{"-accel", c.Accel} }
+// Args are qemu's options for the accelerator.
+func (a Accelerator) Args() []string { return []string{"-accel", a.Name} }
 
-// Probe chooses KVM when /dev/kvm opens for reading and writing, answers
+// ProbeAccelerator chooses KVM when /dev/kvm opens for reading and writing, answers
 // KVM's API version, and kernel (a bzImage, started with no initramfs)
 // prints its banner on a KVM guest's serial console. The device alone
 // does not prove it: under nested virtualization qemu may start on a
 // /dev/kvm whose guests never get past the kernel's decompressor.
-func Probe(ctx context.Context, kernel string) Choice {
+func ProbeAccelerator(ctx context.Context, kernel string) Accelerator {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
-		return Choice{"tcg", fmt.Sprintf("no usable /dev/kvm (%v)", err)}
+		return Accelerator{"tcg", fmt.Sprintf("no usable /dev/kvm (%v)", err)}
 	}
 	v, err := unix.IoctlRetInt(int(f.Fd()), kvmGetAPIVersion)
 	f.Close()
 	if err != nil || v != kvmAPIVersion {
-		return Choice{"tcg", fmt.Sprintf("/dev/kvm answers API version %d (%v), not %d", v, err, kvmAPIVersion)}
+		return Accelerator{"tcg", fmt.Sprintf("/dev/kvm answers API version %d (%v), not %d", v, err, kvmAPIVersion)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTime)
 	defer cancel()
@@ -58,14 +57,14 @@ func Probe(ctx context.Context, kernel string) Choice {
 	out := &bannerWriter{seen: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		return Choice{"tcg", fmt.Sprintf("qemu on KVM did not start: %v", err)}
+		return Accelerator{"tcg", fmt.Sprintf("qemu on KVM did not start: %v", err)}
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	select {
 	case <-out.seen:
-		return Choice{"kvm", "a guest kernel boots on /dev/kvm"}
+		return Accelerator{"kvm", "a guest kernel boots on /dev/kvm"}
 	case <-ctx.Done():
-		return Choice{"tcg", fmt.Sprintf("/dev/kvm answers (API version %d), but a guest kernel printed nothing on it in %s: KVM here runs no guest", v, probeTime)}
+		return Accelerator{"tcg", fmt.Sprintf("/dev/kvm answers (API version %d), but a guest kernel printed nothing on it in %s: KVM here runs no guest", v, probeTime)}
 	}
 }
 
