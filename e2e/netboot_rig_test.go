@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,20 +58,31 @@ func (n *netns) run(args ...string) string {
 	return string(out)
 }
 
-// vm is a qemu machine with no disk, only a virtio NIC on tap with mac and
-// qemu's iPXE option ROM, booting from the network; its serial console
-// (where SeaBIOS, iPXE and the kernel write with -nographic) is out.
+// vm is a qemu machine with no disk, only a virtio NIC on a tap,
+// booting from the network; its serial console (where the firmware,
+// iPXE and the kernel write with -nographic) is out.
 type vm struct {
 	cmd *exec.Cmd
 	out *lockedBuffer
 	in  io.WriteCloser
 }
 
+// bootVM starts a BIOS machine (SeaBIOS) whose NIC has mac and qemu's
+// iPXE option ROM.
 func (n *netns) bootVM(tap, mac string) *vm {
 	n.t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", n.name, "qemu-system-x86_64", "-machine", "accel=tcg", "-m", "256", "-smp", "1",
-		"-nographic", "-monitor", "none", "-no-reboot", "-boot", "n",
-		"-netdev", "tap,id=n0,ifname="+tap+",script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0,mac="+mac)
+	return n.startVM("-m", "256", "-boot", "n", "-netdev", "tap,id=n0,ifname="+tap+",script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0,mac="+mac)
+}
+
+// startVM starts qemu-system-x86_64 in the namespace with args, on KVM
+// when this machine has it, its serial console on the vm's out.
+func (n *netns) startVM(args ...string) *vm {
+	n.t.Helper()
+	accel := vmAccel()
+	n.t.Logf("qemu accelerator: %s (%s)", accel.Name, accel.Why)
+	args = append(append([]string{"netns", "exec", n.name, "qemu-system-x86_64"}, accel.Args()...),
+		append([]string{"-smp", "1", "-nographic", "-monitor", "none", "-no-reboot"}, args...)...)
+	cmd := exec.Command("ip", args...)
 	v := &vm{cmd: cmd, out: &lockedBuffer{}}
 	cmd.Stdout, cmd.Stderr = v.out, v.out
 	var err error
@@ -81,17 +96,37 @@ func (n *netns) bootVM(tap, mac string) *vm {
 	return v
 }
 
+// exited says qemu has ended (a zombie until the test reaps it).
+func (v *vm) exited() bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", v.cmd.Process.Pid))
+	return err != nil || bytes.Contains(b, []byte(") Z "))
+}
+
+// vmAccel is the accelerator of the test binary's VMs, probed once: a
+// probe that finds KVM unusable waits seconds for a guest that never
+// starts.
+var vmAccel = sync.OnceValue(func() netbootbench.Accelerator {
+	kernels, _ := filepath.Glob(filepath.Join(testkit.KernelDir, "boot", "vmlinuz-*"))
+	if len(kernels) == 0 {
+		return netbootbench.Accelerator{Name: "tcg", Why: "no kernel to try KVM with"}
+	}
+	return netbootbench.ProbeAccelerator(context.Background(), kernels[0])
+})
+
 // wait returns the first match of re on the console within d.
 func (v *vm) wait(t *testing.T, re *regexp.Regexp, d time.Duration) []string {
 	t.Helper()
+	gone := false
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		out := v.out.String()
 		if m := re.FindStringSubmatch(out); m != nil {
 			return m
 		}
-		if strings.Contains(out, "reboot: Power down") {
-			break // the machine is off: nothing more will come
+		if gone || strings.Contains(out, "reboot: Power down") || strings.Contains(out, "BdsDxe: failed to load") {
+			break // the machine is off, or its UEFI firmware could not boot from the network: nothing more will come
 		}
+		// qemu gone: its last output is read at the next look.
+		gone = v.exited()
 	}
 	t.Fatalf("the VM's console never showed %q:\n%s", re, lastLines(strings.ReplaceAll(v.out.String(), "\r", ""), 40))
 	return nil

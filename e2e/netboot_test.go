@@ -24,7 +24,7 @@ stream:
   tls: "off"
   clients: open
   vdisks:
-  - {name: golden, base: %[3]s, kernel: %[4]s, initrd: %[5]s, cmdline: "console=ttyS0 panic=-1 quiet"}
+  - {name: golden, base: %[3]s, kernel: %[4]s, initrd: %[5]s, cmdline: "console=ttyS0 panic=-1 quiet no_timer_check"}
   netboot:
     interface: br0
     address: 10.77.0.1
@@ -234,8 +234,8 @@ func TestNetbootProxyDHCP(t *testing.T) {
 }
 
 // TestNetbootBenchSmoke runs `deskway bench netboot` once and checks the
-// result's shape: every boot reached the vDisk's init, and each step was
-// timed.
+// result's shape: every boot reached the vDisk's init, each step was
+// timed, and every boot names the qemu accelerator it ran on.
 func TestNetbootBenchSmoke(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "qemu-system-x86_64", "busybox", "mkfs.ext4")
@@ -246,9 +246,15 @@ func TestNetbootBenchSmoke(t *testing.T) {
 			t.Errorf("summary %s = %v", k, v)
 		}
 	}
+	if a := res.SummaryText["accel"]; a != "kvm" && a != "tcg" || res.SummaryText["accel_why"] == "" {
+		t.Errorf("the result does not say which qemu accelerator its VMs had, and why: %v", res.SummaryText)
+	}
 	seen := map[string]int{}
 	for _, p := range res.Points {
 		seen[p.Scenario+"/"+p.System]++
+		if p.Params["accel"] != res.SummaryText["accel"] {
+			t.Errorf("point %+v does not name its accelerator %q", p, res.SummaryText["accel"])
+		}
 		if p.Metrics["boot_s"] <= 0 || p.System == "deskway-pxe" && (p.Metrics["dhcp_s"] <= 0 || p.Metrics["script_s"] <= p.Metrics["dhcp_s"] || p.Metrics["root_s"] <= p.Metrics["script_s"]) {
 			t.Errorf("point %+v", p)
 		}
@@ -256,7 +262,7 @@ func TestNetbootBenchSmoke(t *testing.T) {
 	if seen["boot-one/deskway-pxe"] != 1 || seen["boot-one/qemu-nbd-direct"] != 1 || seen["boot-four/deskway-pxe"] != 4 || seen["boot-four/qemu-nbd-direct"] != 4 {
 		t.Fatalf("points %v", seen)
 	}
-	if _, err := os.Stat(filepath.Join(out, "result.md")); err != nil {
-		t.Error(err)
+	if md, err := os.ReadFile(filepath.Join(out, "result.md")); err != nil || !strings.Contains(string(md), "qemu's accelerator: "+res.SummaryText["accel"]) {
+		t.Errorf("result.md does not name the accelerator (%v)", err)
 	}
 }

@@ -17,6 +17,7 @@ packages=(
   nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
   ipxe iproute2                                        # iPXE first stages the netboot TFTP serves (undionly.kpxe, ipxe.efi)
+  ovmf                                                 # UEFI firmware for the network-boot VMs (PXE and HTTP Boot)
   ndisc6                                               # rdisc6: an IPv6 router-discovery client for the boot network's advertisements
   wireguard-tools                                      # wg: configures the office peer (wireguard-go) in the WireGuard site tests
   postgresql                                           # the broker's shared database (tests start their own clusters)

@@ -8,7 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +16,33 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 )
 
-// PXE client architectures (RFC 4578 option 93) that load ipxe.efi; any
-// other PXE client gets undionly.kpxe, the BIOS first stage.
-var efiArches = []iana.Arch{iana.EFI_IA32, iana.EFI_BC, iana.EFI_X86_64, iana.EFI_X86_HTTP, iana.EFI_X86_64_HTTP}
+// pxeStages are the iPXE builds a firmware's PXE client loads over
+// TFTP, by its architecture (RFC 4578 option 93; IANA's processor
+// architecture types); a client without option 93 is a BIOS one.
+// undionly.kpxe and ipxe.efi are Debian's ipxe package's names,
+// ipxe-arm64.efi the usual one for iPXE's bin-arm64-efi/ipxe.efi.
+var pxeStages = map[iana.Arch]string{
+	iana.INTEL_X86PC: "undionly.kpxe",
+	iana.EFI_X86_64:  "ipxe.efi",
+	// 9 is x86-64 UEFI in RFC 4578 as published (errata 4354 and IANA
+	// swap 7 and 9); firmware of both readings is in use.
+	iana.EFI_BC:    "ipxe.efi",
+	iana.EFI_ARM64: "ipxe-arm64.efi",
+}
+
+// httpBootStages are the iPXE builds a UEFI HTTP Boot client loads
+// over HTTP, by its architecture (the "boot from HTTP" types).
+var httpBootStages = map[iana.Arch]string{
+	iana.EFI_X86_64_HTTP: "ipxe.efi",
+	iana.EFI_ARM64_HTTP:  "ipxe-arm64.efi",
+}
+
+// pxeNoDiscovery is option 43 with PXE_DISCOVERY_CONTROL (sub-option 6)
+// bit 3 set: "the boot file in this offer is the one to load", in a full
+// DHCP server's answers to PXE clients. Without it, a UEFI PXE client
+// (EDK2) takes an offer with class PXEClient for a BINL offer and asks
+// port 4011 for its boot file, where no full DHCP server listens.
+var pxeNoDiscovery = []byte{6, 1, 8, 255}
 
 // boot is what the DHCP answers tell a PXE client to load.
 type boot struct {
@@ -28,7 +52,13 @@ type boot struct {
 
 // isPXE says the client is a network-boot firmware or iPXE.
 func isPXE(m *dhcpv4.DHCPv4) bool {
-	return bytes.HasPrefix([]byte(m.ClassIdentifier()), []byte("PXEClient"))
+	return strings.HasPrefix(m.ClassIdentifier(), "PXEClient")
+}
+
+// isHTTPBoot says the client is a UEFI HTTP Boot firmware, which loads
+// its boot file from the URL the answer names.
+func isHTTPBoot(m *dhcpv4.DHCPv4) bool {
+	return strings.HasPrefix(m.ClassIdentifier(), "HTTPClient")
 }
 
 // isIPXE says the client is iPXE, which fetches its script over HTTP; a
@@ -37,25 +67,45 @@ func isIPXE(m *dhcpv4.DHCPv4) bool {
 	return bytes.Contains(m.Options.Get(dhcpv4.OptionUserClassInformation), []byte("iPXE"))
 }
 
-// file is the boot file name for m: the iPXE script's URL for iPXE, the
-// iPXE first stage for a firmware's PXE client.
+// file is the boot file for m: the iPXE script's URL for iPXE, the iPXE
+// first stage of its architecture for a firmware (a URL for HTTP Boot),
+// and "" for an architecture deskway has no first stage for.
 func (b boot) file(m *dhcpv4.DHCPv4) string {
 	if isIPXE(m) {
 		return fmt.Sprintf("http://%s:%d/netboot/boot.ipxe", b.server, b.httpPort)
 	}
-	for _, a := range m.ClientArch() {
-		if slices.Contains(efiArches, a) {
-			return "ipxe.efi"
-		}
+	arch := iana.INTEL_X86PC
+	if a := m.ClientArch(); len(a) > 0 {
+		arch = a[0]
 	}
-	return "undionly.kpxe"
+	if isHTTPBoot(m) {
+		if name, ok := httpBootStages[arch]; ok {
+			return fmt.Sprintf("http://%s:%d/netboot/%s", b.server, b.httpPort, name)
+		}
+		return ""
+	}
+	return pxeStages[arch]
+}
+
+// class is the vendor class (option 60) an answer to m carries: the
+// client's own kind, which EDK2 requires of an answer it boots from.
+func class(m *dhcpv4.DHCPv4) string {
+	if isHTTPBoot(m) {
+		return "HTTPClient"
+	}
+	return "PXEClient"
 }
 
 // proxyReply answers m as a proxyDHCP server (RFC 4578, PXE 2.1): boot
-// options only, no address, for PXE clients only; nil means no answer.
-// Port 67 gets DISCOVERs, port 4011 REQUESTs.
+// options only, no address, for PXE and UEFI HTTP Boot clients only;
+// nil means no answer. Port 67 gets DISCOVERs, port 4011 REQUESTs (PXE
+// clients ask there; HTTP Boot clients take the offer as it is).
 func (b boot) proxyReply(m *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
-	if !isPXE(m) {
+	if !isPXE(m) && !isHTTPBoot(m) {
+		return nil
+	}
+	file := b.file(m)
+	if file == "" {
 		return nil
 	}
 	var t dhcpv4.MessageType
@@ -68,12 +118,12 @@ func (b boot) proxyReply(m *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
 		return nil
 	}
 	r, err := dhcpv4.NewReplyFromRequest(m, dhcpv4.WithMessageType(t), dhcpv4.WithServerIP(b.server),
-		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(b.server)), dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")))
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(b.server)), dhcpv4.WithOption(dhcpv4.OptClassIdentifier(class(m))))
 	if err != nil {
 		return nil
 	}
 	r.YourIPAddr = net.IPv4zero
-	r.BootFileName = b.file(m)
+	r.BootFileName = file
 	return r
 }
 
@@ -265,9 +315,12 @@ func (f *full) reply(m *dhcpv4.DHCPv4, now time.Time) (*dhcpv4.DHCPv4, error) {
 	if err != nil {
 		return nil, err
 	}
-	if isPXE(m) {
-		r.BootFileName = f.file(m)
-		r.UpdateOption(dhcpv4.OptClassIdentifier("PXEClient"))
+	if file := f.file(m); file != "" && (isPXE(m) || isHTTPBoot(m)) {
+		r.BootFileName = file
+		r.UpdateOption(dhcpv4.OptClassIdentifier(class(m)))
+		if isPXE(m) {
+			r.UpdateOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, pxeNoDiscovery))
+		}
 	}
 	return r, nil
 }

@@ -1,7 +1,8 @@
 // Package netboot is the stream role's boot services for machines with
 // no disk: a DHCP server (proxyDHCP beside the network's own, or a full
-// one on a boot network of its own) that points PXE clients at iPXE, a
-// TFTP server for iPXE's first stage, and an HTTP server for each
+// one on a boot network of its own) that points PXE and UEFI HTTP Boot
+// clients at the iPXE build of their architecture, a TFTP server for
+// those first stages, and an HTTP server for them (HTTP Boot), each
 // device's iPXE script and its vDisk's kernel and initramfs. Devices are
 // recognised by MAC address and boot the vDisk an administrator assigned
 // them; the kernel command line names the stream export of their root
@@ -16,11 +17,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,9 +228,9 @@ const (
 // firmware asks again.
 func (s *Service) tftpRead(name string, rf io.ReaderFrom) error {
 	name = strings.TrimPrefix(name, "/")
-	if name != "undionly.kpxe" && name != "ipxe.efi" {
+	if !slices.Contains(slices.Collect(maps.Values(pxeStages)), name) {
 		s.m.tftp.WithLabelValues("refused").Inc()
-		return fmt.Errorf("no file %q here: deskway serves undionly.kpxe and ipxe.efi", name)
+		return fmt.Errorf("no file %q here: deskway serves undionly.kpxe, ipxe.efi and ipxe-arm64.efi", name)
 	}
 	select {
 	case s.tftpSlots <- struct{}{}:

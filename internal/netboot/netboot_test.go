@@ -75,6 +75,59 @@ func TestProxyAnswersPXEClientsWithBootFileOnly(t *testing.T) {
 	}
 }
 
+// TestBootFileByArchitecture: in both DHCP modes, each firmware gets the
+// first stage of its architecture (option 93), HTTP Boot firmware as a
+// URL with class HTTPClient; a full server's PXE answers say "boot this
+// file" in option 43, without which UEFI PXE asks port 4011 instead.
+func TestBootFileByArchitecture(t *testing.T) {
+	httpClient := dhcpv4.WithOption(dhcpv4.OptClassIdentifier("HTTPClient:Arch:00016:UNDI:003001"))
+	p, err := OpenPool(filepath.Join(t.TempDir(), "leases.json"), netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.150"), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &full{boot: boot{server: server, httpPort: 8069}, pool: p, netmask: net.CIDRMask(24, 32)}
+	for _, c := range []struct {
+		name      string
+		arch      iana.Arch
+		http      bool
+		want      string // "" for no boot file
+		wantClass string
+	}{
+		{"BIOS", iana.INTEL_X86PC, false, "undionly.kpxe", "PXEClient"},
+		{"x86-64 UEFI (7)", iana.EFI_X86_64, false, "ipxe.efi", "PXEClient"},
+		{"x86-64 UEFI (9)", iana.EFI_BC, false, "ipxe.efi", "PXEClient"},
+		{"arm64 UEFI", iana.EFI_ARM64, false, "ipxe-arm64.efi", "PXEClient"},
+		{"x86-64 UEFI HTTP Boot", iana.EFI_X86_64_HTTP, true, "http://10.77.0.1:8069/netboot/ipxe.efi", "HTTPClient"},
+		{"arm64 UEFI HTTP Boot", iana.EFI_ARM64_HTTP, true, "http://10.77.0.1:8069/netboot/ipxe-arm64.efi", "HTTPClient"},
+		{"32-bit ARM UEFI", iana.EFI_ARM32, false, "", ""},
+		{"RISC-V HTTP Boot", iana.EFI_RISCV64_HTTP, true, "", ""},
+	} {
+		var mods []dhcpv4.Modifier
+		if c.http {
+			mods = append(mods, httpClient)
+		}
+		m := request(t, mac1, dhcpv4.MessageTypeDiscover, false, c.arch, mods...)
+		px := f.proxyReply(m)
+		fl, err := f.reply(m, t0)
+		if err != nil || fl == nil || fl.YourIPAddr.IsUnspecified() {
+			t.Fatalf("%s: full DHCP answered %v, %v: an address, at least, expected", c.name, fl, err)
+		}
+		if c.want == "" {
+			if px != nil || fl.BootFileName != "" || fl.ClassIdentifier() != "" {
+				t.Errorf("%s: proxy %v, full %v: no boot file expected", c.name, px, fl)
+			}
+			continue
+		}
+		if px == nil || px.BootFileName != c.want || px.ClassIdentifier() != c.wantClass || px.Options.Has(dhcpv4.OptionVendorSpecificInformation) {
+			t.Errorf("%s: proxy offer %v, want boot file %s, class %s, no option 43", c.name, px, c.want, c.wantClass)
+		}
+		vendor := fl.Options.Get(dhcpv4.OptionVendorSpecificInformation)
+		if fl.BootFileName != c.want || fl.ClassIdentifier() != c.wantClass || c.http != (vendor == nil) || vendor != nil && string(vendor) != "\x06\x01\x08\xff" {
+			t.Errorf("%s: full offer %v, want boot file %s, class %s, option 43 for PXE only", c.name, fl, c.want, c.wantClass)
+		}
+	}
+}
+
 func TestFullServerLeasesAndRemembers(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.json")
 	open := func() *full {

@@ -2,7 +2,11 @@ package netboot
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -21,6 +25,20 @@ func (s *Service) Handler() http.Handler {
 		writeScript(w, fmt.Sprintf("chain %s/netboot/device?mac=${netX/mac}\n", s.base()))
 	})
 	mux.HandleFunc("GET /netboot/device", s.deviceScript)
+	for _, name := range slices.Compact(slices.Sorted(maps.Values(httpBootStages))) {
+		// UEFI HTTP Boot loads only a 200 with Content-Length (which
+		// ServeFile sets) of an EFI application.
+		mux.HandleFunc("GET /netboot/"+name, func(w http.ResponseWriter, r *http.Request) {
+			path := filepath.Join(s.cfg.IPXEDir, name)
+			if _, err := os.Stat(path); err != nil {
+				s.log.Warn("HTTP Boot: iPXE first stage missing (install Debian's ipxe package, or set stream.netboot.ipxe_dir)", "error", err)
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/efi")
+			http.ServeFile(w, r, path)
+		})
+	}
 	mux.HandleFunc("GET /netboot/vdisks/{name}/{file}", func(w http.ResponseWriter, r *http.Request) {
 		v, ok := s.vdisks[r.PathValue("name")]
 		path := map[string]string{"kernel": v.Kernel, "initrd": v.Initrd}[r.PathValue("file")]
