@@ -121,3 +121,57 @@ func TestSiteExtrasValidation(t *testing.T) {
 		}
 	}
 }
+
+// docBlock is docs/site.md's yaml block marked <!-- e2e: name -->.
+func docBlock(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/site.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "<!-- e2e: "+name+" -->\n```yaml\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatalf("docs/site.md has no yaml block marked <!-- e2e: %s -->", name)
+	}
+	return block
+}
+
+// The WireGuard and BGP examples in docs/site.md are valid files, and
+// the mistakes the text quotes are reported as quoted.
+func TestSiteDocExtras(t *testing.T) {
+	wgDoc := strings.Replace(docBlock(t, "site-wireguard"), "/etc/deskway/wg-tenant-a.key", writeKey(t), 1)
+	c, err := Parse([]byte(wgDoc))
+	if err != nil {
+		t.Fatalf("docs/site.md's WireGuard example: %v", err)
+	}
+	if w := c.Site.Tenants[0].WireGuard; w == nil || len(w.Sites) != 2 || w.Key() != wgKey {
+		t.Fatalf("docs/site.md's WireGuard example read as %+v", c.Site.Tenants[0])
+	}
+	t.Setenv("ACME_BGP_KEY", "md5-key")
+	bgpDoc := docBlock(t, "site-bgp")
+	c, err = Parse([]byte(bgpDoc))
+	if err != nil {
+		t.Fatalf("docs/site.md's BGP example: %v", err)
+	}
+	if b := c.Site.Tenants[0].BGP; b == nil || string(b.Peers[0].Password) != "md5-key" || len(b.Announce) != 2 {
+		t.Fatalf("docs/site.md's BGP example read as %+v", c.Site.Tenants[0].BGP)
+	}
+	doc, err := os.ReadFile("../../docs/site.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(doc)), " ")
+	for _, m := range []struct{ in, from, to string }{
+		{wgDoc, "prefixes: [192.168.2.0/24]", "prefixes: [192.168.1.128/25]"},
+		{bgpDoc, "hold_time: 9s", "hold_time: 2s"},
+	} {
+		_, err := Parse([]byte(strings.Replace(m.in, m.from, m.to, 1)))
+		if err == nil {
+			t.Fatalf("%s passed", m.to)
+		}
+		if !strings.Contains(text, "`"+err.Error()+"`") {
+			t.Errorf("docs/site.md does not quote the error as it is written: %v", err)
+		}
+	}
+}
