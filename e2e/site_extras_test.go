@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,7 @@ func TestSiteWireGuardOffice(t *testing.T) {
 	if !strings.Contains(r.gwProc.Log.String(), gwPub) {
 		t.Fatalf("the gateway did not log its public key %s:\n%s", gwPub, tail(r.gwProc.Log.String(), 3000))
 	}
+	r.tunnelsMatch(`(?m)^a\s+1001\s+office\s+wireguard\s+down\s+-\s+0\s+-\s+0$`)
 	// The office's host is the router's own tunnel address.
 	testkit.StartWireGuardOffice(t, testkit.BuildWireGuardGo(t), r.office["a"], officeKey, "192.168.1.10/32",
 		gwPub, "198.51.100.1:51820", "10.0.0.0/24")
@@ -87,12 +89,28 @@ func TestSiteWireGuardOffice(t *testing.T) {
 	if got, err := askLetter(t, r.desk["a"], "192.168.1.10:7001"); err != nil || got != "O" {
 		t.Fatalf("desktop to office over TCP: %q, %v", got, err)
 	}
+	// The operator's view: the site up (a fresh handshake), with what
+	// crossed it.
+	r.tunnelsMatch(`(?m)^a\s+1001\s+office\s+wireguard\s+up\s+-\s+[1-9]\d*\s+-\s+[1-9]\d*$`)
 	if out, err := r.exec(r.gw, "ip", "link", "show", "wg0"); err == nil {
 		t.Fatalf("wg0 is in the gateway's own namespace, not the tenant's:\n%s", out)
 	}
 	r.stop(r.gwProc)
 	if out, err := r.exec(r.comp["a"], "ip", "link", "show", "wg0"); err == nil {
 		t.Fatalf("the gateway stopped and wg0 is still in the tenant's namespace:\n%s", out)
+	}
+}
+
+// tunnelsMatch runs deskway site tunnels as docs/site.md shows it and
+// checks its output has a line matching re.
+func (r *siteRig) tunnelsMatch(re string) {
+	r.t.Helper()
+	out, err := r.exec(r.gw, r.docCommand("site-tunnels")...)
+	if err != nil {
+		r.t.Fatalf("deskway site tunnels: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(re).MatchString(out) {
+		r.t.Fatalf("deskway site tunnels has no line matching %s:\n%s", re, out)
 	}
 }
 
