@@ -117,12 +117,24 @@ func (l *learnSink) apply() {
 		}
 		per[st.name] = append(per[st.name], p)
 	}
+	// Removals first: a prefix whose next hop moved to another site is
+	// refused there while the site it leaves still holds it.
 	for _, st := range l.t.sites {
-		list := per[st.name]
-		slices.SortFunc(list, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-		if err := l.t.learn(st.name, list); err != nil {
-			l.log.Warn("BGP routes not all installed", "tenant", l.t.name, "site", st.name, "error", err)
+		old := *st.learnt.Load()
+		kept := slices.DeleteFunc(slices.Clone(per[st.name]), func(p netip.Prefix) bool { return !slices.Contains(old, p) })
+		if len(kept) != len(old) {
+			l.learn(st.name, kept)
 		}
+	}
+	for _, st := range l.t.sites {
+		l.learn(st.name, per[st.name])
+	}
+}
+
+func (l *learnSink) learn(site string, list []netip.Prefix) {
+	slices.SortFunc(list, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	if err := l.t.learn(site, list); err != nil {
+		l.log.Warn("BGP routes not all installed", "tenant", l.t.name, "site", site, "error", err)
 	}
 }
 
