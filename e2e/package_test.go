@@ -25,7 +25,7 @@ import (
 // packageUnits are the systemd units the package ships, in the order its
 // prerm names them.
 func packageUnits() []string {
-	return []string{"deskway.service", "deskway-gateway.service", "deskway-broker.service", "deskway-agent.service", "deskway-stream.service"}
+	return []string{"deskway.service", "deskway-gateway.service", "deskway-broker.service", "deskway-agent.service", "deskway-stream.service", "deskway-site.service"}
 }
 
 // TestDebianPackage: the package make deb builds installs on this machine
@@ -156,6 +156,7 @@ func TestDebianPackage(t *testing.T) {
 	for name, want := range map[string]string{
 		"deskway-stream.service": "the config has no stream section",
 		"deskway-agent.service":  "the config has no agent section",
+		"deskway-site.service":   "the config has no site section",
 	} {
 		u := readUnit(t, "/lib/systemd/system/"+name)
 		if !slices.Contains(u.envFiles, "-/etc/default/deskway") {

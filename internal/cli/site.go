@@ -63,6 +63,16 @@ func siteTunnelsCmd() *cobra.Command {
 			var drops []string
 			for _, t := range out.Tenants {
 				for _, s := range t.Sites {
+					if s.Kind == "wireguard" {
+						// WireGuard counts bytes, not packets; an office
+						// with no endpoint configured calls in.
+						peer := "wireguard"
+						if s.Peer != "" {
+							peer += " " + s.Peer
+						}
+						fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t-\t%d\t-\t%d\n", t.Name, t.Key, s.Name, peer, s.State, s.BytesIn, s.BytesOut)
+						continue
+					}
 					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", t.Name, t.Key, s.Name, s.Peer, s.State, s.PacketsIn, s.BytesIn, s.PacketsOut, s.BytesOut)
 				}
 				name := t.Name

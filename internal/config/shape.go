@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
 	"reflect"
@@ -14,6 +15,7 @@ var (
 	durationType = reflect.TypeFor[Duration]()
 	secretType   = reflect.TypeFor[Secret]()
 	databaseType = reflect.TypeFor[DatabaseURL]()
+	textType     = reflect.TypeFor[encoding.TextUnmarshaler]()
 )
 
 // checkShape walks the file's nodes beside the Go types they decode into
@@ -68,6 +70,13 @@ func (sc *shapeCheck) walk(path string, n *yaml.Node, t reflect.Type) {
 		}
 		return
 	}
+	if t.Kind() == reflect.Struct && reflect.PointerTo(t).Implements(textType) {
+		// An address or prefix (netip) is written as one scalar.
+		if n.Kind != yaml.ScalarNode || n.Decode(reflect.New(t).Interface()) != nil {
+			sc.bad(path, n, "want %s, got %s", kindName(t), describe(n))
+		}
+		return
+	}
 	switch t.Kind() {
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
@@ -107,15 +116,23 @@ func (sc *shapeCheck) section(path string, n *yaml.Node, t reflect.Type) {
 	seen := map[string]int{} // key: the line it was first written on
 	fields := map[string]reflect.Type{}
 	var names []string
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if !f.IsExported() || name == "" || name == "-" {
-			continue
+	var collect func(t reflect.Type)
+	collect = func(t reflect.Type) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if f.Anonymous && opts == "inline" && f.Type.Kind() == reflect.Struct {
+				collect(f.Type) // an embedded section's keys are this one's
+				continue
+			}
+			if !f.IsExported() || name == "" || name == "-" {
+				continue
+			}
+			fields[name] = f.Type
+			names = append(names, name)
 		}
-		fields[name] = f.Type
-		names = append(names, name)
 	}
+	collect(t)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Tag == "!!merge" {

@@ -4,6 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strings"
+
+	"github.com/deskway/deskway/internal/site/bgp"
+	"github.com/deskway/deskway/internal/site/wg"
 )
 
 // Site is the site gateway: tenants' office networks reach the networks
@@ -44,7 +48,24 @@ type Tenant struct {
 	// Prefixes are the tenant's hosted networks behind the compartment.
 	Prefixes []string     `yaml:"prefixes"`
 	Sites    []TenantSite `yaml:"sites"`
+	// WireGuard is the tenant's encrypted tunnels, one WireGuard
+	// interface in its namespace whose peers are its offices.
+	WireGuard *SiteWireGuard `yaml:"wireguard"`
+	// BGP is the tenant's speaker: its routers teach it their prefixes,
+	// which are routed to the GRE site their next hop is behind.
+	BGP *bgp.Config `yaml:"bgp"`
 }
+
+// SiteWireGuard is a tenant's WireGuard interface, as package wg
+// configures it, with its private key read from the reference.
+type SiteWireGuard struct {
+	wg.Config `yaml:",inline"`
+	key       Secret
+}
+
+// Key returns the private key read from private_key's file: or env:
+// reference.
+func (w *SiteWireGuard) Key() string { return w.key.Value() }
 
 // TenantSite is one of a tenant's sites: its router's underlay address
 // and the networks behind it.
@@ -80,7 +101,11 @@ func siteDefaults(s *Site) {
 
 func validateSite(s *Site, bad func(string, string, ...any)) {
 	var fams [2]bool // IPv4, IPv6
-	if len(s.Underlay.Addresses) == 0 {
+	gre := false
+	for _, t := range s.Tenants {
+		gre = gre || len(t.Sites) > 0
+	}
+	if len(s.Underlay.Addresses) == 0 && (gre || len(s.Tenants) == 0) {
 		bad("site.underlay.addresses", "give this gateway's tunnel endpoint address (IPv4, IPv6 or one of each)")
 	}
 	for i, a := range s.Underlay.Addresses {
@@ -100,6 +125,8 @@ func validateSite(s *Site, bad func(string, string, ...any)) {
 		bad("site.tenants", "give at least one tenant (name, key, sites)")
 	}
 	names, keys, nss := map[string]bool{}, map[uint32]string{}, map[string]bool{}
+	ports := map[int]string{}
+	speakers := 0
 	for i, t := range s.Tenants {
 		key := fmt.Sprintf("site.tenants[%d]", i)
 		if !siteName.MatchString(t.Name) {
@@ -129,8 +156,8 @@ func validateSite(s *Site, bad func(string, string, ...any)) {
 			bad(key+".mtu", "%d is not between 1280 (IPv6's least) and 65000", t.MTU)
 		}
 		own := sitePrefixes(bad, key+".prefixes", t.Prefixes, nil)
-		if len(t.Sites) == 0 {
-			bad(key+".sites", "give at least one site (peer, prefixes)")
+		if len(t.Sites) == 0 && t.WireGuard == nil {
+			bad(key+".sites", "give at least one site (peer, prefixes), or a wireguard section with its sites")
 		}
 		peers := map[netip.Addr]bool{}
 		seen := own
@@ -150,6 +177,95 @@ func validateSite(s *Site, bad func(string, string, ...any)) {
 				bad(skey+".prefixes", "give the site's networks (they are routed to it, and its packets must come from them)")
 			}
 			seen = sitePrefixes(bad, skey+".prefixes", st.Prefixes, seen)
+		}
+		if w := t.WireGuard; w != nil {
+			validateWireGuard(w, t, key+".wireguard", seen, ports, bad)
+		}
+		if t.BGP != nil {
+			speakers++
+			if speakers == 2 {
+				bad(key+".bgp", "a second tenant with BGP in one process: GoBGP v4.8.0 keeps its route-selection settings in variables all its speakers share, "+
+					"so two speakers in one process race; run one deskway site (its own config file) per tenant that has a bgp section")
+			}
+			sub(bad, key+".bgp", t.BGP.Validate(""))
+		}
+	}
+}
+
+// validateWireGuard checks a tenant's wireguard section: package wg's own
+// checks named under the section's path, the key read from private_key,
+// a listen port no other tenant uses, an interface name other than the
+// GRE device's, and site prefixes that overlap none of the tenant's
+// others (a destination would have two tunnels).
+func validateWireGuard(w *SiteWireGuard, t Tenant, key string, seen []netip.Prefix, ports map[int]string, bad func(string, string, ...any)) {
+	sub(bad, key, w.Validate())
+	if w.key.IsSet() && w.key.Value() != "" {
+		if _, err := wg.ParsePrivateKey(w.Key()); err != nil {
+			bad(key+".private_key", "what %s holds is not a WireGuard private key as wg genkey writes it", w.PrivateKey)
+		}
+	}
+	if other, ok := ports[w.ListenPort]; ok && w.ListenPort != 0 {
+		bad(key+".listen_port", "%d is tenant %s's port too: each tenant's WireGuard needs its own UDP port", w.ListenPort, other)
+	}
+	ports[w.ListenPort] = t.Name
+	name := w.Interface
+	if name == "" {
+		name = wg.DefaultInterface
+	}
+	if name == t.Interface {
+		bad(key+".interface", "%q is the tenant's GRE device too: give the WireGuard interface another name", name)
+	}
+	for i, st := range w.Sites {
+		for j, p := range st.Prefixes {
+			for _, q := range seen {
+				if p.IsValid() && p.Overlaps(q) {
+					bad(fmt.Sprintf("%s.sites[%d].prefixes[%d]", key, i, j), "%s overlaps %s of the same tenant (a hosted network or a GRE site's)", p, q)
+				}
+			}
+		}
+	}
+}
+
+// sub reports each of a section's own errors ("listen_port: ...", joined)
+// under the section's path, so that each names its key and line.
+func sub(bad func(string, string, ...any), key string, err error) {
+	if err == nil {
+		return
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		k, msg, ok := strings.Cut(e.Error(), ": ")
+		if !ok {
+			bad(key, "%s", e.Error())
+			continue
+		}
+		bad(key+"."+k, "%s", msg)
+	}
+}
+
+// resolveSiteSecrets reads each tenant's WireGuard private key and BGP
+// passwords from their env: and file: references.
+func resolveSiteSecrets(s *Site, resolve func(string, *Secret)) {
+	for i := range s.Tenants {
+		t := &s.Tenants[i]
+		key := fmt.Sprintf("site.tenants[%d]", i)
+		if w := t.WireGuard; w != nil && w.PrivateKey != "" {
+			// An inline key is refused by validation; only references are read.
+			if strings.HasPrefix(w.PrivateKey, "env:") || strings.HasPrefix(w.PrivateKey, "file:") {
+				w.key = Secret{ref: w.PrivateKey}
+				resolve(key+".wireguard.private_key", &w.key)
+			}
+		}
+		if b := t.BGP; b != nil {
+			for j := range b.Peers {
+				p := &b.Peers[j]
+				sec := Secret{ref: string(p.Password)}
+				resolve(fmt.Sprintf("%s.bgp.peers[%d].password", key, j), &sec)
+				p.Password = bgp.Secret(sec.Value())
+			}
 		}
 	}
 }

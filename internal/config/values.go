@@ -147,5 +147,8 @@ func (c *Config) resolveSecrets() error {
 	if c.Farm != nil {
 		resolve("farm.database", &c.Farm.Database)
 	}
+	if c.Site != nil {
+		resolveSiteSecrets(c.Site, resolve)
+	}
 	return errors.Join(errs...)
 }

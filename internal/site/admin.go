@@ -16,18 +16,24 @@ type TenantStatus struct {
 	Drops     map[string]uint64 `json:"drops"`
 }
 
-// SiteStatus is one site's tunnel: up while its packets keep coming
-// (GRE has no handshake), with its counters since start.
+// SiteStatus is one site's tunnel with its counters since start. A GRE
+// site is up while its packets keep coming (GRE has no handshake); a
+// WireGuard site while its last handshake is under 180 seconds old, and
+// WireGuard counts bytes only.
 type SiteStatus struct {
+	// Kind is gre or wireguard.
+	Kind         string     `json:"kind"`
 	Name         string     `json:"name"`
 	Peer         string     `json:"peer"`
 	Prefixes     []string   `json:"prefixes"`
 	State        string     `json:"state"`
 	LastReceived *time.Time `json:"last_received,omitempty"`
-	PacketsIn    uint64     `json:"packets_in"`
-	BytesIn      uint64     `json:"bytes_in"`
-	PacketsOut   uint64     `json:"packets_out"`
-	BytesOut     uint64     `json:"bytes_out"`
+	// LastHandshake is a WireGuard site's.
+	LastHandshake *time.Time `json:"last_handshake,omitempty"`
+	PacketsIn     uint64     `json:"packets_in"`
+	BytesIn       uint64     `json:"bytes_in"`
+	PacketsOut    uint64     `json:"packets_out"`
+	BytesOut      uint64     `json:"bytes_out"`
 }
 
 // Tunnels is every tenant's tunnels and counters now; the drops that
@@ -39,7 +45,7 @@ func (s *Server) Tunnels() []TenantStatus {
 	for _, t := range s.tenants {
 		ts := TenantStatus{Name: t.name, Key: t.key, Namespace: t.nsName, Interface: t.ifName, Drops: t.m.dropped(), Sites: []SiteStatus{}}
 		for _, st := range t.sites {
-			ss := SiteStatus{Name: st.name, Peer: st.peer.String(), State: st.state(now),
+			ss := SiteStatus{Kind: "gre", Name: st.name, Peer: st.peer.String(), State: st.state(now),
 				PacketsIn: st.pktsIn.Load(), BytesIn: st.bytesIn.Load(), PacketsOut: st.pktsOut.Load(), BytesOut: st.bytesOut.Load()}
 			for _, p := range st.prefixes {
 				ss.Prefixes = append(ss.Prefixes, p.String())
@@ -50,6 +56,7 @@ func (s *Server) Tunnels() []TenantStatus {
 			}
 			ts.Sites = append(ts.Sites, ss)
 		}
+		ts.Sites = append(ts.Sites, s.wireGuardSites(t)...)
 		out = append(out, ts)
 	}
 	out = append(out, TenantStatus{Drops: s.m.unknown.dropped(), Sites: []SiteStatus{}})
@@ -64,4 +71,35 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		_ = json.NewEncoder(w).Encode(map[string]any{"tenants": s.Tunnels()})
 	})
 	return mux
+}
+
+// wireGuardSites is the state of a tenant's WireGuard sites, if it has any.
+func (s *Server) wireGuardSites(t *tenant) []SiteStatus {
+	if t.extras.wg == nil {
+		return nil
+	}
+	states, err := t.extras.wg.Sites()
+	if err != nil {
+		s.log.Error("wireguard sites' state", "tenant", t.name, "error", err)
+		return nil
+	}
+	var out []SiteStatus
+	for _, st := range states {
+		ss := SiteStatus{Kind: "wireguard", Name: st.Name, State: "down", BytesIn: st.RxBytes, BytesOut: st.TxBytes}
+		if st.Endpoint.IsValid() {
+			ss.Peer = st.Endpoint.String()
+		}
+		if st.Up {
+			ss.State = "up"
+		}
+		for _, p := range st.Prefixes {
+			ss.Prefixes = append(ss.Prefixes, p.String())
+		}
+		if !st.LastHandshake.IsZero() {
+			at := st.LastHandshake.UTC()
+			ss.LastHandshake = &at
+		}
+		out = append(out, ss)
+	}
+	return out
 }

@@ -63,6 +63,9 @@ func New(cfg *config.Site, d Deps) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := s.newExtras(t, &cfg.Tenants[i], d); err != nil {
+			return nil, err
+		}
 		s.tenants = append(s.tenants, t)
 		s.byKey[t.key] = t
 	}
@@ -81,6 +84,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		if created {
 			s.log.Info("created the tenant's namespace", "tenant", t.name, "namespace", t.nsName)
+		}
+		if err := t.startExtras(ctx); err != nil {
+			return fmt.Errorf("site: tenant %s: %w", t.name, err)
 		}
 		s.log.Info("tenant up", "tenant", t.name, "namespace", t.nsName, "interface", t.ifName, "key", t.key, "sites", len(t.sites))
 	}
@@ -140,6 +146,9 @@ func (s *Server) Run(ctx context.Context) error {
 // teardown removes what Run made, whatever state it reached.
 func (s *Server) teardown() {
 	for _, t := range s.tenants {
+		if err := t.stopExtras(); err != nil {
+			s.log.Error("tenant's WireGuard interface", "tenant", t.name, "error", err)
+		}
 		if deleted, err := t.down(); err != nil {
 			s.log.Error("tenant teardown", "tenant", t.name, "error", err)
 		} else if deleted {

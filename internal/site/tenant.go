@@ -37,6 +37,7 @@ type tenant struct {
 	// routeMu serializes learn's changes to routes and learnt prefixes.
 	routeMu sync.Mutex
 	m       *tenantMetrics
+	extras  extras
 
 	ns        netns.NsHandle
 	dev       tun.Device

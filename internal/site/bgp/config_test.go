@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -134,36 +133,4 @@ func TestStartOutsideANamespace(t *testing.T) {
 		t.Errorf("%d metrics left registered by a failed Start", n)
 	}
 	sp.Stop()
-}
-
-// TestDocExample decodes and validates the example in docs/site.md's BGP
-// section, so the documented shape is the one the code reads.
-func TestDocExample(t *testing.T) {
-	b, err := os.ReadFile("../../../docs/site.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "## BGP with the tenant's router\n")
-	if !ok {
-		t.Fatal("docs/site.md has no BGP section")
-	}
-	_, block, ok := strings.Cut(section, "```yaml\n")
-	block, _, ok2 := strings.Cut(block, "```")
-	if !ok || !ok2 {
-		t.Fatal("the BGP section shows no yaml example")
-	}
-	c, err := decode(t, block)
-	if err != nil {
-		t.Fatalf("the documented example: %v", err)
-	}
-	if err := c.Validate(""); err == nil || !strings.Contains(err.Error(), "peers[0].password") {
-		t.Errorf("the example's env: reference passed unresolved: %v", err)
-	}
-	c.Peers[0].Password = "resolved-key" // what the site configuration does first
-	if err := c.Validate(""); err != nil {
-		t.Fatalf("the documented example: %v", err)
-	}
-	if len(c.Peers) != 1 || len(c.Announce) != 2 || len(c.Accept) != 2 {
-		t.Errorf("the example decoded to %+v", c)
-	}
 }

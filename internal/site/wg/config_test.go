@@ -2,7 +2,6 @@ package wg
 
 import (
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -140,37 +139,5 @@ func TestPrivateKeyNeverPrints(t *testing.T) {
 	pub, err := k.Public()
 	if err != nil || pub.String() != "AXsRVd/VlgrRLsVFh0x+6V0yf1WU2BngCeu30rRnLWE=" {
 		t.Errorf("public key %s, %v", pub, err)
-	}
-}
-
-// TestDocExample decodes and validates the example in docs/site.md's
-// WireGuard section, so the documented shape is the one the code reads.
-func TestDocExample(t *testing.T) {
-	b, err := os.ReadFile("../../../docs/site.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "## WireGuard sites\n")
-	if !ok {
-		t.Fatal("docs/site.md has no WireGuard sites section")
-	}
-	_, block, ok := strings.Cut(section, "```yaml\n")
-	block, _, ok2 := strings.Cut(block, "```")
-	if !ok || !ok2 {
-		t.Fatal("the WireGuard section shows no yaml example")
-	}
-	var doc struct {
-		WireGuard Config `yaml:"wireguard"`
-	}
-	dec := yaml.NewDecoder(strings.NewReader(block))
-	dec.KnownFields(true)
-	if err := dec.Decode(&doc); err != nil {
-		t.Fatalf("the documented example: %v", err)
-	}
-	if err := doc.WireGuard.Validate(); err != nil {
-		t.Fatalf("the documented example: %v", err)
-	}
-	if len(doc.WireGuard.Sites) != 2 {
-		t.Errorf("the example decoded to %d sites", len(doc.WireGuard.Sites))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deskway/deskway/internal/testkit"
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
@@ -223,102 +224,6 @@ func ping(ns, dst string, deadline time.Duration) error {
 	return fmt.Errorf("no echo reply from %s to %s within %s", dst, ns, deadline)
 }
 
-// genKey writes a private key with wg genkey into dir and returns its
-// path and the public key wg pubkey derives from it.
-func genKey(t *testing.T, dir, name string) (string, string) {
-	t.Helper()
-	priv := run(t, "wg", "genkey")
-	path := dir + "/" + name + ".key"
-	if err := os.WriteFile(path, []byte(priv+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("wg", "pubkey")
-	cmd.Stdin = strings.NewReader(priv)
-	pub, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("wg pubkey: %v", err)
-	}
-	return path, strings.TrimSpace(string(pub))
-}
-
-// buildWireguardGo builds wireguard-go's own program, at the version in
-// go.mod, as the office's independent WireGuard peer.
-func buildWireguardGo(t *testing.T) string {
-	t.Helper()
-	bin := t.TempDir() + "/wireguard-go"
-	out, err := exec.Command("go", "build", "-o", bin, "golang.zx2c4.com/wireguard").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build wireguard-go: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// office runs wireguard-go in ns as interface ifname, configured by wg
-// from wireguard-tools: its key, and the gateway as its one peer.
-type office struct {
-	ns, ifname string
-}
-
-func startOffice(t *testing.T, bin, ns, keyFile, addr, gwPub, gwEndpoint, allowed string) *office {
-	t.Helper()
-	o := &office{ns: ns, ifname: "wgo" + suffix(t)}
-	logf, err := os.Create(t.TempDir() + "/wireguard-go.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("ip", "netns", "exec", ns, bin, "-f", o.ifname)
-	cmd.Env = append(os.Environ(), "LOG_LEVEL=verbose")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start wireguard-go: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("wireguard-go %s in %s:\n%s", o.ifname, ns, b)
-		}
-	})
-	sock := "/var/run/wireguard/" + o.ifname + ".sock"
-	for end := time.Now().Add(20 * time.Second); ; {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("wireguard-go exited: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(end) {
-			t.Fatalf("wireguard-go made no %s", sock)
-		}
-	}
-	run(t, "ip", "netns", "exec", ns, "wg", "set", o.ifname, "private-key", keyFile, "listen-port", "51820",
-		"peer", gwPub, "endpoint", gwEndpoint, "allowed-ips", allowed)
-	if addr != "" {
-		run(t, "ip", "-n", ns, "addr", "add", addr, "dev", o.ifname)
-	}
-	run(t, "ip", "-n", ns, "link", "set", o.ifname, "up")
-	for _, p := range strings.Split(allowed, ",") {
-		run(t, "ip", "-n", ns, "route", "add", p, "dev", o.ifname)
-	}
-	return o
-}
-
-// handshakes is what wg says of the office's handshakes with the gateway.
-func (o *office) handshakes(t *testing.T) string {
-	return run(t, "ip", "netns", "exec", o.ns, "wg", "show", o.ifname, "latest-handshakes")
-}
-
 // tenantNet is one tenant's side of a test: its namespace with the
 // desktop behind it, and its office with a LAN host behind that.
 type tenantNet struct {
@@ -364,8 +269,8 @@ func newTenantNet(t *testing.T, underlay, name string, idx int) *tenantNet {
 	run(t, "ip", "-n", n.lan, "route", "add", "default", "via", "192.168.1.1")
 	run(t, "ip", "-n", n.lan, "-6", "route", "add", "default", "via", "fd00:192::1")
 	forwarding(t, n.office)
-	n.gwKey, n.gwPub = genKey(t, dir, "gateway-"+name)
-	n.officeKey, n.officePub = genKey(t, dir, "office-"+name)
+	n.gwKey, n.gwPub = testkit.WireGuardKey(t, dir, "gateway-"+name)
+	n.officeKey, n.officePub = testkit.WireGuardKey(t, dir, "office-"+name)
 	return n
 }
 
@@ -395,10 +300,10 @@ func (n *tenantNet) config(t *testing.T) gwTenant {
 // startOffice starts the tenant's office router: wireguard-go with the
 // gateway's public key, sending the tenant's hosted networks into the
 // tunnel, which runs over the IPv6 underlay if ipv6.
-func (n *tenantNet) startOffice(t *testing.T, bin string, ipv6 bool) *office {
+func (n *tenantNet) startOffice(t *testing.T, bin string, ipv6 bool) *testkit.WireGuardOffice {
 	gw := netip.AddrPortFrom(netip.MustParseAddr(n.underlayIP), uint16(n.port))
 	if ipv6 {
 		gw = netip.AddrPortFrom(netip.MustParseAddr(n.underlayIP6), uint16(n.port))
 	}
-	return startOffice(t, bin, n.office, n.officeKey, "", n.gwPub, gw.String(), "10.0.0.0/24,fd00:10::/64")
+	return testkit.StartWireGuardOffice(t, bin, n.office, n.officeKey, "", n.gwPub, gw.String(), "10.0.0.0/24,fd00:10::/64")
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/deskway/deskway/internal/testkit"
 )
 
 // echoOnce serves one TCP connection on ln by echoing it back.
@@ -82,7 +84,7 @@ func metricValue(t *testing.T, text, name, labels string) (float64, bool) {
 
 func TestWireGuardSiteReachesDesktop(t *testing.T) {
 	needRoot(t)
-	bin := buildWireguardGo(t)
+	bin := testkit.BuildWireGuardGo(t)
 	u := newNS(t, "u")
 	a := newTenantNet(t, u, "a", 1)
 	tn := a.config(t)
@@ -191,7 +193,7 @@ func TestWireGuardSiteReachesDesktop(t *testing.T) {
 
 func TestWireGuardTenantsIsolated(t *testing.T) {
 	needRoot(t)
-	bin := buildWireguardGo(t)
+	bin := testkit.BuildWireGuardGo(t)
 	u := newNS(t, "u")
 	nets := []*tenantNet{newTenantNet(t, u, "a", 1), newTenantNet(t, u, "b", 2)}
 	var spec gwSpec
@@ -280,7 +282,7 @@ func (u *udpTally) count(phase, src string) int {
 
 func TestWireGuardWrongKeyAndReload(t *testing.T) {
 	needRoot(t)
-	bin := buildWireguardGo(t)
+	bin := testkit.BuildWireGuardGo(t)
 	u := newNS(t, "u")
 	a := newTenantNet(t, u, "a", 1)
 	tn := a.config(t)
@@ -291,8 +293,8 @@ func TestWireGuardWrongKeyAndReload(t *testing.T) {
 	// gateway's right public key and port, claiming 192.168.9.0/24.
 	w := newNS(t, "w")
 	veth(t, u, "up9", "172.30.9.1/24", w, "up0", "172.30.9.2/24")
-	wKey, wPub := genKey(t, t.TempDir(), "office-w")
-	wo := startOffice(t, bin, w, wKey, "192.168.9.1/24", a.gwPub, "172.30.9.1:51820", "10.0.0.0/24")
+	wKey, wPub := testkit.WireGuardKey(t, t.TempDir(), "office-w")
+	wo := testkit.StartWireGuardOffice(t, bin, w, wKey, "192.168.9.1/24", a.gwPub, "172.30.9.1:51820", "10.0.0.0/24")
 
 	tally := &udpTally{n: map[string]int{}}
 	go tally.serve(listenUDP(t, a.desktop, "10.0.0.10:9000"))
@@ -337,7 +339,7 @@ func TestWireGuardWrongKeyAndReload(t *testing.T) {
 	if n := tally.count("1", "192.168.9.1"); n != 0 {
 		t.Errorf("an office with an unknown key got %d datagrams to the desktop", n)
 	}
-	if hs := wo.handshakes(t); !strings.HasSuffix(hs, "\t0") {
+	if hs := wo.Handshakes(t); !strings.HasSuffix(hs, "\t0") {
 		t.Errorf("the unknown office completed a handshake: %q", hs)
 	}
 
