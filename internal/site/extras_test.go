@@ -1,11 +1,8 @@
 package site
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -18,16 +15,7 @@ import (
 // listed before the one it leaves), is not installed when its next hop
 // is behind no site, and goes when withdrawn.
 func TestLearnSink(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test creates a network namespace and must run as root")
-		}
-		t.Skip("needs root to create a network namespace")
-	}
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	ns := "dwsk-" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testNamespace(t, "dwsk")
 	tn, err := newTenant(&config.Tenant{Name: "a", Key: 7, Namespace: ns, Interface: "dw-a", MTU: 1400, Prefixes: []string{"10.0.0.0/24"},
 		Sites: []config.TenantSite{
 			{Name: "branch", Peer: "198.51.100.3", Prefixes: []string{"192.168.2.1/32"}},

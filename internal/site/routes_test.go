@@ -21,16 +21,7 @@ import (
 // hosted network is refused. The namespace is deskway's own (created
 // by up, deleted by down).
 func TestLearn(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test creates a network namespace and must run as root")
-		}
-		t.Skip("needs root to create a network namespace")
-	}
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	ns := "dwsr-" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testNamespace(t, "dwsr")
 	tn, err := newTenant(&config.Tenant{Name: "a", Key: 7, Namespace: ns, Interface: "dw-a", MTU: 1400, Prefixes: []string{"10.0.0.0/24"},
 		Sites: []config.TenantSite{{Name: "office", Peer: "198.51.100.2", Prefixes: []string{"192.168.1.0/24"}}}}, newMetrics(nil))
 	if err != nil {
@@ -87,16 +78,7 @@ func TestLearn(t *testing.T) {
 // read, so that its listener, which blocks on a full channel, ends
 // when the device is closed instead of leaking.
 func TestDeviceEventsDrained(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test creates a network namespace and must run as root")
-		}
-		t.Skip("needs root to create a network namespace")
-	}
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	ns := "dwse-" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testNamespace(t, "dwse")
 	before := runtime.NumGoroutine()
 	tn, err := newTenant(&config.Tenant{Name: "a", Key: 7, Namespace: ns, Interface: "dw-a", MTU: 1400,
 		Sites: []config.TenantSite{{Name: "office", Peer: "198.51.100.2", Prefixes: []string{"192.168.1.0/24"}}}}, newMetrics(nil))
@@ -122,4 +104,23 @@ func TestDeviceEventsDrained(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// testNamespace names a network namespace for one test (prefix and a
+// random suffix, so parallel runs never share one) and deletes it when the
+// test ends; creating it needs root, which CI has, so there it fails
+// rather than skips.
+func testNamespace(t *testing.T, prefix string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("this test creates a network namespace and must run as root")
+		}
+		t.Skip("needs root to create a network namespace")
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	ns := prefix + "-" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	return ns
 }
