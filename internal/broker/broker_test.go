@@ -387,3 +387,21 @@ func TestReloadChangesEntitlements(t *testing.T) {
 		t.Fatalf("zoe, added by the reload, in the new group lab: %+v %v", res, err)
 	}
 }
+
+// maintain runs b's maintenance loop under ctx until the test ends, then
+// stops it and waits for it: the loop writes the host cache's snapshot
+// into the state directory, and a write after the test's directories are
+// being removed failed their cleanup ("directory not empty").
+func maintain(t *testing.T, ctx context.Context, b *broker.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.Maintain(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}

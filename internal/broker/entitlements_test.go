@@ -115,7 +115,7 @@ func TestEntitlementsSurviveARestartInAnOutage(t *testing.T) {
 		t.Fatalf("PUT entitlements: %d %s", rec.Code, rec.Body.String())
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	go r.b.Maintain(ctx)
+	maintain(t, ctx, r.b)
 	saved := filepath.Join(cfg.StateDir, "broker-cache.json")
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if b, _ := os.ReadFile(saved); strings.Contains(string(b), `"contractors"`) {

@@ -29,7 +29,7 @@ func TestDatabaseOutageUsesLocalHostCache(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go r.b.Maintain(ctx)
+	maintain(t, ctx, r.b)
 	creds := map[string]string{}
 	for _, h := range []string{"h1", "h2", "h3"} {
 		creds[h] = r.agent(h, "desk", "")

@@ -135,7 +135,7 @@ func TestOutageEventsAreWrittenBackInOrder(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := newWorld(t, "broker", pg.NewDB(t), nil)
-	go w.r.b.Maintain(ctx)
+	maintain(t, ctx, w.r.b)
 	for _, h := range []string{"hostX", "hostY"} {
 		join, _ := w.r.tokens.MintJoin("desk", "", time.Hour, 0)
 		res, err := w.r.register(join, brokerapi.RegisterRequest{Name: h, Address: h + ".lan", SessionLimit: 1})
@@ -237,7 +237,7 @@ func TestOutageModel(t *testing.T) {
 			defer cancel()
 			steady := newWorld(t, "steady", "", hosts)
 			outage := newWorld(t, "outage", pg.NewDB(t), hosts)
-			go outage.r.b.Maintain(ctx)
+			maintain(t, ctx, outage.r.b)
 			rng := rand.New(rand.NewPCG(seed, 7))
 			states := map[string]string{} // user -> state of their live session
 			down := false
@@ -317,8 +317,8 @@ func TestTwoBrokersInOneOutage(t *testing.T) {
 	a.r.beat("h1", res.Credential, brokerapi.Heartbeat{DiskIdle: 0.9})
 	b := newWorld(t, "broker B", dsn, nil) // starts with h1 in its copy
 	b.creds["h1"] = res.Credential
-	go a.r.b.Maintain(ctx)
-	go b.r.b.Maintain(ctx)
+	maintain(t, ctx, a.r.b)
+	maintain(t, ctx, b.r.b)
 	if err := pg.Kill(context.Background()); err != nil {
 		t.Fatal(err)
 	}

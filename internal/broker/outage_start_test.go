@@ -69,7 +69,7 @@ func TestBrokerStartsDuringAnOutage(t *testing.T) {
 	var cfg *config.Config
 	r := newRig(t, pg.NewDB(t), func(c *config.Config) { cfg = c })
 	ctx, stop := context.WithCancel(context.Background())
-	go r.b.Maintain(ctx)
+	maintain(t, ctx, r.b)
 	cred := r.agent("h1", "desk", "")
 	r.beat("h1", cred, brokerapi.Heartbeat{DiskIdle: 0.9, CPUPressure: 0.3})
 	fe := brokerclient.Bearer("frontend-token")
