@@ -123,6 +123,29 @@ func (r *haRig) holds(n string) (vip, inside bool) {
 	return strings.Contains(a, "198.51.100.1/24"), strings.Contains(b, "10.0.0.1/24")
 }
 
+// mac is the hardware address of interface dev in namespace ns.
+func (r *haRig) mac(ns, dev string) string {
+	out, err := r.exec(ns, "cat", "/sys/class/net/"+dev+"/address")
+	if err != nil {
+		r.t.Fatalf("%s's address in %s: %v\n%s", dev, ns, err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+// movedTo checks, within a second, that the office's neighbour entry for
+// the endpoint address and the desktop's for the inside address name
+// gateway n's interfaces.
+func (r *haRig) movedTo(t *testing.T, n string) {
+	t.Helper()
+	ul, in := r.mac(r.gw[n], "ul0"), r.mac(r.comp[n], "hosted")
+	eventually(t, time.Second, "the neighbours' entries moved to "+n, func() (bool, string) {
+		o, _ := r.exec(r.officeNS, "ip", "neigh", "show", "198.51.100.1")
+		d, _ := r.exec(r.desk, "ip", "neigh", "show", "10.0.0.1")
+		return strings.Contains(o, ul) && strings.Contains(d, in),
+			fmt.Sprintf("office: %s (want %s); desktop: %s (want %s)", strings.TrimSpace(o), ul, strings.TrimSpace(d), in)
+	})
+}
+
 // pinger sends an echo request from the office's host to the desktop
 // every 50 ms and records when each answer came.
 type pinger struct {
@@ -291,6 +314,10 @@ func TestSiteHAFailover(t *testing.T) {
 		t.Errorf("the desktop answered %v after the active was killed; want within 3 s", failover.Round(time.Millisecond))
 	}
 	waitLog(t, r.proc["gw-2"], `gw-1's lease expired`)
+	// The neighbours have the new active's hardware addresses. (Here they
+	// also learn them from the new active's own traffic within a couple
+	// of seconds, so TestSiteGratuitousARP checks the announcement alone.)
+	r.movedTo(t, "gw-2")
 	// The killed gateway's addresses end with their lifetime (2 s, the
 	// kernel's timer rounding up to a second).
 	eventually(t, 5*time.Second, "the killed gateway's addresses gone by themselves", func() (bool, string) {
