@@ -86,7 +86,7 @@ func (l *Lease) Acquire(ctx context.Context) (held bool, prev Previous, holder s
 		WITH old AS (SELECT holder, expires FROM site_ha_leases WHERE grp = $1 FOR UPDATE)
 		UPDATE site_ha_leases l SET holder = $2, expires = now() + $3 * interval '1 microsecond'
 		FROM old WHERE l.grp = $1 AND (old.holder = $2 AND old.expires >= now() OR old.expires < now())
-		RETURNING old.holder, old.expires = '-infinity'`, l.group, l.node, l.ttl.Microseconds())
+		RETURNING old.holder, old.holder <> '' AND old.expires = '-infinity'`, l.group, l.node, l.ttl.Microseconds())
 	switch err = row.Scan(&prev.Holder, &prev.Released); {
 	case err == nil:
 		if prev.Holder == l.node && !prev.Released {
