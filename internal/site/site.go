@@ -41,6 +41,8 @@ type Server struct {
 	tenants []*tenant
 	byKey   map[uint32]*tenant
 	locals  []netip.Addr
+	// ha is the election of a pair of gateways, nil for a gateway alone.
+	ha *haNode
 }
 
 // New checks what the config alone can tell and builds the tenants; it
@@ -69,6 +71,11 @@ func New(cfg *config.Site, d Deps) (*Server, error) {
 		s.tenants = append(s.tenants, t)
 		s.byKey[t.key] = t
 	}
+	if cfg.HA != nil {
+		if err := s.newHANode(cfg, d); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -92,7 +99,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	var unders []*underlay
 	for _, ip := range s.locals {
-		u, err := listenUnderlay(ip, s.byKey, s.m, s.log)
+		u, err := listenUnderlay(ip, s.byKey, s.m, s.log, s.ha != nil)
 		if err != nil {
 			for _, u := range unders {
 				u.close()
@@ -121,12 +128,14 @@ func (s *Server) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); errs <- t.encapLoop(s.log) }()
 	}
 	s.log.Info("site gateway forwarding", "tenants", len(s.tenants), "underlay", s.locals)
+	stopHA := s.startHA(ctx)
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errs:
 		// A loop ended by itself: the device or socket failed.
 	}
+	stopHA()
 	for _, u := range unders {
 		u.close()
 	}
