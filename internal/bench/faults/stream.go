@@ -202,6 +202,7 @@ func streamRun(ctx context.Context, env Env, c streamCase, d *disk, base, dir st
 		}
 		servers[i], addrs[i] = s, s.addr
 	}
+	var fault atomic.Int64
 	rs := make([]*replayer, n)
 	for i := range rs {
 		order := addrs
@@ -211,7 +212,7 @@ func streamRun(ctx context.Context, env Env, c streamCase, d *disk, base, dir st
 			order = []string{addrs[1], addrs[0]}
 		}
 		rs[i] = &replayer{id: i + 1, export: fmt.Sprintf("golden/client%d/boot1", i+1), servers: order, d: d,
-			state: make([]int32, d.slots), depth: 4, scale: 1}
+			state: make([]int32, d.slots), depth: 4, scale: 1, fault: &fault}
 	}
 	var writes int
 	for _, o := range d.ops {
@@ -256,6 +257,7 @@ func streamRun(ctx context.Context, env Env, c streamCase, d *disk, base, dir st
 		victim = 1
 	}
 	faultAt := time.Now()
+	fault.Store(faultAt.UnixNano())
 	servers[victim].kill()
 	env.Log.Info("stream server killed", "case", c.name, "server", victim, "clients_on_it", on[addrs[victim]], "after", faultAt.Sub(start).Round(time.Millisecond))
 	var back time.Duration
@@ -287,8 +289,8 @@ func seconds(d time.Duration) float64 { return report.Round(d.Seconds(), 3) }
 
 // streamOutcome counts what the clients saw.
 func streamOutcome(c streamCase, rs []*replayer, d *disk, faultAt time.Time, back time.Duration) Outcome {
-	var finished, ioErrs, refused, reconnected, wrong, affected, acked, lost, verified int
-	var longest, recover []time.Duration
+	var finished, ioErrs, refused, reconnected, wrong, affected, acked, lost, verified, loud int
+	var longest, across, recover []time.Duration
 	var firstErr, firstWrong error
 	for _, r := range rs {
 		r.mu.Lock()
@@ -301,6 +303,8 @@ func streamOutcome(c streamCase, rs []*replayer, d *disk, faultAt time.Time, bac
 		}
 		if r.refused != nil {
 			refused++
+			// Gone with the boot, and said so: the client's disk fails.
+			loud += r.acked
 		}
 		if r.wrong != nil {
 			wrong++
@@ -312,13 +316,16 @@ func streamOutcome(c streamCase, rs []*replayer, d *disk, faultAt time.Time, bac
 		if !r.firstAfter.IsZero() {
 			recover = append(recover, r.firstAfter.Sub(faultAt))
 		}
-		if r.ioErr != nil || r.refused != nil || r.gen > 0 || r.longest > time.Second {
+		if r.ioErr != nil || r.refused != nil || r.gen > 0 || r.across > time.Second {
 			affected++
 		}
 		acked += r.acked
 		lost += r.lost
 		verified += r.verified
 		longest = append(longest, r.longest)
+		if r.across > 0 {
+			across = append(across, r.across)
+		}
 		r.mu.Unlock()
 	}
 	n := len(rs)
@@ -339,8 +346,13 @@ func streamOutcome(c streamCase, rs []*replayer, d *disk, faultAt time.Time, bac
 	m := map[string]float64{
 		"clients": float64(n), "clients_finished": float64(finished), "io_errors": float64(ioErrs),
 		"refused": float64(refused), "reconnected": float64(reconnected), "writes_acked": float64(acked),
-		"writes_verified": float64(verified), "writes_lost": float64(lost), "wrong_disks": float64(wrong),
+		"writes_verified": float64(verified), "writes_lost": float64(lost), "writes_of_refused_boots": float64(loud), "wrong_disks": float64(wrong),
 		"stall_max_s": seconds(stallMax), "stall_median_s": seconds(medianDuration(longest)),
+	}
+	if len(across) > 0 {
+		// The stalls the fault caused, beside those of the storm itself.
+		m["stall_fault_max_s"] = seconds(slices.Max(across))
+		m["stall_fault_median_s"] = seconds(medianDuration(across))
 	}
 	recoverS := -1.0
 	if len(recover) > 0 {

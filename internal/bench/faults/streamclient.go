@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/bootstorm"
@@ -76,6 +77,7 @@ type replayer struct {
 	state   []int32 // per slot
 	depth   int
 	scale   float64
+	fault   *atomic.Int64 // when the server was killed (Unix ns), 0 before
 
 	mu      sync.Mutex // guards the connection and the fields below
 	conn    *nbdclient.Client
@@ -88,11 +90,12 @@ type replayer struct {
 	// Results, under mu.
 	ioErr      error
 	wrong      error
-	acked      int // writes acknowledged
-	lost       int // acknowledged writes read back wrong
-	verified   int // acknowledged writes read back right
-	longest    time.Duration
-	firstAfter time.Time // first reply on a replaced connection
+	acked      int           // writes acknowledged
+	lost       int           // acknowledged writes read back wrong
+	verified   int           // acknowledged writes read back right
+	longest    time.Duration // the longest request
+	across     time.Duration // the longest request in flight at the fault
+	firstAfter time.Time     // first reply on a replaced connection
 	finished   bool
 }
 
@@ -195,6 +198,9 @@ func (r *replayer) do(ctx context.Context, f func(*nbdclient.Client) error) erro
 			took := time.Since(start)
 			r.mu.Lock()
 			r.longest = max(r.longest, took)
+			if f := r.fault.Load(); f != 0 && start.UnixNano() < f {
+				r.across = max(r.across, took)
+			}
 			if gen > 0 && r.firstAfter.IsZero() {
 				r.firstAfter = time.Now()
 			}
