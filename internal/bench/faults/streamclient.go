@@ -68,7 +68,9 @@ func pattern(p []byte, client, seq int, first int64) {
 // replayer is one client booting: it replays the recorded boot with its
 // own writes, on a connection that deskway-nbdroot's path (nbdroot.Connect,
 // the next server first) replaces when it dies, re-sending the requests
-// that were in flight as the kernel does.
+// that were in flight as the kernel does. A killed server's connections
+// end at once, so the kernel's 15 s request timeout, which catches a
+// server that is up but silent, plays no part and is not modelled.
 type replayer struct {
 	id      int
 	export  string
@@ -94,7 +96,8 @@ type replayer struct {
 	lost       int           // acknowledged writes read back wrong
 	verified   int           // acknowledged writes read back right
 	longest    time.Duration // the longest request
-	across     time.Duration // the longest request in flight at the fault
+	across     time.Duration // the longest request held up by the fault
+	replaced   time.Time     // when the last connection was replaced
 	firstAfter time.Time     // first reply on a replaced connection
 	finished   bool
 }
@@ -111,6 +114,8 @@ func (r *replayer) server() string {
 // export because the boot's write cache is gone is the loud refusal the
 // machine's disk fails with; deskway-nbdroot asks again for two minutes
 // before it gives up, which changes nothing, so the bench stops asking.
+// No server taking the boot within two minutes is an I/O error here (the
+// kernel holds the disk's requests for five).
 func (r *replayer) connect(ctx context.Context, first int) (*nbdclient.Client, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -118,7 +123,10 @@ func (r *replayer) connect(ctx context.Context, first int) (*nbdclient.Client, i
 	logf := func(_ string, args ...any) {
 		for _, a := range args {
 			var oe *nbdclient.OptionError
-			if err, ok := a.(error); ok && errors.As(err, &oe) && strings.Contains(oe.Message, "write cache") {
+			// Not "open on another server": that one passes once the
+			// other server lets go, and is asked again.
+			if err, ok := a.(error); ok && errors.As(err, &oe) &&
+				(strings.Contains(oe.Message, "write cache was lost") || strings.Contains(oe.Message, "lost its write cache")) {
 				refusal = err
 				cancel()
 			}
@@ -179,6 +187,7 @@ func (r *replayer) replace(ctx context.Context, gen int) {
 	default:
 		r.conn, r.at = c, at
 		r.gen++
+		r.replaced = time.Now()
 	}
 }
 
@@ -198,7 +207,9 @@ func (r *replayer) do(ctx context.Context, f func(*nbdclient.Client) error) erro
 			took := time.Since(start)
 			r.mu.Lock()
 			r.longest = max(r.longest, took)
-			if f := r.fault.Load(); f != 0 && start.UnixNano() < f {
+			// A request in flight at the kill, or held while the
+			// connection was replaced, waited on the fault.
+			if f := r.fault.Load(); (f != 0 && start.UnixNano() < f) || (gen > 0 && start.Before(r.replaced)) {
 				r.across = max(r.across, took)
 			}
 			if gen > 0 && r.firstAfter.IsZero() {
