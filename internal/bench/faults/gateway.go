@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -109,16 +111,27 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	base := Outcome{Scenario: "gateway", Run: run, Load: load, Users: n}
 	var outs []Outcome
 
+	// A window without a fault: the stalls a loaded machine causes by
+	// itself, to read the cases' against.
+	m := r.mark()
+	t0 := time.Now()
+	res := r.observe(ctx, t0, m, drainWindow, before)
+	o := r.outcome(base, "none (control window)", res, 0)
+	o.Held = o.Metrics["sessions_lost"] == 0 && o.Metrics["reconnect_attempts"] == 0
+	outs = append(outs, o)
+	env.Log.Info("gateway scenario: control window", "run", run, "stalled", o.Metrics["stalled_over_1s"])
+
 	// Kill -9 one node.
 	on, err := r.tunnelsOn(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
-	t0 := time.Now()
+	m = r.mark()
+	t0 = time.Now()
 	_ = syscall.Kill(r.nodes[0].proc.Pid(), syscall.SIGKILL)
 	<-r.nodes[0].proc.Exited()
-	res := r.observe(ctx, t0, 5*time.Second, before)
-	o := r.outcome(base, "kill -9 one node", res, len(on))
+	res = r.observe(ctx, t0, m, 5*time.Second, before)
+	o = r.outcome(base, "kill -9 one node", res, len(on))
 	o.Held = o.Metrics["sessions_lost"] == 0 && o.Metrics["back_within_10s_pct"] >= 95
 	outs = append(outs, o)
 	env.Log.Info("gateway scenario: node killed", "run", run, "affected", o.Affected, "lost", o.Metrics["sessions_lost"], "worst_s", o.RecoverS)
@@ -146,10 +159,13 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	if err := r.waitServer("gw2", "DRAIN", 5*time.Second); err != nil {
 		return outs, err
 	}
+	m = r.mark()
 	t0 = time.Now()
-	res = r.observe(ctx, t0, drainWindow, before)
+	res = r.observe(ctx, t0, m, drainWindow, before)
 	o = r.outcome(base, "drain one node (HAProxy)", res, len(on))
-	o.Held = o.Affected == 0 && o.Metrics["sessions_lost"] == 0
+	// Nobody reconnected or was lost; stalls are read against the
+	// control window's.
+	o.Held = o.Metrics["reconnect_attempts"] == 0 && o.Metrics["sessions_lost"] == 0
 	outs = append(outs, o)
 	env.Log.Info("gateway scenario: node drained", "run", run, "affected", o.Affected)
 
@@ -158,9 +174,10 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	}
 	// Stop the drained node as systemctl stop does: its tunnels run for
 	// shutdown_grace, then end, and their clients reconnect.
+	m = r.mark()
 	t0 = time.Now()
 	_ = syscall.Kill(r.nodes[1].proc.Pid(), syscall.SIGTERM)
-	res = r.observe(ctx, t0, 5*time.Second+2*stallLimit, before)
+	res = r.observe(ctx, t0, m, 5*time.Second+2*stallLimit, before)
 	o = r.outcome(base, "stop a drained node (SIGTERM, shutdown_grace 5 s)", res, len(on))
 	o.Held = o.Metrics["sessions_lost"] == 0
 	outs = append(outs, o)
@@ -174,6 +191,9 @@ func (r *gwRig) restartLost(ctx context.Context) error {
 	for _, c := range r.clients {
 		if c.exited() {
 			r.env.Log.Info("gateway scenario: starting a lost client again", "user", c.user)
+			if _, err := r.launch(c.user); err != nil {
+				return err
+			}
 			if err := c.start(ctx, logonTimeout); err != nil {
 				return err
 			}
@@ -182,14 +202,21 @@ func (r *gwRig) restartLost(ctx context.Context) error {
 	return nil
 }
 
+// mark is each client's count of reconnect attempts, taken before a
+// fault: xfreerdp starts its first within milliseconds of the fault.
+func (r *gwRig) mark() []int {
+	m := make([]int, len(r.clients))
+	for i, c := range r.clients {
+		m[i] = c.reconnects()
+	}
+	return m
+}
+
 // observe watches every client from the fault at t0 for at least min,
 // until each is back or plainly unaffected, or giveUp has passed, then
-// compares each user's xrdp sessions with before.
-func (r *gwRig) observe(ctx context.Context, t0 time.Time, min time.Duration, before map[string][]string) []clientResult {
-	start := make([]int, len(r.clients))
-	for i, c := range r.clients {
-		start[i] = c.reconnects()
-	}
+// compares each user's xrdp sessions with before; start is mark's count
+// from before the fault.
+func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []int, min time.Duration, before map[string][]string) []clientResult {
 	res := make([]clientResult, len(r.clients))
 	for {
 		now := time.Now()
@@ -200,7 +227,13 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, min time.Duration, be
 			if res[i].reconnects > 0 {
 				res[i].affected = true
 			}
-			if !c.exited() && !res[i].back && (res[i].affected || now.Sub(t0) < min) {
+			if c.exited() {
+				// Gone, whatever its last frames were: its user must start
+				// it again.
+				res[i].affected, res[i].back = true, false
+				continue
+			}
+			if !res[i].back && (res[i].affected || now.Sub(t0) < min) {
 				settled = false
 			}
 		}
@@ -216,7 +249,8 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, min time.Duration, be
 			r.env.Log.Warn("gateway scenario: a user's xrdp session changed", "user", c.user, "before", before[c.user], "after", after[c.user], "err", err)
 		}
 		if res[i].affected && !res[i].back {
-			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "xfreerdp", c.proc.Tail(12))
+			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "xfreerdp", c.proc.Tail(12),
+				"gateway_refusals", r.refusals(c.user))
 		}
 	}
 	return res
@@ -247,7 +281,7 @@ func (c *gwClient) judge(t0, now time.Time) clientResult {
 func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) Outcome {
 	o.Case = name
 	var backs []float64
-	lost, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0
+	lost, back, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0, 0
 	for _, cr := range res {
 		attempts += cr.reconnects
 		if cr.affected {
@@ -260,26 +294,37 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 			lost++
 			continue
 		}
-		if cr.affected {
+		if cr.affected && cr.reconnects > 0 {
 			reconnected++
+		}
+		if cr.affected {
+			back++
 			backs = append(backs, cr.backAfter.Seconds())
 			if cr.backAfter <= backTarget {
 				within++
 			}
 		}
 	}
-	o.RecoverS = -1
 	pct := 100.0
 	if o.Affected > 0 {
 		pct = 100 * float64(within) / float64(o.Affected)
 	}
 	o.Metrics = map[string]float64{
+		"cpus":                float64(runtime.NumCPU()),
 		"clients_on_node":     float64(onNode),
 		"stalled_over_1s":     float64(stalled),
 		"reconnect_attempts":  float64(attempts),
-		"back_same_session":   float64(reconnected),
+		"back_same_session":   float64(back),
+		"reconnected":         float64(reconnected),
 		"back_within_10s_pct": round2(pct),
 		"sessions_lost":       float64(lost),
+	}
+	o.RecoverS = -1
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			load, _ := strconv.ParseFloat(f[0], 64)
+			o.Metrics["machine_load_1m"] = load
+		}
 	}
 	if len(backs) > 0 {
 		slices.Sort(backs)
@@ -290,8 +335,8 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 	if lost > 0 {
 		o.RecoverS = giveUp.Seconds()
 	}
-	o.Notes = fmt.Sprintf("%d of %d clients had their tunnel on the node; %d noticed (a stall over 1 s or a reconnect), %d came back by themselves to their own xrdp session, %d were lost.",
-		onNode, len(res), o.Affected, reconnected, lost)
+	o.Notes = fmt.Sprintf("%d of %d clients had their tunnel on the node; %d noticed (a stall over 1 s or a reconnect: %d stalled, %d reconnect attempts); %d came back by themselves to their own xrdp session, %d of them by reconnecting; %d were lost.",
+		onNode, len(res), o.Affected, stalled, attempts, back, reconnected, lost)
 	return o
 }
 

@@ -57,7 +57,11 @@ exec xterm -geometry 120x50+0+0 -bg '#204060' -fg white -e sh -c 'i=0; while :; 
 // nodeYAML is one node of the farm: both share the token key and the
 // certificate, and each names the other in farm_peers. A stopped node
 // lets its tunnels run for shutdown_grace (shortened from 30 s so that a
-// run does not wait on it).
+// run does not wait on it). A token may open token_max_uses tunnels, as
+// docs/operations.md says a farm whose clients reconnect needs: with the
+// default of one, a legacy client whose tunnel was on the surviving node
+// (its IN half carried by the dead one) is refused as a replay when it
+// reconnects there.
 const nodeYAML = `state_dir: %[1]s
 log: {level: info, format: json}
 admin: {listen: "127.0.0.1:%[2]d", tokens: ["%[3]s"]}
@@ -70,6 +74,7 @@ gateway:
   farm_peers: ["127.0.0.1:%[8]d"]
   proxy_protocol_from: [127.0.0.1]
   shutdown_grace: 5s
+  token_max_uses: 3
   connection_policies:
   - {name: faults, groups: [faults], auth_methods: [paa]}
   resource_policies:
@@ -224,6 +229,21 @@ func (r *gwRig) setUp(n int) error {
 	if r.lb, err = childproc.Start(nil, "haproxy", "-db", "-f", cfg); err != nil {
 		return err
 	}
+	// Its stats socket, not only the port (which another program could
+	// have taken since FreePorts), says it runs.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(r.sock); err == nil {
+			break
+		}
+		select {
+		case <-r.lb.Exited():
+			return fmt.Errorf("faults: haproxy ended: %s", r.lb.Tail(10))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("faults: haproxy made no stats socket within 10 s: %s", r.lb.Tail(10))
+		}
+	}
 	if err := loopback.WaitPort(r.lbAddr, 10*time.Second); err != nil {
 		return fmt.Errorf("faults: haproxy: %w\n%s", err, r.lb.Tail(10))
 	}
@@ -321,14 +341,8 @@ func (r *gwRig) connect(ctx context.Context, i int, timeout time.Duration) (*gwC
 	if i%2 == 1 {
 		c.transport, gt = "legacy", "http,no-websockets"
 	}
-	out, err := exec.Command(r.env.Bin, "token", "-c", r.nodes[0].cfg, "--user", name, "--groups", "faults",
-		"--host", "127.0.0.1", "--port", strconv.Itoa(r.rdpPort), "--ttl", "30m").Output()
+	file, err := r.launch(name)
 	if err != nil {
-		return nil, fmt.Errorf("deskway token: %w", err)
-	}
-	file := filepath.Join(r.dir, name+".rdp")
-	rdp := broker.RDPFile("127.0.0.1", r.rdpPort, r.lbAddr, strings.TrimSpace(string(out)), name)
-	if err := os.WriteFile(file, []byte(rdp), 0o600); err != nil {
 		return nil, err
 	}
 	n := firstClientDisplay + i
@@ -358,6 +372,36 @@ func (r *gwRig) connect(ctx context.Context, i int, timeout time.Duration) (*gwC
 		return nil, err
 	}
 	return c, nil
+}
+
+// launch writes the .rdp file the broker would answer name's launch
+// with: the host through the farm's address, with a fresh token (as
+// `deskway token` mints it), and returns its path.
+func (r *gwRig) launch(name string) (string, error) {
+	out, err := exec.Command(r.env.Bin, "token", "-c", r.nodes[0].cfg, "--user", name, "--groups", "faults",
+		"--host", "127.0.0.1", "--port", strconv.Itoa(r.rdpPort), "--ttl", "30m").Output()
+	if err != nil {
+		return "", fmt.Errorf("deskway token: %w", err)
+	}
+	file := filepath.Join(r.dir, name+".rdp")
+	rdp := broker.RDPFile("127.0.0.1", r.rdpPort, r.lbAddr, strings.TrimSpace(string(out)), name)
+	if err := os.WriteFile(file, []byte(rdp), 0o600); err != nil {
+		return "", err
+	}
+	return file, nil
+}
+
+// refusals is what the nodes logged refusing user's tunnels.
+func (r *gwRig) refusals(user string) []string {
+	var out []string
+	for _, nd := range r.nodes {
+		for _, l := range strings.Split(nd.proc.Output(), "\n") {
+			if (strings.Contains(l, `"user":"`+user+`"`) || strings.Contains(l, "token of "+user+" ")) && strings.Contains(l, "refused") && !slices.Contains(out, l) {
+				out = append(out, nd.name+": "+l)
+			}
+		}
+	}
+	return out
 }
 
 // start starts the client's xfreerdp and waits for two frames.
