@@ -106,7 +106,7 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 			return nil, fmt.Errorf("faults: %s has %d xrdp sessions after logging on, want 1: %v", u, len(before[u]), before[u])
 		}
 	}
-	load := fmt.Sprintf("%d xfreerdp clients (%d websocket, %d legacy RDG HTTP) through 2 gateway nodes behind round-robin HAProxy, each in an xrdp desktop repainting 4 times a second",
+	load := fmt.Sprintf("%d xfreerdp clients (%d websocket, %d legacy RDG HTTP) through 2 gateway nodes (token_max_uses 3) behind round-robin HAProxy, each in an xrdp desktop repainting 4 times a second",
 		n, (n+1)/2, n/2)
 	base := Outcome{Scenario: "gateway", Run: run, Load: load, Users: n}
 	var outs []Outcome
@@ -249,29 +249,40 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []int, min time
 			r.env.Log.Warn("gateway scenario: a user's xrdp session changed", "user", c.user, "before", before[c.user], "after", after[c.user], "err", err)
 		}
 		if res[i].affected && !res[i].back {
+			shot := filepath.Join(r.dir, fmt.Sprintf("lost-%s-%d.png", c.user, t0.Unix()))
+			if err := c.shot(shot); err != nil {
+				shot = err.Error()
+			}
 			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "xfreerdp", c.proc.Tail(12),
-				"gateway_refusals", r.refusals(c.user))
+				"gateway_refusals", r.refusals(c.user), "screen", shot)
 		}
 	}
 	return res
 }
 
-// judge says what the client went through from t0 until now: the first
-// gap between frames over stallLimit (counting from its last frame
-// before t0) is its stall, and the frame that ended it its return.
+// judge says what the client went through from t0 until now: its
+// longest gap between frames (counting from its last frame before t0),
+// if over stallLimit, is its stall, and the frame that ended it its
+// return. The longest, not the first: on a loaded machine a client may
+// stall for a second on its own before or after the fault's stall.
 func (c *gwClient) judge(t0, now time.Time) clientResult {
 	prev, after := c.framesSince(t0)
 	if prev.IsZero() {
 		prev = t0
 	}
+	var longest time.Duration
+	var end time.Time
 	for _, f := range after {
-		if f.Sub(prev) > stallLimit {
-			return clientResult{affected: true, back: true, backAfter: f.Sub(t0), stall: f.Sub(prev)}
+		if g := f.Sub(prev); g > longest {
+			longest, end = g, f
 		}
 		prev = f
 	}
-	if now.Sub(prev) > stallLimit {
-		return clientResult{affected: true, stall: now.Sub(prev)}
+	if open := now.Sub(prev); open > stallLimit && open >= longest {
+		return clientResult{affected: true, stall: open}
+	}
+	if longest > stallLimit {
+		return clientResult{affected: true, back: true, backAfter: end.Sub(t0), stall: longest}
 	}
 	return clientResult{}
 }
@@ -280,7 +291,7 @@ func (c *gwClient) judge(t0, now time.Time) clientResult {
 // many had their tunnel on the node the fault struck.
 func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) Outcome {
 	o.Case = name
-	var backs []float64
+	var backs, stalls []float64
 	lost, back, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0, 0
 	for _, cr := range res {
 		attempts += cr.reconnects
@@ -299,6 +310,7 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 		}
 		if cr.affected {
 			back++
+			stalls = append(stalls, cr.stall.Seconds())
 			backs = append(backs, cr.backAfter.Seconds())
 			if cr.backAfter <= backTarget {
 				within++
@@ -331,6 +343,9 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 		o.Metrics["back_median_s"] = round2(backs[len(backs)/2])
 		o.Metrics["back_worst_s"] = round2(backs[len(backs)-1])
 		o.RecoverS = round2(backs[len(backs)-1])
+		slices.Sort(stalls)
+		o.Metrics["stall_median_s"] = round2(stalls[len(stalls)/2])
+		o.Metrics["stall_worst_s"] = round2(stalls[len(stalls)-1])
 	}
 	if lost > 0 {
 		o.RecoverS = giveUp.Seconds()

@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
+	"image/color"
+	"image/png"
 	"io"
 	"net"
 	"net/http"
@@ -487,6 +490,27 @@ func (c *gwClient) framesSince(t time.Time) (before time.Time, after []time.Time
 		before = c.frames[i-1]
 	}
 	return before, slices.Clone(c.frames[i:])
+}
+
+// shot saves the client's screen as a PNG at path, for a client that
+// did not come back: what its user sees.
+func (c *gwClient) shot(path string) error {
+	root := xproto.Setup(c.x).DefaultScreen(c.x).Root
+	img, err := xproto.GetImage(c.x, xproto.ImageFormatZPixmap, xproto.Drawable(root), 0, 0, screenW, screenH, 0xffffffff).Reply()
+	if err != nil {
+		return fmt.Errorf("faults: %s's screen: %w", c.user, err)
+	}
+	out := image.NewRGBA(image.Rect(0, 0, screenW, screenH))
+	for i := 0; i+3 < len(img.Data) && i/4 < screenW*screenH; i += 4 {
+		p := i / 4
+		out.Set(p%screenW, p/screenW, color.RGBA{R: img.Data[i+2], G: img.Data[i+1], B: img.Data[i], A: 255})
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return png.Encode(f, out)
 }
 
 // reconnects counts FreeRDP's reconnect attempts so far.
