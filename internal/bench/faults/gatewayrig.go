@@ -413,17 +413,21 @@ func (r *gwRig) waitServer(server, want string, d time.Duration) error {
 	return fmt.Errorf("faults: HAProxy shows %s %q after %v, not %s", server, got, d, want)
 }
 
-// close stops everything the rig started and ends its users' sessions.
+// close stops everything the rig started and ends its users' sessions;
+// HAProxy's and the nodes' logs stay in the rig's directory (for as
+// long as the caller keeps it).
 func (r *gwRig) close() {
 	for _, c := range r.clients {
 		c.close()
 	}
 	if r.lb != nil {
 		r.lb.Stop()
+		_ = os.WriteFile(filepath.Join(r.dir, "haproxy.log"), []byte(r.lb.Output()), 0o644)
 	}
 	for _, nd := range r.nodes {
 		if nd != nil && nd.proc != nil {
 			nd.proc.Stop()
+			_ = os.WriteFile(filepath.Join(r.dir, nd.name+".log"), []byte(nd.proc.Output()), 0o644)
 		}
 	}
 	for i := len(r.xrdp) - 1; i >= 0; i-- {
