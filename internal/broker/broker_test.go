@@ -155,7 +155,8 @@ func TestLaunchReturnsRDPFileWithGatewayToken(t *testing.T) {
 		t.Fatalf("token claims = %+v", claims)
 	}
 	for _, line := range []string{"full address:s:h1.lan:3389\r\n", "gatewayhostname:s:gw.example.test:443\r\n",
-		"gatewayaccesstoken:s:" + res.Token + "\r\n", "gatewaycredentialssource:i:5\r\n", "username:s:alice\r\n"} {
+		"gatewayaccesstoken:s:" + res.Token + "\r\n", "gatewaycredentialssource:i:5\r\n", "username:s:alice\r\n",
+		"autoreconnection enabled:i:1\r\n"} {
 		if !strings.Contains(res.RDP, line) {
 			t.Fatalf(".rdp file lacks %q:\n%s", line, res.RDP)
 		}

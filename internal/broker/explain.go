@@ -101,6 +101,11 @@ func Explain(group string, hosts []store.Host, stale time.Time, personal bool, u
 // RDPFile is the .rdp file for a placement: the host, routed through the
 // gateway with a PAA token, as mstsc and xfreerdp read it.
 // user is the session host's user name, or "" to leave it to the client.
+//
+// Auto-reconnect is on: mstsc has it on unless a file says otherwise,
+// but xfreerdp has it off, and without it a client whose gateway node
+// dies ends its connection where it could have come back to its session
+// through another node.
 func RDPFile(address string, port int, gateway, token, user string) string {
 	lines := []string{
 		"full address:s:" + net.JoinHostPort(address, strconv.Itoa(port)),
@@ -109,6 +114,7 @@ func RDPFile(address string, port int, gateway, token, user string) string {
 		"gatewayprofileusagemethod:i:1",
 		"gatewaycredentialssource:i:5",
 		"gatewayaccesstoken:s:" + token,
+		"autoreconnection enabled:i:1",
 	}
 	if user != "" {
 		lines = append(lines, "username:s:"+user)

@@ -1,0 +1,67 @@
+package e2e
+
+import (
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/deskway/deskway/internal/bench/faults"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// TestFaultsGatewayNodeDies runs the gateway scenario of `deskway bench
+// faults` at the test's scale: four xfreerdp clients (two websocket, two
+// legacy RDG HTTP) through two gateway nodes behind round-robin HAProxy,
+// each in its own xrdp desktop. One node is killed with SIGKILL: every
+// client must come back by itself (the broker's .rdp file turns on
+// xfreerdp's auto-reconnect) through the other node to its own xrdp
+// session. Then the node carrying them is drained on HAProxy's stats
+// socket, for which no client may reconnect, and stopped: again every
+// client comes back to its own session. Timings (and stalls, which a
+// loaded machine causes by itself) are the bench's to report, not the
+// test's to hold.
+func TestFaultsGatewayNodeDies(t *testing.T) {
+	testkit.Require(t, "xfreerdp", "Xvfb", "xrdp", "xrdp-sesman", "xterm", "haproxy")
+	testkit.RequireRoot(t)
+	env := faults.Env{
+		Log:   slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Bin:   build(t),
+		Work:  t.TempDir(),
+		Small: true,
+	}
+	sc := faults.Gateway()
+	if sc.Name != "gateway" {
+		t.Fatalf("the scenario is named %q, want gateway", sc.Name)
+	}
+	outs, err := sc.Run(t.Context(), env, 1)
+	for _, o := range outs {
+		t.Logf("%s: users %d, affected %d, recover %.2f s, %v, held %v: %s", o.Case, o.Users, o.Affected, o.RecoverS, o.Metrics, o.Held, o.Notes)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != 4 {
+		t.Fatalf("the scenario ran %d cases, want 4 (control, kill, drain, stop)", len(outs))
+	}
+	control, kill, drain, stop := outs[0], outs[1], outs[2], outs[3]
+	if control.Metrics["sessions_lost"] != 0 || control.Metrics["reconnect_attempts"] != 0 {
+		t.Errorf("without a fault, %v clients were lost and %v reconnect attempts made", control.Metrics["sessions_lost"], control.Metrics["reconnect_attempts"])
+	}
+	if kill.Metrics["clients_on_node"] == 0 || kill.Metrics["reconnected"] == 0 {
+		t.Errorf("killing a node made no client reconnect (%v on it): the test proves nothing", kill.Metrics["clients_on_node"])
+	}
+	for _, o := range []faults.Outcome{kill, stop} {
+		if lost := o.Metrics["sessions_lost"]; lost != 0 {
+			t.Errorf("%s: %v of %d clients did not come back by themselves to their own xrdp session", o.Case, lost, o.Users)
+		}
+	}
+	if drain.Metrics["clients_on_node"] == 0 {
+		t.Error("the drained node carried no client: the test proves nothing")
+	}
+	if drain.Metrics["reconnect_attempts"] != 0 || drain.Metrics["sessions_lost"] != 0 {
+		t.Errorf("draining a node was noticed: %v reconnect attempts, %v clients lost", drain.Metrics["reconnect_attempts"], drain.Metrics["sessions_lost"])
+	}
+	if stop.Metrics["reconnected"] == 0 {
+		t.Error("stopping the drained node made no client reconnect: the test proves nothing")
+	}
+}

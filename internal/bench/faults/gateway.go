@@ -1,0 +1,358 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Timings of the gateway scenario. A client whose screen goes without a
+// frame for over stallLimit noticed (its desktop repaints every quarter
+// of a second); the target is every such client back within backTarget;
+// a client not back within giveUp is lost.
+const (
+	stallLimit   = time.Second
+	backTarget   = 10 * time.Second
+	giveUp       = 60 * time.Second
+	logonTimeout = 2 * time.Minute
+	// drainWindow is how long a drained node's clients are watched.
+	drainWindow = 10 * time.Second
+	// logonBatch is how many clients log on at once.
+	logonBatch = 4
+)
+
+// Gateway is the scenario of a gateway node dying: two nodes of a farm
+// behind round-robin HAProxy carry xfreerdp clients, half on the
+// websocket transport and half on the legacy RDG HTTP one, each in an
+// xrdp desktop that repaints four times a second. One node is killed
+// with SIGKILL; later the other is drained on HAProxy's stats socket
+// and, drained, stopped with SIGTERM. Each client is watched for the
+// frames its screen shows, and afterwards its xrdp session is compared
+// with the one it had: a client that comes back by itself (FreeRDP's
+// auto-reconnect, which the broker's .rdp file turns on) to its own
+// session lost nothing.
+func Gateway() Scenario {
+	return Scenario{Name: "gateway", Run: runGateway}
+}
+
+// clientResult is what one client went through in one fault.
+type clientResult struct {
+	// affected: a stall over stallLimit, or a reconnect attempt.
+	affected bool
+	// back: frames again after the stall, from the same xfreerdp.
+	back bool
+	// backAfter runs from the fault to the first frame after the stall;
+	// stall is the stall's own length.
+	backAfter, stall time.Duration
+	reconnects       int
+	sameSession      bool
+}
+
+func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
+	n := 20
+	if env.Small {
+		n = 4
+	}
+	r := &gwRig{env: env, dir: filepath.Join(env.Work, fmt.Sprintf("gateway-%d", run))}
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return nil, err
+	}
+	defer r.close()
+	if err := r.setUp(n); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := 0; i < n; i += logonBatch {
+		type got struct {
+			c   *gwClient
+			err error
+		}
+		ch := make(chan got)
+		batch := min(logonBatch, n-i)
+		for j := i; j < i+batch; j++ {
+			go func() {
+				c, err := r.connect(wctx, j, logonTimeout)
+				ch <- got{c, err}
+			}()
+		}
+		var errs []string
+		for range batch {
+			g := <-ch
+			if g.err != nil {
+				errs = append(errs, g.err.Error())
+				continue
+			}
+			r.clients = append(r.clients, g.c)
+		}
+		if len(errs) > 0 {
+			return nil, fmt.Errorf("faults: logging the clients on: %s", strings.Join(errs, "; "))
+		}
+	}
+	env.Log.Info("gateway scenario: every client shows its desktop", "run", run, "clients", n)
+	before, err := r.sessions()
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range r.users {
+		if len(before[u]) != 1 {
+			return nil, fmt.Errorf("faults: %s has %d xrdp sessions after logging on, want 1: %v", u, len(before[u]), before[u])
+		}
+	}
+	load := fmt.Sprintf("%d xfreerdp clients (%d websocket, %d legacy RDG HTTP) through 2 gateway nodes (token_max_uses 3) behind round-robin HAProxy, each in an xrdp desktop repainting 4 times a second",
+		n, (n+1)/2, n/2)
+	base := Outcome{Scenario: "gateway", Run: run, Load: load, Users: n}
+	var outs []Outcome
+
+	// A window without a fault: the stalls a loaded machine causes by
+	// itself, to read the cases' against.
+	m := r.mark()
+	t0 := time.Now()
+	res := r.observe(ctx, t0, m, drainWindow, before)
+	o := r.outcome(base, "none (control window)", res, 0)
+	o.Held = o.Metrics["sessions_lost"] == 0 && o.Metrics["reconnect_attempts"] == 0
+	outs = append(outs, o)
+	env.Log.Info("gateway scenario: control window", "run", run, "stalled", o.Metrics["stalled_over_1s"])
+
+	// Kill -9 one node.
+	on, err := r.tunnelsOn(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	m = r.mark()
+	t0 = time.Now()
+	_ = syscall.Kill(r.nodes[0].proc.Pid(), syscall.SIGKILL)
+	<-r.nodes[0].proc.Exited()
+	res = r.observe(ctx, t0, m, 5*time.Second, before)
+	o = r.outcome(base, "kill -9 one node", res, len(on))
+	o.Held = o.Metrics["sessions_lost"] == 0 && o.Metrics["back_within_10s_pct"] >= 95
+	outs = append(outs, o)
+	env.Log.Info("gateway scenario: node killed", "run", run, "affected", o.Affected, "lost", o.Metrics["sessions_lost"], "worst_s", o.RecoverS)
+
+	// The killed node comes back; every client is now on the other one,
+	// those that were lost started again by hand.
+	if err := r.startNode(0); err != nil {
+		return outs, err
+	}
+	if err := r.waitServer("gw1", "UP", 20*time.Second); err != nil {
+		return outs, err
+	}
+	if err := r.restartLost(wctx); err != nil {
+		return outs, err
+	}
+
+	// Drain the node that carries the clients: nobody should notice.
+	on, err = r.tunnelsOn(ctx, 1)
+	if err != nil {
+		return outs, err
+	}
+	if _, err := r.haproxy("set server gateways/gw2 state drain"); err != nil {
+		return outs, err
+	}
+	if err := r.waitServer("gw2", "DRAIN", 5*time.Second); err != nil {
+		return outs, err
+	}
+	m = r.mark()
+	t0 = time.Now()
+	res = r.observe(ctx, t0, m, drainWindow, before)
+	o = r.outcome(base, "drain one node (HAProxy)", res, len(on))
+	// Nobody reconnected or was lost; stalls are read against the
+	// control window's.
+	o.Held = o.Metrics["reconnect_attempts"] == 0 && o.Metrics["sessions_lost"] == 0
+	outs = append(outs, o)
+	env.Log.Info("gateway scenario: node drained", "run", run, "affected", o.Affected)
+
+	if err := r.restartLost(wctx); err != nil {
+		return outs, err
+	}
+	// Stop the drained node as systemctl stop does: its tunnels run for
+	// shutdown_grace, then end, and their clients reconnect.
+	m = r.mark()
+	t0 = time.Now()
+	_ = syscall.Kill(r.nodes[1].proc.Pid(), syscall.SIGTERM)
+	res = r.observe(ctx, t0, m, 5*time.Second+2*stallLimit, before)
+	o = r.outcome(base, "stop a drained node (SIGTERM, shutdown_grace 5 s)", res, len(on))
+	o.Held = o.Metrics["sessions_lost"] == 0
+	outs = append(outs, o)
+	env.Log.Info("gateway scenario: drained node stopped", "run", run, "affected", o.Affected, "lost", o.Metrics["sessions_lost"])
+	return outs, nil
+}
+
+// restartLost starts again, as their users would, the clients whose
+// xfreerdp ended, so that every case starts with every client working.
+func (r *gwRig) restartLost(ctx context.Context) error {
+	for _, c := range r.clients {
+		if c.exited() {
+			r.env.Log.Info("gateway scenario: starting a lost client again", "user", c.user)
+			if _, err := r.launch(c.user); err != nil {
+				return err
+			}
+			if err := c.start(ctx, logonTimeout); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// mark is each client's count of reconnect attempts, taken before a
+// fault: xfreerdp starts its first within milliseconds of the fault.
+func (r *gwRig) mark() []int {
+	m := make([]int, len(r.clients))
+	for i, c := range r.clients {
+		m[i] = c.reconnects()
+	}
+	return m
+}
+
+// observe watches every client from the fault at t0 for at least min,
+// until each is back or plainly unaffected, or giveUp has passed, then
+// compares each user's xrdp sessions with before; start is mark's count
+// from before the fault.
+func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []int, min time.Duration, before map[string][]string) []clientResult {
+	res := make([]clientResult, len(r.clients))
+	for {
+		now := time.Now()
+		settled := true
+		for i, c := range r.clients {
+			res[i] = c.judge(t0, now)
+			res[i].reconnects = c.reconnects() - start[i]
+			if res[i].reconnects > 0 {
+				res[i].affected = true
+			}
+			if c.exited() {
+				// Gone, whatever its last frames were: its user must start
+				// it again.
+				res[i].affected, res[i].back = true, false
+				continue
+			}
+			if !res[i].back && (res[i].affected || now.Sub(t0) < min) {
+				settled = false
+			}
+		}
+		if settled || now.Sub(t0) > giveUp || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	after, err := r.sessions()
+	for i, c := range r.clients {
+		res[i].sameSession = err == nil && slices.Equal(before[c.user], after[c.user])
+		if !res[i].sameSession {
+			r.env.Log.Warn("gateway scenario: a user's xrdp session changed", "user", c.user, "before", before[c.user], "after", after[c.user], "err", err)
+		}
+		if res[i].affected && !res[i].back {
+			shot := filepath.Join(r.dir, fmt.Sprintf("lost-%s-%d.png", c.user, t0.Unix()))
+			if err := c.shot(shot); err != nil {
+				shot = err.Error()
+			}
+			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "xfreerdp", c.proc.Tail(12),
+				"gateway_refusals", r.refusals(c.user), "screen", shot)
+		}
+	}
+	return res
+}
+
+// judge says what the client went through from t0 until now: its
+// longest gap between frames (counting from its last frame before t0),
+// if over stallLimit, is its stall, and the frame that ended it its
+// return. The longest, not the first: on a loaded machine a client may
+// stall for a second on its own before or after the fault's stall.
+func (c *gwClient) judge(t0, now time.Time) clientResult {
+	prev, after := c.framesSince(t0)
+	if prev.IsZero() {
+		prev = t0
+	}
+	var longest time.Duration
+	var end time.Time
+	for _, f := range after {
+		if g := f.Sub(prev); g > longest {
+			longest, end = g, f
+		}
+		prev = f
+	}
+	if open := now.Sub(prev); open > stallLimit && open >= longest {
+		return clientResult{affected: true, stall: open}
+	}
+	if longest > stallLimit {
+		return clientResult{affected: true, back: true, backAfter: end.Sub(t0), stall: longest}
+	}
+	return clientResult{}
+}
+
+// outcome sums the clients' results for one fault case; onNode is how
+// many had their tunnel on the node the fault struck.
+func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) Outcome {
+	o.Case = name
+	var backs, stalls []float64
+	lost, back, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0, 0
+	for _, cr := range res {
+		attempts += cr.reconnects
+		if cr.affected {
+			o.Affected++
+		}
+		if cr.stall > stallLimit {
+			stalled++
+		}
+		if !cr.sameSession || (cr.affected && !cr.back) {
+			lost++
+			continue
+		}
+		if cr.affected && cr.reconnects > 0 {
+			reconnected++
+		}
+		if cr.affected {
+			back++
+			stalls = append(stalls, cr.stall.Seconds())
+			backs = append(backs, cr.backAfter.Seconds())
+			if cr.backAfter <= backTarget {
+				within++
+			}
+		}
+	}
+	pct := 100.0
+	if o.Affected > 0 {
+		pct = 100 * float64(within) / float64(o.Affected)
+	}
+	o.Metrics = map[string]float64{
+		"cpus":                float64(runtime.NumCPU()),
+		"clients_on_node":     float64(onNode),
+		"stalled_over_1s":     float64(stalled),
+		"reconnect_attempts":  float64(attempts),
+		"back_same_session":   float64(back),
+		"reconnected":         float64(reconnected),
+		"back_within_10s_pct": round2(pct),
+		"sessions_lost":       float64(lost),
+	}
+	o.RecoverS = -1
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			load, _ := strconv.ParseFloat(f[0], 64)
+			o.Metrics["machine_load_1m"] = load
+		}
+	}
+	if len(backs) > 0 {
+		slices.Sort(backs)
+		o.Metrics["back_median_s"] = round2(backs[len(backs)/2])
+		o.Metrics["back_worst_s"] = round2(backs[len(backs)-1])
+		o.RecoverS = round2(backs[len(backs)-1])
+		slices.Sort(stalls)
+		o.Metrics["stall_median_s"] = round2(stalls[len(stalls)/2])
+		o.Metrics["stall_worst_s"] = round2(stalls[len(stalls)-1])
+	}
+	if lost > 0 {
+		o.RecoverS = giveUp.Seconds()
+	}
+	o.Notes = fmt.Sprintf("%d of %d clients had their tunnel on the node; %d noticed (a stall over 1 s or a reconnect: %d stalled, %d reconnect attempts); %d came back by themselves to their own xrdp session, %d of them by reconnecting; %d were lost.",
+		onNode, len(res), o.Affected, stalled, attempts, back, reconnected, lost)
+	return o
+}
+
+func round2(v float64) float64 { return float64(int(v*100+0.5)) / 100 }
