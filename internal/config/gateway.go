@@ -35,8 +35,8 @@ type Gateway struct {
 	// lock authorized users out.
 	MaxTunnels int `yaml:"max_tunnels"`
 	// TokenMaxUses is how many tunnels one PAA token may open in its
-	// lifetime: the first, then reconnects from the same address, never
-	// two at once. 0 makes tokens bearers usable without limit, for
+	// lifetime (default 3): the first, then reconnects from the same
+	// address, never two at once. 0 makes tokens bearers usable without limit, for
 	// benchmarks only.
 	TokenMaxUses *int `yaml:"token_max_uses"`
 	// MaxUnauthenticated caps connections that have not yet opened a
@@ -155,8 +155,12 @@ func gatewayDefaults(g *Gateway) {
 	setDefault(&g.MaxUnauthenticated, 1024)
 	setDefault(&g.MaxUnauthenticatedPerAddr, 64)
 	if g.TokenMaxUses == nil {
-		one := 1
-		g.TokenMaxUses = &one
+		// Three, so that a client's auto-reconnect after a dropped link or
+		// a dead farm node (its first use on one node, the other half of a
+		// legacy pair on another) finds a use left; the later uses are
+		// bound to the first's address and never run two at once.
+		three := 3
+		g.TokenMaxUses = &three
 	}
 	setDefault(&g.DialTimeout, Duration(10*time.Second))
 	setDefault(&g.ShutdownGrace, Duration(30*time.Second))

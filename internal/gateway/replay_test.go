@@ -46,8 +46,9 @@ func TestTokensAreNotReplayable(t *testing.T) {
 		usedUp1 = "token has opened the 1 tunnels it may"
 		usedUp3 = "token has opened the 3 tunnels it may"
 	)
+	one := func(c *config.Config) { n := 1; c.Gateway.TokenMaxUses = &n }
 	t.Run("one tunnel", func(t *testing.T) {
-		h := start(t, nil)
+		h := start(t, one)
 		url := admin(t, h)
 		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
 		c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
@@ -64,7 +65,7 @@ func TestTokensAreNotReplayable(t *testing.T) {
 		}
 	})
 	t.Run("reconnects", func(t *testing.T) {
-		h := start(t, func(c *config.Config) { three := 3; c.Gateway.TokenMaxUses = &three })
+		h := start(t, nil) // the default allows three
 		url := admin(t, h)
 		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
 		for i := range 3 {
@@ -86,7 +87,7 @@ func TestTokensAreNotReplayable(t *testing.T) {
 	// client may try again (from any address, as the failed try bound it
 	// to none), and only a tunnel that opened spends it.
 	t.Run("host down", func(t *testing.T) {
-		h := start(t, nil)
+		h := start(t, one)
 		url := admin(t, h)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

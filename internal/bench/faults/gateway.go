@@ -106,7 +106,7 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 			return nil, fmt.Errorf("faults: %s has %d xrdp sessions after logging on, want 1: %v", u, len(before[u]), before[u])
 		}
 	}
-	load := fmt.Sprintf("%d xfreerdp clients (%d websocket, %d legacy RDG HTTP) through 2 gateway nodes (token_max_uses 3) behind round-robin HAProxy, each in an xrdp desktop repainting 4 times a second",
+	load := fmt.Sprintf("%d xfreerdp clients (%d websocket, %d legacy RDG HTTP) through 2 gateway nodes behind round-robin HAProxy, each in an xrdp desktop repainting 4 times a second",
 		n, (n+1)/2, n/2)
 	base := Outcome{Scenario: "gateway", Run: run, Load: load, Users: n}
 	var outs []Outcome

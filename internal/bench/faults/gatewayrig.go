@@ -52,11 +52,10 @@ exec xterm -geometry 120x50+0+0 -bg '#204060' -fg white -e sh -c 'i=0; while :; 
 // nodeYAML is one node of the farm: both share the token key and the
 // certificate, and each names the other in farm_peers. A stopped node
 // lets its tunnels run for shutdown_grace (shortened from 30 s so that a
-// run does not wait on it). A token may open token_max_uses tunnels, as
-// docs/operations.md says a farm whose clients reconnect needs: with the
-// default of one, a legacy client whose tunnel was on the surviving node
-// (its IN half carried by the dead one) is refused as a replay when it
-// reconnects there.
+// run does not wait on it). token_max_uses is left at its default (3),
+// which a farm whose clients reconnect needs: with one, a legacy client
+// whose tunnel was on the surviving node (its IN half carried by the dead
+// one) is refused as a replay when it reconnects there.
 const nodeYAML = `state_dir: %[1]s
 log: {level: info, format: json}
 admin: {listen: "127.0.0.1:%[2]d", tokens: ["%[3]s"]}
@@ -69,7 +68,6 @@ gateway:
   farm_peers: ["127.0.0.1:%[8]d"]
   proxy_protocol_from: [127.0.0.1]
   shutdown_grace: 5s
-  token_max_uses: 3
   connection_policies:
   - {name: faults, groups: [faults], auth_methods: [paa]}
   resource_policies:
