@@ -60,7 +60,8 @@ type peerSite struct {
 	seq  atomic.Uint32
 	// Counters, written by the forwarding loops, read by the admin API.
 	pktsIn, bytesIn, pktsOut, bytesOut atomic.Uint64
-	lastIn                             atomic.Int64 // unix nanoseconds
+	keepalives                         atomic.Uint64 // GRE keepalives sent back
+	lastIn                             atomic.Int64  // unix nanoseconds
 }
 
 // Link carries a tenant's packets to one of its sites: GRE over the

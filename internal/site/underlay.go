@@ -153,6 +153,9 @@ func (u *underlay) decap(b []byte, src netip.Addr) (t *tenant, st *peerSite, sta
 		t.m.drop(dropBadInner)
 		return nil, nil, 0, 0
 	}
+	if u.keepalive(t, st, inner) {
+		return nil, nil, 0, 0
+	}
 	if !st.owns(innerSource(inner)) {
 		t.m.drop(dropSpoofed)
 		return nil, nil, 0, 0
