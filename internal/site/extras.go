@@ -19,6 +19,7 @@ import (
 type extras struct {
 	wg      *wg.Device
 	speaker *bgp.Speaker
+	sink    *learnSink // the speaker's
 }
 
 // newExtras checks and builds a tenant's WireGuard device and speaker
@@ -37,12 +38,12 @@ func (s *Server) newExtras(t *tenant, c *config.Tenant, d Deps) error {
 		t.extras.wg = dev
 	}
 	if c.BGP != nil {
-		sp, err := bgp.New(*c.BGP, bgp.Options{Tenant: t.name, Netns: nsPath, Sink: &learnSink{t: t, log: s.log, routes: map[netip.Prefix]netip.Addr{}},
-			Logger: s.log, Registry: d.Registry})
+		sink := &learnSink{t: t, log: s.log, routes: map[netip.Prefix]netip.Addr{}}
+		sp, err := bgp.New(*c.BGP, bgp.Options{Tenant: t.name, Netns: nsPath, Sink: sink, Logger: s.log, Registry: d.Registry})
 		if err != nil {
 			return fmt.Errorf("site: %w", err)
 		}
-		t.extras.speaker = sp
+		t.extras.speaker, t.extras.sink = sp, sink
 	}
 	return nil
 }
@@ -119,14 +120,15 @@ func (l *learnSink) apply() {
 	}
 	// Removals first: a prefix whose next hop moved to another site is
 	// refused there while the site it leaves still holds it.
-	for _, st := range l.t.sites {
+	sites := l.t.c().sites
+	for _, st := range sites {
 		old := *st.learnt.Load()
 		kept := slices.DeleteFunc(slices.Clone(per[st.name]), func(p netip.Prefix) bool { return !slices.Contains(old, p) })
 		if len(kept) != len(old) {
 			l.learn(st.name, kept)
 		}
 	}
-	for _, st := range l.t.sites {
+	for _, st := range sites {
 		l.learn(st.name, per[st.name])
 	}
 }
@@ -140,7 +142,7 @@ func (l *learnSink) learn(site string, list []netip.Prefix) {
 
 // siteOf is the GRE site whose configured prefixes hold addr, or nil.
 func (t *tenant) siteOf(addr netip.Addr) *peerSite {
-	for _, st := range t.sites {
+	for _, st := range t.c().sites {
 		for _, p := range st.prefixes {
 			if p.Contains(addr) {
 				return st

@@ -88,6 +88,13 @@ func (m *metrics) tenant(name string) *tenantMetrics {
 	return tm
 }
 
+// forget removes a tenant's series: a reload removed it.
+func (m *metrics) forget(name string) {
+	for _, v := range []*prometheus.CounterVec{m.packets, m.bytes, m.drops, m.keepalives} {
+		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
+	}
+}
+
 func (tm *tenantMetrics) drop(c cause) {
 	tm.drops[c].Inc()
 	tm.dropCount[c].Add(1)
