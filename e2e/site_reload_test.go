@@ -173,10 +173,10 @@ func TestSiteReload(t *testing.T) {
 	if got, err := askLetter(t, r.officeLAN["c"], "10.0.0.10:7000"); err != nil || got != "C" {
 		t.Fatalf("office c, added by a reload, to c's desktop: %q, %v", got, err)
 	}
+	s.finish(t, "A")
 	if after := r.metric(inA); after < before {
 		t.Fatalf("tenant a's packets in went from %v to %v across the reload", before, after)
 	}
-	s.finish(t, "A")
 
 	// Office b keeps 192.168.1.0/24 and loses fd00:192::/64.
 	if got, err := askLetter(t, r.officeLAN["b"], "10.0.0.10:7000"); err != nil || got != "B" {
@@ -217,6 +217,15 @@ func TestSiteReload(t *testing.T) {
 		t.Fatalf("office a after the refused reloads: %q, %v", got, err)
 	}
 
+	// The admin API's reload does the same, as the admin token's: office
+	// b gets fd00:192::/64 back.
+	writeFile(t, r.gwCfg, string(base)+fmt.Sprintf(tenantC, r.comp["c"]))
+	if out, err := r.exec(r.gw, "curl", "-skf", "-X", "POST", "-H", "Authorization: Bearer e2e-admin-token", "https://127.0.0.1:9443/api/v1/reload"); err != nil {
+		t.Fatalf("POST /api/v1/reload: %v\n%s", err, out)
+	}
+	if out, err := r.exec(r.officeLAN["b"], "busybox", "ping", "-c", "1", "-W", "3", "-I", "fd00:192::10", "fd00:10::10"); err != nil {
+		t.Fatalf("office b over IPv6 after the admin API's reload gave it fd00:192::/64 back: %v\n%s", err, out)
+	}
 	// The audit trail, as GET /api/v1/audit gives it.
 	out, err := r.exec(r.gw, "curl", "-sk", "-H", "Authorization: Bearer e2e-admin-token", "https://127.0.0.1:9443/api/v1/audit?limit=100")
 	if err != nil {
@@ -240,6 +249,8 @@ func TestSiteReload(t *testing.T) {
 		"reload (SIGHUP) | site: tenant b: site office-b2 removed",
 		"reload (SIGHUP) | site: tenant c added",
 		"reload (SIGHUP) | site reload refused: site.tenants[0].namespace",
+		"admin token 1 | site: tenant b: site office-b changed (peer 2001:db8:100::3, prefixes 192.168.1.0/24, fd00:192::/64; were",
+		"admin token 1 | POST /api/v1/reload",
 	} {
 		if !strings.Contains(all, want) {
 			t.Fatalf("the audit trail has no %q:\n%s", want, all)
