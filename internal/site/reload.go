@@ -290,10 +290,12 @@ func (s *Server) changeExtras(t *tenant, c *config.Tenant, what *[]string) error
 	switch {
 	case ow != nil && nw == nil:
 		*what = append(*what, "wireguard removed")
-		if err := t.extras.wg.Close(); err != nil {
+		dev := t.extras.wg
+		t.setWG(nil)
+		s.relearn(t)
+		if err := dev.Close(); err != nil {
 			return err
 		}
-		t.extras.wg = nil
 	case nw != nil && (ow == nil || !reflect.DeepEqual(ow.Config, nw.Config) || ow.Key() != nw.Key()):
 		key, err := wg.ParsePrivateKey(nw.Key())
 		if err != nil {
@@ -308,7 +310,7 @@ func (s *Server) changeExtras(t *tenant, c *config.Tenant, what *[]string) error
 			if err := dev.Start(s.runCtx); err != nil {
 				return err
 			}
-			t.extras.wg = dev
+			t.setWG(dev)
 		} else {
 			*what = append(*what, "wireguard sites or key changed")
 			if err := t.extras.wg.Reload(nw.Config, key); err != nil {
