@@ -1,15 +1,18 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/site"
+	"github.com/deskway/deskway/internal/site/ha"
 )
 
 func siteCmd() *cobra.Command {
@@ -54,9 +57,15 @@ func siteTunnelsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var out struct{ Tenants []site.TenantStatus }
+			var out struct {
+				Tenants []site.TenantStatus
+				HA      *ha.Status
+			}
 			if err := a.call(cmd.Context(), "GET", "/api/v1/site/tunnels", nil, &out); err != nil {
 				return err
+			}
+			if h := out.HA; h != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s of pair %s since %s (active: %s)\n", h.Node, h.Role, h.Group, h.Since.Format(time.RFC3339), cmp.Or(h.Holder, "none"))
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TENANT\tKEY\tSITE\tPEER\tSTATE\tPACKETS IN\tBYTES IN\tPACKETS OUT\tBYTES OUT")

@@ -18,6 +18,8 @@ type Site struct {
 	// Underlay is this gateway's side of the network the tunnels cross.
 	Underlay SiteUnderlay `yaml:"underlay"`
 	Tenants  []Tenant     `yaml:"tenants"`
+	// HA makes this gateway one of an active and passive pair.
+	HA *SiteHA `yaml:"ha"`
 }
 
 // SiteUnderlay names the local tunnel endpoint addresses.
@@ -54,6 +56,10 @@ type Tenant struct {
 	// BGP is the tenant's speaker: its routers teach it their prefixes,
 	// which are routed to the GRE site their next hop is behind.
 	BGP *bgp.Config `yaml:"bgp"`
+	// Inside are the addresses in the tenant's namespace that its hosted
+	// network routes the sites' prefixes through: with site.ha, the
+	// active gateway holds them.
+	Inside []SiteAddress `yaml:"inside"`
 }
 
 // SiteWireGuard is a tenant's WireGuard interface, as package wg
@@ -97,6 +103,7 @@ func siteDefaults(s *Site) {
 		}
 		setDefault(&t.MTU, 1400)
 	}
+	siteHADefaults(s)
 }
 
 func validateSite(s *Site, bad func(string, string, ...any)) {
@@ -190,6 +197,7 @@ func validateSite(s *Site, bad func(string, string, ...any)) {
 			sub(bad, key+".bgp", t.BGP.Validate(""))
 		}
 	}
+	validateSiteHA(s, bad)
 }
 
 // validateWireGuard checks a tenant's wireguard section: package wg's own
@@ -249,6 +257,9 @@ func sub(bad func(string, string, ...any), key string, err error) {
 // resolveSiteSecrets reads each tenant's WireGuard private key and BGP
 // passwords from their env: and file: references.
 func resolveSiteSecrets(s *Site, resolve func(string, *Secret)) {
+	if s.HA != nil {
+		resolve("site.ha.database", &s.HA.Database)
+	}
 	for i := range s.Tenants {
 		t := &s.Tenants[i]
 		key := fmt.Sprintf("site.tenants[%d]", i)

@@ -96,10 +96,17 @@ func Dial(ctx context.Context, addr, export string, o Options) (*Client, error) 
 		return nil, err
 	}
 	_ = tconn.SetDeadline(time.Time{})
-	c := &Client{conn: tconn, Export: ex, wait: map[uint64]*call{}, closed: make(chan struct{})}
+	return New(tconn, ex), nil
+}
+
+// New runs the transmission phase of export ex on conn, a connection
+// Handshake negotiated: for callers that negotiate themselves, as
+// deskway-nbdroot's reconnect path does.
+func New(conn net.Conn, ex Export) *Client {
+	c := &Client{conn: conn, Export: ex, wait: map[uint64]*call{}, closed: make(chan struct{})}
 	// Small enough that large READ payloads bypass it and are copied once.
 	go c.readLoop(bufio.NewReaderSize(c.conn, 32<<10))
-	return c, nil
+	return c
 }
 
 // Handshake negotiates export on conn and leaves the connection in the

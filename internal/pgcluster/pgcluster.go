@@ -157,6 +157,12 @@ func (c *Cluster) DSN(db string) string {
 	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", c.Addr(), db)
 }
 
+// SocketDSN is DSN(db) through the server's Unix socket instead of TCP:
+// a path reaches the server from any network namespace.
+func (c *Cluster) SocketDSN(db string) string {
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", db, c.dir, c.port)
+}
+
 // CreateDB creates database name, as a copy of template when it is not
 // empty (a migrated template makes each test's fresh database cheap).
 func (c *Cluster) CreateDB(ctx context.Context, name, template string) (string, error) {

@@ -73,7 +73,11 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/site/tunnels", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"tenants": s.Tunnels()})
+		body := map[string]any{"tenants": s.Tunnels()}
+		if s.ha != nil {
+			body["ha"] = s.ha.Status()
+		}
+		_ = json.NewEncoder(w).Encode(body)
 	})
 	return mux
 }

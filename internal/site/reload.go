@@ -38,6 +38,14 @@ func (s *Server) check(next *config.Site) error {
 	if !slices.Equal(next.Underlay.Addresses, s.cfg.Underlay.Addresses) {
 		return fmt.Errorf("site.underlay.addresses changes only at a restart (the raw sockets are bound to %s)", strings.Join(s.cfg.Underlay.Addresses, ", "))
 	}
+	if !reflect.DeepEqual(next.HA, s.cfg.HA) {
+		return errors.New("site.ha changes only at a restart (a gateway joins or leaves a pair, or changes its lease, at a start)")
+	}
+	if s.ha != nil {
+		if err := s.checkPair(next); err != nil {
+			return err
+		}
+	}
 	for i, c := range next.Tenants {
 		t := s.tenant(c.Name)
 		if t == nil {
@@ -56,6 +64,28 @@ func (s *Server) check(next *config.Site) error {
 			if what := wgFixed(ow.Config, nw.Config); what != "" {
 				return fmt.Errorf("%s.wireguard.%s of tenant %s changes only at a restart", key, what, c.Name)
 			}
+		}
+	}
+	return nil
+}
+
+// checkPair refuses, in a gateway of a pair, what its election was built
+// on: the tenants themselves, their inside addresses and their speakers
+// (started and stopped with the active role). Sites, prefixes, GRE
+// options and WireGuard change as on a gateway alone.
+func (s *Server) checkPair(next *config.Site) error {
+	if len(next.Tenants) != len(s.set.Load().list) {
+		return errors.New("site.tenants: a gateway of a pair (site.ha) adds and removes tenants only at a restart")
+	}
+	for i, c := range next.Tenants {
+		t := s.tenant(c.Name)
+		switch {
+		case t == nil:
+			return fmt.Errorf("site.tenants[%d]: a gateway of a pair (site.ha) adds and removes tenants only at a restart", i)
+		case !reflect.DeepEqual(c.Inside, t.cfg.Inside):
+			return fmt.Errorf("site.tenants[%d].inside of tenant %s changes only at a restart in a gateway of a pair", i, c.Name)
+		case !reflect.DeepEqual(c.BGP, t.cfg.BGP):
+			return fmt.Errorf("site.tenants[%d].bgp of tenant %s changes only at a restart in a gateway of a pair", i, c.Name)
 		}
 	}
 	return nil
@@ -346,7 +376,9 @@ func (s *Server) changeExtras(t *tenant, c *config.Tenant, what *[]string) error
 // site that changed or came may now hold a route's next hop, and a
 // learnt prefix may now overlap a configured one.
 func (s *Server) relearn(t *tenant) {
-	if t.extras.sink != nil {
+	// In a gateway of a pair the speaker, and its sink, are the
+	// election's: the routes it learnt are re-checked at its next update.
+	if t.extras.speaker != nil && t.extras.sink != nil {
 		t.extras.sink.mu.Lock()
 		t.extras.sink.apply()
 		t.extras.sink.mu.Unlock()

@@ -43,6 +43,7 @@ func TestCheckRefusesRestartKeys(t *testing.T) {
 		{func(c *config.Site) { c.Tenants[0].Key = 7 }, "site.tenants[0].key of tenant a changes only at a restart"},
 		{func(c *config.Site) { c.Tenants[0].WireGuard.Interface = "wg1" }, "site.tenants[0].wireguard.interface of tenant a"},
 		{func(c *config.Site) { c.Tenants[0].WireGuard.MTU = 1380 }, "site.tenants[0].wireguard.mtu of tenant a"},
+		{func(c *config.Site) { c.HA = &config.SiteHA{Group: "pair", Node: "one"} }, "site.ha changes only at a restart"},
 		// The defaults written out are no change.
 		{func(c *config.Site) {
 			c.Tenants[0].WireGuard.Interface, c.Tenants[0].WireGuard.MTU = wg.DefaultInterface, wg.DefaultMTU

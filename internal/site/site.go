@@ -63,6 +63,8 @@ type Server struct {
 	fail     chan error // the first forwarding loop that ended by itself
 	errMu    sync.Mutex
 	loopErrs []error
+	// ha is the election of a pair of gateways, nil for a gateway alone.
+	ha *haNode
 }
 
 // tenantSet is the tenants in force, by name's order and by key.
@@ -106,6 +108,11 @@ func New(cfg *config.Site, d Deps) (*Server, error) {
 		ts = append(ts, t)
 	}
 	s.set.Store((&tenantSet{}).with(ts))
+	if cfg.HA != nil {
+		if err := s.newHANode(cfg, d); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -135,7 +142,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	for _, ip := range s.locals {
-		u, err := listenUnderlay(ip, &s.set, s.m, s.log)
+		u, err := listenUnderlay(ip, &s.set, s.m, s.log, s.ha != nil)
 		if err != nil {
 			s.mu.Unlock()
 			return fmt.Errorf("site: %w", err)
@@ -156,11 +163,13 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	s.log.Info("site gateway forwarding", "tenants", len(names), "underlay", s.locals)
 	s.audit("deskway site", "", "site gateway started, tenants "+strings.Join(names, ", "), http.StatusOK)
+	stopHA := s.startHA(ctx)
 	select {
 	case <-ctx.Done():
 	case <-s.fail:
 		// A loop ended by itself: the device or socket failed.
 	}
+	stopHA()
 	s.mu.Lock()
 	s.forwarding = false
 	for _, u := range s.unders {

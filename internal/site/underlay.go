@@ -1,6 +1,7 @@
 package site
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -47,12 +48,16 @@ type underlay struct {
 	log   *slog.Logger
 }
 
-func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics, log *slog.Logger) (*underlay, error) {
+func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics, log *slog.Logger, free bool) (*underlay, error) {
 	network := "ip4:47"
 	if local.Is6() {
 		network = "ip6:47"
 	}
-	c, err := net.ListenPacket(network, local.String())
+	var lc net.ListenConfig
+	if free {
+		lc.Control = freebind
+	}
+	c, err := lc.ListenPacket(context.Background(), network, local.String())
 	if err != nil {
 		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
 	}
