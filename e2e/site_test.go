@@ -115,21 +115,7 @@ func newSiteRigMTU(t *testing.T, mtu int) *siteRig {
 	r.ip(r.gw, "addr", "add", "198.51.100.1/24", "dev", "ul0")
 	r.ip(r.gw, "addr", "add", "2001:db8:100::1/64", "dev", "ul0", "nodad")
 	for _, x := range []string{"a", "b"} {
-		r.comp[x], r.desk[x] = "dwsc"+x+"-"+sfx, "dwsd"+x+"-"+sfx
-		r.office[x], r.officeLAN[x] = "dwso"+x+"-"+sfx, "dwsl"+x+"-"+sfx
-		r.addNS(r.comp[x], r.desk[x], r.office[x])
-		// The hosted side: the compartment routes to the desktops.
-		r.veth(r.comp[x], "hosted", r.desk[x], "eth0")
-		r.ip(r.comp[x], "addr", "add", "10.0.0.1/24", "dev", "hosted")
-		r.ip(r.comp[x], "addr", "add", "fd00:10::1/64", "dev", "hosted", "nodad")
-		r.ip(r.desk[x], "addr", "add", "10.0.0.10/24", "dev", "eth0")
-		r.ip(r.desk[x], "addr", "add", "fd00:10::10/64", "dev", "eth0", "nodad")
-		r.ip(r.desk[x], "route", "add", "default", "via", "10.0.0.1")
-		r.ip(r.desk[x], "-6", "route", "add", "default", "via", "fd00:10::1")
-		// The office router on the underlay.
-		r.veth(r.office[x], "ul0", r.ul, "o"+x+"0")
-		r.ip(r.ul, "link", "set", "o"+x+"0", "master", "br0")
-		r.ip(r.office[x], "addr", "add", r.officeUL[x], "dev", "ul0", "nodad")
+		r.addTenantNets(x)
 	}
 	dir := t.TempDir()
 	// nsenter enters the network namespace alone: under ip netns exec,
@@ -141,17 +127,51 @@ func newSiteRigMTU(t *testing.T, mtu int) *siteRig {
 	r.gwProc = testkit.Start(t, nil, "nsenter", append([]string{"--net=/run/netns/" + r.gw}, r.docCommand("site-run")...)...)
 	waitLog(t, r.gwProc, `"msg":"site gateway forwarding"`)
 	for i, x := range []string{"a", "b"} {
-		cfg := filepath.Join(dir, "office-"+x+".yaml")
 		gwAddr := map[string]string{"a": "198.51.100.1", "b": "2001:db8:100::1"}[x]
-		writeFile(t, cfg, fmt.Sprintf(siteOfficeConfig, filepath.Join(dir, "office-"+x+"-state"), r.underlay[x], 1001+i, r.officeLAN[x], gwAddr, x == "b", mtu))
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", r.officeLAN[x]).Run() })
-		r.officeProc[x] = testkit.Start(t, nil, "nsenter", "--net=/run/netns/"+r.office[x], r.bin, "site", "-c", cfg)
-		waitLog(t, r.officeProc[x], `"msg":"site gateway forwarding"`)
-		// The office's host: an address of the office network.
-		r.ip(r.officeLAN[x], "addr", "add", "192.168.1.10/32", "dev", "lo")
-		r.ip(r.officeLAN[x], "addr", "add", "fd00:192::10/128", "dev", "lo")
+		r.startOffice(x, fmt.Sprintf(siteOfficeConfig, filepath.Join(dir, "office-"+x+"-state"), r.underlay[x], 1001+i, r.officeLAN[x], gwAddr, x == "b", mtu))
 	}
 	return r
+}
+
+// addTenantNets makes tenant x's compartment with its desktops'
+// namespace behind it (10.0.0.10 and fd00:10::10, the compartment
+// routing for them), and its office router's namespace on the underlay
+// bridge at r.officeUL[x].
+func (r *siteRig) addTenantNets(x string) {
+	r.comp[x], r.desk[x] = "dwsc"+x+"-"+r.sfx, "dwsd"+x+"-"+r.sfx
+	r.office[x], r.officeLAN[x] = "dwso"+x+"-"+r.sfx, "dwsl"+x+"-"+r.sfx
+	r.addNS(r.comp[x], r.desk[x], r.office[x])
+	// The hosted side: the compartment routes to the desktops.
+	r.veth(r.comp[x], "hosted", r.desk[x], "eth0")
+	r.ip(r.comp[x], "addr", "add", "10.0.0.1/24", "dev", "hosted")
+	r.ip(r.comp[x], "addr", "add", "fd00:10::1/64", "dev", "hosted", "nodad")
+	r.ip(r.desk[x], "addr", "add", "10.0.0.10/24", "dev", "eth0")
+	r.ip(r.desk[x], "addr", "add", "fd00:10::10/64", "dev", "eth0", "nodad")
+	r.ip(r.desk[x], "route", "add", "default", "via", "10.0.0.1")
+	r.ip(r.desk[x], "-6", "route", "add", "default", "via", "fd00:10::1")
+	// The office router on the underlay.
+	r.veth(r.office[x], "ul0", r.ul, "o"+x+"0")
+	r.ip(r.ul, "link", "set", "o"+x+"0", "master", "br0")
+	r.ip(r.office[x], "addr", "add", r.officeUL[x], "dev", "ul0", "nodad")
+}
+
+// startOffice starts office x's router, deskway site with config body
+// (whose one tenant's namespace is r.officeLAN[x]), in r.office[x], and
+// gives the office network its host, 192.168.1.10 and fd00:192::10
+// unless lanHosts names others.
+func (r *siteRig) startOffice(x, body string, lanHosts ...string) {
+	t := r.t
+	cfg := filepath.Join(t.TempDir(), "office-"+x+".yaml")
+	writeFile(t, cfg, body)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", r.officeLAN[x]).Run() })
+	r.officeProc[x] = testkit.Start(t, nil, "nsenter", "--net=/run/netns/"+r.office[x], r.bin, "site", "-c", cfg)
+	waitLog(t, r.officeProc[x], `"msg":"site gateway forwarding"`)
+	if len(lanHosts) == 0 {
+		lanHosts = []string{"192.168.1.10/32", "fd00:192::10/128"}
+	}
+	for _, h := range lanHosts {
+		r.ip(r.officeLAN[x], "addr", "add", h, "dev", "lo")
+	}
 }
 
 // docCommand is the command of docs/site.md's block marked

@@ -17,7 +17,9 @@ import (
 	"github.com/deskway/deskway/internal/broker"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/gateway"
+	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/policy"
+	"github.com/deskway/deskway/internal/site"
 )
 
 // reloader re-reads the configuration file and puts its users, gateway
@@ -30,6 +32,7 @@ type reloader struct {
 	log     *slog.Logger
 	gateway *gateway.Server // nil when the role does not run
 	broker  *broker.Server
+	site    *site.Server
 	// portal is the users the portal signs people in with; nil without
 	// the web role.
 	portal *auth.Users
@@ -47,9 +50,17 @@ func (r *reloader) reload(ctx context.Context) error {
 	err := r.apply(ctx)
 	if err != nil {
 		r.log.Error("configuration reload refused; the running configuration stays", "file", r.path, "error", err)
+		if r.site != nil && !errors.Is(err, errPartial) {
+			actor, source := reloadActor(ctx)
+			r.site.Refused(actor, source, err)
+		}
 		return err
 	}
-	r.log.Info("configuration reloaded: users, gateway policies and delivery groups", "file", r.path)
+	what := "users, gateway policies and delivery groups"
+	if r.site != nil {
+		what += ", site tenants and sites"
+	}
+	r.log.Info("configuration reloaded: "+what, "file", r.path)
 	return nil
 }
 
@@ -72,6 +83,19 @@ func (r *reloader) apply(ctx context.Context) error {
 	// revoke a leaked one, and did not, would be worse than a refusal.
 	if what := changedSecrets(r.running, next); what != "" {
 		return fmt.Errorf("%s changed, which takes a restart (nothing was reloaded)", what)
+	}
+	if r.site != nil {
+		if next.Site == nil {
+			return errors.New("the file removes the site section this process runs: roles change only at a restart")
+		}
+		// The site gateway's admin API is where its tunnels are seen and
+		// its reloads asked for: moving it silently would lose both.
+		if next.Admin.Listen != r.running.Admin.Listen {
+			return fmt.Errorf("admin.listen changes only at a restart (it is %s)", r.running.Admin.Listen)
+		}
+		if err := r.site.Check(next.Site); err != nil {
+			return err
+		}
 	}
 	users, err := auth.NewUsers(next.Auth.Users)
 	if err != nil {
@@ -97,7 +121,27 @@ func (r *reloader) apply(ctx context.Context) error {
 		r.portal.Replace(users)
 	}
 	r.running = next
+	if r.site != nil {
+		actor, source := reloadActor(ctx)
+		if err := r.site.Reload(next.Site, actor, source); err != nil {
+			return fmt.Errorf("%w: %w", errPartial, err)
+		}
+	}
 	return nil
+}
+
+// errPartial is a reload the site gateway applied in part: each change
+// is in the audit trail already.
+var errPartial = errors.New("the site gateway applied the file in part")
+
+// reloadActor is who asked for the reload, as the audit trail names
+// them: an admin's reload is theirs; a signal's is nobody's in
+// particular.
+func reloadActor(ctx context.Context) (actor, source string) {
+	if actor := obs.Actor(ctx); actor != "" {
+		return actor, ""
+	}
+	return "reload (SIGHUP)", "SIGHUP"
 }
 
 // changedSecrets names the keys and tokens that differ between a and b.

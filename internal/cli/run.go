@@ -157,10 +157,14 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		api = append(api, b.AdminHandler())
 	}
 	if cfg.Site != nil {
-		st, err := site.New(cfg.Site, site.Deps{Logger: log.With("role", "site"), Registry: reg})
+		if audit == nil {
+			audit = &obs.MemoryAudit{Max: 10000}
+		}
+		st, err := site.New(cfg.Site, site.Deps{Logger: log.With("role", "site"), Registry: reg, Audit: audit})
 		if err != nil {
 			return err
 		}
+		rl.site = st
 		serve = append(serve, st.Run)
 		api = append(api, st.AdminHandler())
 	}

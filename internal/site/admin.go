@@ -34,6 +34,8 @@ type SiteStatus struct {
 	BytesIn       uint64     `json:"bytes_in"`
 	PacketsOut    uint64     `json:"packets_out"`
 	BytesOut      uint64     `json:"bytes_out"`
+	// Keepalives are the GRE keepalives sent back to the site's router.
+	Keepalives uint64 `json:"keepalives"`
 }
 
 // Tunnels is every tenant's tunnels and counters now; the drops that
@@ -42,11 +44,14 @@ type SiteStatus struct {
 func (s *Server) Tunnels() []TenantStatus {
 	now := time.Now()
 	var out []TenantStatus
-	for _, t := range s.tenants {
+	// A reload changes the tenants' extras under mu.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.set.Load().list {
 		ts := TenantStatus{Name: t.name, Key: t.key, Namespace: t.nsName, Interface: t.ifName, Drops: t.m.dropped(), Sites: []SiteStatus{}}
-		for _, st := range t.sites {
+		for _, st := range t.c().sites {
 			ss := SiteStatus{Kind: "gre", Name: st.name, Peer: st.peer.String(), State: st.state(now),
-				PacketsIn: st.pktsIn.Load(), BytesIn: st.bytesIn.Load(), PacketsOut: st.pktsOut.Load(), BytesOut: st.bytesOut.Load()}
+				PacketsIn: st.pktsIn.Load(), BytesIn: st.bytesIn.Load(), PacketsOut: st.pktsOut.Load(), BytesOut: st.bytesOut.Load(), Keepalives: st.keepalives.Load()}
 			for _, p := range st.prefixes {
 				ss.Prefixes = append(ss.Prefixes, p.String())
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 
 	"github.com/deskway/deskway/internal/config"
@@ -16,7 +17,9 @@ import (
 // same prefixes.
 func twoTenants(t testing.TB, local string) *underlay {
 	m := newMetrics(nil)
-	u := &underlay{local: netip.MustParseAddr(local), byKey: map[uint32]*tenant{}, m: m, log: slog.New(slog.DiscardHandler)}
+	var set atomic.Pointer[tenantSet]
+	set.Store(&tenantSet{byKey: map[uint32]*tenant{}})
+	u := &underlay{local: netip.MustParseAddr(local), set: &set, m: m, log: slog.New(slog.DiscardHandler)}
 	for _, c := range []config.Tenant{
 		{Name: "a", Key: 1001, Prefixes: []string{"10.0.0.0/24"}, Sites: []config.TenantSite{{Name: "office-a", Peer: "198.51.100.2", Prefixes: []string{"192.168.1.0/24", "fd00:192::/64"}}}},
 		{Name: "b", Key: 1002, Prefixes: []string{"10.0.0.0/24"}, Sites: []config.TenantSite{{Name: "office-b", Peer: "2001:db8:100::3", Prefixes: []string{"192.168.1.0/24", "fd00:192::/64"}}}},
@@ -25,7 +28,7 @@ func twoTenants(t testing.TB, local string) *underlay {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u.byKey[tn.key] = tn
+		set.Load().byKey[tn.key] = tn
 	}
 	return u
 }
@@ -64,7 +67,7 @@ func FuzzDecap(f *testing.F) {
 		if err := p.Decode(b[off:]); err != nil || !p.HasKey || p.Key != tn.key {
 			t.Fatalf("delivered to tenant %s (key %d): GRE %+v, %v", tn.name, tn.key, p.Header, err)
 		}
-		if tn.byPeer[src] != st {
+		if tn.c().byPeer[src] != st {
 			t.Fatalf("delivered to tenant %s from %s, none of its sites", tn.name, src)
 		}
 		if start < 0 || end > len(b) || start >= end {

@@ -46,7 +46,7 @@ func (t *tenant) encapLoop(log *slog.Logger) error {
 			}
 			log.Debug("read from tunnel device", "tenant", t.name, "error", err)
 		}
-		routes := t.routes.Load()
+		routes, mtu := t.routes.Load(), t.c().mtu
 		for i := range k {
 			pkt := bufs[i][headroom : headroom+sizes[i]]
 			if len(pkt) < 20 || (pkt[0]>>4 == 6 && len(pkt) < 40) || (pkt[0]>>4 != 4 && pkt[0]>>4 != 6) {
@@ -58,7 +58,7 @@ func (t *tenant) encapLoop(log *slog.Logger) error {
 				t.m.drop(dropNoRoute)
 				continue
 			}
-			if len(pkt) > t.mtu && !t.fragmentable(pkt) {
+			if len(pkt) > mtu && !t.fragmentable(pkt) {
 				t.tooBig(pkt)
 				continue
 			}
@@ -89,7 +89,8 @@ type greLink struct {
 // batch to the site.
 func (l *greLink) Send(bufs [][]byte, offset int) error {
 	addr := &net.IPAddr{IP: l.site.peer.AsSlice()}
-	h := gre.Header{Checksum: l.t.checksum, HasKey: true, Key: l.t.key, HasSeq: l.t.sequence}
+	tc := l.t.c()
+	h := gre.Header{Checksum: tc.checksum, HasKey: true, Key: l.t.key, HasSeq: tc.sequence}
 	hl := h.Len()
 	l.msgs = l.msgs[:0]
 	var bytes uint64

@@ -81,7 +81,7 @@ func TestEncapLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	paris, lyon := &recordLink{}, &recordLink{}
-	tn.sites[0].link, tn.sites[1].link = paris, lyon
+	tn.c().sites[0].link, tn.c().sites[1].link = paris, lyon
 	desk := "0a00000a"
 	toParis := ipv4Packet(t, desk, "c0a8010a", 100, true)
 	toLyon := ipv4Packet(t, desk, "c0a8020a", 100, true)

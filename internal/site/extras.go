@@ -19,6 +19,7 @@ import (
 type extras struct {
 	wg      *wg.Device
 	speaker *bgp.Speaker
+	sink    *learnSink // the speaker's
 }
 
 // newExtras checks and builds a tenant's WireGuard device and speaker
@@ -37,12 +38,12 @@ func (s *Server) newExtras(t *tenant, c *config.Tenant, d Deps) error {
 		t.extras.wg = dev
 	}
 	if c.BGP != nil {
-		sp, err := bgp.New(*c.BGP, bgp.Options{Tenant: t.name, Netns: nsPath, Sink: &learnSink{t: t, log: s.log, routes: map[netip.Prefix]netip.Addr{}},
-			Logger: s.log, Registry: d.Registry})
+		sink := &learnSink{t: t, log: s.log, routes: map[netip.Prefix]netip.Addr{}}
+		sp, err := bgp.New(*c.BGP, bgp.Options{Tenant: t.name, Netns: nsPath, Sink: sink, Logger: s.log, Registry: d.Registry})
 		if err != nil {
 			return fmt.Errorf("site: %w", err)
 		}
-		t.extras.speaker = sp
+		t.extras.speaker, t.extras.sink = sp, sink
 	}
 	return nil
 }
@@ -76,11 +77,13 @@ func (t *tenant) stopExtras() error {
 	return err
 }
 
-// learnSink takes a tenant's BGP routes to its GRE sites. A learnt
-// prefix belongs to the site whose configured prefixes hold its next
-// hop: the router that announced it is reached through that site's
-// tunnel. A route whose next hop is behind no GRE site (a WireGuard
-// site's, or an address in the hosted network) is not installed.
+// learnSink takes a tenant's BGP routes to its sites. A learnt prefix
+// belongs to the site whose configured prefixes hold its next hop: the
+// router that announced it is reached through that site's tunnel. A
+// GRE site's go to the tenant's routing table; a WireGuard site's join
+// the site's allowed IPs and are routed through its interface. A route
+// whose next hop is behind no site (an address in the hosted network)
+// is not installed.
 type learnSink struct {
 	t   *tenant
 	log *slog.Logger
@@ -107,26 +110,46 @@ func (l *learnSink) Remove(p netip.Prefix) {
 
 // apply hands every site its learnt prefixes whole, as learn wants them.
 func (l *learnSink) apply() {
-	per := map[string][]netip.Prefix{}
+	per, perWG := map[string][]netip.Prefix{}, map[string][]netip.Prefix{}
+	dev := l.t.extras.wg // changed by a reload with l.mu held
 	for p, nh := range l.routes {
-		st := l.t.siteOf(nh)
-		if st == nil {
-			l.log.Warn("a BGP route's next hop is behind none of the tenant's GRE sites; not installed",
-				"tenant", l.t.name, "prefix", p, "next_hop", nh)
+		if st := l.t.siteOf(nh); st != nil {
+			per[st.name] = append(per[st.name], p)
 			continue
 		}
-		per[st.name] = append(per[st.name], p)
+		if dev != nil {
+			if name := dev.SiteOf(nh); name != "" {
+				if why := l.t.refuseWG(dev, p); why != "" {
+					l.log.Warn("a BGP route behind a WireGuard site is refused", "tenant", l.t.name, "prefix", p, "site", name, "why", why)
+					continue
+				}
+				perWG[name] = append(perWG[name], p)
+				continue
+			}
+		}
+		l.log.Warn("a BGP route's next hop is behind none of the tenant's sites; not installed",
+			"tenant", l.t.name, "prefix", p, "next_hop", nh)
+	}
+	if dev != nil {
+		for _, name := range dev.SiteNames() {
+			list := perWG[name]
+			slices.SortFunc(list, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+			if err := dev.Learn(name, list); err != nil {
+				l.log.Warn("BGP routes not all installed", "tenant", l.t.name, "site", name, "error", err)
+			}
+		}
 	}
 	// Removals first: a prefix whose next hop moved to another site is
 	// refused there while the site it leaves still holds it.
-	for _, st := range l.t.sites {
+	sites := l.t.c().sites
+	for _, st := range sites {
 		old := *st.learnt.Load()
 		kept := slices.DeleteFunc(slices.Clone(per[st.name]), func(p netip.Prefix) bool { return !slices.Contains(old, p) })
 		if len(kept) != len(old) {
 			l.learn(st.name, kept)
 		}
 	}
-	for _, st := range l.t.sites {
+	for _, st := range sites {
 		l.learn(st.name, per[st.name])
 	}
 }
@@ -138,9 +161,44 @@ func (l *learnSink) learn(site string, list []netip.Prefix) {
 	}
 }
 
+// refuseWG says why p may not be learnt behind a WireGuard site, or "":
+// it would overlap the tenant's hosted networks or a site's configured
+// prefixes (the file wins).
+func (t *tenant) refuseWG(dev *wg.Device, p netip.Prefix) string {
+	tc := t.c()
+	for _, q := range tc.own {
+		if p.Overlaps(q) {
+			return fmt.Sprintf("overlaps the tenant's hosted network %s", q)
+		}
+	}
+	for _, st := range tc.sites {
+		for _, q := range st.prefixes {
+			if p.Overlaps(q) {
+				return fmt.Sprintf("overlaps %s, configured for site %s", q, st.name)
+			}
+		}
+	}
+	for _, q := range dev.Prefixes() {
+		if p.Overlaps(q) {
+			return fmt.Sprintf("overlaps %s, configured for a WireGuard site", q)
+		}
+	}
+	return ""
+}
+
+// setWG changes the tenant's WireGuard device under its speaker's sink
+// lock, which the sink reads it under.
+func (t *tenant) setWG(dev *wg.Device) {
+	if sink := t.extras.sink; sink != nil {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+	}
+	t.extras.wg = dev
+}
+
 // siteOf is the GRE site whose configured prefixes hold addr, or nil.
 func (t *tenant) siteOf(addr netip.Addr) *peerSite {
-	for _, st := range t.sites {
+	for _, st := range t.c().sites {
 		for _, p := range st.prefixes {
 			if p.Contains(addr) {
 				return st

@@ -48,10 +48,10 @@ type haNode struct {
 // over from their extras, to start them on promotion only.
 func (s *Server) newHANode(cfg *config.Site, d Deps) error {
 	h := cfg.HA
-	n := &haNode{log: s.log, underlay: h.Addresses, tenants: s.tenants, inside: map[*tenant][]config.SiteAddress{},
+	n := &haNode{log: s.log, underlay: h.Addresses, tenants: s.set.Load().list, inside: map[*tenant][]config.SiteAddress{},
 		lifetime: int(math.Ceil(2 * h.Lease.D().Seconds())), speakers: map[*tenant]func() (*bgp.Speaker, error){},
 		running: map[*tenant]*bgp.Speaker{}}
-	for i, t := range s.tenants {
+	for i, t := range s.set.Load().list {
 		tc := &cfg.Tenants[i]
 		n.inside[t] = tc.Inside
 		if t.extras.speaker != nil {

@@ -25,9 +25,9 @@ func (t *tenant) tooBig(pkt []byte) {
 	t.m.drop(dropTooBig)
 	var b []byte
 	if pkt[0]>>4 == 4 {
-		b = fragNeeded(pkt, t.mtu)
+		b = fragNeeded(pkt, t.c().mtu)
 	} else {
-		b = packetTooBig(pkt, t.mtu)
+		b = packetTooBig(pkt, t.c().mtu)
 	}
 	if b == nil {
 		return

@@ -41,7 +41,7 @@ var causeNames = [numCauses]string{
 // metrics are the role's Prometheus series and the counts the admin API
 // reads back.
 type metrics struct {
-	packets, bytes, drops *prometheus.CounterVec
+	packets, bytes, drops, keepalives *prometheus.CounterVec
 	// unknown counts drops that name no tenant (bad GRE, unknown key).
 	unknown *tenantMetrics
 }
@@ -49,6 +49,7 @@ type metrics struct {
 // tenantMetrics are one tenant's series, looked up once.
 type tenantMetrics struct {
 	pktsIn, pktsOut, bytesIn, bytesOut prometheus.Counter
+	keepalives                         prometheus.Counter
 	drops                              [numCauses]prometheus.Counter
 	dropCount                          [numCauses]atomic.Uint64
 }
@@ -65,7 +66,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		drops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_site_drops_total",
 			Help: "Packets dropped, by tenant (empty when none is known) and cause."}, []string{"tenant", "cause"}),
 	}
-	reg.MustRegister(m.packets, m.bytes, m.drops)
+	m.keepalives = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_site_keepalives_total",
+		Help: "GRE keepalives (a router's packet addressed back to itself inside the tunnel) sent back to the site, by tenant."}, []string{"tenant"})
+	reg.MustRegister(m.packets, m.bytes, m.drops, m.keepalives)
 	m.unknown = m.tenant("")
 	return m
 }
@@ -75,6 +78,7 @@ func (m *metrics) tenant(name string) *tenantMetrics {
 	tm := &tenantMetrics{
 		pktsIn: m.packets.WithLabelValues(name, "in"), pktsOut: m.packets.WithLabelValues(name, "out"),
 		bytesIn: m.bytes.WithLabelValues(name, "in"), bytesOut: m.bytes.WithLabelValues(name, "out"),
+		keepalives: m.keepalives.WithLabelValues(name),
 	}
 	for c := cause(1); c < numCauses; c++ {
 		if causeNames[c] != "" {
@@ -82,6 +86,13 @@ func (m *metrics) tenant(name string) *tenantMetrics {
 		}
 	}
 	return tm
+}
+
+// forget removes a tenant's series: a reload removed it.
+func (m *metrics) forget(name string) {
+	for _, v := range []*prometheus.CounterVec{m.packets, m.bytes, m.drops, m.keepalives} {
+		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
+	}
 }
 
 func (tm *tenantMetrics) drop(c cause) {

@@ -18,7 +18,7 @@ import (
 // prefixes is refused (the configuration wins), and so is one another
 // site learnt; the rest take effect, and the error names the refused.
 func (s *Server) Learn(tenant, site string, learnt []netip.Prefix) error {
-	for _, t := range s.tenants {
+	for _, t := range s.set.Load().list {
 		if t.name == tenant {
 			return t.learn(site, learnt)
 		}
@@ -29,11 +29,10 @@ func (s *Server) Learn(tenant, site string, learnt []netip.Prefix) error {
 func (t *tenant) learn(site string, learnt []netip.Prefix) error {
 	t.routeMu.Lock()
 	defer t.routeMu.Unlock()
-	i := slices.IndexFunc(t.sites, func(st *peerSite) bool { return st.name == site })
-	if i < 0 {
+	st := t.c().site(site)
+	if st == nil {
 		return fmt.Errorf("site: tenant %s has no site %s", t.name, site)
 	}
-	st := t.sites[i]
 	if t.linkIndex == 0 {
 		return fmt.Errorf("site: tenant %s is not up", t.name)
 	}
@@ -79,12 +78,13 @@ func (t *tenant) learn(site string, learnt []netip.Prefix) error {
 
 // refuse says why p may not be learnt behind st, or "".
 func (t *tenant) refuse(st *peerSite, p netip.Prefix) string {
-	for _, q := range t.own {
+	tc := t.c()
+	for _, q := range tc.own {
 		if p.Overlaps(q) {
 			return fmt.Sprintf("overlaps the tenant's hosted network %s", q)
 		}
 	}
-	for _, o := range t.sites {
+	for _, o := range tc.sites {
 		for _, q := range o.prefixes {
 			if p.Overlaps(q) {
 				return fmt.Sprintf("overlaps %s, configured for site %s", q, o.name)
@@ -100,7 +100,7 @@ func (t *tenant) refuse(st *peerSite, p netip.Prefix) string {
 // table maps every site's configured and learnt prefixes to the site.
 func (t *tenant) table() *bart.Table[*peerSite] {
 	table := new(bart.Table[*peerSite])
-	for _, st := range t.sites {
+	for _, st := range t.c().sites {
 		for _, p := range st.prefixes {
 			table.Insert(p, st)
 		}

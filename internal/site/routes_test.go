@@ -37,7 +37,7 @@ func TestLearn(t *testing.T) {
 		}
 		return string(out)
 	}
-	office := tn.sites[0]
+	office := tn.c().sites[0]
 	at := func(s string) (string, bool) {
 		st, ok := tn.routes.Load().Lookup(netip.MustParseAddr(s))
 		if !ok {

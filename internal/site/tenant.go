@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,18 +20,17 @@ import (
 	"github.com/deskway/deskway/internal/config"
 )
 
-// tenant is one routing domain. The fields set by newTenant are
-// read-only; ns, dev and created belong to up and down, which run
-// before and after the forwarding goroutines.
+// tenant is one routing domain. name, nsName, ifName, key and m are
+// set by newTenant and never change; conf is swapped whole by a reload;
+// ns, dev and created belong to up and down, which run before and after
+// the forwarding goroutines.
 type tenant struct {
 	name, nsName, ifName string
 	key                  uint32
-	mtu                  int
-	sequence, checksum   bool
-	sites                []*peerSite
-	byPeer               map[netip.Addr]*peerSite
-	// own are the tenant's hosted networks.
-	own []netip.Prefix
+	conf                 atomic.Pointer[tenantConf]
+	// cfg is the configuration in force, read and written by New and
+	// the reload alone.
+	cfg config.Tenant
 	// routes maps inner destinations to sites; learn swaps in a new
 	// table whole, so the encapsulating loop reads it without a lock.
 	routes atomic.Pointer[bart.Table[*peerSite]]
@@ -47,7 +47,22 @@ type tenant struct {
 	closing   atomic.Bool
 }
 
-// peerSite is one of a tenant's sites.
+// tenantConf is what a reload may change in a running tenant: the
+// forwarding loops read it without a lock, and a reload swaps it whole.
+type tenantConf struct {
+	mtu                int
+	sequence, checksum bool
+	sites              []*peerSite
+	byPeer             map[netip.Addr]*peerSite
+	// own are the tenant's hosted networks.
+	own []netip.Prefix
+}
+
+// c is the tenant's configuration in force.
+func (t *tenant) c() *tenantConf { return t.conf.Load() }
+
+// peerSite is one of a tenant's sites. A reload that changes the site
+// replaces it with another sharing its counters.
 type peerSite struct {
 	name     string
 	peer     netip.Addr
@@ -55,12 +70,18 @@ type peerSite struct {
 	// learnt are the prefixes a route source learnt behind the site,
 	// swapped whole by learn.
 	learnt atomic.Pointer[[]netip.Prefix]
-	// link carries packets to the site; set by Run before forwarding.
+	// link carries packets to the site; set before the site is in force.
 	link Link
-	seq  atomic.Uint32
-	// Counters, written by the forwarding loops, read by the admin API.
+	*siteCounters
+}
+
+// siteCounters are a site's, written by the forwarding loops and read by
+// the admin API; they outlive a reload that changes the site.
+type siteCounters struct {
+	seq                                atomic.Uint32
 	pktsIn, bytesIn, pktsOut, bytesOut atomic.Uint64
-	lastIn                             atomic.Int64 // unix nanoseconds
+	keepalives                         atomic.Uint64 // GRE keepalives sent back
+	lastIn                             atomic.Int64  // unix nanoseconds
 }
 
 // Link carries a tenant's packets to one of its sites: GRE over the
@@ -72,21 +93,35 @@ type Link interface {
 }
 
 func newTenant(c *config.Tenant, m *metrics) (*tenant, error) {
-	t := &tenant{name: c.Name, nsName: c.Namespace, ifName: c.Interface, key: c.Key, mtu: c.MTU,
-		sequence: c.Sequence, checksum: c.Checksum, byPeer: map[netip.Addr]*peerSite{}, m: m.tenant(c.Name), ns: -1}
+	t := &tenant{name: c.Name, nsName: c.Namespace, ifName: c.Interface, key: c.Key, cfg: *c, m: m.tenant(c.Name), ns: -1}
+	tc, err := newConf(c, nil)
+	if err != nil {
+		return nil, err
+	}
+	t.conf.Store(tc)
+	t.routes.Store(t.table())
+	return t, nil
+}
+
+// newConf reads a tenant's changeable configuration. A site of old that
+// c keeps under the same name, peer and prefixes is kept as it is (its
+// link, learnt prefixes and counters); one that changed keeps its
+// counters.
+func newConf(c *config.Tenant, old *tenantConf) (*tenantConf, error) {
+	tc := &tenantConf{mtu: c.MTU, sequence: c.Sequence, checksum: c.Checksum, byPeer: map[netip.Addr]*peerSite{}}
 	for _, p := range c.Prefixes {
 		pf, err := netip.ParsePrefix(p)
 		if err != nil {
 			return nil, fmt.Errorf("site: tenant %s: prefix %q: %w", c.Name, p, err)
 		}
-		t.own = append(t.own, pf)
+		tc.own = append(tc.own, pf)
 	}
 	for _, sc := range c.Sites {
 		ip, err := netip.ParseAddr(sc.Peer)
 		if err != nil {
 			return nil, fmt.Errorf("site: tenant %s: peer %q: %w", c.Name, sc.Peer, err)
 		}
-		st := &peerSite{name: sc.Name, peer: ip}
+		st := &peerSite{name: sc.Name, peer: ip, siteCounters: &siteCounters{}}
 		st.learnt.Store(&[]netip.Prefix{})
 		if st.name == "" {
 			st.name = ip.String()
@@ -98,11 +133,31 @@ func newTenant(c *config.Tenant, m *metrics) (*tenant, error) {
 			}
 			st.prefixes = append(st.prefixes, pf)
 		}
-		t.sites = append(t.sites, st)
-		t.byPeer[ip] = st
+		if prev := old.site(st.name); prev != nil {
+			if prev.peer == st.peer && slices.Equal(prev.prefixes, st.prefixes) {
+				st = prev
+			} else {
+				st.siteCounters = prev.siteCounters
+				st.learnt.Store(prev.learnt.Load())
+			}
+		}
+		tc.sites = append(tc.sites, st)
+		tc.byPeer[ip] = st
 	}
-	t.routes.Store(t.table())
-	return t, nil
+	return tc, nil
+}
+
+// site is the site named name, or nil.
+func (tc *tenantConf) site(name string) *peerSite {
+	if tc == nil {
+		return nil
+	}
+	for _, st := range tc.sites {
+		if st.name == name {
+			return st
+		}
+	}
+	return nil
 }
 
 // onThread runs f on a thread of its own and then moves that thread
@@ -161,7 +216,7 @@ func (t *tenant) up() (created bool, err error) {
 	}
 	t.ns = ns
 	err = inNamespace(ns, func() error {
-		dev, err := tun.CreateTUN(t.ifName, t.mtu)
+		dev, err := tun.CreateTUN(t.ifName, t.c().mtu)
 		if err != nil {
 			return fmt.Errorf("create TUN device %s: %w", t.ifName, err)
 		}
@@ -202,7 +257,7 @@ func (t *tenant) up() (created bool, err error) {
 	t.routeMu.Lock()
 	t.linkIndex = link.Attrs().Index
 	t.routeMu.Unlock()
-	for _, st := range t.sites {
+	for _, st := range t.c().sites {
 		for _, p := range st.prefixes {
 			r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: prefixNet(p), Scope: netlink.SCOPE_LINK}
 			if err := h.RouteReplace(r); err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -42,12 +43,12 @@ type underlay struct {
 	local netip.Addr
 	conn  net.PacketConn
 	bc    batchConn
-	byKey map[uint32]*tenant
+	set   *atomic.Pointer[tenantSet]
 	m     *metrics
 	log   *slog.Logger
 }
 
-func listenUnderlay(local netip.Addr, byKey map[uint32]*tenant, m *metrics, log *slog.Logger, free bool) (*underlay, error) {
+func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics, log *slog.Logger, free bool) (*underlay, error) {
 	network := "ip4:47"
 	if local.Is6() {
 		network = "ip6:47"
@@ -60,7 +61,7 @@ func listenUnderlay(local netip.Addr, byKey map[uint32]*tenant, m *metrics, log 
 	if err != nil {
 		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
 	}
-	u := &underlay{local: local, conn: c, byKey: byKey, m: m, log: log}
+	u := &underlay{local: local, conn: c, set: set, m: m, log: log}
 	if local.Is4() {
 		u.bc = ipv4.NewPacketConn(c)
 	} else {
@@ -115,6 +116,9 @@ func (u *underlay) receive() error {
 				u.log.Debug("write to tunnel device", "tenant", t.name, "error", err)
 			}
 			pending[t] = pkts[:0] // kept for the next batch: the tenants are few
+			if t.closing.Load() {
+				delete(pending, t) // removed by a reload
+			}
 		}
 	}
 }
@@ -145,17 +149,20 @@ func (u *underlay) decap(b []byte, src netip.Addr) (t *tenant, st *peerSite, sta
 		u.m.unknown.drop(dropNoKey)
 		return nil, nil, 0, 0
 	}
-	if t = u.byKey[p.Key]; t == nil {
+	if t = u.set.Load().byKey[p.Key]; t == nil {
 		u.m.unknown.drop(dropUnknownKey)
 		return nil, nil, 0, 0
 	}
-	if st = t.byPeer[src]; st == nil {
+	if st = t.c().byPeer[src]; st == nil {
 		t.m.drop(dropNotPeer)
 		return nil, nil, 0, 0
 	}
 	inner, ok := innerPacket(p.Protocol, p.Payload)
 	if !ok {
 		t.m.drop(dropBadInner)
+		return nil, nil, 0, 0
+	}
+	if u.keepalive(t, st, inner) {
 		return nil, nil, 0, 0
 	}
 	if !st.owns(innerSource(inner)) {

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -49,8 +50,10 @@ type Device struct {
 	link      *link
 	metrics   *collector
 	stopWatch func() bool
-	started   bool
-	closed    bool
+	// learnt are the prefixes a route source learnt behind each site.
+	learnt  map[string][]netip.Prefix
+	started bool
+	closed  bool
 }
 
 // New checks cfg and returns a Device that has not touched the system.
@@ -155,12 +158,22 @@ func (d *Device) Reload(cfg Config, key PrivateKey) error {
 	if cfg.Interface != old.Interface || cfg.MTU != old.MTU || !slices.Equal(cfg.Address, old.Address) {
 		return fmt.Errorf("wg: tenant %s: interface, mtu and address change only with a restart", d.opts.Tenant)
 	}
-	if err := d.dev.IpcSet(uapiChange(old, cfg, d.key, key)); err != nil {
+	// What was learnt behind a site that stays stays; a site removed
+	// takes its learnt prefixes with it.
+	for name, l := range d.learnt {
+		if !slices.ContainsFunc(cfg.Sites, func(s Site) bool { return s.Name == name }) {
+			for _, p := range l {
+				_ = d.link.unroute(p)
+			}
+			delete(d.learnt, name)
+		}
+	}
+	if err := d.dev.IpcSet(uapiChange(d.withLearnt(old), d.withLearnt(cfg), d.key, key)); err != nil {
 		return fmt.Errorf("wg: reconfigure %s: %w", cfg.Interface, err)
 	}
 	d.cfg, d.key = cfg, key
 	keep := map[string]bool{}
-	for _, s := range cfg.Sites {
+	for _, s := range d.withLearnt(cfg).Sites {
 		for _, p := range s.Prefixes {
 			keep[p.String()] = true
 			if err := d.link.route(p); err != nil {

@@ -18,6 +18,9 @@ type SiteState struct {
 	// usable.
 	Up               bool
 	RxBytes, TxBytes uint64
+	// AllowedIPs are the device's for the site: its prefixes and those a
+	// route source learnt behind it.
+	AllowedIPs []netip.Prefix
 }
 
 // Sites reports each configured site's state; none before Start or
@@ -41,7 +44,7 @@ func (d *Device) Sites() ([]SiteState, error) {
 	for _, s := range d.cfg.Sites {
 		st := stats[s.PublicKey]
 		out = append(out, SiteState{Name: s.Name, Endpoint: s.Endpoint, Prefixes: s.Prefixes, LastHandshake: st.lastHandshake,
-			Up: !st.lastHandshake.IsZero() && now.Sub(st.lastHandshake) < handshakeFresh, RxBytes: st.rxBytes, TxBytes: st.txBytes})
+			Up: !st.lastHandshake.IsZero() && now.Sub(st.lastHandshake) < handshakeFresh, RxBytes: st.rxBytes, TxBytes: st.txBytes, AllowedIPs: st.allowed})
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,7 @@ type peerStats struct {
 	lastHandshake time.Time // zero before the first handshake
 	rxBytes       uint64
 	txBytes       uint64
+	allowed       []netip.Prefix
 }
 
 // parseStats reads the peers' counters from the device's UAPI get
@@ -110,6 +112,11 @@ func parseStats(text string) (map[PublicKey]peerStats, error) {
 			st.rxBytes, err = strconv.ParseUint(v, 10, 64)
 		case "tx_bytes":
 			st.txBytes, err = strconv.ParseUint(v, 10, 64)
+		case "allowed_ip":
+			var p netip.Prefix
+			if p, err = netip.ParsePrefix(v); err == nil {
+				st.allowed = append(st.allowed, p)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("wg: device stats: %s: %w", k, err)
