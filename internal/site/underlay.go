@@ -55,6 +55,10 @@ func listenUnderlay(local netip.Addr, byKey map[uint32]*tenant, m *metrics, log 
 	if err != nil {
 		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
 	}
+	if err := growBuffers(c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
+	}
 	u := &underlay{local: local, conn: c, byKey: byKey, m: m, log: log}
 	if local.Is4() {
 		u.bc = ipv4.NewPacketConn(c)
