@@ -10,8 +10,12 @@
 package sitebench
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -200,16 +204,19 @@ func (e *env) measureSystem(ctx context.Context, o Options, sys string, run int)
 	for _, conns := range Connections {
 		var prof chan error
 		if o.Profile != "" && sys == sysGRE && run == 1 {
-			prof = make(chan error, 1)
+			prof = make(chan error, 2)
 			go func() {
-				prof <- profile(ctx, r.gw, rs.admin, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("gre-gateway-%dconn.pprof", conns)))
+				prof <- profile(ctx, r.gw, rs.admin, rs.adminCert, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("gre-gateway-%dconn.pprof", conns)))
+			}()
+			go func() {
+				prof <- profile(ctx, r.ro, rs.admin, rs.officeCert, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("gre-office-%dconn.pprof", conns)))
 			}()
 		}
 		s, err := measure(ctx, r, rc, conns, o.Warmup, o.Window, pid)
 		if err != nil {
 			return nil, fmt.Errorf("%d connections: %w", conns, err)
 		}
-		if prof != nil {
+		for range cap(prof) {
 			if err := <-prof; err != nil {
 				o.Log.Warn("CPU profile", "error", err)
 			}
@@ -220,13 +227,30 @@ func (e *env) measureSystem(ctx context.Context, o Options, sys string, run int)
 }
 
 // profile saves a CPU profile of the deskway whose admin API listens
-// on addr in namespace ns.
-func profile(ctx context.Context, ns, addr string, d time.Duration, path string) error {
+// on addr in namespace ns, serving the self-signed certificate in the
+// file cert.
+func profile(ctx context.Context, ns, addr, cert string, d time.Duration, path string) error {
 	secs := int(d.Round(time.Second) / time.Second)
 	if secs < 1 {
 		secs = 1
 	}
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+	pemBytes, err := os.ReadFile(cert)
+	if err != nil {
+		return fmt.Errorf("the gateway's admin certificate: %w", err)
+	}
+	blk, _ := pem.Decode(pemBytes)
+	if blk == nil {
+		return fmt.Errorf("the gateway's admin certificate %s holds no PEM block", cert)
+	}
+	// The certificate is pinned: it is the one deskway wrote for itself,
+	// whatever names it carries.
+	tc := &tls.Config{InsecureSkipVerify: true, VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 || !bytes.Equal(raw[0], blk.Bytes) {
+			return errors.New("the admin API answered with another certificate than the gateway's")
+		}
+		return nil
+	}}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
 		var c net.Conn
 		err := inNS(ns, func() error {
 			var err error
@@ -235,7 +259,7 @@ func profile(ctx context.Context, ns, addr string, d time.Duration, path string)
 		})
 		return c, err
 	}}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
 	if err != nil {
 		return err
 	}

@@ -43,8 +43,8 @@ type running struct {
 	gateway *proc
 	office  *proc
 	// admin is the gateway's admin address in its namespace, for
-	// profiles (deskway only).
-	admin string
+	// profiles, and adminCert the certificate it serves (deskway only).
+	admin, adminCert, officeCert string
 }
 
 func (s *running) stop() {
@@ -146,7 +146,13 @@ func (e *env) startDeskway(ctx context.Context, r *rig, gwCfg, officeCfg string)
 		p                       **proc
 	}{{"gateway", gwCfg, r.gw, r.comp, &s.gateway}, {"office", officeCfg, r.ro, r.lan, &s.office}} {
 		path := filepath.Join(e.dir, r.sfx+"-"+side.name+".yaml")
-		body := fmt.Sprintf(side.cfg, filepath.Join(e.dir, r.sfx+"-"+side.name+"-state"), side.tenantNS, adminToken)
+		state := filepath.Join(e.dir, r.sfx+"-"+side.name+"-state")
+		if side.name == "gateway" {
+			s.adminCert = filepath.Join(state, "tls.crt")
+		} else {
+			s.officeCert = filepath.Join(state, "tls.crt")
+		}
+		body := fmt.Sprintf(side.cfg, state, side.tenantNS, adminToken)
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 			s.stop()
 			return nil, err
