@@ -106,6 +106,9 @@ type sample struct {
 	gbps, machineCores, gatewayCores float64
 	// slowest is the least any one connection delivered, in Gbit/s.
 	slowest float64
+	// retransPct is the share of the sender's TCP segments sent again
+	// in the window: a tunnel that drops shows here.
+	retransPct float64
 }
 
 // measure runs conns connections from the office's host to the
@@ -151,7 +154,7 @@ func measure(ctx context.Context, r *rig, rc *receiver, conns int, warmup, windo
 	if err := sleep(ctx, warmup); err != nil {
 		return sample{}, err
 	}
-	b0, m0, g0 := rc.bytes.Load(), machineCPU(), gatewayCPU(gatewayPID)
+	b0, m0, g0, t0s := rc.bytes.Load(), machineCPU(), gatewayCPU(gatewayPID), tcpCounters(r.lan)
 	s0 := make([]int64, conns)
 	for i := range sent {
 		s0[i] = sent[i].Load()
@@ -160,7 +163,7 @@ func measure(ctx context.Context, r *rig, rc *receiver, conns int, warmup, windo
 	if err := sleep(ctx, window); err != nil {
 		return sample{}, err
 	}
-	b1, m1, g1 := rc.bytes.Load(), machineCPU(), gatewayCPU(gatewayPID)
+	b1, m1, g1, t1s := rc.bytes.Load(), machineCPU(), gatewayCPU(gatewayPID), tcpCounters(r.lan)
 	wall := time.Since(t0).Seconds()
 	slowest := -1.0
 	for i := range sent {
@@ -179,6 +182,9 @@ func measure(ctx context.Context, r *rig, rc *receiver, conns int, warmup, windo
 		return sample{}, fmt.Errorf("send: %w", err)
 	}
 	s := sample{gbps: float64(b1-b0) * 8 / wall / 1e9, slowest: slowest}
+	if out := t1s.out - t0s.out; out > 0 {
+		s.retransPct = 100 * float64(t1s.retrans-t0s.retrans) / float64(out)
+	}
 	if m0.total > 0 && m1.total > m0.total {
 		s.machineCores = float64(m1.busy-m0.busy) / float64(m1.total-m0.total) * float64(m1.cpus)
 	}
@@ -198,6 +204,43 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-time.After(d):
 		return nil
 	}
+}
+
+// tcpStats are a namespace's TCP segments sent and sent again.
+type tcpStats struct{ out, retrans int64 }
+
+// tcpCounters reads namespace ns's TCP counters (/proc/net/snmp as a
+// thread in ns sees it); zero if they cannot be read.
+func tcpCounters(ns string) tcpStats {
+	var st tcpStats
+	_ = inNS(ns, func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var head []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 || f[0] != "Tcp:" {
+				continue
+			}
+			if head == nil {
+				head = f
+				continue
+			}
+			for i := 1; i < len(f) && i < len(head); i++ {
+				n, _ := strconv.ParseInt(f[i], 10, 64)
+				switch head[i] {
+				case "OutSegs":
+					st.out = n
+				case "RetransSegs":
+					st.retrans = n
+				}
+			}
+		}
+		return nil
+	})
+	return st
 }
 
 // cpuTimes is /proc/stat's first line: every CPU's time, in ticks.

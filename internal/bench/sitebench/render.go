@@ -74,7 +74,7 @@ func write(res *report.Result, dir string, o Options) error {
 			continue
 		}
 		if p.Skipped != "" {
-			every = append(every, []string{"–", p.System, "–", "skipped: " + p.Skipped, "", "", "", ""})
+			every = append(every, []string{"–", p.System, "–", "skipped: " + p.Skipped, "", "", "", "", ""})
 			continue
 		}
 		cell := func(k string) string {
@@ -84,9 +84,9 @@ func write(res *report.Result, dir string, o Options) error {
 			return "–"
 		}
 		every = append(every, []string{fmt.Sprint(p.Params["run"]), p.System, fmt.Sprint(p.Params["connections"]), cell("gbps"), cell("slowest_connection_gbps"),
-			cell("machine_cores"), cell("machine_cores_per_gbps"), cell("gateway_cores_per_gbps")})
+			cell("retransmitted_pct"), cell("machine_cores"), cell("machine_cores_per_gbps"), cell("gateway_cores_per_gbps")})
 	}
-	b.WriteString(report.Table{Title: "Every measurement", Head: []string{"run", "system", "connections", "Gbit/s", "slowest connection, Gbit/s", "machine's busy cores", "machine's cores per Gbit/s", "gateway process's cores per Gbit/s"}, Rows: every}.Markdown())
+	b.WriteString(report.Table{Title: "Every measurement", Head: []string{"run", "system", "connections", "Gbit/s", "slowest connection, Gbit/s", "TCP segments sent again, %", "machine's busy cores", "machine's cores per Gbit/s", "gateway process's cores per Gbit/s"}, Rows: every}.Markdown())
 	fmt.Fprintf(&b, `![Throughput, median run](throughput.svg)
 
 ## How it was measured

@@ -137,8 +137,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			for conns, s := range got {
 				runs[run-1][key(sys, conns)] = s
 				p := report.Point{Scenario: "throughput", System: sys,
-					Params:  map[string]any{"connections": conns, "run": run, "seconds": o.Window.Seconds()},
-					Metrics: map[string]float64{"gbps": report.Round(s.gbps, 3), "slowest_connection_gbps": report.Round(s.slowest, 3), "machine_cores": report.Round(s.machineCores, 3)}}
+					Params: map[string]any{"connections": conns, "run": run, "seconds": o.Window.Seconds()},
+					Metrics: map[string]float64{"gbps": report.Round(s.gbps, 3), "slowest_connection_gbps": report.Round(s.slowest, 3), "machine_cores": report.Round(s.machineCores, 3),
+						"retransmitted_pct": report.Round(s.retransPct, 2)}}
 				if s.gbps > 0 {
 					p.Metrics["machine_cores_per_gbps"] = report.Round(s.machineCores/s.gbps, 3)
 				}
