@@ -164,6 +164,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	res.Points = append(res.Points, report.Point{Scenario: "failover", System: sysGRE, Params: map[string]any{}, Metrics: map[string]float64{}, Skipped: failoverWhy})
 	summarize(res.Summary, runs)
 	res.Notes = append(res.Notes, "load average at the end: "+loadAvg())
+	if n, of := saturated(res); n > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("in %d of %d points every core was busy: other work on the machine took what the systems left, so the whole machine's CPU per Gbit/s counts it too and overstates what the systems used", n, of))
+	}
 	if o.Out != "" {
 		if err := write(res, o.Out, o); err != nil {
 			return nil, err
@@ -349,3 +352,19 @@ func loadAvg() string {
 }
 
 func key(sys string, conns int) string { return fmt.Sprintf("%s/%d", sys, conns) }
+
+// saturated counts the measured points in which the whole machine was
+// busy (95 % of every core or more), of all measured points.
+func saturated(res *report.Result) (n, of int) {
+	for _, p := range res.Points {
+		c, ok := p.Metrics["machine_cores"]
+		if !ok || p.System == "paper" {
+			continue
+		}
+		of++
+		if c >= 0.95*float64(res.Machine.CPUs) {
+			n++
+		}
+	}
+	return n, of
+}
