@@ -224,12 +224,7 @@ func (e *env) startDeskwayWG(ctx context.Context, r *rig) (*running, error) {
 // wgKey writes a new private key as wg genkey would and returns its
 // path and its public key.
 func (e *env) wgKey(name string) (path, public string, err error) {
-	var k [32]byte
-	_, _ = rand.Read(k[:])
-	// Clamped as Curve25519 private keys are (wg genkey does the same).
-	k[0] &= 248
-	k[31] = (k[31] & 127) | 64
-	pub, err := curve25519.X25519(k[:], curve25519.Basepoint)
+	k, pub, err := newKeyPair()
 	if err != nil {
 		return "", "", err
 	}
@@ -237,7 +232,21 @@ func (e *env) wgKey(name string) (path, public string, err error) {
 	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(k[:])+"\n"), 0o600); err != nil {
 		return "", "", err
 	}
-	return path, base64.StdEncoding.EncodeToString(pub), nil
+	return path, base64.StdEncoding.EncodeToString(pub[:]), nil
+}
+
+// newKeyPair makes a WireGuard key pair: a random Curve25519 private
+// key, clamped as wg genkey clamps it, and its public key.
+func newKeyPair() (priv, pub [32]byte, err error) {
+	_, _ = rand.Read(priv[:])
+	priv[0] &= 248
+	priv[31] = (priv[31] & 127) | 64
+	p, err := curve25519.X25519(priv[:], curve25519.Basepoint)
+	if err != nil {
+		return priv, pub, fmt.Errorf("WireGuard key: %w", err)
+	}
+	copy(pub[:], p)
+	return priv, pub, nil
 }
 
 // startWireGuardGo runs wireguard-go's own program at both ends, each in
@@ -248,17 +257,12 @@ func (e *env) startWireGuardGo(ctx context.Context, r *rig) (*running, error) {
 	if e.wgGo == "" {
 		return nil, fmt.Errorf("%w: %s", errSkip, e.wgGoWhy)
 	}
-	var keys [2][32]byte
-	var pubs [2][]byte
+	var keys, pubs [2][32]byte
 	for i := range keys {
-		_, _ = rand.Read(keys[i][:])
-		keys[i][0] &= 248
-		keys[i][31] = (keys[i][31] & 127) | 64
-		p, err := curve25519.X25519(keys[i][:], curve25519.Basepoint)
-		if err != nil {
+		var err error
+		if keys[i], pubs[i], err = newKeyPair(); err != nil {
 			return nil, err
 		}
-		pubs[i] = p
 	}
 	s := &running{}
 	ends := []struct {
@@ -281,7 +285,7 @@ func (e *env) startWireGuardGo(ctx context.Context, r *rig) (*running, error) {
 			return nil, err
 		}
 		cfg := fmt.Sprintf("set=1\nprivate_key=%s\nlisten_port=51820\nreplace_peers=true\npublic_key=%s\nreplace_allowed_ips=true\nallowed_ip=%s\n",
-			hex.EncodeToString(keys[i][:]), hex.EncodeToString(pubs[1-i]), end.allowed)
+			hex.EncodeToString(keys[i][:]), hex.EncodeToString(pubs[1-i][:]), end.allowed)
 		if end.peerEndpoint != "" {
 			cfg += "endpoint=" + end.peerEndpoint + "\n"
 		}
