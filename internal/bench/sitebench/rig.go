@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netns"
 )
@@ -35,7 +36,7 @@ func newRig() (r *rig, err error) {
 	r = &rig{sfx: sfx, lan: "dwbl-" + sfx, ro: "dwbo-" + sfx, gw: "dwbg-" + sfx, comp: "dwbc-" + sfx, desk: "dwbd-" + sfx}
 	defer func() {
 		if err != nil {
-			r.close()
+			err = errors.Join(err, r.close())
 		}
 	}()
 	for _, n := range []string{r.lan, r.ro, r.gw, r.comp, r.desk} {
@@ -76,12 +77,25 @@ func newRig() (r *rig, err error) {
 	return r, nil
 }
 
-// close deletes every namespace the rig made.
-func (r *rig) close() {
+// close deletes every namespace the rig made. A deletion is tried
+// again for a few seconds: while another program runs under ip netns
+// exec, its mount namespace holds a copy of /run/netns, and removing a
+// name fails with EBUSY until it ends.
+func (r *rig) close() error {
+	var errs []error
 	for _, n := range r.made {
-		_ = exec.Command("ip", "netns", "del", n).Run()
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if err = run("ip", "netns", "del", n); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	r.made = nil
+	return errors.Join(errs...)
 }
 
 func (r *rig) ip(ns string, args ...string) error {

@@ -182,7 +182,11 @@ func (e *env) measureSystem(ctx context.Context, o Options, sys string, run int)
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
+	defer func() {
+		if err := r.close(); err != nil {
+			o.Log.Error("a namespace of the bench's is left behind: delete it with ip netns del", "error", err)
+		}
+	}()
 	rs, err := e.start(ctx, sys, r)
 	if err != nil {
 		if sys == sysVXLAN && !errors.Is(err, errSkip) {
