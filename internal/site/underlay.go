@@ -61,6 +61,10 @@ func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics
 	if err != nil {
 		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
 	}
+	if err := growBuffers(c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
+	}
 	u := &underlay{local: local, conn: c, set: set, m: m, log: log}
 	if local.Is4() {
 		u.bc = ipv4.NewPacketConn(c)

@@ -1,0 +1,44 @@
+package cli
+
+import (
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deskway/deskway/internal/bench/sitebench"
+	"github.com/deskway/deskway/internal/obs"
+)
+
+func benchSiteCmd() *cobra.Command {
+	var out, systems string
+	var o sitebench.Options
+	c := &cobra.Command{
+		Use:   "site",
+		Short: "The RAS Gateway paper's table: TCP throughput office → desktop with 1 and 8 connections through deskway site's GRE and WireGuard, wireguard-go, the kernel's VXLAN and routed veths (root; makes its own network namespaces)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			if systems != "" {
+				o.Systems = strings.Split(systems, ",")
+			}
+			res, err := sitebench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			printSummary(cmd, res, out)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
+	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of every system, taking turns")
+	c.Flags().DurationVar(&o.Window, "duration", 10*time.Second, "how long bytes are counted at the receiver, per point")
+	c.Flags().DurationVar(&o.Warmup, "warmup", 2*time.Second, "ramp-up before each window, not counted")
+	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: "+strings.Join(sitebench.Systems, ", ")+" (default all)")
+	c.Flags().StringVar(&o.WireGuardGo, "wireguard-go", "", "a wireguard-go program to compare with (default: the module proxy's latest, built with go install into the cache)")
+	c.Flags().StringVar(&o.Cache, "cache", "", "where wireguard-go is built (default the user's cache folder, deskway/sitebench)")
+	c.Flags().StringVar(&o.Profile, "profile", "", "folder for CPU profiles of deskway's GRE gateway over the first run's windows (go tool pprof reads them)")
+	return c
+}
