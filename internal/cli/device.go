@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"net/url"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -45,12 +46,12 @@ func deviceCmd() *cobra.Command {
 		Short: "List the devices",
 		Args:  cobra.NoArgs,
 		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
-			var out struct{ Devices []netboot.Device }
+			var out struct{ Devices []netboot.DeviceStatus }
 			if err := a.call(cmd.Context(), "GET", "/api/v1/stream/devices", nil, &out); err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DEVICE\tMAC\tCOLLECTION\tVDISK\tSTAGE\tSTATE\tLAST BOOT")
+			fmt.Fprintln(tw, "DEVICE\tMAC\tCOLLECTION\tVDISK\tSTAGE\tSTATE\tLAST BOOT\tRUNNING")
 			for _, d := range out.Devices {
 				state, last := "enabled", "-"
 				if !d.Enabled {
@@ -59,7 +60,11 @@ func deviceCmd() *cobra.Command {
 				if d.LastBoot != nil {
 					last = d.LastBoot.Format("2006-01-02 15:04:05")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.MAC, orDash(d.Collection), orDash(d.VDisk), orDash(d.Stage), state, last)
+				var running []string
+				for _, r := range d.Running {
+					running = append(running, fmt.Sprintf("%s v%d", r.VDisk, r.Version))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.MAC, orDash(d.Collection), orDash(d.VDisk), orDash(d.Stage), state, last, orDash(strings.Join(running, ", ")))
 			}
 			return tw.Flush()
 		}),

@@ -24,7 +24,7 @@ type DeviceRequest struct {
 func (s *Service) AdminHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/stream/devices", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"devices": s.devices.List()})
+		writeJSON(w, http.StatusOK, map[string]any{"devices": s.statuses()})
 	})
 	mux.HandleFunc("POST /api/v1/stream/devices", func(w http.ResponseWriter, r *http.Request) {
 		var req DeviceRequest
@@ -71,6 +71,7 @@ func (s *Service) AdminHandler() *http.ServeMux {
 		s.log.Info("device removed", "device", r.PathValue("name"))
 		w.WriteHeader(http.StatusNoContent)
 	})
+	s.collectionRoutes(mux)
 	return mux
 }
 
