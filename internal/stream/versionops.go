@@ -87,7 +87,7 @@ func (s *Server) demote(vd *vdisk, n int) (Version, error) {
 			}
 		}
 		if who := s.runningOnLocked(vd, n); len(who) > 0 {
-			return Version{}, fmt.Errorf("%w: %s %s running version %d; it can go back to maintenance once they have shut down or booted another version", errVersion, plural(who, "device", "devices"), isAre(who), n)
+			return Version{}, fmt.Errorf("%w: %s %s running version %d; it can go back to maintenance once %s shut down or booted another version", errVersion, plural(who, "device", "devices"), isAre(who), n, theyHave(who))
 		}
 		vd.manifest.Versions[i].Stage = StageMaintenance
 		delete(vd.built, n) // a maintenance version changes
@@ -118,11 +118,6 @@ func (s *Server) deleteVersion(vd *vdisk, n int) error {
 		return fmt.Errorf("%w: vDisk %s has no version %d", errVersion, vd.name, n)
 	}
 	v := vd.manifest.Versions[i]
-	for _, o := range vd.manifest.Versions {
-		if o.Parent == n && o.MergedBase == "" && o.Version != n {
-			return fmt.Errorf("%w: version %d is built on version %d: delete version %d first, or merge", errVersion, o.Version, n, o.Version)
-		}
-	}
 	var assigned []string
 	if stages := vd.stagesOf(n); len(stages) > 0 && s.assigned != nil {
 		assigned = s.assigned(vd.name, stages)
@@ -139,8 +134,13 @@ func (s *Server) deleteVersion(vd *vdisk, n int) error {
 			errVersion, plural(assigned, "device", "devices"), isAre(assigned), vd.name, n)
 	}
 	if who := s.runningOnLocked(vd, n); len(who) > 0 {
-		return fmt.Errorf("%w: %s %s running version %d of %s; it can be deleted once they have shut down or booted another version",
-			errVersion, plural(who, "device", "devices"), isAre(who), n, vd.name)
+		return fmt.Errorf("%w: %s %s running version %d of %s; it can be deleted once %s shut down or booted another version",
+			errVersion, plural(who, "device", "devices"), isAre(who), n, vd.name, theyHave(who))
+	}
+	for _, o := range vd.manifest.Versions {
+		if o.Parent == n && o.MergedBase == "" && o.Version != n {
+			return fmt.Errorf("%w: version %d is built on version %d: delete version %d first, or merge", errVersion, o.Version, n, o.Version)
+		}
 	}
 	dir := vd.deltaDir(n)
 	if v.Stage == StageMaintenance {
@@ -177,6 +177,13 @@ func plural(names []string, one, many string) string {
 		return one + " " + names[0]
 	}
 	return many + " " + strings.Join(names, ", ")
+}
+
+func theyHave(names []string) string {
+	if len(names) == 1 {
+		return "it has"
+	}
+	return "they have"
 }
 
 func isAre(names []string) string {
