@@ -103,9 +103,13 @@ func TestConsoleVDiskActions(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Each step has 20 s: an element the page lacks fails the test
+	// instead of waiting for it without end.
 	read := func(a chromedp.Action[string]) string {
 		t.Helper()
-		v, err := chromedp.Run(ctx, a)
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(sctx, a)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +117,9 @@ func TestConsoleVDiskActions(t *testing.T) {
 	}
 	must := func(steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(sctx, steps...); err != nil {
 			t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
 		}
 	}
