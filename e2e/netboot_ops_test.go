@@ -62,15 +62,7 @@ func TestNetbootOpsDocs(t *testing.T) {
 			t.Fatalf("the boot services did not start:\n%s", srv.Log.String())
 		}
 	}
-	// doc runs a documented line as written: deskway on the PATH, its
-	// default config file the test's.
-	doc := func(line string) (string, error) {
-		t.Helper()
-		script := fmt.Sprintf("mount -t overlay overlay -o lowerdir=/etc,upperdir=%s,workdir=%s /etc\nexport PATH=%s:$PATH\n%s\n",
-			filepath.Join(etc, "upper"), filepath.Join(etc, "work"), filepath.Dir(bin), line)
-		out, err := exec.Command("ip", "netns", "exec", ns.name, "unshare", "--mount", "--propagation", "private", "sh", "-ec", script).CombinedOutput()
-		return string(out), err
-	}
+	doc := func(line string) (string, error) { return docLine(ns.name, etc, bin, line) }
 	lines := func(block string) []string {
 		t.Helper()
 		return strings.Split(strings.TrimSpace(docBlock(t, "../docs/netboot.md", block)), "\n")
@@ -180,4 +172,15 @@ func TestNetbootOpsDocs(t *testing.T) {
 			t.Errorf("the audit trail lacks %s:\n%s", action, lastLines(srv.Log.String(), 30))
 		}
 	}
+}
+
+// docLine runs a documented line as written, in network namespace ns:
+// deskway (bin) on the PATH, and its default config file
+// ETC/upper/deskway/deskway.yaml, through an overlay of /etc (upper and
+// work directories under etc) in a mount namespace of its own.
+func docLine(ns, etc, bin, line string) (string, error) {
+	script := fmt.Sprintf("mount -t overlay overlay -o lowerdir=/etc,upperdir=%s,workdir=%s /etc\nexport PATH=%s:$PATH\n%s\n",
+		filepath.Join(etc, "upper"), filepath.Join(etc, "work"), filepath.Dir(bin), line)
+	out, err := exec.Command("ip", "netns", "exec", ns, "unshare", "--mount", "--propagation", "private", "sh", "-ec", script).CombinedOutput()
+	return string(out), err
 }
