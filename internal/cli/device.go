@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"net/url"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -45,12 +46,12 @@ func deviceCmd() *cobra.Command {
 		Short: "List the devices",
 		Args:  cobra.NoArgs,
 		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, _ []string) error {
-			var out struct{ Devices []netboot.Device }
+			var out struct{ Devices []netboot.DeviceStatus }
 			if err := a.call(cmd.Context(), "GET", "/api/v1/stream/devices", nil, &out); err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DEVICE\tMAC\tCOLLECTION\tVDISK\tSTAGE\tSTATE\tLAST BOOT")
+			fmt.Fprintln(tw, "DEVICE\tMAC\tCOLLECTION\tVDISK\tSTAGE\tSTATE\tLAST BOOT\tRUNNING")
 			for _, d := range out.Devices {
 				state, last := "enabled", "-"
 				if !d.Enabled {
@@ -59,7 +60,11 @@ func deviceCmd() *cobra.Command {
 				if d.LastBoot != nil {
 					last = d.LastBoot.Format("2006-01-02 15:04:05")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.MAC, orDash(d.Collection), orDash(d.VDisk), orDash(d.Stage), state, last)
+				var running []string
+				for _, r := range d.Running {
+					running = append(running, fmt.Sprintf("%s v%d", r.VDisk, r.Version))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.MAC, orDash(d.Collection), orDash(d.VDisk), orDash(d.Stage), state, last, orDash(strings.Join(running, ", ")))
 			}
 			return tw.Flush()
 		}),
@@ -107,7 +112,36 @@ func deviceCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	c.AddCommand(add, ls, assignCmd, toggle("enable", "Let a device boot"), toggle("disable", "Stop a device from booting: its console says why"), remove)
+	personality := &cobra.Command{
+		Use:   "personality DEVICE [KEY=VALUE...]",
+		Short: "Set a device's personality (its own settings: host name, role, site), replacing the one it had; none clears it",
+		Long: `The personality reaches the booted system from the device's next
+power-on: on the kernel command line as deskway.p.KEY=VALUE, and in
+/etc/deskway/personality on its root disk, one KEY=VALUE a line, which
+the initramfs writes before the vDisk's own init starts.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: ac.run(func(cmd *cobra.Command, a *adminClient, args []string) error {
+			p := map[string]string{}
+			for _, kv := range args[1:] {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return fmt.Errorf("%q is not KEY=VALUE", kv)
+				}
+				p[k] = v
+			}
+			var d netboot.Device
+			if err := a.call(cmd.Context(), "PUT", "/api/v1/stream/devices/"+url.PathEscape(args[0])+"/personality", map[string]any{"personality": p}, &d); err != nil {
+				return err
+			}
+			if len(d.Personality) == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: no personality\n", d.Name)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: personality%s\n", d.Name, strings.ReplaceAll(netboot.PersonalityArgs(d.Personality), " deskway.p.", " "))
+			return nil
+		}),
+	}
+	c.AddCommand(add, ls, assignCmd, personality, toggle("enable", "Let a device boot"), toggle("disable", "Stop a device from booting: its console says why"), remove)
 	return c
 }
 

@@ -33,7 +33,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(runCmd(), gatewayCmd(), brokerCmd(), agentCmd(), streamCmd(), upCmd(), configCmd(), tokenCmd(), hostCmd(), groupCmd(), deviceCmd(), sessionCmd(), versionCmd(), nthashCmd(), benchCmd(), initCmd())
-	root.AddCommand(backupCmd(), restoreCmd(), siteCmd())
+	root.AddCommand(backupCmd(), restoreCmd(), siteCmd(), vdiskCmd(), collectionCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "deskway:", err)
 		return 1

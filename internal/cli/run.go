@@ -132,10 +132,18 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		api = append(api, st.AdminHandler())
 		if cfg.Stream.Netboot != nil {
 			_, port, _ := net.SplitHostPort(sln.Addr().String())
-			nb, err := netboot.New(cfg.Stream, netboot.Deps{Logger: log.With("role", "netboot"), Registry: reg, StateDir: cfg.StateDir, StreamPort: port})
+			nb, err := netboot.New(cfg.Stream, netboot.Deps{Logger: log.With("role", "netboot"), Registry: reg, StateDir: cfg.StateDir, StreamPort: port,
+				Live: func() []netboot.LiveBoot {
+					var out []netboot.LiveBoot
+					for _, b := range st.Boots() {
+						out = append(out, netboot.LiveBoot{Client: b.Client, Running: netboot.Running{VDisk: b.VDisk, Version: b.Version, Stage: b.Stage, Boot: b.Boot}})
+					}
+					return out
+				}})
 			if err != nil {
 				return err
 			}
+			st.SetAssigned(nb.Assigned)
 			serve = append(serve, nb.Run)
 			api = append(api, nb.AdminHandler())
 		}

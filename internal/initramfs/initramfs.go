@@ -208,6 +208,11 @@ while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 1500 ]; do
   sleep 0.1; i=$((i+1))
 done
 mount -t FSTYPE /dev/nbd0 /newroot || fail "root disk not mounted"
+# The device's personality (deskway.p.KEY=VALUE), for the system to read:
+# KEY=VALUE lines, the file emptied when the device has none.
+if mkdir -p /newroot/etc/deskway 2>/dev/null; then
+  tr ' ' '\n' </proc/cmdline | sed -n 's/^deskway\.p\.//p' >/newroot/etc/deskway/personality || echo "deskway: the personality could not be written"
+fi
 umount /proc /sys
 mount --move /dev /newroot/dev
 exec switch_root /newroot /sbin/init

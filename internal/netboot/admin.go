@@ -24,7 +24,7 @@ type DeviceRequest struct {
 func (s *Service) AdminHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/stream/devices", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"devices": s.devices.List()})
+		writeJSON(w, http.StatusOK, map[string]any{"devices": s.statuses()})
 	})
 	mux.HandleFunc("POST /api/v1/stream/devices", func(w http.ResponseWriter, r *http.Request) {
 		var req DeviceRequest
@@ -58,6 +58,18 @@ func (s *Service) AdminHandler() *http.ServeMux {
 			return d.Check(s.names)
 		})
 	})
+	mux.HandleFunc("PUT /api/v1/stream/devices/{name}/personality", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Personality map[string]string `json:"personality"`
+		}
+		if !decode(w, r, &req) {
+			return
+		}
+		s.change(w, r, func(d *Device) error {
+			d.Personality = req.Personality
+			return d.Check(s.names)
+		})
+	})
 	for path, on := range map[string]bool{"enable": true, "disable": false} {
 		mux.HandleFunc("POST /api/v1/stream/devices/{name}/"+path, func(w http.ResponseWriter, r *http.Request) {
 			s.change(w, r, func(d *Device) error { d.Enabled = on; return nil })
@@ -71,6 +83,7 @@ func (s *Service) AdminHandler() *http.ServeMux {
 		s.log.Info("device removed", "device", r.PathValue("name"))
 		w.WriteHeader(http.StatusNoContent)
 	})
+	s.collectionRoutes(mux)
 	return mux
 }
 

@@ -30,6 +30,11 @@ type Device struct {
 	Added   time.Time `json:"added"`
 	// LastBoot is when it last fetched its boot script.
 	LastBoot *time.Time `json:"last_boot,omitempty"`
+	// Personality is the device's own settings (host name, role, site),
+	// as PVS's personality strings: the kernel command line carries them
+	// as deskway.p.KEY=VALUE, and the initramfs writes them to
+	// /etc/deskway/personality on the root disk.
+	Personality map[string]string `json:"personality,omitempty"`
 }
 
 // maxPending bounds the devices auto_add has made that still wait for an
@@ -84,7 +89,7 @@ func (d *Device) Check(vdisks []string) error {
 	default:
 		return fmt.Errorf("stage %q is not production, test or maintenance", d.Stage)
 	}
-	return nil
+	return checkPersonality(d.Personality)
 }
 
 // Devices is the device records, kept in a JSON file that is replaced

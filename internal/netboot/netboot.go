@@ -46,7 +46,10 @@ type Deps struct {
 	StateDir string
 	// StreamPort is stream.listen's port, for the default server list.
 	StreamPort string
-	Now        func() time.Time
+	// Live lists the stream server's live boots, for what each device
+	// runs now.
+	Live func() []LiveBoot
+	Now  func() time.Time
 }
 
 // Service is the boot services of one stream server.
@@ -60,6 +63,7 @@ type Service struct {
 	boot    boot
 	full    *full // nil in proxy mode
 	servers []string
+	live    func() []LiveBoot
 	m       *metrics
 	// tftpSlots bounds TFTP transfers in progress.
 	tftpSlots chan struct{}
@@ -76,7 +80,7 @@ func New(st *config.Stream, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, vdisks: map[string]config.VDisk{}, log: d.Logger, now: d.Now, devices: devs,
-		boot: boot{server: net.ParseIP(cfg.Address).To4(), httpPort: cfg.HTTPPort}, servers: cfg.Servers, m: newMetrics(d.Registry),
+		boot: boot{server: net.ParseIP(cfg.Address).To4(), httpPort: cfg.HTTPPort}, servers: cfg.Servers, live: d.Live, m: newMetrics(d.Registry),
 		tftpSlots: make(chan struct{}, maxTFTP)}
 	for _, v := range st.VDisks {
 		s.vdisks[v.Name] = v

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -38,15 +39,37 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		return v, err
 	}))
 	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/versions/{n}/promote", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
-		n, err := strconv.Atoi(r.PathValue("n"))
+		n, err := versionNumber(r)
 		if err != nil {
-			return nil, errors.Join(errVersion, errors.New("version must be a number"))
+			return nil, err
 		}
 		v, err := vd.promote(n)
 		if err == nil {
 			s.log.Info("vDisk version promoted", "vdisk", vd.name, "version", v.Version, "stage", v.Stage)
 		}
 		return v, err
+	}))
+	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/versions/{n}/demote", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		n, err := versionNumber(r)
+		if err != nil {
+			return nil, err
+		}
+		v, err := s.demote(vd, n)
+		if err == nil {
+			s.log.Info("vDisk version demoted", "vdisk", vd.name, "version", v.Version, "stage", v.Stage)
+		}
+		return v, err
+	}))
+	mux.HandleFunc("DELETE /api/v1/stream/vdisks/{name}/versions/{n}", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
+		n, err := versionNumber(r)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.deleteVersion(vd, n); err != nil {
+			return nil, err
+		}
+		s.log.Info("vDisk version deleted", "vdisk", vd.name, "version", n)
+		return map[string]any{"vdisk": vd.name, "deleted": n}, nil
 	}))
 	mux.HandleFunc("POST /api/v1/stream/vdisks/{name}/private/{client}", s.versionHandler(func(vd *vdisk, r *http.Request) (any, error) {
 		client := r.PathValue("client")
@@ -86,6 +109,15 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	return mux
 }
 
+// versionNumber is the version the path names.
+func versionNumber(r *http.Request) (int, error) {
+	n, err := strconv.Atoi(r.PathValue("n"))
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: %q is not a version number", errVersion, r.PathValue("n"))
+	}
+	return n, nil
+}
+
 // versionHandler finds the vDisk named in the path, runs fn and writes
 // its result as JSON: 404 for an unknown vDisk, 409 when the chain's
 // state does not allow the request.
@@ -101,8 +133,9 @@ func (s *Server) versionHandler(fn func(*vdisk, *http.Request) (any, error)) htt
 		out, err := fn(vd, r)
 		switch {
 		case errors.Is(err, errVersion):
+			// The refusal is a sentence for people; the marker is for code.
 			w.WriteHeader(http.StatusConflict)
-			_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": strings.TrimPrefix(err.Error(), errVersion.Error()+": ")})
 		case err != nil:
 			s.log.Error("vDisk version operation failed", "vdisk", vd.name, "err", err)
 			w.WriteHeader(http.StatusInternalServerError)
@@ -136,9 +169,13 @@ func (s *Server) VDisks() []VDiskInfo {
 
 // BootInfo is one row of the admin API's boot list.
 type BootInfo struct {
-	VDisk       string    `json:"vdisk"`
-	Client      string    `json:"client"`
-	Boot        string    `json:"boot"`
+	VDisk  string `json:"vdisk"`
+	Client string `json:"client"`
+	Boot   string `json:"boot"`
+	// Version is the vDisk version the boot started on, and runs to its
+	// end; Stage the stage its export named (production when none).
+	Version     int       `json:"version"`
+	Stage       string    `json:"stage"`
 	Connections int       `json:"connections"`
 	Started     time.Time `json:"started"`
 	CacheRAM    int64     `json:"cache_ram_bytes"`
@@ -154,7 +191,11 @@ func (s *Server) Boots() []BootInfo {
 	}
 	out := make([]BootInfo, 0, len(bs))
 	for _, b := range bs {
-		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Connections: b.conns, Started: b.started})
+		stage := StageProduction
+		if _, st, ok := strings.Cut(strings.SplitN(b.key, "/", 2)[0], "@"); ok {
+			stage = st
+		}
+		out = append(out, BootInfo{VDisk: b.vd.name, Client: b.client, Boot: b.id, Version: b.img.version, Stage: stage, Connections: b.conns, Started: b.started})
 	}
 	s.mu.Unlock()
 	s.mu.Lock()

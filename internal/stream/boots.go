@@ -257,7 +257,7 @@ func (s *Server) bootRoomLocked(client string) error {
 		}
 	}
 	if n >= s.cfg.MaxBootsPerClient {
-		return fmt.Errorf("client %s already has %d live boots (stream.max_boots_per_client); a boot ends with a clean shutdown, or reconnect_window after its connection dropped", client, n)
+		return fmt.Errorf("client %s already has %d live boots (stream.max_boots_per_client); a boot ends with a clean shutdown, or reconnect_window after its connection dropped, so a machine (or VM) powered off without a clean shutdown and on again several times in a row runs into this: wait reconnect_window, or raise max_boots_per_client", client, n)
 	}
 	return nil
 }

@@ -388,7 +388,7 @@ func (c *conn) open(t target) (*export, error) {
 		known := c.s.cfg.Clients == "certificate" || slices.Contains(vd.clients, t.client)
 		img, err := openPrivate(vd.privatePath(t.client), from, known)
 		if errors.Is(err, errNoPrivate) {
-			return nil, fmt.Errorf("client %s has no private image of %s: list it in stream.vdisks[].clients, or make it with POST /api/v1/stream/vdisks/%s/private/%s",
+			return nil, fmt.Errorf("client %s has no private image of %s: make it with deskway vdisk private create %s --client %s (or list the client in stream.vdisks[].clients)",
 				t.client, vd.name, vd.name, t.client)
 		}
 		if err != nil {

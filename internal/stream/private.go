@@ -13,7 +13,7 @@ import (
 var errNoPrivate = errors.New("no private image")
 
 // errWriterBusy means a private image already has its one writer.
-var errWriterBusy = errors.New("the private image is open for writing by another connection (private mode allows one writer)")
+var errWriterBusy = errors.New("the private image is open for writing by another connection (private mode allows one writer); a machine that powered off without disconnecting holds it until the server drops its connection, within 25 s")
 
 // privateImage is one client's own writable copy of a vDisk (private
 // mode). It persists across boots; an exclusive flock on its lock file

@@ -79,6 +79,9 @@ type Server struct {
 	// about to be locked (see openStoreCache); tests set it.
 	beforeCacheLock func(dir string)
 
+	// assigned names the devices assigned to a stage (SetAssigned).
+	assigned AssignedFunc
+
 	mu    sync.Mutex
 	boots map[string]*boot
 	conns map[net.Conn]struct{}

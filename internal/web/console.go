@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -175,6 +174,8 @@ type (
 		Stage   string    `json:"stage"`
 		Created time.Time `json:"created"`
 		Note    string    `json:"note"`
+		// Running are the clients whose live boots run it.
+		Running []string
 	}
 	consoleVDisk struct {
 		Name        string `json:"name"`
@@ -187,6 +188,7 @@ type (
 		VDisk       string    `json:"vdisk"`
 		Client      string    `json:"client"`
 		Boot        string    `json:"boot"`
+		Version     int       `json:"version"`
 		Connections int       `json:"connections"`
 		Started     time.Time `json:"started"`
 		CacheRAM    uint64    `json:"cache_ram_bytes"`
@@ -200,6 +202,16 @@ type (
 		Stage      string     `json:"stage"`
 		Enabled    bool       `json:"enabled"`
 		LastBoot   *time.Time `json:"last_boot"`
+		Running    []struct {
+			VDisk   string `json:"vdisk"`
+			Version int    `json:"version"`
+		} `json:"running"`
+	}
+	consoleCollection struct {
+		Name     string `json:"name"`
+		Devices  int    `json:"devices"`
+		Enabled  int    `json:"enabled"`
+		Disabled int    `json:"disabled"`
 	}
 	consoleAudit struct {
 		Time   time.Time `json:"time"`
@@ -233,8 +245,9 @@ type consoleData struct {
 	Boots     []consoleBoot
 	// Devices are the network-booted machines; NetbootOff says the
 	// stream role serves none (no stream.netboot).
-	Devices    []consoleDevice
-	NetbootOff bool
+	Devices     []consoleDevice
+	Collections []consoleCollection
+	NetbootOff  bool
 	// Problems need a person: unhealthy, unreachable or draining hosts,
 	// the broker's database away.
 	Problems []string
@@ -355,40 +368,6 @@ func (s *Server) consoleList(tab, what, path string, into func(d *consoleData) a
 	}
 }
 
-func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
-	si, role, ok := s.consoleAccess(w, r)
-	if !ok {
-		return
-	}
-	d := consoleData{Role: role, Tab: "vdisks"}
-	var vl struct{ VDisks []consoleVDisk }
-	var bl struct{ Boots []consoleBoot }
-	errMsg := ""
-	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/vdisks", nil, &vl, nil); err != nil {
-		var ae *apiError
-		if errors.As(err, &ae) && ae.status == http.StatusNotFound {
-			errMsg = "This deskway runs no stream role: there are no vDisks to show."
-		} else {
-			errMsg = "The vDisks cannot be listed: " + s.apiWords(err)
-		}
-	} else {
-		for i := range vl.VDisks {
-			var vs struct{ Versions []consoleVersion }
-			if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/vdisks/"+url.PathEscape(vl.VDisks[i].Name)+"/versions", nil, &vs, nil); err == nil {
-				vl.VDisks[i].Versions = vs.Versions
-			}
-		}
-		_ = s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/boots", nil, &bl, nil)
-		var dl struct{ Devices []consoleDevice }
-		err := s.console.call(r.Context(), si, role, "GET", "/api/v1/stream/devices", nil, &dl, nil)
-		var ae *apiError
-		d.NetbootOff = errors.As(err, &ae) && ae.status == http.StatusNotFound
-		d.Devices = dl.Devices
-	}
-	d.VDisks, d.Boots = vl.VDisks, bl.Boots
-	s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
-}
-
 // consoleAction is one console form: who may post it, and the admin API
 // call it makes.
 type consoleAction struct {
@@ -482,23 +461,7 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 		back: "/admin/groups", method: "DELETE",
 		path: func(r *http.Request) string { return "/api/v1/broker/groups/" + pv("name")(r) + "/entitlements" },
 		done: "entitlements-cleared"}))
-	mux.HandleFunc("GET /admin/vdisks", s.consoleVDisks)
-	mux.HandleFunc("POST /admin/vdisks/{name}/versions/{n}/promote", s.consoleAct(consoleAction{need: roleAdmin, what: "promote vDisk versions",
-		back: "/admin/vdisks", method: "POST",
-		path: func(r *http.Request) string {
-			return "/api/v1/stream/vdisks/" + pv("name")(r) + "/versions/" + pv("n")(r) + "/promote"
-		},
-		done: "version-promoted"}))
-	for _, verb := range []string{"enable", "disable"} {
-		mux.HandleFunc("POST /admin/devices/{name}/"+verb, s.consoleAct(consoleAction{need: roleAdmin, what: verb + " devices",
-			back: "/admin/vdisks", method: "POST",
-			path: func(r *http.Request) string { return "/api/v1/stream/devices/" + pv("name")(r) + "/" + verb },
-			done: "device-" + verb + "d"}))
-	}
-	mux.HandleFunc("POST /admin/vdisks/{name}/merge", s.consoleAct(consoleAction{need: roleAdmin, what: "merge vDisk versions",
-		back: "/admin/vdisks", method: "POST",
-		path: func(r *http.Request) string { return "/api/v1/stream/vdisks/" + pv("name")(r) + "/merge" },
-		done: "versions-merged"}))
+	s.vdiskRoutes(mux, pv)
 	for _, kind := range []string{"logoff", "disconnect", "message"} {
 		mux.HandleFunc("POST /admin/sessions/{id}/"+kind, s.consoleAct(consoleAction{need: roleHelpdesk, what: kind + " sessions",
 			back: "/admin/sessions", method: "POST",

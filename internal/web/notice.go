@@ -20,6 +20,16 @@ func noticeText(key string) string {
 		return "The configuration's entitlements apply again."
 	case "version-promoted":
 		return "Version promoted."
+	case "version-demoted":
+		return "Version demoted."
+	case "version-deleted":
+		return "Version deleted."
+	case "collection-assigned":
+		return "Collection assigned: its devices boot the vDisk from their next power-on."
+	case "collection-enabled":
+		return "Collection enabled: its devices boot from their next power-on."
+	case "collection-disabled":
+		return "Collection disabled from its devices' next power-on."
 	case "versions-merged":
 		return "Versions merged into a new base."
 	case "device-enabled":
