@@ -59,10 +59,9 @@ func runBroker(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	defer pg.Stop()
 	kill := brokerCase{name: "kill-broker", fault: "kill -9 one of two brokers mid-storm",
 		inject: func(ctx context.Context, f *brokerFarm) (time.Time, time.Time, error) {
-			// Mid-storm means holding launches: the kill waits (a few
-			// seconds at most) for the broker to hold some.
-			want := int64(max(1, sc.inflight/8))
-			for deadline := time.Now().Add(5 * time.Second); f.lb.launching[0].Load() < want && time.Now().Before(deadline); {
+			// Mid-storm means holding a launch: the kill waits (a few
+			// seconds at most) for the broker to hold one.
+			for deadline := time.Now().Add(5 * time.Second); f.lb.launching[0].Load() == 0 && time.Now().Before(deadline); {
 				time.Sleep(time.Millisecond)
 			}
 			f.heldAtKill = int(f.lb.launching[0].Load())
@@ -362,13 +361,18 @@ func checkFarm(ctx context.Context, st *store.Store, f *brokerFarm, recs []*laun
 		}
 		v.maxFill = max(v.maxFill, float64(n)/float64(f.limit))
 	}
+	elsewhere := map[string]bool{}
 	for _, r := range recs {
-		if !r.ok {
-			continue
-		}
-		if r.wantHost != "" && r.host != r.wantHost {
-			// A second session, counted as doubled, not as lost too.
+		if r.ok && r.wantHost != "" && r.host != r.wantHost {
 			v.misdirected = append(v.misdirected, r.user)
+			elsewhere[r.user] = true
+		}
+	}
+	for _, r := range recs {
+		// A user sent elsewhere on launching again has two sessions:
+		// counted as doubled, and not as lost too when the write-back
+		// keeps the second one live and ends the record of the first.
+		if !r.ok || elsewhere[r.user] {
 			continue
 		}
 		found := false
@@ -474,6 +478,7 @@ func brokerOutcome(c brokerCase, sc brokerScale, run int, recs []*launchRec, fau
 			"relaunches":              float64(relaunches),
 			"launches_held_by_killed": float64(heldAtKill),
 			"relaunches_elsewhere":    float64(len(v.misdirected)),
+			"doubled_documented":      float64(documented),
 			"hosts_over_limit":        float64(len(v.overLimit)),
 			"sessions_stray":          float64(v.stray),
 			"records_unverified":      float64(v.unverified),
