@@ -611,6 +611,58 @@ func (c *localCache) reconcileLocked(r store.Report) {
 		}
 	}
 	c.hosts[r.Host] = h
+	c.learnReportedLocked(r)
+}
+
+// learnReportedLocked takes into the copy, while the database is away,
+// the sessions a host reports that the copy does not hold. With several
+// brokers these are most often sessions another broker placed (each
+// journals its own launches, and reloads the others' from the database
+// only now and then); holding them, this broker sends the user's next
+// launch back to their session instead of placing a second one. The
+// database cannot be asked which broker placed them, or their ids, so
+// they carry none.
+func (c *localCache) learnReportedLocked(r store.Report) {
+	h, ok := c.hosts[r.Host]
+	if !ok {
+		return
+	}
+	for _, u := range slices.Sorted(maps.Keys(r.Sessions)) {
+		k := liveKey(u, h.Group)
+		if _, ok := c.live[k]; !ok {
+			c.live[k] = store.Session{User: u, Group: h.Group, Host: r.Host, State: r.Sessions[u], CreatedAt: r.Now, UpdatedAt: r.Now}
+		}
+	}
+}
+
+// unknown reports whether r names a session of its host that the copy
+// does not hold.
+func (c *localCache) unknown(r store.Report) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.hosts[r.Host]
+	if !ok {
+		return false
+	}
+	for u := range r.Sessions {
+		if s, ok := c.live[liveKey(u, h.Group)]; !ok || s.Host != r.Host {
+			return true
+		}
+	}
+	return false
+}
+
+// learn adds to the copy the live sessions of ss it does not hold:
+// another broker's placements, read from the database.
+func (c *localCache) learn(ss []store.Session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range ss {
+		k := liveKey(s.User, s.Group)
+		if _, ok := c.live[k]; !ok && !s.Unverified && s.State != store.Ended {
+			c.live[k] = s
+		}
+	}
 }
 
 // sessions returns the live sessions of user (every user's when empty),

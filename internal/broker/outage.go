@@ -73,11 +73,44 @@ func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
 	_, err := s.viaDatabase(ctx, func() error {
 		err := s.store.Heartbeat(ctx, rep)
 		if err == nil {
-			s.cache.heartbeat(rep)
+			known := s.cache.heartbeat(rep)
+			if !known || s.cache.unknown(rep) {
+				s.learnHost(ctx, rep, !known)
+			}
 		}
 		return err
 	}, func() error { return s.cache.offlineHeartbeat(rep) })
 	return err
+}
+
+// learnHost reads into the local host cache what a host's report shows
+// it lacks: the host itself (withHost: it registered through another
+// broker since the last reload), and the host's live sessions, when the
+// report names one the cache does not hold (another broker placed it).
+// Were the database to go away now, this broker would still place on
+// that host and send those users back to their sessions. A failure
+// leaves the cache as it was, to be reloaded in its time.
+func (s *Server) learnHost(ctx context.Context, rep store.Report, withHost bool) {
+	host := rep.Host
+	if withHost {
+		hosts, err := s.store.Hosts(ctx, "")
+		if err != nil {
+			s.log.Debug("local host cache: reading a new host", "host", host, "error", err)
+			return
+		}
+		for _, h := range hosts {
+			if h.Name == host {
+				s.cache.register(h)
+				s.cache.heartbeat(rep)
+			}
+		}
+	}
+	ss, _, err := s.store.SessionPage(ctx, store.SessionQuery{Host: host, Limit: 100000})
+	if err != nil {
+		s.log.Debug("local host cache: reading a host's sessions", "host", host, "error", err)
+		return
+	}
+	s.cache.learn(ss)
 }
 
 // applyEvent stores session events, through viaDatabase; changed says

@@ -16,6 +16,15 @@ type Postgres struct {
 	n atomic.Int64
 }
 
+// RequirePostgres stops the test when PostgreSQL is not installed (a
+// failure in CI), for tests whose code under test starts its own cluster.
+func RequirePostgres(t testing.TB) {
+	t.Helper()
+	if !pgcluster.Available() {
+		missingThing(t, "PostgreSQL (the postgresql package)")
+	}
+}
+
 // StartPostgres starts a cluster, or stops the test when PostgreSQL is not
 // installed (a failure in CI).
 func StartPostgres(t testing.TB) *Postgres {

@@ -95,6 +95,13 @@ func (s *Store) reconcile(ctx context.Context, r Report) error {
 	seen := map[string]bool{}
 	for _, ss := range live {
 		seen[ss.User] = true
+		if ss.UpdatedAt.After(r.Now) {
+			// The record changed after the report was made: the report
+			// comes from an outage's journal, written back after another
+			// broker wrote back later news of this session. Replayed over
+			// it, the older report would end a session that had logged on.
+			continue
+		}
 		st, ok := r.Sessions[ss.User]
 		switch {
 		case ok && st != ss.State:
@@ -109,6 +116,16 @@ func (s *Store) reconcile(ctx context.Context, r Report) error {
 	}
 	for user, st := range r.Sessions {
 		if seen[user] {
+			continue
+		}
+		// Nor does an older report bring back a session that has ended
+		// since it was made.
+		var newer int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND host_name = $3 AND updated_at > $4`,
+			user, group, r.Host, now).Scan(&newer); err != nil {
+			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
+		}
+		if newer > 0 {
 			continue
 		}
 		// A session the broker did not place (a direct logon, or a host

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -302,6 +303,31 @@ func (s *Store) Event(ctx context.Context, e Event) (bool, error) {
 	return s.dialect.event(ctx, s.db, e)
 }
 
+// adoptReported takes over, for a session being restored, the record a
+// host's report made of it: with several brokers, another broker's
+// journal may be written back first, and its replayed heartbeats then
+// store the host's session as one no broker placed (unverified). Left
+// so, it would make the restored placement a second session of the user
+// and end it: the launch's record would be lost. The reported record
+// goes, and the restored one takes its state and logon time.
+func adoptReported(ctx context.Context, tx *sql.Tx, ss Session) (state string, updated int64, logon any, err error) {
+	state, updated, logon = ss.State, ss.UpdatedAt.UnixMilli(), nil
+	var id, st string
+	var at int64
+	err = tx.QueryRowContext(ctx, `SELECT id, state, updated_at FROM sessions WHERE user_name = $1 AND group_name = $2 AND host_name = $3
+		AND state <> 'ended' AND NOT verified LIMIT 1`, ss.User, ss.Group, ss.Host).Scan(&id, &st, &at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return state, updated, logon, nil
+	}
+	if err != nil {
+		return "", 0, nil, fmt.Errorf("store: restore: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = $1`, id); err != nil {
+		return "", 0, nil, fmt.Errorf("store: restore: %w", err)
+	}
+	return st, max(updated, at), at, nil
+}
+
 type querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
@@ -318,6 +344,20 @@ func (s *Store) Restore(ctx context.Context, sessions []Session, personal map[st
 		return 0, fmt.Errorf("store: restore: %w", err)
 	}
 	defer tx.Rollback()
+	// The hosts are locked first, in name order, as a heartbeat's
+	// reconcile locks its host: another broker writing back its journal
+	// at the same time then sees these sessions once they are stored,
+	// or stores its host's report before adoptReported looks for it.
+	var names []string
+	for _, ss := range sessions {
+		names = append(names, ss.Host)
+	}
+	slices.Sort(names)
+	for _, h := range slices.Compact(names) {
+		if err := s.dialect.lockHost(ctx, tx, h); err != nil {
+			return 0, err
+		}
+	}
 	hosts := map[string]bool{}
 	live := 0
 	for _, ss := range sessions {
@@ -328,19 +368,23 @@ func (s *Store) Restore(ctx context.Context, sessions []Session, personal map[st
 		if n > 0 {
 			continue
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended'`,
+		state, updated, logon, err := adoptReported(ctx, tx, ss)
+		if err != nil {
+			return 0, err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended' AND verified`,
 			ss.User, ss.Group).Scan(&n); err != nil {
 			return 0, fmt.Errorf("store: restore: %w", err)
 		}
-		state, ended := ss.State, any(nil)
+		ended := any(nil)
 		if n > 0 {
 			state, ended = Ended, ss.UpdatedAt.UnixMilli()
 		} else {
 			live++
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at, ended_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, ss.ID, ss.User, ss.Group, ss.Host, state,
-			ss.CreatedAt.UnixMilli(), ss.UpdatedAt.UnixMilli(), ended); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sessions (id, user_name, group_name, host_name, state, created_at, updated_at, ended_at, logon_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, ss.ID, ss.User, ss.Group, ss.Host, state,
+			ss.CreatedAt.UnixMilli(), updated, ended, logon); err != nil {
 			return 0, fmt.Errorf("store: restore session %s: %w", ss.ID, err)
 		}
 		if personal[ss.Group] && state != Ended {

@@ -1,0 +1,170 @@
+package faults
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/deskway/deskway/internal/bench/report"
+)
+
+// lostKeys and wrongKeys are the metrics the table's "data lost" and
+// "wrong answers" columns add up, over every run of a case.
+var (
+	lostKeys  = []string{"launches_lost", "writes_lost", "sessions_lost"}
+	wrongKeys = []string{"launches_doubled", "wrong_disks"}
+)
+
+// anchor is what a peer's public documentation promises for a fault.
+type anchor struct {
+	peer, promise, source string
+}
+
+// anchors are, per scenario, the peers' promises for the same fault,
+// quoted from their documentation.
+func anchors() map[string][]anchor {
+	return map[string][]anchor{
+		"broker": {
+			{peer: "XenApp/XenDesktop 7.15 LTSR, Local Host Cache (database lost)",
+				promise: "“Local Host Cache engages when the site database is inaccessible for 90 seconds.”",
+				source:  "https://docs.citrix.com/en-us/xenapp-and-xendesktop/7-15-ltsr/manage-deployment/local-host-cache.html"},
+			{peer: "Citrix DaaS, Local Host Cache (connection to the control plane lost)",
+				promise: "“With Local Host Cache, users who are connected when an outage occurs can continue working uninterrupted. Reconnections and new connections experience minimal connection delays.”",
+				source:  "https://docs.citrix.com/en-us/citrix-daas/manage-deployment/local-host-cache.html"},
+		},
+		"gateway": {
+			{peer: "RD Gateway server farm",
+				promise: "“RD Gateway does not perform load balancing itself.” (a load balancer in front is required; the help promises nothing for a member that dies)",
+				source:  "Microsoft RD Gateway Manager help, “Create a Remote Desktop Gateway server farm” (copy at https://forsenergy.com/en-us/ts_gateway/html/c1acb922-d89a-4959-a436-5f844ad5acee.htm)"},
+		},
+		"stream": {
+			{peer: "Citrix Provisioning (PVS) server failover",
+				promise: "“When failover occurs, a target device does not experience any disruption in service or loss of data.”",
+				source:  "https://docs.citrix.com/en-us/provisioning/current-release/advanced-concepts/managing-high-availability/ha-option-intro.html"},
+		},
+	}
+}
+
+// notes say how each scenario measures; each scenario's own lines.
+func notes(scenarios []Scenario) []string {
+	out := []string{
+		"Every scenario runs the same number of times, interleaved (run 1 of each, then run 2, ...). Median and worst name their run; no figure is a best run.",
+		"Users affected: users who saw an error, needed a second try or waited over a second. Time to recover: from the fault until the last affected user was served; \"none\" when nobody was affected.",
+	}
+	for _, s := range scenarios {
+		if s.Name == "broker" {
+			out = append(out,
+				"broker: two `deskway broker` processes on one PostgreSQL (Debian's, on loopback), each with its own state directory (local host cache, journal). Simulated session hosts register and report through the same balancer as the users: their agent loop sends the events agent.Diff finds each 0.5 s and a heartbeat with their sessions each second; a session logs on 0.5 to 2 s after the user's client connects to the host the answer named.",
+				"broker, how the client picks a broker: as the shipped deploy/haproxy/broker-farm.cfg does (round robin, no persistence, redispatch): each request goes to the next broker in turn; a broker that refuses the connection is skipped for the other at once. A launch whose connection breaks after it was sent (the broker died holding it) is tried again a quarter second later, as a portal or a user clicking again would, through the balancer, until answered or 60 s (40 s at small scale) have passed: then it counts as lost.",
+				"broker, lost: a launch never answered, or answered with a host where, once every journal is written back and the agents have reported, the database has no live session of the user on that host or the host has none. Doubled: a user with two live sessions in the database, or a host holding more sessions than its limit. Both are read from the database after the run.",
+				"broker, the killed broker stays dead to the end of the storm; PostgreSQL is stopped with `pg_ctl stop -m immediate` (open connections break, new ones are refused) and started again on the same port.",
+			)
+		}
+	}
+	return out
+}
+
+func fmtS(v float64) string {
+	if v <= 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%.1f s", v)
+}
+
+// markdown is result.md: the table of faults survived, the peers'
+// promises beside it, and every run.
+func markdown(res *report.Result, outcomes []Outcome, scenarios []Scenario, runs int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Faults survived\n\n`%s`, %s, %d CPUs, %s, Linux %s. %d runs of every scenario.\n\n",
+		res.Command, res.Started.Format("2006-01-02 15:04 UTC"), res.Machine.CPUs, res.Machine.Go, res.Machine.Kernel, runs)
+	order, byCase := caseRuns(outcomes)
+	t := report.Table{Head: []string{"scenario", "load", "fault", "users", "users affected (median / worst)",
+		"time to recover (median / worst)", "data lost (all runs)", "wrong answers (all runs)", "held"}}
+	for _, k := range order {
+		rs := byCase[k]
+		o := rs[0]
+		affMed, affWorst := medianWorst(rs, func(o Outcome) float64 { return float64(o.Affected) }, "max")
+		recMed, recWorst := medianWorst(rs, func(o Outcome) float64 { return max(o.RecoverS, 0) }, "max")
+		held := 0
+		for _, r := range rs {
+			if r.Held {
+				held++
+			}
+		}
+		heldS := fmt.Sprintf("yes, %d of %d runs", held, len(rs))
+		if held < len(rs) {
+			heldS = fmt.Sprintf("**no**: held in %d of %d runs", held, len(rs))
+		}
+		t.Rows = append(t.Rows, []string{o.Scenario, o.Load, o.Case, fmt.Sprint(o.Users),
+			fmt.Sprintf("%d (run %d) / %d (run %d)", affMed.Affected, affMed.Run, affWorst.Affected, affWorst.Run),
+			fmt.Sprintf("%s (run %d) / %s (run %d)", fmtS(recMed.RecoverS), recMed.Run, fmtS(recWorst.RecoverS), recWorst.Run),
+			sums(rs, lostKeys), sums(rs, wrongKeys), heldS})
+	}
+	b.WriteString(t.Markdown())
+
+	b.WriteString("## What the others promise for the same fault\n\nQuoted from their public documentation; none of them publishes measured figures for these faults.\n\n")
+	at := report.Table{Head: []string{"scenario", "peer", "what its documentation says", "source"}}
+	for _, s := range scenarios {
+		for _, a := range anchors()[s.Name] {
+			at.Rows = append(at.Rows, []string{s.Name, a.peer, a.promise, a.source})
+		}
+	}
+	b.WriteString(at.Markdown())
+
+	b.WriteString("## Headline figures\n\n")
+	keys := make([]string, 0, len(res.Summary))
+	for k := range res.Summary {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "- `%s`: %g\n", k, res.Summary[k])
+	}
+	b.WriteString("\n## Every run\n\n")
+	for _, k := range order {
+		rs := byCase[k]
+		var names []string
+		for name := range rs[0].Metrics {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		rt := report.Table{Title: rs[0].Scenario + ": " + rs[0].Case, Head: append([]string{"run", "users", "affected", "recover s", "held"}, names...)}
+		for _, r := range rs {
+			row := []string{fmt.Sprint(r.Run), fmt.Sprint(r.Users), fmt.Sprint(r.Affected), fmt.Sprintf("%.2f", r.RecoverS), fmt.Sprint(r.Held)}
+			for _, n := range names {
+				row = append(row, fmt.Sprintf("%g", report.Round(r.Metrics[n], 2)))
+			}
+			rt.Rows = append(rt.Rows, row)
+		}
+		b.WriteString(rt.Markdown())
+		for _, r := range rs {
+			fmt.Fprintf(&b, "- run %d: %s\n", r.Run, r.Notes)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("## How it was measured\n\n")
+	for _, n := range res.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	return b.String()
+}
+
+// sums says the total of each of keys the case reports, over its runs.
+func sums(rs []Outcome, keys []string) string {
+	var parts []string
+	for _, k := range keys {
+		total, seen := 0.0, false
+		for _, r := range rs {
+			if v, ok := r.Metrics[k]; ok {
+				total, seen = total+v, true
+			}
+		}
+		if seen {
+			parts = append(parts, fmt.Sprintf("%g %s", total, strings.ReplaceAll(k, "_", " ")))
+		}
+	}
+	if len(parts) == 0 {
+		return "not measured"
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,11 @@
+package faults
+
+// Scenarios lists every scenario `deskway bench faults` can run, in the
+// order they run within each round.
+func Scenarios() []Scenario {
+	return []Scenario{
+		brokerScenario(),
+		Stream(),
+		Gateway(),
+	}
+}
