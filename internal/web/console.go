@@ -36,6 +36,18 @@ type console struct {
 	cfg    *config.Console
 	client *http.Client
 	charts sampler
+	// tabs maps each tab's path to its page, so that a refused action
+	// shows the page it returns to, with its data, under the refusal.
+	tabs map[string]http.HandlerFunc
+}
+
+// refusalKey carries a refused action's words and status to the tab
+// page rendered in its answer.
+type refusalKey struct{}
+
+type refusal struct {
+	status int
+	msg    string
 }
 
 // role is what si may do in the console, "" for nothing.
@@ -280,6 +292,32 @@ func (s *Server) consoleAccess(w http.ResponseWriter, r *http.Request) (signIn, 
 	return si, role, true
 }
 
+// consoleShow renders a tab's page; in the answer to a refused action
+// (consoleRefused) the refusal leads and the status is the refusal's.
+func (s *Server) consoleShow(w http.ResponseWriter, r *http.Request, si signIn, d consoleData, errMsg string) {
+	status := http.StatusOK
+	if rf, ok := r.Context().Value(refusalKey{}).(refusal); ok {
+		status = rf.status
+		errMsg = strings.TrimSpace(rf.msg + " " + errMsg)
+	}
+	s.consolePage(w, si, status, d, errMsg, notice(r))
+}
+
+// consoleRefused answers a refused action with the page it returns to,
+// its data listed as usual, and msg above it; before, the answer was
+// that page's frame alone, which read as if it had nothing in it.
+func (s *Server) consoleRefused(w http.ResponseWriter, r *http.Request, si signIn, role, back string, status int, msg string) {
+	page, ok := s.console.tabs[back]
+	if !ok {
+		s.consolePage(w, si, status, consoleData{Role: role, Tab: strings.TrimPrefix(back, "/admin/")}, msg, "")
+		return
+	}
+	get := r.Clone(context.WithValue(r.Context(), refusalKey{}, refusal{status: status, msg: msg}))
+	get.Method, get.URL, get.Body = http.MethodGet, &url.URL{Path: back}, http.NoBody
+	get.Form, get.PostForm = nil, nil
+	page(w, get)
+}
+
 func (s *Server) consolePage(w http.ResponseWriter, si signIn, status int, d consoleData, errMsg, notice string) {
 	d.CanControl = d.Role == roleAdmin || d.Role == roleHelpdesk
 	d.CanManage = d.Role == roleAdmin
@@ -315,7 +353,7 @@ func (s *Server) consoleDashboard(w http.ResponseWriter, r *http.Request) {
 	if err := s.console.call(r.Context(), si, role, "GET", "/api/v1/gateway/tunnels", nil, &tl, nil); err == nil {
 		d.TunnelCount = len(tl.Tunnels)
 	}
-	s.consolePage(w, si, http.StatusOK, d, strings.Join(errs, " "), notice(r))
+	s.consoleShow(w, r, si, d, strings.Join(errs, " "))
 }
 
 func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
@@ -348,7 +386,7 @@ func (s *Server) consoleSessions(w http.ResponseWriter, r *http.Request) {
 	if d.Page < d.Pages {
 		d.NextPage = d.Page + 1
 	}
-	s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
+	s.consoleShow(w, r, si, d, errMsg)
 }
 
 // consoleList is a console page showing one admin API list: into gives
@@ -364,7 +402,7 @@ func (s *Server) consoleList(tab, what, path string, into func(d *consoleData) a
 		if err := s.console.call(r.Context(), si, role, "GET", path, nil, into(&d), nil); err != nil {
 			errMsg = "The " + what + " cannot be listed: " + s.apiWords(err)
 		}
-		s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
+		s.consoleShow(w, r, si, d, errMsg)
 	}
 }
 
@@ -395,8 +433,7 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 		}
 		if a.need == roleAdmin && role != roleAdmin || a.need == roleHelpdesk && role == roleReadOnly {
 			s.d.Logger.Warn("console action refused for the role", "user", si.User, "role", role, "action", a.what)
-			s.consolePage(w, si, http.StatusForbidden, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
-				fmt.Sprintf("Your role (%s) may not %s.", role, a.what), "")
+			s.consoleRefused(w, r, si, role, a.back, http.StatusForbidden, fmt.Sprintf("Your role (%s) may not %s.", role, a.what))
 			return
 		}
 		if a.confirm != nil && r.PostFormValue("confirmed") != "yes" {
@@ -410,8 +447,7 @@ func (s *Server) consoleAct(a consoleAction) http.HandlerFunc {
 			body = a.body(r)
 		}
 		if err := s.console.call(r.Context(), si, role, a.method, a.path(r), body, nil, nil); err != nil {
-			s.consolePage(w, si, http.StatusBadGateway, consoleData{Role: role, Tab: strings.TrimPrefix(a.back, "/admin/")},
-				"Not done: "+s.apiWords(err), "")
+			s.consoleRefused(w, r, si, role, a.back, http.StatusBadGateway, "Not done: "+s.apiWords(err))
 			return
 		}
 		s.d.Logger.Info("console action", "user", si.User, "role", role, "action", a.what, "path", a.path(r))
@@ -436,20 +472,29 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 	pv := func(name string) func(*http.Request) string {
 		return func(r *http.Request) string { return url.PathEscape(r.PathValue(name)) }
 	}
-	mux.HandleFunc("GET /admin/{$}", s.consoleDashboard)
-	mux.HandleFunc("GET /admin/sessions", s.consoleSessions)
-	mux.HandleFunc("GET /admin/hosts", s.consoleList("hosts", "hosts", "/api/v1/broker/hosts", func(d *consoleData) any { return &d.Hosts }))
-	mux.HandleFunc("GET /admin/tunnels", s.consoleList("tunnels", "tunnels", "/api/v1/gateway/tunnels", func(d *consoleData) any {
-		return &struct {
-			Tunnels *[]consoleTunnel `json:"tunnels"`
-		}{&d.Tunnels}
-	}))
-	mux.HandleFunc("GET /admin/audit", s.consoleList("audit", "audit entries", "/api/v1/audit?limit=200", func(d *consoleData) any {
-		return &struct {
-			Entries *[]consoleAudit `json:"entries"`
-		}{&d.Audit}
-	}))
-	mux.HandleFunc("GET /admin/groups", s.consoleList("groups", "delivery groups", "/api/v1/broker/groups", func(d *consoleData) any { return &d.Groups }))
+	s.console.tabs = map[string]http.HandlerFunc{
+		"/admin/":         s.consoleDashboard,
+		"/admin/sessions": s.consoleSessions,
+		"/admin/hosts":    s.consoleList("hosts", "hosts", "/api/v1/broker/hosts", func(d *consoleData) any { return &d.Hosts }),
+		"/admin/tunnels": s.consoleList("tunnels", "tunnels", "/api/v1/gateway/tunnels", func(d *consoleData) any {
+			return &struct {
+				Tunnels *[]consoleTunnel `json:"tunnels"`
+			}{&d.Tunnels}
+		}),
+		"/admin/audit": s.consoleList("audit", "audit entries", "/api/v1/audit?limit=200", func(d *consoleData) any {
+			return &struct {
+				Entries *[]consoleAudit `json:"entries"`
+			}{&d.Audit}
+		}),
+		"/admin/groups": s.consoleList("groups", "delivery groups", "/api/v1/broker/groups", func(d *consoleData) any { return &d.Groups }),
+		"/admin/vdisks": s.consoleVDisks,
+	}
+	for path, page := range s.console.tabs {
+		if path == "/admin/" {
+			path += "{$}"
+		}
+		mux.HandleFunc("GET "+path, page)
+	}
 	mux.HandleFunc("POST /admin/groups/{name}/entitlements", s.consoleAct(consoleAction{need: roleAdmin, what: "change entitlements",
 		back: "/admin/groups", method: "PUT",
 		path: func(r *http.Request) string { return "/api/v1/broker/groups/" + pv("name")(r) + "/entitlements" },

@@ -54,7 +54,7 @@ func (s *Server) consoleVDisks(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	d.VDisks, d.Boots = vl.VDisks, bl.Boots
-	s.consolePage(w, si, http.StatusOK, d, errMsg, notice(r))
+	s.consoleShow(w, r, si, d, errMsg)
 }
 
 // vdiskRoutes adds the vDisks page and its actions to mux.
@@ -62,7 +62,6 @@ func (s *Server) vdiskRoutes(mux *http.ServeMux, pv func(string) func(*http.Requ
 	version := func(r *http.Request) string {
 		return "/api/v1/stream/vdisks/" + pv("name")(r) + "/versions/" + pv("n")(r)
 	}
-	mux.HandleFunc("GET /admin/vdisks", s.consoleVDisks)
 	mux.HandleFunc("POST /admin/vdisks/{name}/versions/{n}/promote", s.consoleAct(consoleAction{need: roleAdmin, what: "promote vDisk versions",
 		back: "/admin/vdisks", method: "POST",
 		path: func(r *http.Request) string { return version(r) + "/promote" },
