@@ -120,8 +120,8 @@ var zeroKeys = []string{"writes_lost", "launches_lost", "launches_doubled", "wro
 type summaryRule struct {
 	key      string
 	scenario string
-	// caseN picks the scenario's case by its order (0: the first, the
-	// scenario's headline fault).
+	// caseN picks the scenario's case by the order it runs them in (0:
+	// the first).
 	caseN  int
 	metric string // "recover_s" is Outcome.RecoverS (0 when service did not stop)
 	worst  string // "max" or "min": which end is the worst run
