@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"context"
 	"sync/atomic"
 	"time"
 
@@ -18,16 +17,11 @@ type diskSpace struct {
 	dir string
 	// warned is when the last warning was logged (Unix nanoseconds).
 	warned atomic.Int64
-	// reclaiming is set while a checkpoint gives back the write-ahead
-	// log's space.
-	reclaiming atomic.Bool
 }
 
 // noSpace reports whether err says the database's disk is full. If so it
-// warns, at most once a second, naming the state directory, and starts
-// giving back the space the database's write-ahead log holds: without
-// that, a SQLite log that filled the disk keeps it full after the
-// operator has freed space, and the broker needs a restart.
+// warns, at most once a second, naming the state directory: the
+// operator's cue, since the client is told only that there is no room.
 func (s *Server) noSpace(err error) bool {
 	if !store.NoSpace(err) {
 		return false
@@ -37,16 +31,6 @@ func (s *Server) noSpace(err error) bool {
 	if now-last >= int64(time.Second) && s.space.warned.CompareAndSwap(last, now) {
 		s.log.Warn("no space left on the disk of the broker's state directory: launches and changes are refused, whole, until there is room",
 			"state_dir", s.space.dir, "error", err)
-	}
-	if s.space.reclaiming.CompareAndSwap(false, true) {
-		go func() {
-			defer s.space.reclaiming.Store(false)
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			if err := s.store.Reclaim(ctx); err != nil {
-				s.log.Debug("could not give back the database log's space yet", "error", err)
-			}
-		}()
 	}
 	return true
 }
