@@ -16,10 +16,12 @@ import (
 // TestFaultsDisk runs the disk scenario of `deskway bench faults` at the
 // test's scale: the broker's state directory on a 4 MiB tmpfs filled
 // from outside during a launch storm and administrators' drains, then
-// emptied. Whatever the timings, no launch a client was told succeeded
+// emptied, and a stream server's cache store likewise while a client
+// writes. Whatever the timings, no launch a client was told succeeded
 // may be missing from the database, no admin action done may be missing
 // from the audit trail, the database must pass its integrity check,
-// every refusal must be a sentence, and service must come back without a
+// every refusal must be a sentence, no write the stream server
+// acknowledged may be missing, and service must come back without a
 // restart.
 func TestFaultsDisk(t *testing.T) {
 	testkit.RequireRoot(t)
@@ -32,8 +34,8 @@ func TestFaultsDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(outs) != 2 {
-		t.Fatalf("%d cases ran, want 2", len(outs))
+	if len(outs) != 3 {
+		t.Fatalf("%d cases ran, want 3", len(outs))
 	}
 	for _, o := range outs {
 		t.Logf("%s: %v: %s", o.Case, o.Metrics, o.Notes)
@@ -51,6 +53,12 @@ func TestFaultsDisk(t *testing.T) {
 	}
 	if a["admin_actions_unaudited"] != 0 {
 		t.Errorf("audit: %v admin actions done are missing from the audit trail", a["admin_actions_unaudited"])
+	}
+	// The stream server never acknowledges a write its store did not
+	// take, and stores writes again once there is room.
+	if s := outs[2].Metrics; s["writes_lost"] != 0 || s["writes_refused_during"] == 0 || s["other_errors"] != 0 {
+		t.Errorf("stream: %v acknowledged writes lost, %v refused with ENOSPC while the store was full, %v other errors: %s",
+			s["writes_lost"], s["writes_refused_during"], s["other_errors"], outs[2].Notes)
 	}
 	// What each role does when its disk fills is documented.
 	doc, err := os.ReadFile("../docs/operations.md")

@@ -69,6 +69,11 @@ func runDisk(ctx context.Context, env Env, run int) ([]Outcome, error) {
 		}
 	}()
 	outs, err := diskBroker(ctx, env, dir, state)
+	if err == nil {
+		var o Outcome
+		o, err = diskStream(ctx, env, filepath.Join(dir, "stream"))
+		outs = append(outs, o)
+	}
 	for i := range outs {
 		outs[i].Run = run
 	}
