@@ -136,7 +136,7 @@ func diskStream(ctx context.Context, env Env, dir string) (Outcome, error) {
 		}
 	}
 	o := Outcome{Scenario: "disk", Case: "the stream server's cache store fills while a client writes, then space returns",
-		Load: fmt.Sprintf("one client writing %d KiB blocks in turn, and reading, through a stream server whose write caches are on the full store", diskStreamBlock>>10),
+		Load:  fmt.Sprintf("one client writing %d KiB blocks in turn, and reading, through a stream server whose write caches are on the full store", diskStreamBlock>>10),
 		Users: 1, RecoverS: recoverS,
 		Metrics: map[string]float64{
 			"writes_acked": float64(len(acked)), "writes_refused_enospc": float64(refused), "writes_refused_during": float64(duringRefused),
