@@ -52,7 +52,7 @@ func TestFaultsDisk(t *testing.T) {
 		t.Errorf("broker: no launch was refused while the disk was full; the fault did not strike: %s", outs[0].Notes)
 	}
 	if a["admin_actions_unaudited"] != 0 {
-		t.Errorf("audit: %v admin actions done are missing from the audit trail", a["admin_actions_unaudited"])
+		t.Errorf("audit: %v admin actions, done or refused, are missing from the audit trail: %s", a["admin_actions_unaudited"], outs[1].Notes)
 	}
 	// The stream server never acknowledges a write its store did not
 	// take, and stores writes again once there is room.

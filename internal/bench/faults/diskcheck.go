@@ -42,7 +42,8 @@ type brokerDB struct {
 	missing []string
 	// orphans are session rows whose host row is gone.
 	orphans int
-	// audited counts the audit entries of successful drains, by action.
+	// audited counts the audit entries of drains done, by action, and
+	// of those refused ("refused").
 	audited map[string]int
 }
 
@@ -85,18 +86,23 @@ func checkBrokerDB(path string, ld *diskLoad) (brokerDB, error) {
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE host_name NOT IN (SELECT name FROM hosts)`).Scan(&out.orphans); err != nil {
 		return out, fmt.Errorf("disk scenario: orphan sessions: %w", err)
 	}
-	arows, err := db.QueryContext(ctx, `SELECT action, count(*) FROM audit WHERE status = 200 AND action LIKE 'POST /api/v1/broker/hosts/%' GROUP BY action`)
+	arows, err := db.QueryContext(ctx, `SELECT action, status, count(*) FROM audit WHERE action LIKE 'POST /api/v1/broker/hosts/%' GROUP BY action, status`)
 	if err != nil {
 		return out, fmt.Errorf("disk scenario: audit: %w", err)
 	}
 	defer arows.Close()
 	for arows.Next() {
 		var action string
-		var n int
-		if err := arows.Scan(&action, &n); err != nil {
+		var status, n int
+		if err := arows.Scan(&action, &status, &n); err != nil {
 			return out, fmt.Errorf("disk scenario: audit: %w", err)
 		}
-		out.audited[action[strings.LastIndex(action, "/")+1:]] = n
+		switch status {
+		case 200:
+			out.audited[action[strings.LastIndex(action, "/")+1:]] += n
+		case 503:
+			out.audited["refused"] += n
+		}
 	}
 	return out, arows.Err()
 }
@@ -141,7 +147,10 @@ func diskOutcomes(ld *diskLoad, db brokerDB, blog string, hosts, workers int, fi
 	if !ld.firstAdminOK.IsZero() {
 		adminRecover = seconds(ld.firstAdminOK.Sub(back))
 	}
-	unaudited := 0
+	// Refused actions are in the trail too: their entries, which could
+	// not be written while the disk was full, waited and were written
+	// once there was room.
+	unaudited := max(0, ld.adminRefuse-db.audited["refused"])
 	for action, n := range ld.drains {
 		unaudited += max(0, n-db.audited[action])
 	}
@@ -157,7 +166,7 @@ func diskOutcomes(ld *diskLoad, db brokerDB, blog string, hosts, workers int, fi
 		audit.Affected = 1
 	}
 	audit.Held = unaudited == 0 && adminRecover >= 0 && adminRecover < 5
-	audit.Notes = fmt.Sprintf("%d admin actions done, every one of them in the audit trail but %d; %d refused while the disk was full; actions done again %.2f s after space returned",
-		ld.drains["drain"]+ld.drains["undrain"], unaudited, ld.adminRefuse, adminRecover)
+	audit.Notes = fmt.Sprintf("%d admin actions done and %d refused while the disk was full, every one of them in the audit trail but %d; actions done again %.2f s after space returned",
+		ld.drains["drain"]+ld.drains["undrain"], ld.adminRefuse, unaudited, adminRecover)
 	return []Outcome{launch, audit}
 }
