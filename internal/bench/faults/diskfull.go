@@ -71,7 +71,7 @@ func runDisk(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	outs, err := diskBroker(ctx, env, dir, state)
 	if err == nil {
 		var o Outcome
-		o, err = diskStream(ctx, env, filepath.Join(dir, "stream"))
+		o, err = diskStream(ctx, env, filepath.Join(dir, "stream"), diskFaultFor(env))
 		outs = append(outs, o)
 	}
 	for i := range outs {
@@ -112,9 +112,9 @@ func diskBroker(ctx context.Context, env Env, dir, state string) ([]Outcome, err
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(diskYAML, state, ports[0], ports[1], diskAdminToken, diskFrontendToken)), 0o600); err != nil {
 		return nil, fmt.Errorf("disk scenario: %w", err)
 	}
-	hosts, workers, faultFor := 8, 16, 8*time.Second
+	hosts, workers, faultFor := 8, 16, diskFaultFor(env)
 	if env.Small {
-		hosts, workers, faultFor = 3, 4, 3*time.Second
+		hosts, workers = 3, 4
 	}
 	join, err := exec.CommandContext(ctx, env.Bin, "token", "join", "-c", cfg, "--group", "desk", "--uses", fmt.Sprint(hosts+1)).Output()
 	if err != nil {
@@ -245,6 +245,14 @@ func diskBroker(ctx context.Context, env Env, dir, state string) ([]Outcome, err
 		}
 	}
 	return outs, nil
+}
+
+// diskFaultFor is how long a disk stays full.
+func diskFaultFor(env Env) time.Duration {
+	if env.Small {
+		return 3 * time.Second
+	}
+	return 8 * time.Second
 }
 
 // tail is the end of a process's log.

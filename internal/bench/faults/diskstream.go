@@ -21,10 +21,10 @@ const diskStreamBlock = 64 << 10
 // diskStream is the stream cache store full: one client writes blocks
 // that each name themselves through a stream server whose write caches
 // are on a tmpfs, which a file from outside fills, then frees. A write
-// that cannot be stored must be answered ENOSPC, never acknowledged;
+// that cannot be stored, for faultFor, must be answered ENOSPC, never acknowledged;
 // reads go on; writes succeed again once space returns; and every
 // acknowledged write reads back.
-func diskStream(ctx context.Context, env Env, dir string) (Outcome, error) {
+func diskStream(ctx context.Context, env Env, dir string, faultFor time.Duration) (Outcome, error) {
 	store := filepath.Join(dir, "store")
 	if err := os.MkdirAll(store, 0o700); err != nil {
 		return Outcome{}, fmt.Errorf("disk scenario: %w", err)
@@ -99,11 +99,16 @@ func diskStream(ctx context.Context, env Env, dir string) (Outcome, error) {
 	// Writes go on past the room left; reads of what was acknowledged go
 	// on beside them.
 	rbuf := make([]byte, diskStreamBlock)
-	for tries := 0; refused < 8 && tries < blocks/2 && next < blocks; tries++ {
-		_ = write(next)
-		next++
+	for time.Since(fillAt) < faultFor && next < blocks {
+		// A refused block is written again, as a client's disk would.
+		if write(next) == nil {
+			next++
+		}
 		if _, err := c.ReadAt(rbuf, 0); err != nil {
 			readErrs++
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return Outcome{}, err
 		}
 	}
 	duringRefused := refused
