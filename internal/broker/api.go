@@ -70,6 +70,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) err
 // fail answers with a JSON error and logs it.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
+	for _, v := range a {
+		if err, ok := v.(error); ok && s.noSpace(err) {
+			msg = noSpaceMsg
+		}
+	}
 	s.log.Log(r.Context(), refusalLevel(status), "request refused", "method", r.Method, "path", r.URL.Path, "status", status,
 		"remote", r.RemoteAddr, "error", msg)
 	writeJSON(w, status, brokerapi.Error{Error: msg})

@@ -67,12 +67,14 @@ type Server struct {
 	// groups and the entitlements administrators set, which it guards.
 	groupsMu   sync.Mutex
 	configured []config.DeliveryGrp
-	entitled   []store.Entitlement
-	frontend   [][]byte
-	sem        chan struct{}
-	m          *metrics
-	cache      *localCache
-	offline    atomic.Bool
+	// space is what the broker knows of its state directory's disk.
+	space    diskSpace
+	entitled []store.Entitlement
+	frontend [][]byte
+	sem      chan struct{}
+	m        *metrics
+	cache    *localCache
+	offline  atomic.Bool
 	// unsynced is set while the database has not been migrated and given
 	// the delivery groups since the broker started (it was down then).
 	unsynced atomic.Bool
@@ -123,7 +125,7 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
-		now: d.Now, m: newMetrics(d.Registry)}
+		now: d.Now, m: newMetrics(d.Registry), space: diskSpace{dir: d.StateDir}}
 	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
 	s.configured = cfg.DeliveryGroups
 	s.groups.Store(newGroupSet(cfg.DeliveryGroups, nil))

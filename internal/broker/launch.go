@@ -269,6 +269,9 @@ func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req
 	}
 	if err != nil {
 		s.m.launches.WithLabelValues("error").Inc()
+		if s.noSpace(err) {
+			return nil, refuse(http.StatusServiceUnavailable, "%s", noSpaceMsg)
+		}
 		return nil, refuse(http.StatusServiceUnavailable, "placement failed: %v", err)
 	}
 	tok, err := s.tokens.Mint(who.user, who.groups, p.Address, p.Port, s.cfg.TokenTTL.D())
