@@ -7,5 +7,6 @@ func Scenarios() []Scenario {
 		brokerScenario(),
 		Stream(),
 		Gateway(),
+		DiskFull(),
 	}
 }
