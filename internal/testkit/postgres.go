@@ -29,9 +29,7 @@ func RequirePostgres(t testing.TB) {
 // installed (a failure in CI).
 func StartPostgres(t testing.TB) *Postgres {
 	t.Helper()
-	if !pgcluster.Available() {
-		missingThing(t, "PostgreSQL (the postgresql package)")
-	}
+	RequirePostgres(t)
 	c, err := pgcluster.Start(context.Background(), pgcluster.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -61,9 +61,6 @@ var Connections = []int{1, 8}
 // wireGuardModule is wireguard-go's module, whose root is its program.
 const wireGuardModule = "golang.zx2c4.com/wireguard"
 
-// failoverWhy is why the failover scenario has no figure yet.
-const failoverWhy = "deskway site has no active/passive gateway pair yet: the failover time and the connections it resets are measured once it does"
-
 // Run measures every system and writes the results to o.Out.
 func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if o.Runs < 1 {
@@ -106,7 +103,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	defer os.RemoveAll(dir)
 	e.dir = dir
 	res := &report.Result{Bench: "site", Command: o.Command, Started: time.Now().UTC(), Machine: report.ThisMachine(),
-		Summary: map[string]float64{}, SummaryText: map[string]string{"failover": "skipped: " + failoverWhy}}
+		Summary: map[string]float64{}, SummaryText: map[string]string{}}
 	var wgVersion string
 	if slices.Contains(o.Systems, sysWGGo) {
 		e.wgGo, wgVersion, e.wgGoWhy = wireGuardGo(ctx, o)
@@ -118,11 +115,31 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	res.Notes = append(res.Notes, "load average at the start: "+loadAvg())
 	runs := make([]map[string]sample, o.Runs)
 	skipped := map[string]string{}
+	// The failover scenario takes its turn among the systems, as often.
+	turns := append(slices.Clone(o.Systems), scenarioFailover)
+	fe := &failoverEnv{}
+	defer fe.close()
+	var failovers []failoverSample
 	for run := 1; run <= o.Runs; run++ {
 		runs[run-1] = map[string]sample{}
-		for i := range o.Systems {
-			sys := o.Systems[(i+run-1)%len(o.Systems)]
+		for i := range turns {
+			sys := turns[(i+run-1)%len(turns)]
 			if _, ok := skipped[sys]; ok {
+				continue
+			}
+			if sys == scenarioFailover {
+				s, err := e.measureFailover(ctx, o, fe)
+				if errors.Is(err, errSkip) {
+					skipped[sys] = strings.TrimPrefix(err.Error(), errSkip.Error()+": ")
+					o.Log.Warn("failover skipped", "why", skipped[sys])
+					continue
+				}
+				if err != nil {
+					return nil, fmt.Errorf("site bench: failover, run %d: %w", run, err)
+				}
+				failovers = append(failovers, s)
+				res.Points = append(res.Points, failoverPoint(s, run))
+				o.Log.Info("failover", "run", run, "seconds", report.Round(s.seconds, 3), "connections_reset", s.reset, "connections_stalled", s.stalled)
 				continue
 			}
 			got, err := e.measureSystem(ctx, o, sys, run)
@@ -160,9 +177,13 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			res.Points = append(res.Points, report.Point{Scenario: "throughput", System: sys, Params: map[string]any{}, Metrics: map[string]float64{}, Skipped: why})
 		}
 	}
+	if why, ok := skipped[scenarioFailover]; ok {
+		res.Points = append(res.Points, report.Point{Scenario: scenarioFailover, System: sysGRE, Params: map[string]any{}, Metrics: map[string]float64{}, Skipped: why})
+		res.SummaryText["failover"] = "skipped: " + why
+	}
 	res.Points = append(res.Points, paperPoints()...)
-	res.Points = append(res.Points, failover())
 	summarize(res.Summary, runs)
+	summarizeFailover(res.Summary, failovers)
 	res.Notes = append(res.Notes, "load average at the end: "+loadAvg())
 	if n, of := saturated(res); n > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("in %d of %d points every core was busy: other work on the machine took what the systems left, so the whole machine's CPU per Gbit/s counts it too and overstates what the systems used", n, of))
@@ -356,16 +377,6 @@ func loadAvg() string {
 }
 
 func key(sys string, conns int) string { return fmt.Sprintf("%s/%d", sys, conns) }
-
-// failover is the paper's failover scenario: the time from killing the
-// active gateway to traffic flowing again through the passive one, and
-// the TCP connections that did not survive (summary keys failover_s,
-// failover_s_worst, failover_conns_reset). deskway site has no
-// active/passive pair yet, so the point says so and carries no figure;
-// the measurement replaces this once the pair exists.
-func failover() report.Point {
-	return report.Point{Scenario: "failover", System: sysGRE, Params: map[string]any{}, Metrics: map[string]float64{}, Skipped: failoverWhy}
-}
 
 // saturated counts the measured points in which the whole machine was
 // busy (95 % of every core or more), of all measured points.

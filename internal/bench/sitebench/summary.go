@@ -1,6 +1,8 @@
 package sitebench
 
 import (
+	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/deskway/deskway/internal/bench/report"
@@ -127,4 +129,74 @@ func minOf(vs []float64) float64 {
 		m = min(m, v)
 	}
 	return m
+}
+
+// scenarioFailover names the failover scenario's turn and points.
+const scenarioFailover = "failover"
+
+// paperFailover says what the paper gives for a failover: no figure.
+const paperFailover = "the paper gives no failover figure: its two gateway VMs are an active/passive Failover Clustering pair, and it measures throughput only"
+
+func failoverPoint(s failoverSample, run int) report.Point {
+	return report.Point{Scenario: scenarioFailover, System: sysGRE,
+		Params: map[string]any{"run": run, "connections": failoverConns, "lease": haLease, "probe_every_ms": probeEvery.Milliseconds()},
+		Metrics: map[string]float64{"failover_s": report.Round(s.seconds, 3), "conns_reset": float64(s.reset), "conns_stalled": float64(s.stalled),
+			"least_bytes_after": float64(s.bytesAfter)}}
+}
+
+// summarizeFailover fills the failover's keys: the median and the worst
+// (longest) run's time, and the most connections any run lost (reset,
+// ended by an error, or not delivering after the failover). Nothing is
+// filled unless every run measured.
+func summarizeFailover(sum map[string]float64, runs []failoverSample) {
+	if len(runs) == 0 {
+		return
+	}
+	var secs []float64
+	lost := 0
+	for _, r := range runs {
+		secs = append(secs, r.seconds)
+		lost = max(lost, r.lost())
+	}
+	sum["failover_s"] = report.Round(median(secs), 3)
+	sum["failover_s_worst"] = report.Round(slices.Max(secs), 3)
+	sum["failover_conns_reset"] = float64(lost)
+}
+
+// failoverRows are result.md's failover table: the paper's row, then
+// every run's.
+func failoverRows(res *report.Result) [][]string {
+	rows := [][]string{{"RAS Gateway (paper)", "–", "–", "–", paperFailover}}
+	for _, p := range res.Points {
+		if p.Scenario != scenarioFailover {
+			continue
+		}
+		if p.Skipped != "" {
+			rows = append(rows, []string{names[sysGRE], "–", "–", "–", "skipped: " + p.Skipped})
+			continue
+		}
+		rows = append(rows, []string{fmt.Sprintf("%s, run %v", names[sysGRE], p.Params["run"]), fmt.Sprintf("%.3f", p.Metrics["failover_s"]),
+			fmt.Sprintf("%.0f of %d", p.Metrics["conns_reset"], failoverConns), fmt.Sprintf("%.0f of %d", p.Metrics["conns_stalled"], failoverConns),
+			fmt.Sprintf("%.2f MiB", p.Metrics["least_bytes_after"]/(1<<20))})
+	}
+	return rows
+}
+
+// failoverVerdict is the failover target's row of result.md.
+func failoverVerdict(s map[string]float64) []string {
+	secs, ok := s["failover_s"]
+	if !ok {
+		return []string{"failover ≤ 3 s with 0 connections reset", "`failover_s`, `failover_conns_reset`", "–", "–", "not measured"}
+	}
+	worst, lost := s["failover_s_worst"], s["failover_conns_reset"]
+	limit := failoverTarget.Seconds()
+	verdict := "met"
+	switch {
+	case secs > limit || lost > 0:
+		verdict = "not met"
+	case worst > limit:
+		verdict = "met (worst run: not met)"
+	}
+	return []string{"failover ≤ 3 s with 0 connections reset", "`failover_s`, `failover_conns_reset`",
+		fmt.Sprintf("%.2f s", secs), fmt.Sprintf("%.2f s; %.0f connections lost in the worst run", worst, lost), verdict}
 }
