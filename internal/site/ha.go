@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/netip"
 	"sync"
 	"syscall"
 
@@ -56,9 +55,15 @@ func (s *Server) newHANode(cfg *config.Site, d Deps) error {
 		n.inside[t] = tc.Inside
 		if t.extras.speaker != nil {
 			t.extras.speaker = nil
+			// Every speaker the election starts hands its routes to the
+			// tenant's one sink: the lock a reload changes the WireGuard
+			// device under is the one the sink reads it under. A stopped
+			// speaker has taken its routes back, so the next starts from
+			// none.
+			sink := t.extras.sink
 			n.speakers[t] = func() (*bgp.Speaker, error) {
 				return bgp.New(*tc.BGP, bgp.Options{Tenant: t.name, Netns: "/run/netns/" + t.nsName,
-					Sink: &learnSink{t: t, log: s.log, routes: map[netip.Prefix]netip.Addr{}}, Logger: s.log, Registry: d.Registry})
+					Sink: sink, Logger: s.log, Registry: d.Registry})
 			}
 		}
 	}

@@ -376,9 +376,9 @@ func (s *Server) changeExtras(t *tenant, c *config.Tenant, what *[]string) error
 // site that changed or came may now hold a route's next hop, and a
 // learnt prefix may now overlap a configured one.
 func (s *Server) relearn(t *tenant) {
-	// In a gateway of a pair the speaker, and its sink, are the
-	// election's: the routes it learnt are re-checked at its next update.
-	if t.extras.speaker != nil && t.extras.sink != nil {
+	// In a gateway of a pair the speaker is the election's, and runs
+	// only while the node is active; its sink is the tenant's all along.
+	if t.extras.sink != nil {
 		t.extras.sink.mu.Lock()
 		t.extras.sink.apply()
 		t.extras.sink.mu.Unlock()
