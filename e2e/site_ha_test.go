@@ -11,14 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/net/icmp"
-	"golang.org/x/net/ipv4"
-
+	"github.com/deskway/deskway/internal/bench/sitebench"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -161,109 +158,26 @@ func (r *haRig) movedTo(t *testing.T, n string) {
 	})
 }
 
-// pinger sends an echo request from the office's host to the desktop
-// every 50 ms and records when each answer came.
-type pinger struct {
-	c       *icmp.PacketConn
-	mu      sync.Mutex
-	sent    map[int]time.Time
-	answers []pingAnswer
-	seq     int
-}
-
-type pingAnswer struct{ sent, got time.Time }
-
-func startPinger(t *testing.T, ns string) *pinger {
-	p := &pinger{sent: map[int]time.Time{}}
-	var err error
-	inNS(t, ns, func() { p.c, err = icmp.ListenPacket("ip4:icmp", "192.168.1.10") })
+// startPinger probes the desktop from the office's host every 50 ms
+// (the site bench's probe) until the test ends.
+func startPinger(t *testing.T, ns string) *sitebench.Probe {
+	p, err := sitebench.StartProbe(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(2)
-	t.Cleanup(func() { close(stop); p.c.Close(); wg.Wait() })
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			p.mu.Lock()
-			p.seq++
-			seq := p.seq & 0xffff
-			p.sent[seq] = time.Now()
-			p.mu.Unlock()
-			m := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: 0x5d, Seq: seq, Data: []byte("deskway-ha")}}
-			b, _ := m.Marshal(nil)
-			_, _ = p.c.WriteTo(b, &net.IPAddr{IP: net.IPv4(10, 0, 0, 10)})
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			n, _, err := p.c.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
-				continue
-			}
-			e, ok := m.Body.(*icmp.Echo)
-			if !ok || e.ID != 0x5d {
-				continue
-			}
-			p.mu.Lock()
-			if at, ok := p.sent[e.Seq]; ok {
-				p.answers = append(p.answers, pingAnswer{sent: at, got: time.Now()})
-			}
-			p.mu.Unlock()
-		}
-	}()
+	t.Cleanup(p.Close)
 	return p
 }
 
 // firstAnswerAfter waits for the answer to a request sent after since
 // and returns when it came.
-func (p *pinger) firstAnswerAfter(t *testing.T, since time.Time, within time.Duration) time.Time {
+func firstAnswerAfter(t *testing.T, p *sitebench.Probe, since time.Time, within time.Duration) time.Time {
 	t.Helper()
-	var got time.Time
-	eventually(t, within, "an answer to a ping sent after the failover began", func() (bool, string) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, a := range p.answers {
-			if a.sent.After(since) {
-				got = a.got
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%d answers so far", len(p.answers))
-	})
-	return got
-}
-
-// longestGap is the longest time between two answers that came after
-// since, or between since and the first.
-func (p *pinger) longestGap(since time.Time) time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var gap time.Duration
-	last := since
-	for _, a := range p.answers {
-		if a.got.Before(since) {
-			continue
-		}
-		gap = max(gap, a.got.Sub(last))
-		last = a.got
+	got, err := p.AnswerAfter(context.Background(), since, within)
+	if err != nil {
+		t.Fatalf("an answer to a ping sent after the failover began: %v", err)
 	}
-	return gap
+	return got
 }
 
 // stream sends a known byte pattern from the office's host to the
@@ -328,7 +242,7 @@ func TestSiteHAFailover(t *testing.T) {
 		t.Fatal("the passive gw-2's BGP speaker listens")
 	}
 	p := startPinger(t, r.lanNS)
-	p.firstAnswerAfter(t, time.Now(), 10*time.Second)
+	firstAnswerAfter(t, p, time.Now(), 10*time.Second)
 	streamErr := make(chan error, 1)
 	midway := make(chan struct{})
 	go func() { streamErr <- stream(t, r.lanNS, "10.0.0.10:7000", 10*time.Second, midway) }()
@@ -343,7 +257,7 @@ func TestSiteHAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = r.proc["gw-1"].Cmd.Wait()
-	back := p.firstAnswerAfter(t, killed, 10*time.Second)
+	back := firstAnswerAfter(t, p, killed, 10*time.Second)
 	failover := back.Sub(killed)
 	t.Logf("kill -9 of the active to the first ping answered: %v", failover.Round(time.Millisecond))
 	if failover > 3*time.Second {
@@ -383,8 +297,8 @@ func TestSiteHAFailover(t *testing.T) {
 	waitLog(t, r.proc["gw-1"], `gw-2 released the lease (it stopped)`)
 	// The stopping gateway answers until it gives its addresses up: the
 	// handover is the longest silence after the signal.
-	p.firstAnswerAfter(t, time.Now(), 10*time.Second)
-	gap := p.longestGap(stopped)
+	firstAnswerAfter(t, p, time.Now(), 10*time.Second)
+	gap := p.LongestGap(stopped)
 	t.Logf("SIGTERM of the active: the longest time without a ping answered was %v", gap.Round(time.Millisecond))
 	if gap > 3*time.Second {
 		t.Errorf("the handover on SIGTERM left %v without a ping answered; want under 3 s", gap.Round(time.Millisecond))

@@ -241,12 +241,12 @@ func (e *env) measureFailover(ctx context.Context, o Options, f *failoverEnv) (f
 	if err := reachable(ctx, h.rig, 20*time.Second); err != nil {
 		return failoverSample{}, err
 	}
-	pr, err := startProbe(h.lan)
+	pr, err := StartProbe(h.lan)
 	if err != nil {
 		return failoverSample{}, err
 	}
-	defer pr.close()
-	if _, err := pr.answerAfter(ctx, time.Now(), 10*time.Second); err != nil {
+	defer pr.Close()
+	if _, err := pr.AnswerAfter(ctx, time.Now(), 10*time.Second); err != nil {
 		return failoverSample{}, fmt.Errorf("before the kill: %w", err)
 	}
 	st, err := startStreams(ctx, h.rig, failoverConns)
@@ -268,7 +268,7 @@ func (e *env) measureFailover(ctx context.Context, o Options, f *failoverEnv) (f
 	}
 	<-gws[0].exited
 	gws[0] = nil
-	back, err := pr.answerAfter(ctx, killed, 60*time.Second)
+	back, err := pr.AnswerAfter(ctx, killed, 60*time.Second)
 	if err != nil {
 		return failoverSample{}, fmt.Errorf("after the active was killed: %w (the passive: %s)", err, gws[1].output())
 	}

@@ -13,10 +13,11 @@ import (
 	"golang.org/x/net/ipv4"
 )
 
-// probe sends an ICMP echo request from the office's host to the
-// desktop every probeEvery and records when each answer came, by when
-// its request went.
-type probe struct {
+// Probe sends an ICMP echo request from the office's host
+// (192.168.1.10) to the desktop (10.0.0.10) every 50 ms and records when
+// each answer came, by when its request went: the failover scenario's,
+// and the site e2e tests' too.
+type Probe struct {
 	c       *icmp.PacketConn
 	stopc   chan struct{}
 	wg      sync.WaitGroup
@@ -30,8 +31,10 @@ type probeAnswer struct{ sent, got time.Time }
 // probeID marks the bench's echo requests among the namespace's.
 const probeID = 0x5e
 
-func startProbe(lan string) (*probe, error) {
-	p := &probe{sent: map[int]time.Time{}, stopc: make(chan struct{})}
+// StartProbe starts probing from network namespace lan, which holds
+// 192.168.1.10.
+func StartProbe(lan string) (*Probe, error) {
+	p := &Probe{sent: map[int]time.Time{}, stopc: make(chan struct{})}
 	if err := inNS(lan, func() error {
 		var err error
 		p.c, err = icmp.ListenPacket("ip4:icmp", "192.168.1.10")
@@ -84,9 +87,9 @@ func startProbe(lan string) (*probe, error) {
 	return p, nil
 }
 
-// answerAfter waits, up to limit, for the answer to a request sent
+// AnswerAfter waits, up to limit, for the answer to a request sent
 // after since, and returns when it came.
-func (p *probe) answerAfter(ctx context.Context, since time.Time, limit time.Duration) (time.Time, error) {
+func (p *Probe) AnswerAfter(ctx context.Context, since time.Time, limit time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(limit)
 	for {
 		p.mu.Lock()
@@ -107,7 +110,25 @@ func (p *probe) answerAfter(ctx context.Context, since time.Time, limit time.Dur
 	}
 }
 
-func (p *probe) close() {
+// LongestGap is the longest time between two answers that came after
+// since, or between since and the first.
+func (p *Probe) LongestGap(since time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var gap time.Duration
+	last := since
+	for _, a := range p.answers {
+		if a.got.Before(since) {
+			continue
+		}
+		gap = max(gap, a.got.Sub(last))
+		last = a.got
+	}
+	return gap
+}
+
+// Close stops probing.
+func (p *Probe) Close() {
 	close(p.stopc)
 	p.c.Close()
 	p.wg.Wait()
