@@ -16,7 +16,7 @@ func benchSiteCmd() *cobra.Command {
 	var o sitebench.Options
 	c := &cobra.Command{
 		Use:   "site",
-		Short: "The RAS Gateway paper's table: TCP throughput office → desktop with 1 and 8 connections through deskway site's GRE and WireGuard, wireguard-go, the kernel's VXLAN and routed veths (root; makes its own network namespaces)",
+		Short: "The RAS Gateway paper's table: TCP throughput office → desktop with 1 and 8 connections through deskway site's GRE and WireGuard, wireguard-go, the kernel's VXLAN and routed veths, and the failover of a pair of gateways, the active killed under 8 TCP connections (root; makes its own network namespaces; the failover needs PostgreSQL)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")

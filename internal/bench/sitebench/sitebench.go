@@ -5,8 +5,9 @@
 // userspace tunnel, the same TUN layer), through the kernel's VXLAN (the
 // in-kernel tunnel the test kernels have: the ceiling for encapsulation)
 // and routed directly over veths (no tunnel at all); the machine's CPU
-// per Gbit/s for each. Every system runs in network namespaces of its own
-// that the bench makes and removes.
+// per Gbit/s for each; and the failover of a pair of GRE gateways, the
+// active one killed under 8 TCP connections (failover.go). Every system
+// runs in network namespaces of its own that the bench makes and removes.
 package sitebench
 
 import (
