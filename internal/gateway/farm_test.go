@@ -221,14 +221,19 @@ func rawClaim(t *testing.T, h *harness, connID, method, user, remote string, at 
 	return resp.StatusCode
 }
 
-// TestFarmCountsTokenUsesAcrossNodes: with farm.database, a token opens
-// its one tunnel once in the farm: replayed at another node it is
+// TestFarmCountsTokenUsesAcrossNodes: with farm.database and
+// token_max_uses 1, a token opens its one tunnel once in the farm:
+// replayed at another node it is
 // refused while its tunnel is open and after; a token whose host could
 // not be reached is given back and opens a tunnel at the other node.
 func TestFarmCountsTokenUsesAcrossNodes(t *testing.T) {
 	pg := testkit.StartPostgres(t)
 	dsn := pg.NewDB(t)
-	nodes := startFarm(t, 2, func(c *config.Config) { c.Farm = &config.Farm{Database: config.NewSecret(dsn)} })
+	nodes := startFarm(t, 2, func(c *config.Config) {
+		c.Farm = &config.Farm{Database: config.NewSecret(dsn)}
+		one := 1
+		c.Gateway.TokenMaxUses = &one
+	})
 	a, b := nodes[0], nodes[1]
 	db, err := pgx.Connect(context.Background(), dsn)
 	if err != nil {
