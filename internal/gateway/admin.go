@@ -65,12 +65,15 @@ func (s *Server) Tunnels() []TunnelInfo {
 	return out
 }
 
-// Disconnect closes tunnel id; it reports whether the tunnel existed.
+// Disconnect closes tunnel id for an administrator, and its token opens
+// no more tunnels (the client's auto-reconnect would otherwise undo the
+// disconnect); it reports whether the tunnel existed.
 func (s *Server) Disconnect(id uint32, reason string) bool {
 	s.mu.Lock()
 	tn, ok := s.tunnels[id]
 	s.mu.Unlock()
 	if ok {
+		tn.revoked.Store(true)
 		tn.stopFor(reason, statusAborted)
 	}
 	return ok

@@ -72,9 +72,9 @@ func NewFarmTokenUses(ctx context.Context, dsn string, max int, log *slog.Logger
 }
 
 // Begin implements TokenUses.
-func (t *farmTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(bool), error) {
+func (t *farmTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(UseEnd), error) {
 	if t.max == 0 {
-		return func(bool) {}, nil
+		return func(UseEnd) {}, nil
 	}
 	if id == "" {
 		return nil, errors.New("token has no id (jti), so its uses cannot be counted; mint a new one")
@@ -99,7 +99,7 @@ func (t *farmTokenUses) Begin(id string, expires time.Time, source netip.Addr) (
 	t.mu.Lock()
 	t.open[id]++
 	t.mu.Unlock()
-	return func(opened bool) { t.end(id, opened) }, nil
+	return func(how UseEnd) { t.end(id, how) }, nil
 }
 
 // why explains a refused use from the token's row.
@@ -111,6 +111,9 @@ func (t *farmTokenUses) why(ctx context.Context, id string, source netip.Addr) e
 	switch {
 	case err != nil:
 		return fmt.Errorf("token use refused, and its record could not be read: %w", err)
+	case uses > t.max:
+		// end writes max+1 uses for a token an administrator cut off.
+		return errRevoked
 	case openNode != nil:
 		return errors.New("token is in use by an open tunnel (on this gateway farm); a token opens one tunnel at a time")
 	case first != source.String():
@@ -122,13 +125,13 @@ func (t *farmTokenUses) why(ctx context.Context, id string, source netip.Addr) e
 
 // offline counts the use in this node's memory while the database is
 // unreachable.
-func (t *farmTokenUses) offline(id string, expires time.Time, source netip.Addr, err error) (func(bool), error) {
+func (t *farmTokenUses) offline(id string, expires time.Time, source netip.Addr, err error) (func(UseEnd), error) {
 	t.down.Set(1)
 	t.log.Warn("farm database unreachable: counting this token's use on this node only", "err", err)
 	return t.local.Begin(id, expires, source)
 }
 
-func (t *farmTokenUses) end(id string, opened bool) {
+func (t *farmTokenUses) end(id string, how UseEnd) {
 	t.mu.Lock()
 	if t.open[id]--; t.open[id] <= 0 {
 		delete(t.open, id)
@@ -137,11 +140,12 @@ func (t *farmTokenUses) end(id string, opened bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// A use whose channel never opened is given back whole; a token left
-	// with no use is as new, bound to no address.
+	// with no use is as new, bound to no address. A revoked token is
+	// written past its limit, which why reads as revoked.
 	_, err := t.pool.Exec(ctx, `UPDATE deskway_token_uses SET open_node = NULL, open_seen = NULL,
-		uses = CASE WHEN $3 THEN uses ELSE uses - 1 END
-		WHERE id = $1 AND open_node = $2`, id, t.node, opened)
-	if err == nil && !opened {
+		uses = CASE $3::int WHEN 0 THEN uses - 1 WHEN 2 THEN $4::int + 1 ELSE uses END
+		WHERE id = $1 AND open_node = $2`, id, t.node, int(how), t.max)
+	if err == nil && how == UseUnopened {
 		_, err = t.pool.Exec(ctx, `DELETE FROM deskway_token_uses WHERE id = $1 AND uses <= 0 AND open_node IS NULL`, id)
 	}
 	if err != nil {

@@ -83,6 +83,33 @@ func TestTokensAreNotReplayable(t *testing.T) {
 		}
 		refused(t, h, from(h, tok, "127.0.0.1"), h.echoPort, "a fourth tunnel with a token for three", usedUp3)
 	})
+	// An administrator's disconnect spends the token: the client's
+	// auto-reconnect, which the default of three uses allows after a
+	// dropped link, would otherwise undo it at once.
+	t.Run("disconnected by an administrator", func(t *testing.T) {
+		h := start(t, nil)
+		url := admin(t, h)
+		tok := h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		c, err := dial(t, from(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoRoundTrip(t, c, 10)
+		list := tunnels(t, url)
+		if len(list) != 1 {
+			t.Fatalf("tunnels: %+v, want one", list)
+		}
+		req, _ := http.NewRequest("DELETE", fmt.Sprintf("%s/api/v1/gateway/tunnels/%d", url, list[0].ID), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("admin disconnect: %v %v", resp, err)
+		}
+		resp.Body.Close()
+		c.Close()
+		waitGone(t, url, 4*time.Second, "after the administrator's disconnect")
+		refused(t, h, from(h, tok, "127.0.0.1"), h.echoPort, "the client reconnecting after an administrator's disconnect",
+			"an administrator disconnected this token's tunnel")
+	})
 	// A tunnel whose host cannot be reached never used its token: the
 	// client may try again (from any address, as the failed try bound it
 	// to none), and only a tunnel that opened spends it.

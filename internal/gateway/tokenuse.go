@@ -17,10 +17,28 @@ import (
 type TokenUses interface {
 	// Begin records that token id (valid until expires) opens a tunnel
 	// from source, or says why it may not; end is called when the tunnel
-	// ends, with whether its channel ever opened: a tunnel whose host
-	// could not be reached gives its use back, so the client may retry.
-	Begin(id string, expires time.Time, source netip.Addr) (end func(opened bool), err error)
+	// ends, with how it ended.
+	Begin(id string, expires time.Time, source netip.Addr) (end func(UseEnd), err error)
 }
+
+// UseEnd is how a token's tunnel ended.
+type UseEnd int
+
+const (
+	// UseUnopened: the channel never opened (the host could not be
+	// reached); the use is given back, so the client may retry.
+	UseUnopened UseEnd = iota
+	// UseEnded: the tunnel opened and ended; the token's later uses are
+	// the client's reconnects.
+	UseEnded
+	// UseRevoked: an administrator ended the tunnel; the token opens no
+	// more, so the client's auto-reconnect does not undo the disconnect.
+	UseRevoked
+)
+
+// errRevoked is the refusal of a token whose tunnel an administrator
+// ended.
+var errRevoked = fmt.Errorf("an administrator disconnected this token's tunnel, so it opens no more; the user launches the desktop again")
 
 // memTokenUses is TokenUses in memory. Entries leave once their token
 // has expired, so the record holds no more than the tokens minted within
@@ -38,6 +56,7 @@ type tokenUse struct {
 	uses    int
 	source  netip.Addr
 	open    bool
+	revoked bool
 	expires time.Time
 }
 
@@ -49,9 +68,9 @@ func newMemTokenUses(max int, now func() time.Time) *memTokenUses {
 }
 
 // Begin implements TokenUses.
-func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(bool), error) {
+func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (func(UseEnd), error) {
 	if t.max == 0 {
-		return func(bool) {}, nil
+		return func(UseEnd) {}, nil
 	}
 	if id == "" {
 		return nil, fmt.Errorf("token has no id (jti), so its uses cannot be counted; mint a new one")
@@ -72,6 +91,8 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 	case u == nil:
 		u = &tokenUse{source: source, expires: expires.Add(time.Minute)} // past the verifier's leeway
 		t.m[id] = u
+	case u.revoked:
+		return nil, errRevoked
 	case u.open:
 		return nil, fmt.Errorf("token is in use by an open tunnel; a token opens one tunnel at a time")
 	case u.source != source:
@@ -81,11 +102,12 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 	}
 	u.uses++
 	u.open = true
-	return func(opened bool) {
+	return func(how UseEnd) {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		u.open = false
-		if !opened {
+		u.revoked = u.revoked || how == UseRevoked
+		if how == UseUnopened {
 			// Given back whole: a token whose only use failed is as new,
 			// bound to no address yet.
 			if u.uses--; u.uses == 0 && t.m[id] == u {

@@ -50,7 +50,10 @@ type tunnel struct {
 	clientCaps uint32
 	counted    bool // counted in perUser and open
 	upstream   net.Conn
-	tokenEnd   func(opened bool) // ends the token's use, when a token opened the tunnel
+	tokenEnd   func(UseEnd) // ends the token's use, when a token opened the tunnel
+	// revoked is set when an administrator disconnects the tunnel: its
+	// token then opens no more tunnels.
+	revoked atomic.Bool
 
 	bytesUp, bytesDown atomic.Uint64
 	// lastInput is the unix nanos of the last data from the client: only
@@ -100,7 +103,14 @@ func (s *Server) runWith(t transport, hs handshakeInfo, kind string, run func(*t
 		c.finish()
 	}
 	if tn.tokenEnd != nil {
-		tn.tokenEnd(tn.isOpen())
+		how := UseUnopened
+		switch {
+		case tn.revoked.Load():
+			how = UseRevoked
+		case tn.isOpen():
+			how = UseEnded
+		}
+		tn.tokenEnd(how)
 	}
 
 	s.mu.Lock()
