@@ -454,13 +454,17 @@ func TestFarmPeersByName(t *testing.T) {
 
 // TestFarmListsAndDisconnectsEveryNodesTunnels: with farm.database, the
 // admin API of any node lists every node's tunnels, with the node that
-// holds each, and disconnects one held by another node.
+// holds each, and disconnects one held by another node; its token then
+// opens no tunnel at any node (the client's reconnect is refused).
 func TestFarmListsAndDisconnectsEveryNodesTunnels(t *testing.T) {
 	pg := testkit.StartPostgres(t)
 	dsn := pg.NewDB(t)
 	nodes := startFarm(t, 2, func(c *config.Config) { c.Farm = &config.Farm{Database: config.NewSecret(dsn)} })
 	a, b := nodes[0], nodes[1]
-	c, err := dial(t, a.cfg("alice", "Alice-Pass1", tsgclient.Websocket), "127.0.0.1", a.echoPort)
+	tok := a.token(t, "alice", "127.0.0.1", a.echoPort, time.Minute)
+	viaA := a.cfg("", "", tsgclient.Websocket)
+	viaA.Token = tok
+	c, err := dial(t, viaA, "127.0.0.1", a.echoPort)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,4 +516,16 @@ func TestFarmListsAndDisconnectsEveryNodesTunnels(t *testing.T) {
 			t.Fatal("node A did not log the disconnect")
 		}
 	}
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	waitRecord(t, db, "node A spends the token", `SELECT count(*) = 1 AND count(open_node) = 0 FROM deskway_token_uses WHERE uses > 3`)
+	viaB := b.cfg("", "", tsgclient.Websocket)
+	viaB.Token = tok
+	if _, err := dial(t, viaB, "127.0.0.1", a.echoPort); statusOf(err) != tsgu.EProxyCookieAuthenticationDenied {
+		t.Fatalf("the client reconnecting through node B after the disconnect: %v, want E_PROXY_COOKIE_AUTHENTICATION_ACCESS_DENIED", err)
+	}
+	waitLogged(t, "an administrator disconnected this token's tunnel", 1, 2*time.Second, b)
 }
