@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/deskway/deskway/internal/pgcluster"
@@ -233,7 +229,7 @@ func (e *env) measureFailover(ctx context.Context, o Options, f *failoverEnv) (f
 	if err := office.waitFor(`"msg":"site gateway forwarding"`, 30*time.Second); err != nil {
 		return failoverSample{}, fmt.Errorf("deskway site (office): %w", err)
 	}
-	rc, err := listenConns(h.rig)
+	rc, err := listen(h.rig)
 	if err != nil {
 		return failoverSample{}, err
 	}
@@ -301,65 +297,9 @@ func (e *env) measureFailover(ctx context.Context, o Options, f *failoverEnv) (f
 	return s, nil
 }
 
-// connReceiver is the desktop's end of the failover's connections: it
-// counts each connection's bytes apart, by its order of arrival, and
-// keeps the error that ended it, if any.
-type connReceiver struct {
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	bytes []*atomic.Int64
-	errs  []error
-}
-
-func listenConns(r *rig) (*connReceiver, error) {
-	rc := &connReceiver{}
-	if err := inNS(r.desk, func() error {
-		var err error
-		rc.ln, err = net.Listen("tcp4", receiverAddr)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("receiver: %w", err)
-	}
-	rc.wg.Add(1)
-	go func() {
-		defer rc.wg.Done()
-		for {
-			c, err := rc.ln.Accept()
-			if err != nil {
-				return
-			}
-			rc.mu.Lock()
-			i := len(rc.bytes)
-			n := &atomic.Int64{}
-			rc.bytes, rc.errs = append(rc.bytes, n), append(rc.errs, nil)
-			rc.mu.Unlock()
-			rc.wg.Add(1)
-			go func() {
-				defer rc.wg.Done()
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					k, err := c.Read(buf)
-					n.Add(int64(k))
-					if err != nil {
-						if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-							rc.mu.Lock()
-							rc.errs[i] = err
-							rc.mu.Unlock()
-						}
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return rc, nil
-}
-
 // counts are the bytes of each connection so far, the probe reachable()
 // opened first among them.
-func (rc *connReceiver) counts() []int64 {
+func (rc *receiver) counts() []int64 {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	out := make([]int64, 0, len(rc.bytes))
@@ -370,7 +310,7 @@ func (rc *connReceiver) counts() []int64 {
 	return out
 }
 
-func (rc *connReceiver) errors() []error {
+func (rc *receiver) errors() []error {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	return append([]error(nil), rc.errs[min(1, len(rc.errs)):]...)
@@ -378,7 +318,7 @@ func (rc *connReceiver) errors() []error {
 
 // waitEach waits until each of n connections has more bytes than in
 // since (nil: more than none), or limit passes.
-func (rc *connReceiver) waitEach(ctx context.Context, n int, since []int64, limit time.Duration) error {
+func (rc *receiver) waitEach(ctx context.Context, n int, since []int64, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
 		c := rc.counts()
@@ -400,9 +340,4 @@ func (rc *connReceiver) waitEach(ctx context.Context, n int, since []int64, limi
 			return err
 		}
 	}
-}
-
-func (rc *connReceiver) close() {
-	rc.ln.Close()
-	rc.wg.Wait()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -18,12 +19,15 @@ import (
 // receiverAddr is the hosted desktop's, where the receiver listens.
 const receiverAddr = "10.0.0.10:5201"
 
-// receiver counts every byte that reaches the desktop, over every
-// connection it accepts.
+// receiver is the desktop's end of the bench's connections: it counts
+// each connection's bytes apart, by its order of arrival, and keeps the
+// error that ended it, if any; the throughput reads their sum.
 type receiver struct {
 	ln    net.Listener
-	bytes atomic.Int64
 	wg    sync.WaitGroup
+	mu    sync.Mutex
+	bytes []*atomic.Int64
+	errs  []error
 }
 
 // listen starts the receiver in the rig's desktop namespace.
@@ -44,15 +48,25 @@ func listen(r *rig) (*receiver, error) {
 			if err != nil {
 				return
 			}
+			rc.mu.Lock()
+			i := len(rc.bytes)
+			n := &atomic.Int64{}
+			rc.bytes, rc.errs = append(rc.bytes, n), append(rc.errs, nil)
+			rc.mu.Unlock()
 			rc.wg.Add(1)
 			go func() {
 				defer rc.wg.Done()
 				defer c.Close()
 				buf := make([]byte, 256<<10)
 				for {
-					n, err := c.Read(buf)
-					rc.bytes.Add(int64(n))
+					k, err := c.Read(buf)
+					n.Add(int64(k))
 					if err != nil {
+						if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+							rc.mu.Lock()
+							rc.errs[i] = err
+							rc.mu.Unlock()
+						}
 						return
 					}
 				}
@@ -60,6 +74,17 @@ func listen(r *rig) (*receiver, error) {
 		}
 	}()
 	return rc, nil
+}
+
+// total is the bytes of every connection so far.
+func (rc *receiver) total() int64 {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	var sum int64
+	for _, b := range rc.bytes {
+		sum += b.Load()
+	}
+	return sum
 }
 
 func (rc *receiver) close() {
@@ -154,7 +179,7 @@ func measure(ctx context.Context, r *rig, rc *receiver, conns int, warmup, windo
 	if err := sleep(ctx, warmup); err != nil {
 		return sample{}, err
 	}
-	b0, m0, g0, t0s := rc.bytes.Load(), machineCPU(), gatewayCPU(gatewayPID), tcpCounters(r.lan)
+	b0, m0, g0, t0s := rc.total(), machineCPU(), gatewayCPU(gatewayPID), tcpCounters(r.lan)
 	s0 := make([]int64, conns)
 	for i := range sent {
 		s0[i] = sent[i].Load()
@@ -163,7 +188,7 @@ func measure(ctx context.Context, r *rig, rc *receiver, conns int, warmup, windo
 	if err := sleep(ctx, window); err != nil {
 		return sample{}, err
 	}
-	b1, m1, g1, t1s := rc.bytes.Load(), machineCPU(), gatewayCPU(gatewayPID), tcpCounters(r.lan)
+	b1, m1, g1, t1s := rc.total(), machineCPU(), gatewayCPU(gatewayPID), tcpCounters(r.lan)
 	wall := time.Since(t0).Seconds()
 	slowest := -1.0
 	for i := range sent {
