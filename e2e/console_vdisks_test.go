@@ -131,18 +131,30 @@ func TestConsoleVDiskActions(t *testing.T) {
 		must(chromedp.Navigate(portal+"/admin/vdisks"), chromedp.WaitVisible(chromedp.CSS("section[data-vdisk='golden'] table")))
 	}
 	cell := func(sel string) string { t.Helper(); return read(chromedp.Text(chromedp.CSS(sel))) }
+	// mark tags the page shown now, so that a wait after a click finds
+	// the page the click brought and not a notice left from the one before.
+	mark := func() {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.documentElement.dataset.before = "1"; true`)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// click posts a form of the page and, when asked, confirms.
 	click := func(form string, confirm bool, shotName string) {
 		t.Helper()
+		if !confirm {
+			mark()
+		}
 		must(chromedp.Click(chromedp.CSS("form[action='" + form + "'] button")))
 		if confirm {
 			must(chromedp.WaitVisible(chromedp.CSS("section.confirm")))
 			if shotName != "" {
 				shot(t, ctx, artifacts, shotName)
 			}
+			mark()
 			must(chromedp.Click(chromedp.CSS("section.confirm button")))
 		}
-		must(chromedp.WaitVisible(chromedp.CSS(".notice, .error")))
+		must(chromedp.WaitVisible(chromedp.CSS("html:not([data-before]) .notice, html:not([data-before]) .error")))
 	}
 
 	page()
