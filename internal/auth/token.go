@@ -76,6 +76,14 @@ func (t *Tokens) Mint(user string, groups []string, host string, port int, ttl t
 // ErrBadToken wraps every reason a token is refused.
 var ErrBadToken = errors.New("auth: token refused")
 
+// ErrTokenExpired is among the reasons Verify gives when a token is
+// genuine but past its expiry, which VerifyExpired then accepts.
+var ErrTokenExpired = jwt.ErrTokenExpired
+
+// tokenLeeway is the clock skew between broker and gateway a token's
+// times are checked with.
+const tokenLeeway = 5 * time.Second
+
 // Verify checks signature, audience and validity window.
 func (t *Tokens) Verify(token string) (*Claims, error) {
 	var c Claims
@@ -84,13 +92,47 @@ func (t *Tokens) Verify(token string) (*Claims, error) {
 		jwt.WithAudience(TokenAudience),
 		jwt.WithExpirationRequired(),
 		jwt.WithTimeFunc(t.now),
-		jwt.WithLeeway(5*time.Second),
+		jwt.WithLeeway(tokenLeeway),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadToken, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
 	}
+	return checkClaims(&c)
+}
+
+// VerifyExpired checks a token as Verify does except for its expiry: it
+// returns the claims of a genuine token even once it has expired. It is
+// for a gateway granting the reconnect of a tunnel the token opened
+// while valid; whether the token earned one is the gateway's record to
+// say, never this.
+func (t *Tokens) VerifyExpired(token string) (*Claims, error) {
+	var c Claims
+	_, err := jwt.ParseWithClaims(token, &c, func(*jwt.Token) (any, error) { return t.key, nil },
+		jwt.WithValidMethods([]string{"HS256"}),
+		jwt.WithoutClaimsValidation(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
+	}
+	if c.ExpiresAt == nil {
+		return nil, fmt.Errorf("%w: no expiry", ErrBadToken)
+	}
+	// Every check but expiry, as of now: audience, not-before, issued-at.
+	v := jwt.NewValidator(jwt.WithAudience(TokenAudience), jwt.WithTimeFunc(t.now), jwt.WithLeeway(tokenLeeway),
+		jwt.WithIssuedAt())
+	exp := c.ExpiresAt
+	c.ExpiresAt = nil
+	err = v.Validate(&c)
+	c.ExpiresAt = exp
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
+	}
+	return checkClaims(&c)
+}
+
+func checkClaims(c *Claims) (*Claims, error) {
 	if c.Subject == "" || c.Host == "" || c.Port < 1 || c.Port > 65535 {
 		return nil, fmt.Errorf("%w: missing subject, host or port", ErrBadToken)
 	}
-	return &c, nil
+	return c, nil
 }

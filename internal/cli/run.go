@@ -301,7 +301,7 @@ func newGateway(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *
 		if cfg.Gateway.TokenMaxUses != nil {
 			maxUses = *cfg.Gateway.TokenMaxUses
 		}
-		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, log.With("role", "gateway"), reg); err != nil {
+		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, cfg.Gateway.ReconnectWindowD(), log.With("role", "gateway"), reg); err != nil {
 			return nil, err
 		}
 	}

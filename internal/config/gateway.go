@@ -39,6 +39,11 @@ type Gateway struct {
 	// address, never two at once. 0 makes tokens bearers usable without limit, for
 	// benchmarks only.
 	TokenMaxUses *int `yaml:"token_max_uses"`
+	// ReconnectWindow is how long after its last tunnel closed a PAA
+	// token that opened one may still open a reconnect to the same
+	// target once it has expired (default 10m), within its uses and from
+	// its first address; 0 refuses every expired token.
+	ReconnectWindow *Duration `yaml:"reconnect_window"`
 	// MaxUnauthenticated caps connections that have not yet opened a
 	// channel, in all and from one source address (an IPv6 /64 counts as
 	// one address); past either cap new connections are closed at once.
@@ -162,6 +167,13 @@ func gatewayDefaults(g *Gateway) {
 		three := 3
 		g.TokenMaxUses = &three
 	}
+	if g.ReconnectWindow == nil {
+		// Long enough for a client's auto-reconnect after a dead farm
+		// node or a dropped link, short enough that a token seen by
+		// someone else is worth little to them once its session is over.
+		w := Duration(10 * time.Minute)
+		g.ReconnectWindow = &w
+	}
 	setDefault(&g.DialTimeout, Duration(10*time.Second))
 	setDefault(&g.ShutdownGrace, Duration(30*time.Second))
 	setDefault(&g.MaxTunnels, 20000)
@@ -216,6 +228,9 @@ func (c *Config) validateGateway(g *Gateway, bad func(string, string, ...any)) {
 	}
 	if g.TokenMaxUses != nil && *g.TokenMaxUses < 0 {
 		bad("gateway.token_max_uses", "must be 0 (no limit) or more")
+	}
+	if w := g.ReconnectWindow; w != nil && (w.D() < 0 || w.D() > 24*time.Hour) {
+		bad("gateway.reconnect_window", "must be 0 (no reconnect once a token expired) to 24h")
 	}
 	if g.WriteTimeout.D() < time.Second {
 		bad("gateway.write_timeout", "must be at least 1s")
@@ -312,4 +327,12 @@ func ParseCertPin(s string) ([32]byte, error) {
 	}
 	copy(pin[:], b)
 	return pin, nil
+}
+
+// ReconnectWindowD is gateway.reconnect_window, 0 when unset.
+func (g *Gateway) ReconnectWindowD() time.Duration {
+	if g.ReconnectWindow == nil {
+		return 0
+	}
+	return g.ReconnectWindow.D()
 }

@@ -107,7 +107,7 @@ func startOn(t *testing.T, ln net.Listener, serverTLS, clientTLS *tls.Config, mo
 			maxUses = *cfg.Gateway.TokenMaxUses
 		}
 		var err error
-		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, slog.New(slog.NewTextHandler(io.Discard, nil)), nil); err != nil {
+		if uses, err = gateway.NewFarmTokenUses(ctx, cfg.Farm.Database.Value(), maxUses, cfg.Gateway.ReconnectWindowD(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

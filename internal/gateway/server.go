@@ -117,7 +117,7 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 		if n == 0 {
 			d.Logger.Warn("gateway.token_max_uses is 0: a PAA token opens any number of tunnels until it expires, from anywhere, so whoever sees one can replay it")
 		}
-		d.TokenUses = newMemTokenUses(n, nil)
+		d.TokenUses = newMemTokenUses(n, cfg.ReconnectWindowD(), nil)
 	}
 	host, _ := os.Hostname()
 	if i := strings.IndexByte(host, '.'); i > 0 {

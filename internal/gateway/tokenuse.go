@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -19,6 +20,13 @@ type TokenUses interface {
 	// from source, or says why it may not; end is called when the tunnel
 	// ends, with how it ended.
 	Begin(id string, expires time.Time, source netip.Addr) (end func(UseEnd), err error)
+	// Reconnect records that token id, which has expired, opens a
+	// reconnect from source: allowed only to a token that opened a tunnel
+	// while valid, whose last tunnel closed (not by an administrator)
+	// within the reconnect window, with uses left, from the address of
+	// its first use. Refusals leave the record as it was, so they never
+	// extend the window.
+	Reconnect(id string, source netip.Addr) (end func(UseEnd), err error)
 }
 
 // UseEnd is how a token's tunnel ended.
@@ -40,12 +48,32 @@ const (
 // ended.
 var errRevoked = fmt.Errorf("an administrator disconnected this token's tunnel, so it opens no more; the user launches the desktop again")
 
+// inUseError refuses a token whose tunnel is open: a client's reconnect
+// may meet it for moments (its old tunnel not yet ended, its node not
+// yet known dead), so it is no failed login.
+type inUseError struct{ where string }
+
+func (e inUseError) Error() string {
+	return "token is in use by an open tunnel" + e.where + "; a token opens one tunnel at a time"
+}
+
+// errNoGrant is the refusal of an expired token that never opened a
+// tunnel (or whose record is gone): it earned no reconnect.
+var errNoGrant = errors.New("token has expired and opened no tunnel that a reconnect could resume; the user launches the desktop again")
+
+// errGrantOver is the refusal of an expired token whose last tunnel
+// closed longer than the reconnect window ago.
+func errGrantOver(window time.Duration) error {
+	return fmt.Errorf("token has expired and its last tunnel closed more than gateway.reconnect_window (%s) ago; the user launches the desktop again", window)
+}
+
 // memTokenUses is TokenUses in memory. Entries leave once their token
-// has expired, so the record holds no more than the tokens minted within
-// their lifetime.
+// has expired and its reconnect window is over, so the record holds no
+// more than the tokens minted or reconnected within that time.
 type memTokenUses struct {
-	max int // 0: no limit (benchmarks only)
-	now func() time.Time
+	max    int           // 0: no limit (benchmarks only)
+	window time.Duration // gateway.reconnect_window
+	now    func() time.Time
 
 	mu      sync.Mutex
 	m       map[string]*tokenUse
@@ -57,14 +85,19 @@ type tokenUse struct {
 	source  netip.Addr
 	open    bool
 	revoked bool
-	expires time.Time
+	// closed is when the token's last tunnel that opened ended; the
+	// reconnect window counts from it.
+	closed time.Time
+	// keep is when the entry may go: past the token's expiry and its
+	// reconnect window.
+	keep time.Time
 }
 
-func newMemTokenUses(max int, now func() time.Time) *memTokenUses {
+func newMemTokenUses(max int, window time.Duration, now func() time.Time) *memTokenUses {
 	if now == nil {
 		now = time.Now
 	}
-	return &memTokenUses{max: max, now: now, m: map[string]*tokenUse{}, pruneAt: 4096}
+	return &memTokenUses{max: max, window: window, now: now, m: map[string]*tokenUse{}, pruneAt: 4096}
 }
 
 // Begin implements TokenUses.
@@ -80,7 +113,7 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 	if len(t.m) >= t.pruneAt {
 		now := t.now()
 		for k, u := range t.m {
-			if now.After(u.expires) {
+			if !u.open && now.After(u.keep) {
 				delete(t.m, k)
 			}
 		}
@@ -89,17 +122,55 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 	u := t.m[id]
 	switch {
 	case u == nil:
-		u = &tokenUse{source: source, expires: expires.Add(time.Minute)} // past the verifier's leeway
+		u = &tokenUse{source: source, keep: expires.Add(time.Minute)} // past the verifier's leeway
 		t.m[id] = u
-	case u.revoked:
-		return nil, errRevoked
-	case u.open:
-		return nil, fmt.Errorf("token is in use by an open tunnel; a token opens one tunnel at a time")
-	case u.source != source:
-		return nil, fmt.Errorf("token was first used from %s; it is not accepted from %s", u.source, source)
-	case u.uses >= t.max:
-		return nil, fmt.Errorf("token has opened the %d tunnels it may (gateway.token_max_uses)", t.max)
+	default:
+		if err := t.refusal(u, source); err != nil {
+			return nil, err
+		}
 	}
+	return t.begin(id, u), nil
+}
+
+// Reconnect implements TokenUses.
+func (t *memTokenUses) Reconnect(id string, source netip.Addr) (func(UseEnd), error) {
+	if t.max == 0 || t.window <= 0 {
+		// Without a record of uses nothing says the token opened a
+		// tunnel; without a window there is no reconnect past expiry.
+		return nil, errNoGrant
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	u := t.m[id]
+	if u == nil || u.closed.IsZero() && !u.open && !u.revoked {
+		return nil, errNoGrant
+	}
+	if err := t.refusal(u, source); err != nil {
+		return nil, err
+	}
+	if t.now().Sub(u.closed) > t.window {
+		return nil, errGrantOver(t.window)
+	}
+	return t.begin(id, u), nil
+}
+
+// refusal says why u may open no tunnel from source now, or nil.
+func (t *memTokenUses) refusal(u *tokenUse, source netip.Addr) error {
+	switch {
+	case u.revoked:
+		return errRevoked
+	case u.open:
+		return inUseError{}
+	case u.source != source:
+		return fmt.Errorf("token was first used from %s; it is not accepted from %s", u.source, source)
+	case u.uses >= t.max:
+		return fmt.Errorf("token has opened the %d tunnels it may (gateway.token_max_uses)", t.max)
+	}
+	return nil
+}
+
+// begin counts a use of u and returns its end; t.mu is held.
+func (t *memTokenUses) begin(id string, u *tokenUse) func(UseEnd) {
 	u.uses++
 	u.open = true
 	return func(how UseEnd) {
@@ -107,6 +178,10 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 		defer t.mu.Unlock()
 		u.open = false
 		u.revoked = u.revoked || how == UseRevoked
+		if how == UseEnded {
+			u.closed = t.now()
+			u.keep = maxTime(u.keep, u.closed.Add(t.window))
+		}
 		if how == UseUnopened {
 			// Given back whole: a token whose only use failed is as new,
 			// bound to no address yet.
@@ -114,5 +189,12 @@ func (t *memTokenUses) Begin(id string, expires time.Time, source netip.Addr) (f
 				delete(t.m, id)
 			}
 		}
-	}, nil
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -377,7 +377,7 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 		if s.deps.Tokens == nil {
 			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, "this gateway takes no tokens (auth.token_key is not set)"}
 		}
-		c, err := s.deps.Tokens.Verify(strings.TrimSpace(*cookie))
+		c, expired, err := tn.verifyToken(strings.TrimSpace(*cookie))
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "failed").Inc()
 			s.deps.Throttle.Fail("", tn.hs.remote)
@@ -386,7 +386,24 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 		if tn.hs.user != nil && !strings.EqualFold(tn.hs.user.Name, c.User()) {
 			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token is for %s, HTTP login is %s", c.User(), tn.hs.user.Name)}
 		}
-		end, err := s.deps.TokenUses.Begin(c.ID, c.ExpiresAt.Time, tn.hs.remote)
+		var end func(UseEnd)
+		if expired {
+			// The reconnect grant: the tunnel still goes through every
+			// policy below, and its channel to the token's target alone.
+			end, err = s.deps.TokenUses.Reconnect(c.ID, tn.hs.remote)
+		} else {
+			end, err = s.deps.TokenUses.Begin(c.ID, c.ExpiresAt.Time, tn.hs.remote)
+		}
+		if err != nil && expired {
+			// Counted as the expired token it is, as before the grant,
+			// but for a reconnect that came while its old tunnel was
+			// still held: the client's retries then are no guesses.
+			s.metrics.auth.WithLabelValues(policy.MethodPAA, "failed").Inc()
+			if !errors.As(err, new(inUseError)) {
+				s.deps.Throttle.Fail("", tn.hs.remote)
+			}
+			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("expired token of %s refused: %v", c.User(), err)}
+		}
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "replayed").Inc()
 			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token of %s refused: %v", c.User(), err)}
@@ -436,6 +453,19 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 	tn.counted = true
 	s.mu.Unlock()
 	return nil
+}
+
+// verifyToken checks a PAA token; expired says it is genuine but past
+// its expiry, for the reconnect grant to judge.
+func (tn *tunnel) verifyToken(tok string) (c *auth.Claims, expired bool, err error) {
+	tokens := tn.srv.deps.Tokens
+	c, err = tokens.Verify(tok)
+	if errors.Is(err, auth.ErrTokenExpired) {
+		if ec, eerr := tokens.VerifyExpired(tok); eerr == nil {
+			return ec, true, nil
+		}
+	}
+	return c, false, err
 }
 
 func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
