@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/Azure/go-ntlmssp"
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/deskway/deskway/internal/config"
 )
@@ -119,6 +120,24 @@ func TestTokens(t *testing.T) {
 	now = now.Add(2 * time.Minute)
 	if _, err := tk.Verify(s); !errors.Is(err, ErrBadToken) || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("expired token: %v", err)
+	}
+	if _, err := tk.Verify(s); !errors.Is(err, ErrTokenExpired) {
+		t.Fatalf("expired token not reported as expired: %v", err)
+	}
+	// VerifyExpired takes the genuine expired token, and nothing else.
+	if c, err := tk.VerifyExpired(s); err != nil || c.User() != "alice" || c.Host != "host1" || c.Port != 3389 {
+		t.Fatalf("verify expired: %+v %v", c, err)
+	}
+	if _, err := other.VerifyExpired(s); !errors.Is(err, ErrBadToken) {
+		t.Fatalf("expired token verified with another key: %v", err)
+	}
+	if _, err := tk.VerifyExpired(s[:len(s)-2] + "xx"); err == nil {
+		t.Fatal("tampered expired token accepted")
+	}
+	wrongAud, _ := jwt.NewWithClaims(jwt.SigningMethodHS256, Claims{Host: "h", Port: 1, RegisteredClaims: jwt.RegisteredClaims{
+		Subject: "alice", Audience: jwt.ClaimStrings{"other"}, ExpiresAt: jwt.NewNumericDate(now.Add(-time.Minute))}}).SignedString([]byte(strings.Repeat("k", 32)))
+	if _, err := tk.VerifyExpired(wrongAud); !errors.Is(err, ErrBadToken) {
+		t.Fatalf("expired token of another audience accepted: %v", err)
 	}
 	if _, err := tk.Verify(s[:len(s)-2] + "xx"); err == nil {
 		t.Fatal("tampered token accepted")

@@ -19,6 +19,17 @@ func TestEmptyIsDefaults(t *testing.T) {
 	if c.Admin.Listen != "127.0.0.1:9443" || c.Gateway != nil {
 		t.Fatalf("defaults wrong: %+v", c)
 	}
+	g, err := Parse([]byte("gateway:\n  listen: \":1\"\n  auth_methods: [ntlm]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Gateway.ReconnectWindowD() != 10*time.Minute {
+		t.Fatalf("gateway.reconnect_window defaults to %s, want 10m", g.Gateway.ReconnectWindowD())
+	}
+	z, err := Parse([]byte("gateway:\n  listen: \":1\"\n  auth_methods: [ntlm]\n  reconnect_window: 0s\n"))
+	if err != nil || z.Gateway.ReconnectWindowD() != 0 {
+		t.Fatalf("gateway.reconnect_window 0 (off) not kept: %v", err)
+	}
 }
 
 func TestUnknownKeyNamesKeyAndLine(t *testing.T) {
@@ -41,6 +52,8 @@ func TestValidationNamesKey(t *testing.T) {
 		"gateway:\n  auth_methods: [ntlm]\n  radius:\n    server: nowhere\n    secret: s\n":        "gateway.radius.server",
 		"gateway:\n  browser_compression: gzip\n":                                                  `gateway.browser_compression (line 2): "gzip" is not off, no_context_takeover or context_takeover`,
 		"gateway:\n  browser_logon_timeout: 500ms\n":                                               `gateway.browser_logon_timeout (line 2): must be between 1s and 10m`,
+		"gateway:\n  reconnect_window: 25h\n":                                                      `gateway.reconnect_window (line 2): must be 0 (no reconnect once a token expired) to 24h`,
+		"gateway:\n  reconnect_window: -1s\n":                                                      `gateway.reconnect_window (line 2): must be 0`,
 	}
 	for in, want := range cases {
 		_, err := Parse([]byte(in))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/policy"
 	"github.com/deskway/deskway/internal/proto/tsgu"
 	"github.com/deskway/deskway/internal/tsgclient"
 )
@@ -144,4 +145,39 @@ func TestReconnectWindowCountsFromTheLastClose(t *testing.T) {
 	time.Sleep(time.Until(closedBy.Add(window + 500*time.Millisecond)))
 	refusedFor(t, h, tokenFrom(h, tok, "127.0.0.1"), h.echoPort, tsgu.EProxyCookieAuthenticationDenied,
 		"the expired token past its window", "its last tunnel closed more than gateway.reconnect_window (12s) ago")
+}
+
+// TestExpiredTokenReconnectMeetsTodaysPolicy: the reconnect grant is no
+// pass around the policies: a user removed from the configuration after
+// her tunnel closed (her group with her) gets no reconnect with her
+// expired token.
+func TestExpiredTokenReconnectMeetsTodaysPolicy(t *testing.T) {
+	h := start(t, nil)
+	url := admin(t, h)
+	tok := h.token(t, "alice", "127.0.0.1", h.echoPort, time.Second)
+	c, err := dial(t, tokenFrom(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoRoundTrip(t, c, 10)
+	c.Close()
+	waitGone(t, url, 4*time.Second, "after the link dropped")
+	waitExpired(t, h, tok)
+	cfg, err := config.Parse([]byte(strings.Replace(testConfig,
+		`  - {name: alice, password: "Alice-Pass1", groups: [staff]}`+"\n", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	users, err := auth.NewUsers(cfg.Auth.Users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.New(cfg.Gateway, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.srv.Reload(users, pol)
+	if _, err := dial(t, tokenFrom(h, tok, "127.0.0.1"), "127.0.0.1", h.echoPort); statusOf(err) != tsgu.EProxyNAPAccessDenied {
+		t.Fatalf("alice's expired token after she was removed: %v, want E_PROXY_NAP_ACCESSDENIED", err)
+	}
 }
