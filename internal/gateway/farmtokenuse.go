@@ -271,17 +271,26 @@ func (t *farmTokenUses) maintain(ctx context.Context) {
 		}
 		err := t.beat(ctx)
 		if err == nil && n%farmPruneEvery == 0 {
-			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err = t.pool.Exec(qctx, `DELETE FROM deskway_token_uses WHERE expires < now() AND `+farmHolderGone+`
-				AND (closed_at IS NULL OR closed_at < now() - $2::interval)`, farmNodeDead.String(), t.window.String())
-			if err == nil {
-				_, err = t.pool.Exec(qctx, `DELETE FROM deskway_gateway_nodes WHERE seen < now() - interval '1 day'`)
-			}
-			cancel()
+			err = t.prune(ctx)
 		}
 		if err != nil && ctx.Err() == nil {
 			t.down.Set(1)
 			t.log.Warn("farm database: writing this node's beat failed", "err", err)
 		}
 	}
+}
+
+// prune removes the records of tokens past their expiry and reconnect
+// window, and of nodes gone for a day.
+func (t *farmTokenUses) prune(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// A token whose node died keeps its row for the window from the
+	// node's last beat, so its client's reconnect finds it.
+	_, err := t.pool.Exec(ctx, `DELETE FROM deskway_token_uses WHERE expires < now() AND `+farmHolderGone+`
+		AND (`+farmLastClose+` IS NULL OR `+farmLastClose+` < now() - $2::interval)`, farmNodeDead.String(), t.window.String())
+	if err == nil {
+		_, err = t.pool.Exec(ctx, `DELETE FROM deskway_gateway_nodes WHERE seen < now() - interval '1 day'`)
+	}
+	return err
 }
