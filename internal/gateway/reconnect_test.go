@@ -82,6 +82,7 @@ func TestExpiredTokenReconnectsWithinItsWindow(t *testing.T) {
 		t.Fatalf("the client's reconnect with its expired token, within the window: %v", err)
 	}
 	echoRoundTrip(t, c, 100)
+	waitLogged(t, "expired token's reconnect granted", 1, 2*time.Second, h)
 	c.Close()
 	waitGone(t, url, 4*time.Second, "after the reconnected tunnel ended")
 

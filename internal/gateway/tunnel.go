@@ -409,6 +409,9 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token of %s refused: %v", c.User(), err)}
 		}
 		tn.tokenEnd = end
+		if expired {
+			tn.log.Info("expired token's reconnect granted: its last tunnel closed within gateway.reconnect_window", "user", c.User(), "expired", c.ExpiresAt.Time)
+		}
 		s.metrics.auth.WithLabelValues(policy.MethodPAA, "ok").Inc()
 		tn.claims = c
 		if tn.hs.user == nil {
