@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/deskway/deskway/internal/auth"
 )
 
 // TokenUses records the tunnels each PAA token opens, so that a token
@@ -197,4 +199,17 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// verifyToken checks a PAA token; expired says it is genuine but past
+// its expiry, for the reconnect grant to judge.
+func (tn *tunnel) verifyToken(tok string) (c *auth.Claims, expired bool, err error) {
+	tokens := tn.srv.deps.Tokens
+	c, err = tokens.Verify(tok)
+	if errors.Is(err, auth.ErrTokenExpired) {
+		if ec, eerr := tokens.VerifyExpired(tok); eerr == nil {
+			return ec, true, nil
+		}
+	}
+	return c, false, err
 }

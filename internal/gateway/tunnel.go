@@ -458,19 +458,6 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 	return nil
 }
 
-// verifyToken checks a PAA token; expired says it is genuine but past
-// its expiry, for the reconnect grant to judge.
-func (tn *tunnel) verifyToken(tok string) (c *auth.Claims, expired bool, err error) {
-	tokens := tn.srv.deps.Tokens
-	c, err = tokens.Verify(tok)
-	if errors.Is(err, auth.ErrTokenExpired) {
-		if ec, eerr := tokens.VerifyExpired(tok); eerr == nil {
-			return ec, true, nil
-		}
-	}
-	return c, false, err
-}
-
 func (tn *tunnel) tunnelCreate(m *tsgu.TunnelCreate) (state, error) {
 	tn.clientCaps = m.Capabilities
 	var cookie *string
