@@ -63,6 +63,7 @@ type Service struct {
 	boot    boot
 	full    *full // nil in proxy mode
 	servers []string
+	balance balancer
 	live    func() []LiveBoot
 	m       *metrics
 	// tftpSlots bounds TFTP transfers in progress.
@@ -88,6 +89,10 @@ func New(st *config.Stream, d Deps) (*Service, error) {
 	}
 	if len(s.servers) == 0 {
 		s.servers = []string{net.JoinHostPort(cfg.Address, d.StreamPort)}
+	}
+	s.balance.handedOut = map[string][]time.Time{}
+	if st.SharedCache {
+		s.balance.dir = loadDir(st.Store)
 	}
 	if p := cfg.Pool; p != nil {
 		start, end := netip.MustParseAddr(p.Start), netip.MustParseAddr(p.End)

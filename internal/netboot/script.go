@@ -127,7 +127,7 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 		// BOOTIF (PXELINUX's, which initramfs-tools and dracut read too)
 		// names the card the machine booted from among several.
 		args := strings.TrimSpace(fmt.Sprintf("initrd=initrd %s deskway.device=%s deskway.export=%s deskway.mode=%s deskway.servers=%s BOOTIF=01-%s%s",
-			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.servers, ","), strings.ReplaceAll(mac, ":", "-"), PersonalityArgs(d.Personality)))
+			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.balance.order(s.servers, now), ","), strings.ReplaceAll(mac, ":", "-"), PersonalityArgs(d.Personality)))
 		s.devices.booted(mac, now)
 		s.m.scripts.WithLabelValues("boot").Inc()
 		s.log.Info("network boot", "mac", mac, "device", d.Name, "vdisk", d.VDisk, "stage", d.Stage, "boot", boot, "remote", r.RemoteAddr)
