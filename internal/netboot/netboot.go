@@ -283,7 +283,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dhcp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_dhcp_total",
 			Help: "DHCP requests on the boot network by answer: offer, ack, nak, ignored, malformed."}, []string{"answer"}),
 		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_scripts_total",
-			Help: "iPXE boot scripts served by outcome: boot, unknown, added, disabled, unassigned, no_kernel."}, []string{"result"}),
+			Help: "iPXE boot scripts served by outcome: boot, menu, unknown, added, disabled, not_in_menu, unassigned, no_kernel."}, []string{"result"}),
 		tftp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_tftp_total",
 			Help: "TFTP read requests by outcome: served, refused (a file deskway does not serve), busy (too many transfers at once)."}, []string{"result"}),
 		ra: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_router_advertisements_total",
