@@ -141,7 +141,7 @@ the initramfs writes before the vDisk's own init starts.`,
 			return nil
 		}),
 	}
-	c.AddCommand(add, ls, assignCmd, personality, toggle("enable", "Let a device boot"), toggle("disable", "Stop a device from booting: its console says why"), remove)
+	c.AddCommand(add, ls, assignCmd, personality, menuCmd(ac, "devices", "device"), toggle("enable", "Let a device boot"), toggle("disable", "Stop a device from booting: its console says why"), remove)
 	return c
 }
 

@@ -129,6 +129,21 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		}
 		lns.Stream = sln.Addr()
 		serve = append(serve, func(ctx context.Context) error { return st.Serve(ctx, sln) })
+		if cfg.Stream.SharedCache {
+			// The boot services of every server sharing the store send
+			// each boot to the least-loaded server first.
+			serve = append(serve, func(ctx context.Context) error {
+				return netboot.ReportLoad(ctx, log.With("role", "stream"), cfg.Stream.Store, sln.Addr(), func() int {
+					n := 0
+					for _, b := range st.Boots() {
+						if b.Connections > 0 {
+							n++
+						}
+					}
+					return n
+				})
+			})
+		}
 		api = append(api, st.AdminHandler())
 		if cfg.Stream.Netboot != nil {
 			_, port, _ := net.SplitHostPort(sln.Addr().String())

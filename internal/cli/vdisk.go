@@ -229,6 +229,6 @@ func collectionCmd() *cobra.Command {
 			}),
 		}
 	}
-	c.AddCommand(ls, assignCmd, toggle("enable", "Let every device of a collection boot"), toggle("disable", "Stop every device of a collection from booting"))
+	c.AddCommand(ls, assignCmd, menuCmd(ac, "collections", "collection"), toggle("enable", "Let every device of a collection boot"), toggle("disable", "Stop every device of a collection from booting"))
 	return c
 }

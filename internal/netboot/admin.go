@@ -84,6 +84,7 @@ func (s *Service) AdminHandler() *http.ServeMux {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	s.collectionRoutes(mux)
+	s.menuRoutes(mux)
 	return mux
 }
 

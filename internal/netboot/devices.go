@@ -35,6 +35,9 @@ type Device struct {
 	// as deskway.p.KEY=VALUE, and the initramfs writes them to
 	// /etc/deskway/personality on the root disk.
 	Personality map[string]string `json:"personality,omitempty"`
+	// Menu, when set, is shown at power-on: the device boots the entry
+	// chosen at its console in place of VDisk and Stage.
+	Menu *Menu `json:"menu,omitempty"`
 }
 
 // maxPending bounds the devices auto_add has made that still wait for an
@@ -89,7 +92,10 @@ func (d *Device) Check(vdisks []string) error {
 	default:
 		return fmt.Errorf("stage %q is not production, test or maintenance", d.Stage)
 	}
-	return checkPersonality(d.Personality)
+	if err := checkPersonality(d.Personality); err != nil {
+		return err
+	}
+	return d.Menu.check(d, vdisks)
 }
 
 // Devices is the device records, kept in a JSON file that is replaced

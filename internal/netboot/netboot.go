@@ -63,6 +63,7 @@ type Service struct {
 	boot    boot
 	full    *full // nil in proxy mode
 	servers []string
+	balance balancer
 	live    func() []LiveBoot
 	m       *metrics
 	// tftpSlots bounds TFTP transfers in progress.
@@ -88,6 +89,10 @@ func New(st *config.Stream, d Deps) (*Service, error) {
 	}
 	if len(s.servers) == 0 {
 		s.servers = []string{net.JoinHostPort(cfg.Address, d.StreamPort)}
+	}
+	s.balance.handedOut = map[string][]time.Time{}
+	if st.SharedCache {
+		s.balance.dir = loadDir(st.Store)
 	}
 	if p := cfg.Pool; p != nil {
 		start, end := netip.MustParseAddr(p.Start), netip.MustParseAddr(p.End)
@@ -278,7 +283,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dhcp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_dhcp_total",
 			Help: "DHCP requests on the boot network by answer: offer, ack, nak, ignored, malformed."}, []string{"answer"}),
 		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_scripts_total",
-			Help: "iPXE boot scripts served by outcome: boot, unknown, added, disabled, unassigned, no_kernel."}, []string{"result"}),
+			Help: "iPXE boot scripts served by outcome: boot, menu, unknown, added, disabled, not_in_menu, unassigned, no_kernel."}, []string{"result"}),
 		tftp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_tftp_total",
 			Help: "TFTP read requests by outcome: served, refused (a file deskway does not serve), busy (too many transfers at once)."}, []string{"result"}),
 		ra: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_netboot_router_advertisements_total",

@@ -72,6 +72,8 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.now()
 	d, known := s.devices.ByMAC(mac)
+	entry := r.URL.Query().Get("entry")
+	chooseErr := d.choose(entry)
 	refuse := func(result string, lines ...string) {
 		s.m.scripts.WithLabelValues(result).Inc()
 		s.log.Info("network boot refused", "mac", mac, "device", d.Name, "reason", result, "remote", r.RemoteAddr)
@@ -105,6 +107,16 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 	case !d.Enabled:
 		refuse("disabled", fmt.Sprintf("device %s (%s) is disabled by an administrator.", d.Name, mac),
 			fmt.Sprintf("It boots again after: deskway device enable %s", d.Name))
+	case chooseErr != nil:
+		// The entry is the requester's: it stays out of the script.
+		s.log.Info("network boot entry refused", "mac", mac, "device", d.Name, "entry", entry, "reason", chooseErr)
+		refuse("not_in_menu", fmt.Sprintf("device %s (%s) asked to boot what its boot menu does not offer.", d.Name, mac),
+			"It boots one of its menu's entries; an administrator changes the menu with:",
+			fmt.Sprintf("deskway device menu %s VDISK[@STAGE]...", d.Name))
+	case d.Menu != nil && entry == "":
+		s.m.scripts.WithLabelValues("menu").Inc()
+		s.log.Info("network boot menu", "mac", mac, "device", d.Name, "entries", strings.Join(d.Menu.Entries, ","), "remote", r.RemoteAddr)
+		writeScript(w, s.menuScript(d))
 	case d.VDisk == "":
 		refuse("unassigned", fmt.Sprintf("device %s (%s) has no vDisk assigned.", d.Name, mac),
 			fmt.Sprintf("deskway device assign %s --vdisk NAME", d.Name))
@@ -127,7 +139,7 @@ func (s *Service) deviceScript(w http.ResponseWriter, r *http.Request) {
 		// BOOTIF (PXELINUX's, which initramfs-tools and dracut read too)
 		// names the card the machine booted from among several.
 		args := strings.TrimSpace(fmt.Sprintf("initrd=initrd %s deskway.device=%s deskway.export=%s deskway.mode=%s deskway.servers=%s BOOTIF=01-%s%s",
-			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.servers, ","), strings.ReplaceAll(mac, ":", "-"), PersonalityArgs(d.Personality)))
+			v.Cmdline, d.Name, export, v.Mode, strings.Join(s.balance.order(s.servers, now), ","), strings.ReplaceAll(mac, ":", "-"), PersonalityArgs(d.Personality)))
 		s.devices.booted(mac, now)
 		s.m.scripts.WithLabelValues("boot").Inc()
 		s.log.Info("network boot", "mac", mac, "device", d.Name, "vdisk", d.VDisk, "stage", d.Stage, "boot", boot, "remote", r.RemoteAddr)

@@ -214,7 +214,12 @@ type (
 		Stage      string     `json:"stage"`
 		Enabled    bool       `json:"enabled"`
 		LastBoot   *time.Time `json:"last_boot"`
-		Running    []struct {
+		Menu       *struct {
+			Entries []string `json:"entries"`
+			Default string   `json:"default"`
+			Timeout int      `json:"timeout"`
+		} `json:"menu"`
+		Running []struct {
 			VDisk   string `json:"vdisk"`
 			Version int    `json:"version"`
 		} `json:"running"`

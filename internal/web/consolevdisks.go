@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
+	"strings"
 )
 
 // consoleVDisks is the vDisks page: the images with their versions and
@@ -119,4 +121,31 @@ func (s *Server) vdiskRoutes(mux *http.ServeMux, pv func(string) func(*http.Requ
 				Keep:   map[string]string{"vdisk": r.PostFormValue("vdisk"), "stage": r.PostFormValue("stage")}}
 		},
 		done: "collection-assigned"}))
+	for _, kind := range []string{"devices", "collections"} {
+		mux.HandleFunc("POST /admin/"+kind+"/{name}/menu", s.consoleAct(consoleAction{need: roleAdmin, what: "set boot menus",
+			back: "/admin/vdisks", method: "PUT",
+			path: func(r *http.Request) string { return "/api/v1/stream/" + kind + "/" + pv("name")(r) + "/menu" },
+			body: menuBody,
+			done: "menu-set"}))
+	}
+}
+
+// menuBody is the boot menu a console form sets: its entries separated
+// by spaces or commas, none removing the menu; no timeout is 10 s, as
+// the command line's.
+func menuBody(r *http.Request) any {
+	entries := strings.FieldsFunc(r.PostFormValue("entries"), func(c rune) bool { return c == ' ' || c == ',' })
+	if len(entries) == 0 {
+		return map[string]any{"menu": nil}
+	}
+	// A timeout that is not a number goes as -1, which the server
+	// refuses in words.
+	timeout, err := 10, error(nil)
+	if t := strings.TrimSpace(r.PostFormValue("timeout")); t != "" {
+		timeout, err = strconv.Atoi(t)
+	}
+	if err != nil {
+		timeout = -1
+	}
+	return map[string]any{"menu": map[string]any{"entries": entries, "default": strings.TrimSpace(r.PostFormValue("default")), "timeout": timeout}}
 }

@@ -32,6 +32,8 @@ func noticeText(key string) string {
 		return "Collection disabled from its devices' next power-on."
 	case "versions-merged":
 		return "Versions merged into a new base."
+	case "menu-set":
+		return "Boot menu set: it shows from the next power-on."
 	case "device-enabled":
 		return "Device enabled from its next boot."
 	case "device-disabled":
