@@ -118,6 +118,9 @@ type launchRec struct {
 	// wantHost is, for a user launching again while their session runs,
 	// the host it runs on: the answer must send them back there.
 	wantHost string
+	// tries is each request the launch made, for the timeline of a
+	// launch found lost.
+	tries []brokerCall
 }
 
 func (c brokerCase) run(ctx context.Context, env Env, pg *pgcluster.Cluster, sc brokerScale, run int) (Outcome, error) {
@@ -220,6 +223,9 @@ func (c brokerCase) run(ctx context.Context, env Env, pg *pgcluster.Cluster, sc 
 	if err != nil {
 		return Outcome{}, err
 	}
+	if v.timelines, err = lostTimelines(ctx, f, dsn, recs, v.missing, faultAt); err != nil {
+		return Outcome{}, err
+	}
 	return brokerOutcome(c, sc, run, recs, faultAt, faultEnd, v, f.heldAtKill), nil
 }
 
@@ -235,11 +241,14 @@ func launchUser(ctx context.Context, f *brokerFarm, sc brokerScale, rec *launchR
 		var res *brokerapi.LaunchResponse
 		actx, cancel := context.WithDeadline(ctx, deadline)
 		err := f.lb.do(actx, func(c *brokerclient.Client) error {
-			held := &f.lb.launching[f.lb.index(c)]
+			i := f.lb.index(c)
+			held := &f.lb.launching[i]
 			held.Add(1)
 			defer held.Add(-1)
+			at := time.Now()
 			var err error
 			res, _, err = c.Launch(actx, brokerclient.Bearer(farmFrontend), req)
+			rec.tries = append(rec.tries, newBrokerCall(at, i, err))
 			return err
 		})
 		cancel()
@@ -286,6 +295,7 @@ type farmCheck struct {
 	unverified  int      // sessions the database knows only from a host's report
 	maxFill     float64  // the fullest host's share of its limit
 	journalS    float64  // how long after the storm the last journal was written back
+	timelines   []string // what happened to the first few missing users' launches
 }
 
 // verifyFarm waits for the journals to be written back and for the
@@ -513,6 +523,9 @@ func brokerOutcome(c brokerCase, sc brokerScale, run int, recs []*launchRec, fau
 	}
 	for _, b := range bad {
 		o.Notes += " " + b + "."
+	}
+	for _, t := range v.timelines {
+		o.Notes += " " + t
 	}
 	return o
 }

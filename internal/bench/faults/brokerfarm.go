@@ -164,7 +164,7 @@ func startBrokerFarm(ctx context.Context, env Env, dir, dsn string, n, hosts, se
 		if err != nil {
 			return nil, fmt.Errorf("faults: register %s: %w", name, err)
 		}
-		h := &simHost{name: name, cred: reg.Credential, sessions: map[string]*hostSession{}}
+		h := &simHost{name: name, cred: reg.Credential, sessions: map[string]*hostSession{}, posts: map[string][]hostPost{}}
 		f.hosts[name] = h
 		f.wg.Add(1)
 		go func() { defer f.wg.Done(); h.run(hctx, f.lb, 500*time.Millisecond, time.Second) }()
@@ -288,6 +288,10 @@ type simHost struct {
 	name, cred string
 	mu         sync.Mutex
 	sessions   map[string]*hostSession
+	// posts are the event reports the host made of each user's session,
+	// for the timeline of a launch found lost.
+	posts map[string][]hostPost
+	beats []hostBeat
 }
 
 // connect is a user's client connecting to the host: the session shows
@@ -346,19 +350,27 @@ func (h *simHost) run(ctx context.Context, lb *balancer, poll, beat time.Duratio
 		case <-pt.C:
 			cur := h.view(time.Now())
 			if ev := agent.Diff(known, cur); len(ev) > 0 {
-				// The agent keeps what it could not report and sends it
-				// again at the next poll.
-				if lb.do(ctx, func(c *brokerclient.Client) error {
-					return c.Events(ctx, h.cred, brokerapi.Events{Host: h.name, Events: ev})
-				}) != nil {
-					continue
-				}
+				// As the real agent does, a report that fails is not
+				// sent again: the next heartbeat carries this reading and
+				// reconciles. Keeping the old reading until the events
+				// are answered would make that heartbeat say the users
+				// are gone when the broker applied the events and died
+				// before answering: the other broker would end their
+				// placed sessions.
+				_ = lb.do(ctx, func(c *brokerclient.Client) error {
+					at := time.Now()
+					err := c.Events(ctx, h.cred, brokerapi.Events{Host: h.name, Events: ev})
+					h.posted(ev, newBrokerCall(at, lb.index(c), err))
+					return err
+				})
 			}
 			known = cur
 		case <-bt.C:
 			ss := append([]brokerapi.Session{}, known...)
 			_ = lb.do(ctx, func(c *brokerclient.Client) error {
+				at := time.Now()
 				_, err := c.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: h.name, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9, DiskLatencyMS: 4, Sessions: ss})
+				h.beat(ss, newBrokerCall(at, lb.index(c), err))
 				return err
 			})
 		}
