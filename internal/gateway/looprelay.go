@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,7 +65,7 @@ func (rl *relayLoops) close() {
 }
 
 // loopRelay is one open websocket tunnel served by a relayLoop. Every
-// field is the loop goroutine's, apart from done.
+// field is the loop goroutine's, apart from started.
 type loopRelay struct {
 	tn   *tunnel
 	loop *relayLoop
@@ -78,7 +79,7 @@ type loopRelay struct {
 	upQueue          []byte // for the host, not yet taken by its socket
 	ended, torn      bool
 	err              error
-	done             chan struct{} // closed by teardown
+	started          sync.WaitGroup // done once relayOnLoop is through
 	// hostStall is the unix nanos since which upQueue has waited with no
 	// byte taken by the host, 0 while it is empty; the watchdog reads it.
 	hostStall atomic.Int64
@@ -104,33 +105,38 @@ func (r *loopRelay) stalled(now time.Time) (string, time.Duration) {
 type clientSide struct{ r *loopRelay }
 type hostSide struct{ r *loopRelay }
 
-// relayOnLoop runs the open tunnel on an event loop until it ends. It
-// returns false, with both connections untouched, when the tunnel cannot
-// be moved there (a connection without a socket, or the loop refused it).
-func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
+// relayOnLoop hands the open tunnel to an event loop, which relays it
+// and finishes it when the relay ends (see after). It returns false, with
+// both connections untouched, when the tunnel cannot be moved there (a
+// connection without a socket, or the loop refused it).
+func (tn *tunnel) relayOnLoop(loops *relayLoops) bool {
 	wt, ok := tn.t.(*wsTransport)
 	if !ok {
-		return false, nil
+		return false
 	}
 	tc, ok := wt.conn.(*tls.Conn)
 	if !ok {
-		return false, nil
+		return false
 	}
 	lc, ok := tc.NetConn().(*loopConn)
 	if !ok {
-		return false, nil
+		return false
 	}
 	cfd, err := evloop.Dup(lc.Conn)
 	if err != nil {
-		return false, nil
+		return false
 	}
 	hfd, err := evloop.Dup(tn.upstream)
 	if err != nil {
 		unix.Close(cfd)
-		return false, nil
+		return false
 	}
 	l := loops.pick()
-	r := &loopRelay{tn: tn, loop: l, wt: wt, lc: lc, cfd: cfd, hfd: hfd, done: make(chan struct{})}
+	r := &loopRelay{tn: tn, loop: l, wt: wt, lc: lc, cfd: cfd, hfd: hfd}
+	// The tunnel's goroutine returns as soon as the loop has the sockets,
+	// so the loop's teardown may finish the tunnel before this function
+	// is through: it waits for started.
+	r.started.Add(1)
 	res := make(chan error, 1)
 	if err := l.Post(func() { res <- r.register() }); err != nil {
 		res <- err
@@ -141,7 +147,7 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
 		}
 		unix.Close(cfd)
 		unix.Close(hfd)
-		return false, nil
+		return false
 	}
 	// The duplicates carry the sockets from here on.
 	wt.g.onLoop.Store(true)
@@ -149,12 +155,24 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) (bool, error) {
 	_ = tn.upstream.Close()
 	tn.onLoop.Store(r)
 	tn.watch(time.Now())
-	<-r.done
+	r.started.Done()
+	return true
+}
+
+// after finishes the tunnel once its relay on the loop has ended, on a
+// goroutine of its own: the loop must not wait on the accounting.
+func (r *loopRelay) after() {
+	r.started.Wait()
+	tn := r.tn
 	tn.relayDone.Store(true)
 	if w := tn.watchdog.Load(); w != nil {
 		w.Stop()
 	}
-	return true, r.err
+	err := r.err
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	tn.finish(err)
 }
 
 // register adds both sockets to the loop and hands the client socket to
@@ -187,7 +205,7 @@ func (r *loopRelay) closeRequested() {
 	}
 }
 
-// teardown closes both sockets and releases the tunnel's goroutine.
+// teardown closes both sockets and finishes the tunnel.
 func (r *loopRelay) teardown() {
 	if r.torn {
 		return
@@ -197,7 +215,7 @@ func (r *loopRelay) teardown() {
 	r.loop.Remove(r.hfd)
 	r.lc.closeFD()
 	unix.Close(r.hfd)
-	close(r.done)
+	go r.after()
 }
 
 // end finishes the relay for err (io.EOF for a clean end): the tunnel

@@ -21,19 +21,16 @@ const (
 
 // relay copies data both ways until either side ends, the tunnel is
 // stopped, or a timeout fires. A websocket tunnel goes to one of the
-// server's event loops when it has them (see looprelay.go), and its
-// goroutine waits. Otherwise the client-to-host direction runs on the
+// server's event loops when it has them (see looprelay.go), which finish
+// the tunnel when the relay ends, and relay returns errOnLoop at once. Otherwise the client-to-host direction runs on the
 // tunnel's own goroutine and host-to-client on one more. Keepalives and
 // timeouts run from a timer either way.
 func (tn *tunnel) relay() error {
 	up := tn.upstream
 	tn.lastInput.Store(time.Now().UnixNano())
 	if loops := tn.srv.loops; loops != nil {
-		if ok, err := tn.relayOnLoop(loops); ok {
-			if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			return nil
+		if tn.relayOnLoop(loops) {
+			return errOnLoop
 		}
 	}
 	hostDone := make(chan error, 1)

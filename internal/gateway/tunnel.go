@@ -95,9 +95,22 @@ func (s *Server) runWith(t transport, hs handshakeInfo, kind string, run func(*t
 	if hs.user != nil {
 		tn.log = tn.log.With("user", hs.user.Name)
 	}
-	defer s.wg.Done()
+	if err := run(tn); !errors.Is(err, errOnLoop) {
+		tn.finish(err)
+	}
+}
 
-	err := run(tn)
+// errOnLoop is what a tunnel's run returns once an event loop relays it:
+// the loop finishes the tunnel when the relay ends, so the goroutine that
+// ran the handshake, net/http's with its stack, buffers and request (at
+// 1,000 tunnels about half the gateway's memory), ends here.
+var errOnLoop = errors.New("gateway: the tunnel is relayed on an event loop")
+
+// finish stops the tunnel, gives back its slots and token and logs it;
+// err is how its run ended.
+func (tn *tunnel) finish(err error) {
+	s, hs := tn.srv, tn.hs
+	defer s.wg.Done()
 	tn.stop("")
 	for _, c := range hs.conns {
 		c.finish()

@@ -1,0 +1,65 @@
+package gateway_test
+
+import (
+	"runtime/pprof"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/config"
+	"github.com/deskway/deskway/internal/tsgclient"
+)
+
+// handlerStacks counts goroutines that are inside the gateway's HTTP
+// handler.
+func handlerStacks(t *testing.T) int {
+	t.Helper()
+	var b strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(b.String(), "gateway.(*Server).ServeHTTP")
+}
+
+// TestLoopTunnelsHoldNoGoroutine: a websocket tunnel relayed on an event
+// loop keeps no goroutine of its own (net/http's, which ran its handshake,
+// with its stack and buffers, was half of a tunnel's memory), and the loop
+// still finishes every tunnel: each is logged and leaves the list.
+func TestLoopTunnelsHoldNoGoroutine(t *testing.T) {
+	loops := 2
+	h := start(t, func(c *config.Config) { c.Gateway.RelayLoops = &loops })
+	const n = 4
+	var conns []*tsgclient.Conn
+	for range n {
+		cfg := h.cfg("", "", tsgclient.Websocket)
+		cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		echoRoundTrip(t, c, 90)
+		conns = append(conns, c)
+	}
+	if got := len(h.srv.Tunnels()); got != n {
+		t.Fatalf("%d tunnels listed, want %d", got, n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for handlerStacks(t) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines still in the gateway's handler with %d tunnels open on the loops", handlerStacks(t), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, c := range conns {
+		echoRoundTrip(t, c, 1000) // still relayed
+		c.Close()
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for len(h.srv.Tunnels()) > 0 || strings.Count(h.logs.String(), "tunnel closed") < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the clients closed: %d tunnels listed, %d logged closed", len(h.srv.Tunnels()), strings.Count(h.logs.String(), "tunnel closed"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
