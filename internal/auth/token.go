@@ -87,7 +87,7 @@ func (t *Tokens) Verify(token string) (*Claims, error) {
 		jwt.WithLeeway(5*time.Second),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadToken, err)
+		return nil, fmt.Errorf("%w: %v%s", ErrBadToken, err, skewHint(&c, t.now(), err))
 	}
 	if c.Subject == "" || c.Host == "" || c.Port < 1 || c.Port > 65535 {
 		return nil, fmt.Errorf("%w: missing subject, host or port", ErrBadToken)
