@@ -21,7 +21,11 @@ import (
 // no byte and no tunnel; under bulk load the gateway's write timeout
 // ends every tunnel, the gateway's log naming it, and a new tunnel works
 // once the link is back; no launch is lost or doubled beyond what
-// architecture.md documents, and none refused.
+// architecture.md documents, and none refused. At this scale the
+// database's link is cut for 10 s, under the broker's 10 s bound on a
+// placement, so the brokers ride it out without switching to their
+// caches; the bench's 30 s cut, which makes them switch, loses launches
+// (docs/operations.md names it as a known defect).
 func TestFaultsLinkCut(t *testing.T) {
 	testkit.RequirePostgres(t)
 	bin := build(t)
@@ -61,7 +65,7 @@ func TestFaultsLinkCut(t *testing.T) {
 	if m == nil {
 		t.Fatal(`docs/operations.md has no "When a link is cut" section`)
 	}
-	for _, want := range []string{"write_timeout", "host took no data", "10 s", "local host cache", "nothing is lost"} {
+	for _, want := range []string{"write_timeout", "host took no data", "10 s", "local host cache", "nothing is lost", "Known defect"} {
 		if !strings.Contains(string(m[1]), want) {
 			t.Errorf("docs/operations.md, When a link is cut: says nothing of %q", want)
 		}
