@@ -39,6 +39,7 @@ type echoRig struct {
 
 const echoGatewayYAML = `state_dir: %[1]s
 log: {level: info, format: json}
+admin: {listen: "127.0.0.1:%[7]d", tokens: [faults-bench-admin]}
 tls: {cert: %[2]s, key: %[3]s}
 auth:
   token_key: %[4]s
@@ -67,11 +68,13 @@ func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable boo
 	}
 	go serveEcho(r.echo)
 	r.hostPort = uint16(r.echo.Addr().(*net.TCPAddr).Port)
-	gwPort, err := loopback.FreePort()
+	// The admin listener too: its default port may be another's.
+	ports, err := loopback.FreePorts(2)
 	if err != nil {
 		r.close()
 		return nil, err
 	}
+	gwPort := ports[0]
 	if cuttable {
 		if r.proxy, err = newFaultProxy(r.echo.Addr().String()); err != nil {
 			r.close()
@@ -80,7 +83,7 @@ func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable boo
 		r.hostPort = uint16(r.proxy.Port())
 	}
 	cfg := filepath.Join(r.dir, "gateway.yaml")
-	body := fmt.Sprintf(echoGatewayYAML, filepath.Join(r.dir, "gw-state"), cert, key, r.tokenKey, gwPort, writeTimeout)
+	body := fmt.Sprintf(echoGatewayYAML, filepath.Join(r.dir, "gw-state"), cert, key, r.tokenKey, gwPort, writeTimeout, ports[1])
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		r.close()
 		return nil, fmt.Errorf("faults: %w", err)
