@@ -95,7 +95,7 @@ func (t *Tokens) Verify(token string) (*Claims, error) {
 		jwt.WithLeeway(tokenLeeway),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
+		return nil, fmt.Errorf("%w: %w%s", ErrBadToken, err, skewHint(&c, t.now(), err))
 	}
 	return checkClaims(&c)
 }

@@ -28,7 +28,10 @@ import (
 )
 
 func brokerCmd() *cobra.Command {
-	var cfgPath string
+	var (
+		cfgPath     string
+		clockOffset time.Duration
+	)
 	c := &cobra.Command{
 		Use:   "broker",
 		Short: "Run the session broker: places launches on session hosts and returns .rdp files through the gateway",
@@ -42,10 +45,12 @@ func brokerCmd() *cobra.Command {
 				return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
 			}
 			cfg.Gateway, cfg.Stream, cfg.Agent, cfg.Site = nil, nil, nil, nil
+			cfg.ClockOffset = clockOffset
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	hiddenClockOffset(c, &clockOffset)
 	return c
 }
 
@@ -121,7 +126,7 @@ func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *p
 		return nil, nil, err
 	}
 	users.WithDesktops(cfg.Auth.DesktopAccounts)
-	tokens, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil)
+	tokens, err := auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), cfg.Now)
 	if err != nil {
 		st.Close()
 		return nil, nil, err

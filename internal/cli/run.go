@@ -292,7 +292,7 @@ func newGateway(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *
 	users.WithDesktops(cfg.Auth.DesktopAccounts)
 	var tokens *auth.Tokens
 	if cfg.Auth.TokenKey.IsSet() {
-		if tokens, err = auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), nil); err != nil {
+		if tokens, err = auth.NewTokens([]byte(cfg.Auth.TokenKey.Value()), cfg.Now); err != nil {
 			return nil, err
 		}
 	}

@@ -69,7 +69,7 @@ func runBroker(ctx context.Context, env Env, run int) ([]Outcome, error) {
 			f.brokers[0].kill9()
 			return start, time.Now().Add(sc.after), nil // the broker stays dead
 		}}
-	stopDB := brokerCase{name: "stop-database", fault: fmt.Sprintf("PostgreSQL stopped (immediate) for %v mid-storm, then started", sc.outage),
+	stopDB := brokerCase{name: "stop-database", outage: true, fault: fmt.Sprintf("PostgreSQL stopped (immediate) for %v mid-storm, then started", sc.outage),
 		inject: func(ctx context.Context, f *brokerFarm) (time.Time, time.Time, error) {
 			start := time.Now()
 			if err := pg.Kill(ctx); err != nil {
@@ -104,6 +104,14 @@ func runBroker(ctx context.Context, env Env, run int) ([]Outcome, error) {
 type brokerCase struct {
 	name, fault string
 	inject      func(ctx context.Context, f *brokerFarm) (start, end time.Time, err error)
+	// outage marks a fault that takes the database away for a while:
+	// the storm goes on for sc.after once it is back, and a user
+	// launching again at the broker that did not place their session may
+	// get a second one, as architecture.md documents.
+	outage bool
+	// via, when set, gives the address the brokers reach the database
+	// by in place of dsn (a fault proxy) and what to close after.
+	via func(dsn string) (string, func(), error)
 }
 
 // launchRec is what one user's launch came to.
@@ -128,11 +136,19 @@ func (c brokerCase) run(ctx context.Context, env Env, pg *pgcluster.Cluster, sc 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Outcome{}, err
 	}
-	dsn, err := pg.CreateDB(ctx, fmt.Sprintf("faults_%s_%d", map[string]string{"kill-broker": "kill", "stop-database": "stopdb"}[c.name], run), "")
+	dsn, err := pg.CreateDB(ctx, fmt.Sprintf("faults_%s_%d", map[string]string{"kill-broker": "kill", "stop-database": "stopdb", "cut-database": "cutdb"}[c.name], run), "")
 	if err != nil {
 		return Outcome{}, err
 	}
-	f, err := startBrokerFarm(ctx, env, dir, dsn, 2, sc.hosts, sc.sessionLimit, sc.logonLimit)
+	farmDSN := dsn
+	if c.via != nil {
+		var done func()
+		if farmDSN, done, err = c.via(dsn); err != nil {
+			return Outcome{}, err
+		}
+		defer done()
+	}
+	f, err := startBrokerFarm(ctx, env, dir, farmDSN, 2, sc.hosts, sc.sessionLimit, sc.logonLimit)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -176,7 +192,7 @@ func (c brokerCase) run(ctx context.Context, env Env, pg *pgcluster.Cluster, sc 
 				}
 				faultAt, faultEnd = fr.start, fr.end
 				stormEnd = faultEnd
-				if c.name == "stop-database" {
+				if c.outage {
 					stormEnd = faultEnd.Add(sc.after)
 				}
 			default:
@@ -460,7 +476,7 @@ func brokerOutcome(c brokerCase, sc brokerScale, run int, recs []*launchRec, fau
 	// broker that did not place their session may get a second one. Those
 	// are counted, and told apart; anything else breaks what is documented.
 	documented := 0
-	if c.name == "stop-database" {
+	if c.outage {
 		for u := range users {
 			if relaunched[u] {
 				documented++

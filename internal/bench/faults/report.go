@@ -11,8 +11,8 @@ import (
 // lostKeys and wrongKeys are the metrics the table's "data lost" and
 // "wrong answers" columns add up, over every run of a case.
 var (
-	lostKeys  = []string{"launches_lost", "writes_lost", "sessions_lost"}
-	wrongKeys = []string{"launches_doubled", "wrong_disks"}
+	lostKeys  = []string{"launches_lost", "writes_lost", "sessions_lost", "bytes_lost"}
+	wrongKeys = []string{"launches_doubled", "wrong_disks", "bytes_wrong", "wrong_verdicts"}
 )
 
 // anchor is what a peer's public documentation promises for a fault.
@@ -60,6 +60,18 @@ func notes(scenarios []Scenario) []string {
 				"broker, the killed broker stays dead to the end of the storm; PostgreSQL is stopped with `pg_ctl stop -m immediate` (open connections break, new ones are refused) and started again on the same port.",
 			)
 		}
+		if s.Name == "link" {
+			out = append(out,
+				"link: the link is cut by a fault proxy of the bench's own on loopback between the two sides: while cut it reads nothing from either side and forwards nothing, so bytes wait in the senders' socket buffers as behind a firewall dropping every packet (no reset, no FIN reaches either side); when the link returns, what waited is delivered in order. (A connection opened during the cut is accepted and held, where a dropped SYN would not be; no case opens one then.)",
+				"link, gateway ↔ session host: a real `deskway gateway` with `gateway.write_timeout` set short (5 s) in front of an echo host (a TCP server in the bench that sends every byte back, standing in for an RDP host: the gateway relays bytes and does not read them); clients are MS-TSGU websocket clients with PAA tokens, each sending a numbered byte pattern and checking every byte that comes back. Interactive: 512 B every 20 ms per tunnel, the link cut for twice the write timeout; recovered when every tunnel has an echo from after the link's return; bytes lost are those sent and never echoed once the writers stop. Bulk: every tunnel sends as fast as it can; the case waits for the gateway to end each tunnel (at most write timeout + 20 s), then restores the link and opens a new tunnel; detect is the time from the cut to the client's connection ending.",
+				"link, broker ↔ PostgreSQL: the broker scenario's farm and storm (two brokers round robin, simulated session hosts), both brokers reaching PostgreSQL through the fault proxy, the link cut for as long as the broker scenario stops the database; lost and doubled are judged as there.",
+			)
+		}
+		if s.Name == "clock" {
+			out = append(out,
+				"clock: a real `deskway gateway` started with the hidden `--clock-offset` flag, which moves the clock its token checker reads (a Go binary reads the time through the vDSO, so nothing outside the process can move it); users present fresh tokens minted with `broker.token_ttl`'s default of 5 minutes by a correct clock, as the broker's launch answer carries them, and a tunnel that opens carries 64 KiB of echo. Held: outside the allowance every tunnel is refused and every refusal in the gateway's log names the clocks; within it every tunnel opens. A wrong verdict is a token accepted outside the allowance or refused within it.",
+			)
+		}
 	}
 	return out
 }
@@ -69,6 +81,16 @@ func fmtS(v float64) string {
 		return "none"
 	}
 	return fmt.Sprintf("%.1f s", v)
+}
+
+// fmtRecover is an outcome's time to recover: "not by itself" when users
+// were affected and service did not come back while the case ran (a
+// clock off until it is set right).
+func fmtRecover(o Outcome) string {
+	if o.RecoverS < 0 && o.Affected > 0 {
+		return "not by itself"
+	}
+	return fmtS(o.RecoverS)
 }
 
 // markdown is result.md: the table of faults survived, the peers'
@@ -97,7 +119,7 @@ func markdown(res *report.Result, outcomes []Outcome, scenarios []Scenario, runs
 		}
 		t.Rows = append(t.Rows, []string{o.Scenario, o.Load, o.Case, fmt.Sprint(o.Users),
 			fmt.Sprintf("%d (run %d) / %d (run %d)", affMed.Affected, affMed.Run, affWorst.Affected, affWorst.Run),
-			fmt.Sprintf("%s (run %d) / %s (run %d)", fmtS(recMed.RecoverS), recMed.Run, fmtS(recWorst.RecoverS), recWorst.Run),
+			fmt.Sprintf("%s (run %d) / %s (run %d)", fmtRecover(recMed), recMed.Run, fmtRecover(recWorst), recWorst.Run),
 			sums(rs, lostKeys), sums(rs, wrongKeys), heldS})
 	}
 	b.WriteString(t.Markdown())

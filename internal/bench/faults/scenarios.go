@@ -8,5 +8,7 @@ func Scenarios() []Scenario {
 		Stream(),
 		Gateway(),
 		DiskFull(),
+		Link(),
+		Clock(),
 	}
 }
