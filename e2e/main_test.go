@@ -3,8 +3,8 @@
 // by the test that needs it, on loopback or in network namespaces the
 // test makes.
 //
-// How the tests share the machine (make test runs them with -parallel,
-// see the Makefile; docs/testing.md says why that many):
+// How the tests share the machine (make test runs them with -parallel
+// $(TEST_PARALLEL); the Makefile says why that many):
 //
 //   - A test that only waits on its own servers, on ports the kernel
 //     chose (testkit.FreePort) and namespaces with random names, calls
