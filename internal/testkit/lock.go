@@ -19,8 +19,6 @@ const (
 	// LockServicePorts: the ports the embedded defaults and the shipped
 	// units listen on (8443, 8444, 8446, 9443, 10809, 3389).
 	LockServicePorts = "service-ports"
-	// LockTFTP: port 69 on the host, which netboot rigs bind.
-	LockTFTP = "tftp"
 )
 
 // Lock takes the named locks for the rest of t: a test that holds one
