@@ -59,15 +59,25 @@ lint:
 	$(GO) run ./tools/archcheck
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
-# e2e tests, ending with the line "N passed, N failed, N skipped".
+# e2e tests, ending with the ten slowest tests, the wall time and the line
+# "N passed, N failed, N skipped".
+#
+# TEST_PARALLEL is how many tests that call t.Parallel() run at once in
+# a package (e2e/main_test.go says which e2e tests do, and how those that
+# share something of the machine take turns). The e2e tests that do
+# mostly wait on protocol timers and their servers: the site tests spend
+# about a fifth of their wall time on CPU, so two at a time on this
+# 2-core machine. Tests that hold a time budget or load both cores run
+# alone, before them.
+TEST_PARALLEL ?= 2
 test: deps assets lint fuzz
-	set -o pipefail; $(GO) test -race -count=1 -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
+	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 e2e: deps assets
-	$(GO) test -count=1 -v ./e2e/
+	$(GO) test -count=1 -parallel $(TEST_PARALLEL) -v ./e2e/
 
 # Short coverage-guided runs of every fuzz target, seeded from testdata.
 # Each package's fuzzing test binary is built once and run per target
