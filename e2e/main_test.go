@@ -20,6 +20,10 @@
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
 //     parallel test starts, so nothing of this package runs beside them.
+//     So do, for now, the tests that boot qemu guests (where KVM runs no
+//     guest, qemu emulates the CPU: each guest takes a core) and those
+//     that drive xrdp, xfreerdp or chromium, whose waits were not
+//     measured beside other tests.
 //
 // Every test gets the deskway binary from build(t): it is compiled once
 // per run and shared, so a test must not change or remove it.
