@@ -59,22 +59,39 @@ lint:
 	$(GO) run ./tools/archcheck
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
-# e2e tests, ending with the line "N passed, N failed, N skipped".
+# e2e tests, ending with the ten slowest tests, the wall time and the line
+# "N passed, N failed, N skipped".
+#
+# TEST_PARALLEL is how many tests that call t.Parallel() run at once in
+# a package (e2e/main_test.go says which e2e tests do, and how those that
+# share something of the machine take turns). The e2e tests that do
+# mostly wait on protocol timers and their servers: the site tests spend
+# about a fifth of their wall time on CPU, so two at a time on this
+# 2-core machine. Tests that hold a time budget or load both cores run
+# alone, before them.
+TEST_PARALLEL ?= 2
 test: deps assets lint fuzz
-	set -o pipefail; $(GO) test -race -count=1 -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
+	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 e2e: deps assets
-	$(GO) test -count=1 -v ./e2e/
+	$(GO) test -count=1 -parallel $(TEST_PARALLEL) -v ./e2e/
 
 # Short coverage-guided runs of every fuzz target, seeded from testdata.
+# Each package's fuzzing test binary is built once and run per target
+# (go test -fuzz linked it again for every target: 37 links for 11
+# packages), with the corpus cache go test -fuzz itself keeps.
+FUZZ_PKGS = ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/proto/bitmapupdate ./internal/proto/gre ./internal/proto/cliprdr ./internal/gateway ./internal/stream ./internal/site
 fuzz:
-	@set -e; for pkg in ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/proto/bitmapupdate ./internal/proto/gre ./internal/proto/cliprdr ./internal/gateway ./internal/stream ./internal/site; do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	@set -e; bin=$$(mktemp -d); trap 'rm -rf "$$bin"' EXIT; cache=$$($(GO) env GOCACHE)/fuzz; \
+	for pkg in $(FUZZ_PKGS); do \
+	  $(GO) test -c -fuzz '^Fuzz' -o $$bin/fuzz.test $$pkg; \
+	  imp=$$($(GO) list $$pkg); \
+	  for f in $$(cd $$pkg && $$bin/fuzz.test -test.list '^Fuzz' | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$f"; \
-	    $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \
+	    (cd $$pkg && $$bin/fuzz.test -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir $$cache/$$imp) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \
 	  done; \
 	done; echo "fuzz: every target ran $(FUZZTIME) inputs without a crash"
 

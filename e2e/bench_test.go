@@ -324,6 +324,7 @@ func TestPortalBenchSmoke(t *testing.T) {
 func TestBrowserBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "chromium", "import")
 	testkit.RequireRoot(t)
+	testkit.Lock(t, testkit.LockSesman)
 	out := t.TempDir()
 	res := runBench(t, out, "browser", "--runs", "2", "--window", "2s")
 	for _, k := range []string{"browser_first_frame_s", "xfreerdp_first_frame_s", "first_frame_ratio", "gateway_cpu_ratio_tsgu", "browser_fps", "xfreerdp_fps",
@@ -372,12 +373,14 @@ func TestBrowserBenchSmoke(t *testing.T) {
 func TestSessionhostBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
 	testkit.RequireRoot(t)
+	testkit.Lock(t, testkit.LockSesman)
 	out := t.TempDir()
 	// The broker ramp checks the stop at the session limit; the machine
 	// runs other tests beside it, whose waiting is no business of the
-	// host's, so no CPU pressure limit.
+	// host's, so no CPU pressure limit, and no waiting for the pressure
+	// to settle between ramps (up to 40 s each on a busy machine).
 	res := runBench(t, out, "sessionhost", "--users", "3", "--ramps", "2", "--interval", "8s", "--think", "1s", "--session-limit", "2",
-		"--cpu-pressure-max-pct", "100")
+		"--cpu-pressure-max-pct", "100", "--calm-wait", "0")
 	actions := map[string]int{}
 	steps := map[string]int{}
 	for _, p := range res.Points {

@@ -23,6 +23,7 @@ import (
 func TestFaultsGatewayNodeDies(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "xrdp", "xrdp-sesman", "xterm", "haproxy")
 	testkit.RequireRoot(t)
+	testkit.Lock(t, testkit.LockSesman)
 	env := faults.Env{
 		Log:   slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Bin:   build(t),

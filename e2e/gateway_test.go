@@ -1,5 +1,6 @@
-// Package e2e drives deskway with real third-party programs: here, Debian's
-// xfreerdp connecting through deskway gateway to a real xrdp host.
+// Here, Debian's xfreerdp connects through deskway gateway to a real
+// xrdp host.
+
 package e2e
 
 import (
@@ -15,17 +16,6 @@ import (
 
 	"github.com/deskway/deskway/internal/testkit"
 )
-
-// build compiles the deskway binary once per test run.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "deskway")
-	cmd := exec.Command("go", "build", "-o", bin, "../cmd/deskway")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 type rig struct {
 	bin, cfg, gw, display string

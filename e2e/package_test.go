@@ -45,6 +45,7 @@ func packageUnits() []string {
 func TestDebianPackage(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "dpkg", "systemd-analyze", "setpriv", "adduser", "unshare", "curl")
+	testkit.Lock(t, testkit.LockServicePorts)
 	if exec.Command("dpkg-query", "-W", "deskway").Run() == nil {
 		t.Fatal("a deskway package is already installed on this machine; this test installs and purges its own: dpkg -P deskway first")
 	}

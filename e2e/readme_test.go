@@ -48,6 +48,7 @@ func readmeBlocks(t *testing.T) map[string]string {
 func TestREADMEQuickstart(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
+	testkit.Lock(t, testkit.LockSesman, testkit.LockServicePorts)
 	blocks := readmeBlocks(t)
 	for _, name := range []string{"run", "portal", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
 		if blocks[name] == "" {

@@ -35,6 +35,7 @@ for p in sn.results or []:
 // over IPv4 and over IPv6, comes back to the router (so routers can
 // keep keepalives on), counted, and the site shows up.
 func TestSiteKeepalive(t *testing.T) {
+	t.Parallel()
 	testkit.Require(t, "/usr/bin/python3")
 	if out, err := exec.Command("/usr/bin/python3", "-c", "import scapy").CombinedOutput(); err != nil {
 		if os.Getenv("CI") != "" {

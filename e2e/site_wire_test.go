@@ -36,6 +36,7 @@ func (r *siteRig) metric(series string) float64 {
 // sequence numbers and a checksum that verifies where tenant b asks for
 // them; and deskway site tunnels and /metrics count what went through.
 func TestSiteWire(t *testing.T) {
+	t.Parallel()
 	testkit.Require(t, "tshark")
 	r := newSiteRig(t)
 	pcap := filepath.Join(t.TempDir(), "underlay.pcap")

@@ -36,6 +36,7 @@ stream:
 // (hundreds of MB) in the store. The next start removes it, but leaves a
 // copy another server on the shared store is still making.
 func TestStreamPartialCopiesRemovedAtStart(t *testing.T) {
+	t.Parallel()
 	testkit.Require(t, "qemu-io")
 	bin := build(t)
 	dir := t.TempDir()
@@ -130,6 +131,7 @@ func TestStreamPartialCopiesRemovedAtStart(t *testing.T) {
 // without anything made on disk for it (each used to leave a lock file,
 // without bound).
 func TestStreamMadeUpPrivateNamesLeaveNothing(t *testing.T) {
+	t.Parallel()
 	r := startStream(t, "off", "1m")
 	files := func() map[string]bool {
 		m := map[string]bool{}

@@ -463,6 +463,9 @@ prints the delivery group setting for a host like this one.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
 			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			if o.CalmWait == 0 {
+				o.CalmWait = -1 // the flag's 0 is "do not wait"; the option's is the default
+			}
 			res, outcome, err := sessionhost.Run(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -489,5 +492,6 @@ prints the delivery group setting for a host like this one.`,
 	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "run the measuring ramps only and print the session limit they suggest")
 	c.Flags().IntVar(&o.SessionLimit, "session-limit", 0, "the broker ramp's session limit, in place of the suggested one (to check a chosen limit)")
 	c.Flags().Float64Var(&o.CPUPressureMaxPct, "cpu-pressure-max-pct", 0, "the broker ramp's broker.health.cpu_pressure_max_pct (0: the broker's default); 100 turns it off")
+	c.Flags().DurationVar(&o.CalmWait, "calm-wait", 40*time.Second, "longest wait before each later ramp for the host's CPU pressure to settle; 0 does not wait")
 	return c
 }

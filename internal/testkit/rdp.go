@@ -222,11 +222,14 @@ var DesktopColor = [3]uint8{0, 0, 128}
 // (X11DisplayOffset 10 and MaxSessions 50 in Debian's sesman.ini).
 var xrdpDisplays = [2]int{10, 60}
 
-// StartXRDP starts xrdp-sesman and xrdp on 127.0.0.1:port with a test user.
+// StartXRDP starts xrdp-sesman and xrdp on 127.0.0.1:port with a test user,
+// holding LockSesman for the rest of t (sesman's port, its pid files, the
+// test user and the X displays are the machine's).
 func StartXRDP(t testing.TB, port int) *XRDP {
 	t.Helper()
 	RequireRoot(t)
 	Require(t, "xrdp", "xrdp-sesman", "xterm", "useradd", "chpasswd")
+	Lock(t, LockSesman)
 	x := &XRDP{Addr: fmt.Sprintf("127.0.0.1:%d", port), User: "dwtest", Password: "Xrdp-Pass1"}
 	if _, err := user.Lookup(x.User); err != nil {
 		run(t, "useradd", "-m", "-s", "/bin/bash", x.User)

@@ -1,7 +1,8 @@
 // Command testsummary reads `go test -json` on stdin, prints each package
 // result and the output of every failed test, and ends with one line:
-// "N passed, N failed, N skipped", after the slowest top-level tests (the
-// suite's time budget is spent there, so a run says where). It exits 1 if anything failed, and,
+// "N passed, N failed, N skipped", after the ten slowest top-level tests
+// and the run's wall time (the suite's time budget is spent there, so a
+// run says where). It exits 1 if anything failed, and,
 // when CI is set, if anything was skipped: in CI every real peer must run,
 // and a skipped test would be a check that silently did not happen.
 package main
@@ -16,10 +17,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 )
 
 // slowest is how many of the longest tests the summary lists.
-const slowest = 15
+const slowest = 10
 
 type event struct {
 	Action  string
@@ -27,6 +29,7 @@ type event struct {
 	Test    string
 	Output  string
 	Elapsed float64
+	Time    time.Time
 }
 
 func main() {
@@ -61,7 +64,8 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 	out := map[string]*strings.Builder{}
 	var failed []string
 	passed, skipped, buildFailed := 0, 0, false
-	var timed []event // top-level tests that ended, with their time
+	var timed []event         // top-level tests that ended, with their time
+	var first, last time.Time // the run's span: go test stamps every event
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -72,6 +76,14 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 				buildFailed = true
 			}
 			continue
+		}
+		if !e.Time.IsZero() {
+			if first.IsZero() || e.Time.Before(first) {
+				first = e.Time
+			}
+			if e.Time.After(last) {
+				last = e.Time
+			}
 		}
 		key := e.Package + "." + e.Test
 		if (e.Action == "pass" || e.Action == "fail") && e.Test != "" && !strings.Contains(e.Test, "/") {
@@ -120,6 +132,9 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 		for _, e := range top {
 			fmt.Fprintf(w, "%8.1fs %s %s\n", e.Elapsed, e.Package, e.Test)
 		}
+	}
+	if !first.IsZero() {
+		fmt.Fprintf(w, "\nwall time %s\n", last.Sub(first).Round(time.Second))
 	}
 	fmt.Fprintf(w, "\n%d passed, %d failed, %d skipped\n", passed, len(failed), skipped)
 	if len(failed) > 0 || buildFailed {

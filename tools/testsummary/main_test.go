@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,5 +53,23 @@ func TestSlowestListed(t *testing.T) {
 	b, _ := os.ReadFile(path)
 	if want := "91.0\tp\tTestSlow\n12.0\tp\tTestMiddle\n0.5\tp\tTestQuick\n"; string(b) != want {
 		t.Errorf("times file %q, want %q", b, want)
+	}
+}
+
+// TestTenSlowestAndWallTime: of twelve tests only the ten longest are
+// listed, and the run's wall time is the span of go test's timestamps.
+func TestTenSlowestAndWallTime(t *testing.T) {
+	var in strings.Builder
+	for i := 1; i <= 12; i++ {
+		fmt.Fprintf(&in, `{"Time":"2026-11-27T18:%02d:00Z","Action":"pass","Package":"p","Test":"Test%02d","Elapsed":%d}`+"\n", i, i, i)
+	}
+	var w strings.Builder
+	summarize(strings.NewReader(in.String()), &w, false)
+	got := w.String()
+	if !strings.Contains(got, "p Test03\n") || strings.Contains(got, "p Test02\n") || strings.Contains(got, "p Test01\n") {
+		t.Errorf("want the ten slowest (Test12 down to Test03) listed:\n%s", got)
+	}
+	if !strings.Contains(got, "\nwall time 11m0s\n") {
+		t.Errorf("want a wall time of 11m0s (18:01 to 18:12):\n%s", got)
 	}
 }

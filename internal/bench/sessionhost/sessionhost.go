@@ -65,6 +65,11 @@ type Options struct {
 	// CPUPressureMaxPct is the broker's CPU pressure threshold
 	// (broker.health.cpu_pressure_max_pct): 0 for its default.
 	CPUPressureMaxPct float64
+	// CalmWait is the longest the bench waits, before each ramp but the
+	// first, for the host's CPU pressure to settle: 0 for calmWait, a
+	// negative value not to wait (a smoke run on a machine busy with
+	// other work, which checks the plumbing, not the figures).
+	CalmWait time.Duration
 	// LogonTimeout is how long a logon may take before it counts as failed.
 	LogonTimeout time.Duration
 	// Size and BPP are the clients' desktops: small and few colours, so
@@ -83,6 +88,9 @@ func (o *Options) defaults() {
 	}
 	if o.CPUPressureMaxPct <= 0 {
 		o.CPUPressureMaxPct = config.DefaultHealth().CPUPressureMaxPct
+	}
+	if o.CalmWait == 0 {
+		o.CalmWait = calmWait
 	}
 	if o.Interval <= 0 {
 		o.Interval = 20 * time.Second
@@ -391,7 +399,7 @@ func (r *rig) waitSessionsGone(ctx context.Context) {
 
 // quietCPUPressurePct is the CPU pressure under which a host counts as
 // idle again between ramps; calmWait is the longest the bench waits for
-// it: the 10-second average falls from 90 % to 5 % in about 30 s once
+// it by default: the 10-second average falls from 90 % to 5 % in about 30 s once
 // nothing waits, and a machine busy with other work may never get there.
 const (
 	quietCPUPressurePct = 5
@@ -399,9 +407,12 @@ const (
 )
 
 // waitCPUCalm waits until the machine's CPU pressure (some avg10) is under
-// quietCPUPressurePct, or for at most calmWait.
+// quietCPUPressurePct, or for at most Options.CalmWait.
 func (r *rig) waitCPUCalm(ctx context.Context) {
-	deadline := time.Now().Add(calmWait)
+	if r.o.CalmWait < 0 {
+		return
+	}
+	deadline := time.Now().Add(r.o.CalmWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		c, err := agent.ReadCounters("/proc")
 		if err != nil || c.CPUSome10 < quietCPUPressurePct {
@@ -409,5 +420,5 @@ func (r *rig) waitCPUCalm(ctx context.Context) {
 		}
 		time.Sleep(time.Second)
 	}
-	r.o.Log.Warn("the host's CPU pressure stayed high between ramps", "limit", calmWait)
+	r.o.Log.Warn("the host's CPU pressure stayed high between ramps", "limit", r.o.CalmWait)
 }

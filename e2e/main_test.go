@@ -1,0 +1,86 @@
+// Package e2e drives deskway with real third-party programs (xrdp,
+// xfreerdp, chromium, qemu, PostgreSQL, HAProxy, FRR, ...), each started
+// by the test that needs it, on loopback or in network namespaces the
+// test makes.
+//
+// How the tests share the machine (make test runs them with -parallel
+// $(TEST_PARALLEL); the Makefile says why that many):
+//
+//   - A test that only waits on its own servers, on ports the kernel
+//     chose (testkit.FreePort) and namespaces with random names, calls
+//     t.Parallel() first.
+//   - A test that needs a resource of the whole machine also calls
+//     testkit.Lock with its name, right after t.Parallel(): xrdp-sesman's
+//     port 3350 (testkit.LockSesman; testkit.StartXRDP takes it itself,
+//     a test that starts xrdp another way, such as a bench, takes it
+//     before), the fixed service ports 8443/8444/8446/9443/10809/3389 on
+//     the host (testkit.LockServicePorts). Locks are files under
+//     os.TempDir(), so they hold across test processes too.
+//   - A test that measures time against a budget (a failover within 3 s,
+//     a bench's figures) or loads both CPUs for long does not call
+//     t.Parallel(): go test runs such tests one by one before any
+//     parallel test starts, so nothing of this package runs beside them.
+//     So do, for now, the tests that boot qemu guests (where KVM runs no
+//     guest, qemu emulates the CPU: each guest takes a core) and those
+//     that drive xrdp, xfreerdp or chromium, whose waits were not
+//     measured beside other tests.
+//
+// Every test gets the deskway binary from build(t): it is compiled once
+// per run and shared, so a test must not change or remove it.
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// binEnv names the variable TestMain sets to the path build compiles
+// the deskway binary to: the one value every test of the run shares.
+const binEnv = "DESKWAY_E2E_BIN"
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deskway-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	if err := os.Setenv(binEnv, filepath.Join(dir, "deskway")); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// build returns the deskway binary. The first test to ask compiles it
+// (about 10 s of CPU for the link alone, which each test paid before);
+// the rest of the run shares it, tests running in parallel waiting for
+// that first build.
+func build(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv(binEnv)
+	if bin == "" {
+		t.Fatal(binEnv + " is unset: TestMain did not run")
+	}
+	testkit.LockDuring(t, "e2e-build", func() {
+		if _, err := os.Stat(bin); err == nil {
+			return
+		}
+		// Built beside its final name and renamed, so no test ever sees
+		// half a binary.
+		cmd := exec.Command("go", "build", "-o", bin+".new", "../cmd/deskway")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+		if err := os.Rename(bin+".new", bin); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return bin
+}
