@@ -17,7 +17,8 @@ packages=(
   nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
   ipxe iproute2                                        # iPXE first stages the netboot TFTP serves (undionly.kpxe, ipxe.efi)
-  ovmf                                                 # UEFI firmware for the network-boot VMs (PXE and HTTP Boot)
+  ovmf                                                 # UEFI firmware for the network-boot VMs (PXE and HTTP Boot; Secure Boot with Microsoft's keys)
+  shim-signed grub-efi-amd64-signed                    # the signed chain netboot's secure_boot serves (shimx64.efi, grubnetx64.efi)
   ndisc6                                               # rdisc6: an IPv6 router-discovery client for the boot network's advertisements
   wireguard-tools                                      # wg: configures the office peer (wireguard-go) in the WireGuard site tests
   postgresql                                           # the broker's shared database (tests start their own clusters)
@@ -62,6 +63,9 @@ fi
 # A Debian kernel for the diskless-boot tests, unpacked (never installed)
 # with only the modules a virtio disk with ext4 needs, and those of a
 # network-booted machine's root disk (virtio-net, the kernel NBD client).
+# It is Debian's signed kernel (linux-image-VERSION-amd64, built from
+# linux-signed-amd64; modules signed too), which shim lets boot under
+# Secure Boot.
 kdir=/var/cache/deskway/kernel
 if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1 || ! ls "$kdir"/lib/modules/*/kernel/drivers/block/nbd.ko >/dev/null 2>&1; then
   pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')

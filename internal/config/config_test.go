@@ -163,15 +163,17 @@ func TestNetbootValidation(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"    address: 10.77.0.1\n":                                                                                   "stream.netboot.interface",
-		"    interface: br0\n    address: fe80::1\n":                                                                 "stream.netboot.address",
-		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n":                                               "give pool.start and pool.end",
-		"    interface: br0\n    address: 10.77.0.1\n    pool: {start: 10.77.0.2, end: 10.77.0.3}\n":                 "is for dhcp: full",
-		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.1.2, end: 10.77.1.3}\n": "is not in 10.77.0.0/24",
-		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.0.1, end: 10.77.0.3}\n": "the server's own address",
-		"    interface: br0\n    address: 10.77.0.1\n    dhcp: relay\n":                                              "not proxy or full",
-		"    interface: br0\n    address: 10.77.0.9\n":                                                               "devices could not reach it",
-		"    interface: br0\n    address: 10.77.0.1\n    servers: [\"10.77.0.1:10809\", \"10.77.0.2:10809\"]\n":      "set stream.shared_cache",
+		"    address: 10.77.0.1\n":                                                                                           "stream.netboot.interface",
+		"    interface: br0\n    address: fe80::1\n":                                                                         "stream.netboot.address",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n":                                                       "give pool.start and pool.end",
+		"    interface: br0\n    address: 10.77.0.1\n    pool: {start: 10.77.0.2, end: 10.77.0.3}\n":                         "is for dhcp: full",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.1.2, end: 10.77.1.3}\n":         "is not in 10.77.0.0/24",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: full\n    pool: {start: 10.77.0.1, end: 10.77.0.3}\n":         "the server's own address",
+		"    interface: br0\n    address: 10.77.0.1\n    dhcp: relay\n":                                                      "not proxy or full",
+		"    interface: br0\n    address: 10.77.0.9\n":                                                                       "devices could not reach it",
+		"    interface: br0\n    address: 10.77.0.1\n    servers: [\"10.77.0.1:10809\", \"10.77.0.2:10809\"]\n":              "set stream.shared_cache",
+		"    interface: br0\n    address: 10.77.0.1\n    secure_boot: true\n    shim: /nonexistent/shimx64.efi\n":            "/nonexistent/shimx64.efi is not a readable file: secure_boot needs Debian's shim-signed package",
+		"    interface: br0\n    address: 10.77.0.1\n    secure_boot: true\n    shim: " + img + "\n    grub: /nonexistent\n": "/nonexistent is not a readable file: secure_boot needs Debian's grub-efi-amd64-signed",
 	} {
 		if _, err := Parse([]byte(base + in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("netboot %q: got %v, want an error with %q", in, err, want)

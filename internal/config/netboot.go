@@ -43,6 +43,14 @@ type Netboot struct {
 	// of deskway's own), off with dhcp: proxy, whose network has its own
 	// routers.
 	RouterAdvertisements *bool `yaml:"router_advertisements"`
+	// SecureBoot sends x86-64 UEFI PXE clients the chain Debian signs
+	// (shim, signed by Microsoft's UEFI CA; GRUB, signed by Debian) in
+	// place of ipxe.efi, which firmware with Secure Boot on refuses.
+	SecureBoot bool `yaml:"secure_boot"`
+	// Shim and Grub are that chain's first two stages, from Debian's
+	// shim-signed and grub-efi-amd64-signed packages.
+	Shim string `yaml:"shim"`
+	Grub string `yaml:"grub"`
 }
 
 // NetbootPool is the addresses a full DHCP server hands out.
@@ -58,6 +66,8 @@ func netbootDefaults(n *Netboot) {
 	setDefault(&n.HTTPPort, 8069)
 	setDefault(&n.DHCP, "proxy")
 	setDefault(&n.IPXEDir, "/usr/lib/ipxe")
+	setDefault(&n.Shim, "/usr/lib/shim/shimx64.efi.signed")
+	setDefault(&n.Grub, "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed")
 	if n.RouterAdvertisements == nil {
 		on := n.DHCP == "full"
 		n.RouterAdvertisements = &on
@@ -105,6 +115,13 @@ func validateNetboot(n *Netboot, st *Stream, bad func(string, string, ...any)) {
 		if host, _, err := net.SplitHostPort(st.Listen); err == nil && host != "" {
 			if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() && a.String() != n.Address {
 				bad("stream.netboot.servers", "stream.listen (%s) is not on %s, so devices could not reach it: list the servers, or listen on the boot network", st.Listen, n.Address)
+			}
+		}
+	}
+	if n.SecureBoot {
+		for _, f := range []struct{ key, path, pkg string }{{"shim", n.Shim, "shim-signed"}, {"grub", n.Grub, "grub-efi-amd64-signed"}} {
+			if fi, err := os.Stat(f.path); err != nil || !fi.Mode().IsRegular() {
+				bad("stream.netboot."+f.key, "%s is not a readable file: secure_boot needs Debian's %s package installed, or the path of that file", f.path, f.pkg)
 			}
 		}
 	}

@@ -48,6 +48,8 @@ var pxeNoDiscovery = []byte{6, 1, 8, 255}
 type boot struct {
 	server   net.IP // TFTP and HTTP server
 	httpPort int
+	// secureBoot sends x86-64 UEFI PXE clients shim, not ipxe.efi.
+	secureBoot bool
 }
 
 // isPXE says the client is a network-boot firmware or iPXE.
@@ -83,6 +85,9 @@ func (b boot) file(m *dhcpv4.DHCPv4) string {
 			return fmt.Sprintf("http://%s:%d/netboot/%s", b.server, b.httpPort, name)
 		}
 		return ""
+	}
+	if b.secureBoot && (arch == iana.EFI_X86_64 || arch == iana.EFI_BC) {
+		return sbShim
 	}
 	return pxeStages[arch]
 }

@@ -21,7 +21,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -81,7 +80,7 @@ func New(st *config.Stream, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, vdisks: map[string]config.VDisk{}, log: d.Logger, now: d.Now, devices: devs,
-		boot: boot{server: net.ParseIP(cfg.Address).To4(), httpPort: cfg.HTTPPort}, servers: cfg.Servers, live: d.Live, m: newMetrics(d.Registry),
+		boot: boot{server: net.ParseIP(cfg.Address).To4(), httpPort: cfg.HTTPPort, secureBoot: cfg.SecureBoot}, servers: cfg.Servers, live: d.Live, m: newMetrics(d.Registry),
 		tftpSlots: make(chan struct{}, maxTFTP)}
 	for _, v := range st.VDisks {
 		s.vdisks[v.Name] = v
@@ -232,13 +231,26 @@ const (
 	maxHTTPConns = 256
 )
 
-// tftpRead serves iPXE's first stages, and nothing else, to at most
-// maxTFTP clients at a time; the others are refused at once, and their
-// firmware asks again.
+// tftpRead serves iPXE's first stages (with secure_boot, the signed
+// chain's files too) and nothing else, to at most maxTFTP clients at a
+// time; the others are refused at once, and their firmware asks again.
 func (s *Service) tftpRead(name string, rf io.ReaderFrom) error {
 	name = strings.TrimPrefix(name, "/")
-	if !slices.Contains(slices.Collect(maps.Values(pxeStages)), name) {
+	var remote string
+	if t, ok := rf.(tftp.OutgoingTransfer); ok {
+		a := t.RemoteAddr()
+		remote = a.String()
+	}
+	var open func() (io.ReadCloser, int64, error)
+	switch {
+	case slices.Contains(slices.Collect(maps.Values(pxeStages)), name):
+		open = openFile(filepath.Join(s.cfg.IPXEDir, name))
+	case s.cfg.SecureBoot:
+		open = s.secureBootFile(name, remote)
+	}
+	if open == nil {
 		s.m.tftp.WithLabelValues("refused").Inc()
+		s.log.Debug("TFTP: refused", "file", name, "remote", remote)
 		return fmt.Errorf("no file %q here: deskway serves undionly.kpxe, ipxe.efi and ipxe-arm64.efi", name)
 	}
 	select {
@@ -249,16 +261,15 @@ func (s *Service) tftpRead(name string, rf io.ReaderFrom) error {
 		return fmt.Errorf("busy: %d transfers already; try again", maxTFTP)
 	}
 	s.m.tftp.WithLabelValues("served").Inc()
-	f, err := os.Open(filepath.Join(s.cfg.IPXEDir, name))
+	f, size, err := open()
 	if err != nil {
-		s.log.Warn("TFTP: iPXE first stage missing (install Debian's ipxe package, or set stream.netboot.ipxe_dir)", "error", err)
+		s.log.Warn("TFTP: a boot file is missing (install Debian's ipxe package, or set stream.netboot.ipxe_dir; with secure_boot, shim-signed and grub-efi-amd64-signed)", "file", name, "error", err)
 		return err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil {
-		if t, ok := rf.(tftp.OutgoingTransfer); ok {
-			t.SetSize(fi.Size())
-		}
+	s.log.Debug("TFTP", "file", name, "remote", remote, "bytes", size)
+	if t, ok := rf.(tftp.OutgoingTransfer); ok {
+		t.SetSize(size)
 	}
 	_, err = rf.ReadFrom(f)
 	return err
