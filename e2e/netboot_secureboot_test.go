@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -94,7 +95,8 @@ func startSecureBootServer(t *testing.T, ns *netns, conf string) (bin, cfg strin
 // secure_boot on, through shim, GRUB and Debian's kernel, all signed,
 // to their vDisk's init over NBD, with deskway's DHCP server (full)
 // and beside the network's own (proxy); the kernel says it booted with
-// Secure Boot on and is in lockdown. No MOK is enrolled: the firmware
+// Secure Boot on and is in lockdown. A disabled device is told so by
+// GRUB and boots once enabled. No MOK is enrolled: the firmware
 // variables are Debian's as shipped. The same firmware refuses the
 // iPXE deskway sends without secure_boot.
 func TestNetbootSecureBoot(t *testing.T) {
@@ -102,9 +104,15 @@ func TestNetbootSecureBoot(t *testing.T) {
 		t.Parallel()
 		ns := newNetns(t, "tap1")
 		bin, cfg, srv := startSecureBootServer(t, ns, secureBootConfig(false))
-		ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:21", "--name", "sb1", "--vdisk", "golden", "-c", cfg)
+		ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:21", "--name", "sb1", "--vdisk", "golden", "--disabled", "-c", cfg)
 		ns.run(bin, "device", "personality", "sb1", "role=kiosk", "site=north", "-c", cfg)
-		checkSecureBoot(t, ns.bootSecure("tap1", "52:54:00:77:00:21"), "sb1", srv, `net0: 10\.77\.0\.1[0-5]\d/`)
+		// Disabled, GRUB says so and asks again; enabled, Esc (or the
+		// minute's end) and it boots, with no power cycle.
+		v := ns.bootSecure("tap1", "52:54:00:77:00:21")
+		v.wait(t, regexp.MustCompile(`deskway: device sb1 \(52:54:00:77:00:21\) is disabled by an administrator\.`), 10*time.Minute)
+		ns.run(bin, "device", "enable", "sb1", "-c", cfg)
+		io.WriteString(v.in, "\x1b")
+		checkSecureBoot(t, v, "sb1", srv, `Station IP address is 10\.77\.0\.1[0-5]\d\b`)
 	})
 	t.Run("proxy", func(t *testing.T) {
 		t.Parallel()

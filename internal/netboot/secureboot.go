@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 )
 
@@ -46,8 +45,11 @@ func (s *Service) secureBootFile(name, remote string) func() (io.ReadCloser, int
 	case name == sbGrub:
 		return openFile(s.cfg.Grub)
 	case name == sbConfig:
-		// GRUB fills in the MAC of the card it booted from.
-		return text(fmt.Sprintf("configfile (tftp,%s)/%s${net_default_mac}%s\n", s.cfg.Address, sbDevicePrefix, sbDeviceSuffix))
+		// GRUB fills in the MAC of the card it booted from. A machine
+		// that may not boot is told why and asks again after a while, in
+		// a loop: configfile would nest one level deeper every time.
+		return text(fmt.Sprintf("while true; do\n  source (tftp,%s)/%s${net_default_mac}%s\n  sleep --interruptible %d\ndone\n",
+			s.cfg.Address, sbDevicePrefix, sbDeviceSuffix, int(retryAfter.Seconds())))
 	case strings.HasPrefix(name, sbDevicePrefix) && strings.HasSuffix(name, sbDeviceSuffix):
 		mac := strings.TrimSuffix(strings.TrimPrefix(name, sbDevicePrefix), sbDeviceSuffix)
 		cfg, err := s.grubConfig(mac, remote)
@@ -85,7 +87,7 @@ func openFile(path string) func() (io.ReadCloser, int64, error) {
 
 // grubConfig is the GRUB configuration of the machine with mac: the same
 // decision as its iPXE script (deviceScript: boot its vDisk, or say why
-// not and ask again), in GRUB's words, its files over TFTP.
+// not), in GRUB's words, its files over TFTP.
 func (s *Service) grubConfig(mac, remote string) (string, error) {
 	rec := &scriptRecorder{header: http.Header{}}
 	req, err := http.NewRequest(http.MethodGet, "/netboot/device?mac="+url.QueryEscape(mac), nil)
@@ -97,35 +99,26 @@ func (s *Service) grubConfig(mac, remote string) (string, error) {
 	if rec.status != 0 && rec.status != http.StatusOK {
 		return "", fmt.Errorf("netboot: %s", strings.TrimSpace(rec.body.String()))
 	}
-	again := fmt.Sprintf("configfile (tftp,%s)/%s%s%s", s.cfg.Address, sbDevicePrefix, mac, sbDeviceSuffix)
-	return ipxeToGrub(rec.body.String(), s.base(), fmt.Sprintf("(tftp,%s)", s.cfg.Address), again)
+	return ipxeToGrub(rec.body.String(), s.base(), fmt.Sprintf("(tftp,%s)", s.cfg.Address))
 }
 
 // ipxeToGrub says what the iPXE script of deviceScript says, in GRUB's
 // configuration language: echo, linux and initrd (files under base
-// fetched from root instead), boot, and a retry after a wait (again). A
-// line it does not know is an error, not a step left out.
-func ipxeToGrub(script, base, root, again string) (string, error) {
+// fetched from root instead) and boot. Its wait and retry are grub.cfg's
+// loop. A line it does not know is an error, not a step left out.
+func ipxeToGrub(script, base, root string) (string, error) {
 	var b strings.Builder
 	for _, line := range strings.Split(script, "\n") {
 		cmd, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
 		switch {
-		case cmd == "" || cmd == "#!ipxe" || cmd == ":retry":
+		case cmd == "" || cmd == "#!ipxe" || cmd == ":retry" || cmd == "chain":
 		case cmd == "echo":
 			fmt.Fprintf(&b, "echo %s\n", grubQuote(rest))
 		case cmd == "prompt":
-			// prompt --timeout MS TEXT || goto retry
-			f := strings.Fields(rest)
-			if len(f) < 2 || f[0] != "--timeout" {
-				return "", fmt.Errorf("netboot: iPXE prompt %q: no --timeout", rest)
+			if !strings.HasSuffix(rest, "|| goto retry") {
+				return "", fmt.Errorf("netboot: iPXE prompt %q does not go on to ask again", rest)
 			}
-			ms, err := strconv.Atoi(f[1])
-			if err != nil {
-				return "", fmt.Errorf("netboot: iPXE prompt %q: %w", rest, err)
-			}
-			fmt.Fprintf(&b, "echo 'Press Esc to try again now'\nsleep --interruptible %d\n", (ms+999)/1000)
-		case cmd == "chain":
-			b.WriteString(again + "\n")
+			b.WriteString("echo 'Press Esc to try again now'\n")
 		case cmd == "kernel":
 			file, args, _ := strings.Cut(rest, " ")
 			path, ok := strings.CutPrefix(file, base+"/")

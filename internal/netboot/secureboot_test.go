@@ -79,13 +79,12 @@ func TestSecureBootFiles(t *testing.T) {
 	for name, want := range map[string]string{
 		"shimx64.efi":                   "shim bytes",
 		"grubx64.efi":                   "grub bytes",
-		"/grub/grub.cfg":                "configfile (tftp,10.77.0.1)/grub/device-${net_default_mac}.cfg\n",
+		"/grub/grub.cfg":                "while true; do\n  source (tftp,10.77.0.1)/grub/device-${net_default_mac}.cfg\n  sleep --interruptible 60\ndone\n",
 		"netboot/vdisks/golden/kernel":  "kernel bytes",
 		"/netboot/vdisks/golden/initrd": "initrd bytes",
 		"grub/device-52:54:00:77:00:02.cfg": "echo 'deskway: device pc2 (52:54:00:77:00:02) is disabled by an administrator.'\n" +
 			"echo 'deskway: It boots again after: deskway device enable pc2'\n" +
-			"echo 'Press Esc to try again now'\nsleep --interruptible 60\n" +
-			"configfile (tftp,10.77.0.1)/grub/device-52:54:00:77:00:02.cfg\n",
+			"echo 'Press Esc to try again now'\n",
 	} {
 		if got, err := read(name); err != nil || got != want {
 			t.Errorf("TFTP %s: %q, %v; want %q", name, got, err, want)
@@ -115,11 +114,11 @@ func TestSecureBootFiles(t *testing.T) {
 // no GRUB equivalent here fails the translation rather than vanish.
 func TestIPXEToGrubRefusesWhatItDoesNotKnow(t *testing.T) {
 	for _, script := range []string{"#!ipxe\nmenu Choose\n", "#!ipxe\nkernel http://elsewhere/vmlinuz\n", "#!ipxe\nprompt Press a key\n"} {
-		if got, err := ipxeToGrub(script, "http://10.77.0.1:8069", "(tftp,10.77.0.1)", "configfile x"); err == nil {
+		if got, err := ipxeToGrub(script, "http://10.77.0.1:8069", "(tftp,10.77.0.1)"); err == nil {
 			t.Errorf("%q translated to %q", script, got)
 		}
 	}
-	if got, _ := ipxeToGrub("echo it's\n", "", "", ""); !strings.Contains(got, `echo 'it'\''s'`) {
+	if got, _ := ipxeToGrub("echo it's\n", "", ""); !strings.Contains(got, `echo 'it'\''s'`) {
 		t.Errorf("a quote in an echo: %q", got)
 	}
 }
