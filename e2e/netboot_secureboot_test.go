@@ -119,7 +119,10 @@ func TestNetbootSecureBoot(t *testing.T) {
 		ns := newNetns(t, "tap1")
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "udhcpd.conf")
-		writeFile(t, conf, "start 10.77.0.50\nend 10.77.0.60\ninterface br0\nlease_file "+filepath.Join(dir, "udhcpd.leases")+"\noption subnet 255.255.255.0\n")
+		// GRUB reads its TFTP server from the network's DHCP answer
+		// (next-server), not from deskway's proxy offer: the network's
+		// DHCP server names deskway there (docs/netboot.md).
+		writeFile(t, conf, "start 10.77.0.50\nend 10.77.0.60\ninterface br0\nlease_file "+filepath.Join(dir, "udhcpd.leases")+"\noption subnet 255.255.255.0\nsiaddr 10.77.0.1\n")
 		writeFile(t, filepath.Join(dir, "udhcpd.leases"), "")
 		testkit.Start(t, nil, "ip", "netns", "exec", ns.name, "busybox", "udhcpd", "-f", conf)
 		bin, cfg, srv := startSecureBootServer(t, ns, secureBootConfig(true))
