@@ -54,8 +54,11 @@ func (s *Service) secureBootFile(name, remote string) func() (io.ReadCloser, int
 		mac := strings.TrimSuffix(strings.TrimPrefix(name, sbDevicePrefix), sbDeviceSuffix)
 		cfg, err := s.grubConfig(mac, remote)
 		if err != nil {
+			// Said on the machine's console, which asks again after the
+			// loop's wait.
 			s.log.Warn("Secure Boot: no GRUB configuration for a machine", "mac", mac, "remote", remote, "error", err)
-			return nil
+			cfg = fmt.Sprintf("echo %s\necho %s\n", grubQuote(fmt.Sprintf("deskway: this machine (%s) cannot be booted through Secure Boot's GRUB as its device is set up (a boot menu, for one, is iPXE's only).", mac)),
+				grubQuote("deskway: the stream server's log says why; trying again in a minute."))
 		}
 		return text(cfg)
 	case strings.HasPrefix(name, sbVDisks):

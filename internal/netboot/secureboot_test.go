@@ -97,7 +97,10 @@ func TestSecureBootFiles(t *testing.T) {
 	if err != nil || !want.MatchString(got) {
 		t.Errorf("pc1's GRUB configuration: %v\n%s", err, got)
 	}
-	for _, name := range []string{"grub/device-nope.cfg", "netboot/vdisks/golden/base", "netboot/vdisks/../../etc/passwd", "grub/x86_64-efi/grub.cfg", "mmx64.efi"} {
+	if got, err := read("grub/device-nope.cfg"); err != nil || !strings.Contains(got, "echo 'deskway: this machine (nope) cannot be booted through Secure Boot") {
+		t.Errorf("a MAC that is not one: %q, %v; want the reason on its console", got, err)
+	}
+	for _, name := range []string{"netboot/vdisks/golden/base", "netboot/vdisks/../../etc/passwd", "grub/x86_64-efi/grub.cfg", "mmx64.efi"} {
 		if got, err := read(name); err == nil {
 			t.Errorf("TFTP %s served %q", name, got)
 		}
