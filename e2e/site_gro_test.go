@@ -22,7 +22,7 @@ import (
 // 1500-byte link.
 func TestSiteCoalescingUnderlay(t *testing.T) {
 	testkit.RequireRoot(t)
-	testkit.Require(t, "ip", "busybox", "nsenter", "curl")
+	testkit.Require(t, "ip", "tc", "busybox", "nsenter", "curl")
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	sfx := hex.EncodeToString(b[:])

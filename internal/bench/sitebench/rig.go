@@ -87,8 +87,8 @@ func newRig() (r *rig, err error) {
 	return r, nil
 }
 
-// CoalesceReceive makes the veth dev in namespace ns receive as a NIC
-// does: coalescing what it receives (GRO, on by default in NICs) in a
+// CoalesceReceive makes the veth dev in namespace ns receive and queue
+// as a NIC does: coalescing what it receives (GRO, on by default in NICs) in a
 // NAPI context of its own, a kernel thread, as a NIC's interrupt is
 // apart from the sender. A veth's receiving otherwise runs in the
 // sender's system call, one packet at a time, with nothing to coalesce;
@@ -97,6 +97,12 @@ func newRig() (r *rig, err error) {
 func CoalesceReceive(ns, dev string) error {
 	if err := inNS(ns, func() error { return setGRO(dev) }); err != nil {
 		return fmt.Errorf("GRO on %s in %s: %w", dev, ns, err)
+	}
+	// A veth has no queue of its own (noqueue) and drops what its peer's
+	// ring cannot take; with one, as a NIC has (pfifo_fast, the kernel's
+	// default), a full ring stops the queue instead.
+	if err := run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "pfifo_fast"); err != nil {
+		return fmt.Errorf("a queue on %s in %s: %w", dev, ns, err)
 	}
 	// /sys shows a namespace's devices only where it is mounted for it,
 	// as ip netns exec does.
