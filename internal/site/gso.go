@@ -18,7 +18,7 @@ import (
 // header asking the kernel to segment it (GSO) wherever it leaves the
 // namespace: the path through the tenant's namespace and on to the
 // desktop then carries one packet, not forty, which is where the
-// datapath's time went (see docs/benchmarks/site).
+// datapath's time went (docs/site.md, How fast).
 
 // virtioHdrLen is the size of struct virtio_net_hdr, which precedes
 // every packet written to a TUN device with IFF_VNET_HDR.
