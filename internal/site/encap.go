@@ -6,14 +6,22 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"time"
 
 	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 
 	"github.com/deskway/deskway/internal/proto/gre"
 )
 
-// maxReadFailures reads failing in a row end the encapsulating loop.
-const maxReadFailures = 100
+const (
+	// maxReadFailures reads failing in a row end the encapsulating loop.
+	maxReadFailures = 100
+	// fullWait is how long a send waits for the underlay's full queue
+	// to drain, at most maxFullWaits times a batch.
+	fullWait     = 50 * time.Microsecond
+	maxFullWaits = 200
+)
 
 // encapLoop reads the tenant's device until it is closed and sends each
 // packet to the site whose prefixes hold its destination, a batch per
@@ -111,9 +119,17 @@ func (l *greLink) Send(bufs [][]byte, offset int) error {
 		bytes += uint64(len(inner))
 		l.msgs = append(l.msgs, ipv4.Message{Buffers: [][]byte{pkt}, Addr: addr})
 	}
-	sent := 0
+	sent, full := 0, 0
 	for sent < len(l.msgs) {
 		n, err := l.u.bc.WriteBatch(l.msgs[sent:], 0)
+		if errors.Is(err, unix.ENOBUFS) && full < maxFullWaits {
+			// The underlay device's queue is full: the datagrams not
+			// sent yet wait for it to drain rather than being lost,
+			// which TCP inside would take for congestion.
+			full++
+			time.Sleep(fullWait)
+			continue
+		}
 		if err != nil {
 			for range l.msgs[sent:] {
 				l.t.m.drop(dropSendError)

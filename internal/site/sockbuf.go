@@ -8,19 +8,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// underlayBuffer is the receive and send buffer each raw GRE socket
-// asks for, as wireguard-go asks for its UDP sockets. A raw socket gets
-// every datagram of a burst one by one (no offloads for protocol 47):
-// with the kernel's default (net.core.rmem_default, 208 KiB), a
-// 64 KiB TCP superpacket split into 1400-byte GRE datagrams, a few of
-// them in flight, overflowed it whenever the receiving loop was not
-// scheduled at once; a quarter of the TCP segments were then lost and
-// sent again.
+// underlayBuffer is the receive buffer each raw GRE socket asks for, as
+// wireguard-go asks for its UDP sockets. A raw socket gets every
+// datagram of a burst one by one (no offloads for protocol 47): with
+// the kernel's default (net.core.rmem_default, 208 KiB), a 64 KiB TCP
+// superpacket split into 1400-byte GRE datagrams, a few of them in
+// flight, overflowed it whenever the receiving loop was not scheduled
+// at once; a quarter of the TCP segments were then lost and sent again.
+// The send buffer keeps the kernel's default: it bounds what waits in
+// the underlay device's queue, so a full queue stops the sending loop
+// instead of dropping what it sends (with 7 MiB the office's end
+// overran its interface's queue and a fifth of its datagrams were
+// dropped).
 const underlayBuffer = 7 << 20
 
-// growBuffers sets c's buffers to underlayBuffer: with CAP_NET_ADMIN
-// past net.core.rmem_max and wmem_max (SO_RCVBUFFORCE), else as far as
-// they allow.
+// growBuffers sets c's receive buffer to underlayBuffer: with
+// CAP_NET_ADMIN past net.core.rmem_max (SO_RCVBUFFORCE), else as far as
+// it allows.
 func growBuffers(c net.PacketConn) error {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -32,12 +36,8 @@ func growBuffers(c net.PacketConn) error {
 	}
 	var serr error
 	err = rc.Control(func(fd uintptr) {
-		for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], underlayBuffer) != nil {
-				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], underlayBuffer); e != nil {
-					serr = e
-				}
-			}
+		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, underlayBuffer) != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, underlayBuffer)
 		}
 	})
 	if err == nil {

@@ -39,8 +39,11 @@ type tenant struct {
 	m       *tenantMetrics
 	extras  extras
 
-	ns        netns.NsHandle
-	dev       tun.Device
+	ns  netns.NsHandle
+	dev tun.Device
+	// gsoFile is dev's file when dev takes virtio-net headers (its
+	// offloads are on), for superpackets (gso.go); else nil.
+	gsoFile   *os.File
 	linkIndex int // the device's, in ns
 	created   bool
 	devOnce   sync.Once
@@ -221,6 +224,11 @@ func (t *tenant) up() (created bool, err error) {
 			return fmt.Errorf("create TUN device %s: %w", t.ifName, err)
 		}
 		t.dev = dev
+		// wireguard-go batches only when the device's offloads are on,
+		// and so its packets carry virtio-net headers.
+		if f, ok := dev.(fileDevice); ok && dev.BatchSize() > 1 {
+			t.gsoFile = f.File()
+		}
 		// The device reports up, down and MTU changes on a channel it
 		// blocks on when full; the datapath needs none of them.
 		go func() {

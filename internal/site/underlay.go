@@ -102,28 +102,44 @@ func (u *underlay) receive() error {
 			if t == nil {
 				continue
 			}
-			// The inner packet with its headroom, in bufs[i]'s terms.
-			pending[t] = append(pending[t], bufs[i][start:headroom+end])
-			size := uint64(end - start)
-			st.pktsIn.Add(1)
+			size, pkts := uint64(end-start), uint64(1)
+			if iphLen, ok := t.superTCP(bufs[i][headroom+start:headroom+end], t.c().mtu); ok {
+				// Packets before it in the batch go first: a flow's
+				// order is kept.
+				u.flush(t, pending)
+				var err error
+				if pkts, err = t.writeSuper(bufs[i][headroom+start-virtioHdrLen:headroom+end], iphLen, t.c().mtu); err != nil {
+					t.m.drop(dropDeviceError)
+					u.log.Debug("write to tunnel device", "tenant", t.name, "error", err)
+				}
+			} else {
+				// The inner packet with its headroom, in bufs[i]'s terms.
+				pending[t] = append(pending[t], bufs[i][start:headroom+end])
+			}
+			st.pktsIn.Add(pkts)
 			st.bytesIn.Add(size)
 			st.lastIn.Store(now)
-			t.m.pktsIn.Inc()
+			t.m.pktsIn.Add(float64(pkts))
 			t.m.bytesIn.Add(float64(size))
 		}
-		for t, pkts := range pending {
-			if len(pkts) == 0 {
-				continue
-			}
-			if _, err := t.dev.Write(pkts, headroom); err != nil {
-				t.m.drop(dropDeviceError)
-				u.log.Debug("write to tunnel device", "tenant", t.name, "error", err)
-			}
-			pending[t] = pkts[:0] // kept for the next batch: the tenants are few
-			if t.closing.Load() {
-				delete(pending, t) // removed by a reload
-			}
+		for t := range pending {
+			u.flush(t, pending)
 		}
+	}
+}
+
+// flush writes the packets pending for t to its device.
+func (u *underlay) flush(t *tenant, pending map[*tenant][][]byte) {
+	pkts := pending[t]
+	if len(pkts) > 0 {
+		if _, err := t.dev.Write(pkts, headroom); err != nil {
+			t.m.drop(dropDeviceError)
+			u.log.Debug("write to tunnel device", "tenant", t.name, "error", err)
+		}
+	}
+	pending[t] = pkts[:0] // kept for the next batch: the tenants are few
+	if t.closing.Load() {
+		delete(pending, t) // removed by a reload
 	}
 }
 

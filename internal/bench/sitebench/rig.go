@@ -1,7 +1,9 @@
 package sitebench
 
 import (
+	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -10,8 +12,10 @@ import (
 	"runtime"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // rig is one system's world, five network namespaces with a random
@@ -74,7 +78,99 @@ func newRig() (r *rig, err error) {
 			return r, err
 		}
 	}
+	// The underlay's veths receive as a NIC does, every system alike.
+	for _, n := range []string{r.ro, r.gw} {
+		if err := CoalesceReceive(n, "ul0"); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
+}
+
+// CoalesceReceive makes the veth dev in namespace ns receive and queue
+// as a NIC does: coalescing what it receives (GRO, on by default in NICs) in a
+// NAPI context of its own, a kernel thread, as a NIC's interrupt is
+// apart from the sender. A veth's receiving otherwise runs in the
+// sender's system call, one packet at a time, with nothing to coalesce;
+// and it takes a packet a socket sent to NAPI, where GRO runs, only
+// with rx-udp-gro-forwarding on too.
+func CoalesceReceive(ns, dev string) error {
+	if err := inNS(ns, func() error { return setGRO(dev) }); err != nil {
+		return fmt.Errorf("GRO on %s in %s: %w", dev, ns, err)
+	}
+	// A veth has no queue of its own (noqueue) and drops what its peer's
+	// ring cannot take; with one, as a NIC has (pfifo_fast, the kernel's
+	// default), a full ring stops the queue instead.
+	if err := run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "pfifo_fast"); err != nil {
+		return fmt.Errorf("a queue on %s in %s: %w", dev, ns, err)
+	}
+	// /sys shows a namespace's devices only where it is mounted for it,
+	// as ip netns exec does.
+	if err := run("ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /sys/class/net/"+dev+"/threaded"); err != nil {
+		return fmt.Errorf("threaded NAPI on %s in %s: %w", dev, ns, err)
+	}
+	return nil
+}
+
+// setGRO turns rx-gro and rx-udp-gro-forwarding on for the interface
+// dev in the calling thread's namespace (ethtool -K dev gro on
+// rx-udp-gro-forwarding on).
+func setGRO(dev string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ethtool := func(cmd unsafe.Pointer) error {
+		// struct ifreq: the name, then ifr_data pointing at the command.
+		var ifr struct {
+			name [unix.IFNAMSIZ]byte
+			data unsafe.Pointer
+			_    [16]byte
+		}
+		copy(ifr.name[:], dev)
+		ifr.data = cmd
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
+			return e
+		}
+		return nil
+	}
+	const ethSSFeatures, ethGStringLen = 4, 32
+	info := struct {
+		cmd, _, mask uint32
+		_            uint32
+		count        uint32
+	}{cmd: unix.ETHTOOL_GSSET_INFO, mask: 1 << ethSSFeatures}
+	if err := ethtool(unsafe.Pointer(&info)); err != nil {
+		return fmt.Errorf("ETHTOOL_GSSET_INFO: %w", err)
+	}
+	n := int(info.count)
+	strs := make([]byte, 12+n*ethGStringLen)
+	binary.NativeEndian.PutUint32(strs[0:], unix.ETHTOOL_GSTRINGS)
+	binary.NativeEndian.PutUint32(strs[4:], ethSSFeatures)
+	binary.NativeEndian.PutUint32(strs[8:], uint32(n))
+	if err := ethtool(unsafe.Pointer(&strs[0])); err != nil {
+		return fmt.Errorf("ETHTOOL_GSTRINGS: %w", err)
+	}
+	words := (n + 31) / 32
+	set := make([]uint32, 2+2*words)
+	set[0], set[1] = unix.ETHTOOL_SFEATURES, uint32(words)
+	found := 0
+	for i := range n {
+		name := string(bytes.TrimRight(strs[12+i*ethGStringLen:12+(i+1)*ethGStringLen], "\x00"))
+		if name == "rx-gro" || name == "rx-udp-gro-forwarding" {
+			set[2+2*(i/32)] |= 1 << (i % 32)   // valid
+			set[2+2*(i/32)+1] |= 1 << (i % 32) // requested
+			found++
+		}
+	}
+	if found != 2 {
+		return fmt.Errorf("%s has no rx-gro or rx-udp-gro-forwarding feature", dev)
+	}
+	if err := ethtool(unsafe.Pointer(&set[0])); err != nil {
+		return fmt.Errorf("ETHTOOL_SFEATURES: %w", err)
+	}
+	return nil
 }
 
 // close deletes every namespace the rig made. A deletion is tried

@@ -84,7 +84,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("site bench: run as root (it makes network namespaces, veths, TUN and VXLAN devices)")
 	}
-	for _, p := range []string{"ip", "nsenter"} {
+	for _, p := range []string{"ip", "tc", "nsenter"} {
 		if _, err := exec.LookPath(p); err != nil {
 			return nil, fmt.Errorf("site bench: %s is needed (iproute2, util-linux)", p)
 		}
