@@ -53,7 +53,8 @@ func TestFarmReconnectGrantAtTheOtherNode(t *testing.T) {
 }
 
 // farmBinaryNode is a gateway node run by the deskway binary, sharing
-// the in-process nodes' token key, users and policies.
+// the in-process nodes' token key, users and policies. Its admin API
+// listens on a free port: the default, 9443, may be another test's.
 const farmBinaryNode = `state_dir: %[1]s
 log: {level: debug, format: json}
 tls: {cert: %[2]s, key: %[3]s}
@@ -69,6 +70,7 @@ gateway:
   - {name: loop, groups: [staff], hosts: [127.0.0.1]}
 farm:
   database: "file:%[5]s"
+admin: {listen: "127.0.0.1:%[6]d"}
 `
 
 // TestFarmNodeKilledFreesItsTokensWithinSeconds: node A, the deskway
@@ -98,7 +100,7 @@ func TestFarmNodeKilledFreesItsTokensWithinSeconds(t *testing.T) {
 	}
 	port := testkit.FreePort(t)
 	cfgFile := filepath.Join(dir, "deskway.yaml")
-	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(farmBinaryNode, dir, cert, key, port, dsnFile)), 0o600); err != nil {
+	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(farmBinaryNode, dir, cert, key, port, dsnFile, testkit.FreePort(t))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	nodeA := testkit.Start(t, nil, bin, "gateway", "-c", cfgFile)

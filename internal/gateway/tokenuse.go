@@ -201,15 +201,16 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// verifyToken checks a PAA token; expired says it is genuine but past
-// its expiry, for the reconnect grant to judge.
-func (tn *tunnel) verifyToken(tok string) (c *auth.Claims, expired bool, err error) {
+// verifyToken checks a PAA token; a non-nil expired says it is genuine
+// but past its expiry, for the reconnect grant to judge, and is Verify's
+// reason (how far apart the clocks look) for a refusal to name.
+func (tn *tunnel) verifyToken(tok string) (c *auth.Claims, expired, err error) {
 	tokens := tn.srv.deps.Tokens
 	c, err = tokens.Verify(tok)
 	if errors.Is(err, auth.ErrTokenExpired) {
 		if ec, eerr := tokens.VerifyExpired(tok); eerr == nil {
-			return ec, true, nil
+			return ec, err, nil
 		}
 	}
-	return c, false, err
+	return c, nil, err
 }

@@ -400,14 +400,14 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token is for %s, HTTP login is %s", c.User(), tn.hs.user.Name)}
 		}
 		var end func(UseEnd)
-		if expired {
+		if expired != nil {
 			// The reconnect grant: the tunnel still goes through every
 			// policy below, and its channel to the token's target alone.
 			end, err = s.deps.TokenUses.Reconnect(c.ID, tn.hs.remote)
 		} else {
 			end, err = s.deps.TokenUses.Begin(c.ID, c.ExpiresAt.Time, tn.hs.remote)
 		}
-		if err != nil && expired {
+		if err != nil && expired != nil {
 			// Counted as the expired token it is, as before the grant,
 			// but for a reconnect that came while its old tunnel was
 			// still held: the client's retries then are no guesses.
@@ -415,14 +415,16 @@ func (tn *tunnel) authorize(pkt tsgu.PacketType, cookie *string) error {
 			if !errors.As(err, new(inUseError)) {
 				s.deps.Throttle.Fail("", tn.hs.remote)
 			}
-			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("expired token of %s refused: %v", c.User(), err)}
+			// Verify's reason says how far apart the clocks look, which
+			// is what to fix when a fresh token is refused as expired.
+			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("expired token of %s refused: %v (%v)", c.User(), err, expired)}
 		}
 		if err != nil {
 			s.metrics.auth.WithLabelValues(policy.MethodPAA, "replayed").Inc()
 			return &refusal{pkt, tsgu.EProxyCookieAuthenticationDenied, fmt.Sprintf("token of %s refused: %v", c.User(), err)}
 		}
 		tn.tokenEnd = end
-		if expired {
+		if expired != nil {
 			tn.log.Info("expired token's reconnect granted: its last tunnel closed within gateway.reconnect_window", "user", c.User(), "expired", c.ExpiresAt.Time)
 		}
 		s.metrics.auth.WithLabelValues(policy.MethodPAA, "ok").Inc()
