@@ -2,19 +2,13 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
-
-	"github.com/deskway/deskway/internal/testkit"
 )
 
 // TestConsoleBootMenu: an admin in Chromium sets pc1's boot menu on the
@@ -24,44 +18,10 @@ import (
 // the page showed.
 func TestConsoleBootMenu(t *testing.T) {
 	ctx := newBrowser(t)
-	bin := build(t)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "golden.img")
-	os.WriteFile(base, nil, 0o600)
-	os.Truncate(base, 16<<20)
-	_, _, cert, key := testkit.TLS(t)
-	adminPort, streamPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 	two := strings.Replace(consoleVDisksConfig, "  netboot:", "  - {name: other, base: %[7]s}\n  netboot:", 1)
-	cfg := filepath.Join(dir, "deskway.yaml")
-	writeFile(t, cfg, fmt.Sprintf(two, filepath.Join(dir, "state"), adminPort, cert, key, testkit.FreePort(t), streamPort, base, testkit.FreePort(t), webPort))
-	srv := testkit.Start(t, nil, bin, "run", "-c", cfg)
-	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
-	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", webPort), 20*time.Second); err != nil {
-		t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
-	}
+	r := startVDiskConsole(t, two)
+	srv, portal, api := r.srv, r.portal, r.api
 	artifacts := filepath.Join("artifacts", t.Name())
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	api := func(method, path, body string, out any) {
-		t.Helper()
-		req, _ := http.NewRequest(method, fmt.Sprintf("https://127.0.0.1:%d%s", adminPort, path), strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer tok")
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode >= 300 {
-			t.Fatalf("%s %s: %s", method, path, resp.Status)
-		}
-		if out != nil {
-			if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	api("POST", "/api/v1/stream/devices", `{"mac":"52:54:00:77:00:01","name":"pc1","collection":"lab","vdisk":"golden"}`, nil)
 	api("POST", "/api/v1/stream/devices", `{"mac":"52:54:00:77:00:02","name":"pc2","collection":"lab","vdisk":"golden"}`, nil)
 

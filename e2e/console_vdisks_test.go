@@ -44,16 +44,21 @@ web:
   console: {admins: [admins]}
 `
 
-// TestConsoleVDiskActions: an admin in Chromium sees on the vDisks page
-// which device runs which version, beside each version and each
-// device; Delete and Demote ask first; the delete of a version a device
-// runs, or production devices boot, is refused with the devices named;
-// Demote reverts production to
-// the version before; a collection is assigned, disabled (asked first)
-// and enabled as one; once the device is gone and the collection
-// boots production again, the version is deleted. No RDP is involved.
-func TestConsoleVDiskActions(t *testing.T) {
-	ctx := newBrowser(t)
+// vdiskConsole is a deskway running the stream role, its admin API and
+// the web console from a consoleVDisksConfig-shaped configuration, with
+// a call of the admin API that fails the test on any error.
+type vdiskConsole struct {
+	srv        *testkit.Process
+	portal     string
+	streamPort int
+	api        func(method, path, body string, out any)
+}
+
+// startVDiskConsole starts deskway from config (consoleVDisksConfig or
+// a variant; a 16 MiB empty golden image is its %[7]s) and waits for the
+// console to listen.
+func startVDiskConsole(t *testing.T, config string) vdiskConsole {
+	t.Helper()
 	bin := build(t)
 	dir := t.TempDir()
 	base := filepath.Join(dir, "golden.img")
@@ -62,13 +67,11 @@ func TestConsoleVDiskActions(t *testing.T) {
 	_, _, cert, key := testkit.TLS(t)
 	adminPort, streamPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 	cfg := filepath.Join(dir, "deskway.yaml")
-	writeFile(t, cfg, fmt.Sprintf(consoleVDisksConfig, filepath.Join(dir, "state"), adminPort, cert, key, testkit.FreePort(t), streamPort, base, testkit.FreePort(t), webPort))
+	writeFile(t, cfg, fmt.Sprintf(config, filepath.Join(dir, "state"), adminPort, cert, key, testkit.FreePort(t), streamPort, base, testkit.FreePort(t), webPort))
 	srv := testkit.Start(t, nil, bin, "run", "-c", cfg)
-	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
 	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", webPort), 20*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
 	}
-	artifacts := filepath.Join("artifacts", t.Name())
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	api := func(method, path, body string, out any) {
 		t.Helper()
@@ -91,6 +94,22 @@ func TestConsoleVDiskActions(t *testing.T) {
 			}
 		}
 	}
+	return vdiskConsole{srv: srv, portal: fmt.Sprintf("https://127.0.0.1:%d", webPort), streamPort: streamPort, api: api}
+}
+
+// TestConsoleVDiskActions: an admin in Chromium sees on the vDisks page
+// which device runs which version, beside each version and each
+// device; Delete and Demote ask first; the delete of a version a device
+// runs, or production devices boot, is refused with the devices named;
+// Demote reverts production to
+// the version before; a collection is assigned, disabled (asked first)
+// and enabled as one; once the device is gone and the collection
+// boots production again, the version is deleted. No RDP is involved.
+func TestConsoleVDiskActions(t *testing.T) {
+	ctx := newBrowser(t)
+	r := startVDiskConsole(t, consoleVDisksConfig)
+	srv, portal, streamPort, api := r.srv, r.portal, r.streamPort, r.api
+	artifacts := filepath.Join("artifacts", t.Name())
 	for n := 1; n <= 2; n++ {
 		api("POST", "/api/v1/stream/vdisks/golden/versions", fmt.Sprintf(`{"note":"release %d"}`, n), nil)
 		api("POST", fmt.Sprintf("/api/v1/stream/vdisks/golden/versions/%d/promote", n), "", nil)
