@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"log/slog"
 	"os"
 	"regexp"
 	"strings"
@@ -19,17 +17,7 @@ import (
 // after the wrong cause); one 20 seconds off either way, within the
 // documented allowance, opens every tunnel.
 func TestFaultsClockStep(t *testing.T) {
-	bin := build(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	outs, err := faults.Clock().Run(ctx, faults.Env{Log: log, Bin: bin, Work: t.TempDir(), Small: true}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(outs) != 4 {
-		t.Fatalf("%d cases ran, want 4", len(outs))
-	}
+	outs := runFaults(t, faults.Clock(), 2*time.Minute, 4)
 	for i, o := range outs {
 		m := o.Metrics
 		t.Logf("%s: %v: %s", o.Case, m, o.Notes)

@@ -26,17 +26,7 @@ import (
 func TestFaultsDisk(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "mount", "umount")
-	bin := build(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	outs, err := faults.DiskFull().Run(ctx, faults.Env{Log: log, Bin: bin, Work: t.TempDir(), Small: true}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(outs) != 3 {
-		t.Fatalf("%d cases ran, want 3", len(outs))
-	}
+	outs := runFaults(t, faults.DiskFull(), 3*time.Minute, 3)
 	for _, o := range outs {
 		t.Logf("%s: %v: %s", o.Case, o.Metrics, o.Notes)
 		if !o.Held {
@@ -74,4 +64,22 @@ func TestFaultsDisk(t *testing.T) {
 			t.Errorf("docs/operations.md, When a disk fills: says nothing of %q", want)
 		}
 	}
+}
+
+// runFaults runs one scenario of `deskway bench faults` once at the
+// test's scale with the deskway binary, within timeout, and fails the
+// test unless it gave the want cases.
+func runFaults(t *testing.T, sc faults.Scenario, timeout time.Duration, want int) []faults.Outcome {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	outs, err := sc.Run(ctx, faults.Env{Log: log, Bin: build(t), Work: t.TempDir(), Small: true}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != want {
+		t.Fatalf("%d cases ran, want %d", len(outs), want)
+	}
+	return outs
 }

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"log/slog"
 	"os"
 	"regexp"
 	"strings"
@@ -28,17 +26,7 @@ import (
 // (docs/operations.md names it as a known defect).
 func TestFaultsLinkCut(t *testing.T) {
 	testkit.RequirePostgres(t)
-	bin := build(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	outs, err := faults.Link().Run(ctx, faults.Env{Log: log, Bin: bin, Work: t.TempDir(), Small: true}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(outs) != 3 {
-		t.Fatalf("%d cases ran, want 3", len(outs))
-	}
+	outs := runFaults(t, faults.Link(), 4*time.Minute, 3)
 	for _, o := range outs {
 		t.Logf("%s: %v: %s", o.Case, o.Metrics, o.Notes)
 		if !o.Held {
