@@ -400,6 +400,8 @@ connects xfreerdp under strace by each way in turn.`,
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
 	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each system, taking turns")
+	c.Flags().StringVar(&o.Traces, "traces", "", "directory to keep each system's last strace of xfreerdp in")
+	c.Flags().BoolVar(&o.Everything, "trace-io", false, "trace xfreerdp's reads and writes too (slower: to find where a wait comes from, not for the times)")
 	return c
 }
 

@@ -53,6 +53,7 @@ func summarize(res *report.Result, runs map[string][]sample) {
 		w := of(ss, waitCount)
 		s[k+"_waits_100ms"] = median(w)
 		s[k+"_waits_100ms_worst"] = slices.Max(w)
+		s[k+"_waits_10ms"] = median(of(ss, func(s sample) float64 { return float64(s.hsWaits.count) }))
 	}
 	base := of(runs[relay], firstFrame)
 	direct := of(runs["direct"], firstFrame)
@@ -81,7 +82,7 @@ func notes(runs int, loadBefore, loadAfter string) []string {
 		fmt.Sprintf("Load average (1, 5, 15 min) %s before the runs and %s after, on %s.", loadBefore, loadAfter, "the machine's own cores shared with whatever else ran"),
 		fmt.Sprintf("One xrdp host (Debian's xrdp and xorgxrdp, its session an xterm with a navy background at +40+40), HAProxy in TCP mode (one thread) relaying to it, and one deskway gateway process offering NTLM (its own account) and PAA (a token from `deskway token`, minted before each connection); all on loopback. %d runs; each run connects every system once, the order turning by one each run; each connection reconnects to the one session a first, unmeasured, direct connection started.", runs),
 		fmt.Sprintf("xfreerdp 2 on an Xvfb: `xfreerdp /v:HOST /u /p /cert:ignore /size:%dx%d` with, through the gateway, `/g /gt:http` (websocket) or `/gt:http,no-websockets` (RDG_IN_DATA and RDG_OUT_DATA) and `/gat:TOKEN` (PAA) or `/gu /gp` (NTLM). The first frame is the first poll (X GetImage of screen row 60, every 2 ms) that finds the navy xterm; the time runs from xfreerdp's execve (strace's timestamp) to that poll.", screenW, screenH),
-		"Every connection runs under `strace -f -ttt -T --seccomp-bpf -e trace=" + traceCalls + "` (only these calls stop the client). waits_100ms counts, before the first frame, the client's waits with a 100 ms timeout (poll, select, their p-variants, sleeps, epoll) that returned 0 after at least 90 ms: a reply that was not there when the client looked. waited_s is the most any one thread lost to them; tcp_connects the client's connections to the first hop.",
+		"Every connection runs under `strace -f -ttt -T --seccomp-bpf -e trace=" + traceCalls + "`: only these calls stop the client, not its polls and reads, which would hold back the read that races the reply. waits_100ms counts the client's 100 ms sleeps before the first frame: FreeRDP 2 sleeps 100 ms whenever its read right after sending a request finds no reply yet (seen with `--trace-io`, which traces reads, writes and polls too: sendto, recvfrom = EAGAIN, clock_nanosleep 100 ms). waits_10ms counts its 10 ms sleeps, the same in its gateway handshake. waited_s is the most any one thread lost to the 100 ms sleeps; tcp_connects the client's connections to the first hop.",
 		"tunnel_open_s is the gateway's own log: from accepting the tunnel's first TCP connection (before TLS) to the channel open (its `tunnel open` line's open_ms).",
 		"ttff_added_s_X = median first frame of deskway-X − median of haproxy-tcp (the plain TCP hop), and _worst the worst run of each; the headline ttff_added_s is the largest over deskway's transports and authentications. relay_added_s is the plain hop over direct, for scale.",
 	}
@@ -99,7 +100,7 @@ func write(res *report.Result, dir string) error {
 		per[p.System] = append(per[p.System], p)
 	}
 	sum := report.Table{Head: []string{"System", "First frame, median (s)", "worst (s)", "best (s)", "over the TCP hop, median (worst) (s)",
-		"100 ms waits per connection, median (min–max)", "lost to them, median (s)", "gateway: connect to tunnel open, median (s)"}}
+		"100 ms waits per connection, median (min–max)", "lost to them, median (s)", "10 ms waits, median (max)", "gateway: connect to tunnel open, median (s)"}}
 	s := res.Summary
 	for _, sys := range systems() {
 		pts := per[sys.name]
@@ -116,11 +117,11 @@ func write(res *report.Result, dir string) error {
 		}
 		sum.Rows = append(sum.Rows, []string{sys.name, fmt.Sprintf("%.3f", s[k+"_first_frame_s"]), fmt.Sprintf("%.3f", s[k+"_first_frame_s_worst"]),
 			fmt.Sprintf("%.3f", slices.Min(ff)), over, fmt.Sprintf("%.0f (%.0f–%.0f)", median(w), slices.Min(w), slices.Max(w)),
-			fmt.Sprintf("%.2f", median(metric(pts, "waited_s"))), open})
+			fmt.Sprintf("%.2f", median(metric(pts, "waited_s"))), fmt.Sprintf("%.0f (%.0f)", median(metric(pts, "waits_10ms")), slices.Max(metric(pts, "waits_10ms"))), open})
 	}
 	fmt.Fprintf(&b, "deskway over the plain TCP hop (`ttff_added_s`, its slowest transport and authentication): **%+.3f s** in the median, %+.3f s in the worst run.\n\n", s["ttff_added_s"], s["ttff_added_s_worst"])
 	b.WriteString(sum.Markdown())
-	runs := report.Table{Title: "Each connection, in the order they ran", Head: []string{"Run", "System", "First frame (s)", "100 ms waits", "threads waiting", "lost (s)", "TCP connects", "tunnel open (s)"}}
+	runs := report.Table{Title: "Each connection, in the order they ran", Head: []string{"Run", "System", "First frame (s)", "100 ms waits", "threads waiting", "lost (s)", "10 ms waits", "TCP connects", "tunnel open (s)"}}
 	for _, p := range res.Points {
 		m := p.Metrics
 		open := ""
@@ -128,7 +129,7 @@ func write(res *report.Result, dir string) error {
 			open = fmt.Sprintf("%.3f", v)
 		}
 		runs.Rows = append(runs.Rows, []string{fmt.Sprint(p.Params["run"]), p.System, fmt.Sprintf("%.3f", m["first_frame_s"]), fmt.Sprintf("%.0f", m["waits_100ms"]),
-			fmt.Sprintf("%.0f", m["wait_threads"]), fmt.Sprintf("%.2f", m["waited_s"]), fmt.Sprintf("%.0f", m["tcp_connects"]), open})
+			fmt.Sprintf("%.0f", m["wait_threads"]), fmt.Sprintf("%.2f", m["waited_s"]), fmt.Sprintf("%.0f", m["waits_10ms"]), fmt.Sprintf("%.0f", m["tcp_connects"]), open})
 	}
 	b.WriteString(runs.Markdown())
 	b.WriteString("## How it was measured\n\n")

@@ -2,6 +2,7 @@ package ttff
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"regexp"
 	"strconv"
@@ -9,9 +10,11 @@ import (
 	"time"
 )
 
-// traceCalls are the system calls strace records for each connection:
-// the client's start (execve), its connections, and every way it waits.
-const traceCalls = "execve,connect,poll,ppoll,select,pselect6,nanosleep,clock_nanosleep,epoll_wait,epoll_pwait"
+// traceCalls are the system calls strace stops the client on: its start
+// (execve), its connections and its sleeps. Not its polls and reads:
+// stopping on each of them would hold back the very read that races
+// the reply.
+const traceCalls = "execve,connect,nanosleep,clock_nanosleep"
 
 // call is one finished system call of the client's trace.
 type call struct {
@@ -28,11 +31,6 @@ type trace struct {
 	execve time.Time
 	calls  []call
 }
-
-// A timed-out 100 ms wait: a timeout argument of 100 ms (poll's and
-// epoll's milliseconds, select's microseconds, the nanoseconds of the
-// others) and a result of 0.
-var hundredMS = regexp.MustCompile(`(, 100\)$)|(tv_sec=0, tv_usec=100000\})|(tv_sec=0, tv_nsec=100000000\})`)
 
 // lineRE splits `PID SECS.MICROS NAME(ARGS) = RESULT <DUR>`.
 var lineRE = regexp.MustCompile(`^(\d+)\s+(\d+)\.(\d+) (\w+)\((.*)\) += (.*) <(\d+\.\d+)>$`)
@@ -81,23 +79,24 @@ func parseTrace(r io.Reader) (trace, error) {
 	return t, sc.Err()
 }
 
-// waits is what the client lost to 100 ms waits that timed out before
-// the first frame: how many, on how many threads, and the time of the
-// thread that lost most (the threads wait side by side, so their times
-// do not add up).
+// waits is what the client lost to sleeps of one length before the
+// first frame: how many, on how many threads, and the time of the
+// thread that lost most (threads sleep side by side, so their times do
+// not add up).
 type waits struct {
 	count, threads int
 	mainThread     time.Duration
 }
 
-func (t trace) hundredMSWaits(before time.Time) waits {
+// sleeps counts the client's sleeps of d (FreeRDP 2 sleeps 100 ms when
+// its read right after a request finds no reply, and 10 ms in its
+// gateway handshake) that began before the first frame.
+func (t trace) sleeps(d time.Duration, before time.Time) waits {
+	want := fmt.Sprintf("{tv_sec=%d, tv_nsec=%d}", d/time.Second, d%time.Second)
 	per := map[int]time.Duration{}
 	var w waits
 	for _, c := range t.calls {
-		if c.name == "execve" || c.name == "connect" || !c.start.Before(before) || !strings.HasPrefix(c.result, "0") {
-			continue
-		}
-		if !hundredMS.MatchString(c.args) || c.dur < 90*time.Millisecond {
+		if (c.name != "clock_nanosleep" && c.name != "nanosleep") || !c.start.Before(before) || !strings.Contains(c.args, want) {
 			continue
 		}
 		w.count++

@@ -28,7 +28,12 @@ import (
 // Options configure a run.
 type Options struct {
 	// Runs of each system, taking turns.
-	Runs         int
+	Runs int
+	// Traces, if set, is where each system's last trace is kept; with
+	// Everything the client's reads and writes are traced too (slower:
+	// for finding where a wait comes from, not for the times).
+	Traces       string
+	Everything   bool
 	Out, Command string
 	Log          *slog.Logger
 }
@@ -80,7 +85,9 @@ func systems() []system {
 type sample struct {
 	firstFrame time.Duration
 	waits      waits
-	connects   int
+	// hsWaits are the 10 ms sleeps of FreeRDP's gateway handshake.
+	hsWaits  waits
+	connects int
 	// tunnelOpen is the gateway's own time from accepting the client's
 	// first connection to the tunnel open (its log), for deskway.
 	tunnelOpen time.Duration
@@ -109,7 +116,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	// The first connection starts the session (Xorg, the xterm), which
 	// every measured one then reconnects to.
 	o.Log.Info("starting the session")
-	if _, err := measure(ctx, r, systems()[0]); err != nil {
+	if _, err := measure(ctx, r, systems()[0], Options{}); err != nil {
 		return nil, fmt.Errorf("ttff: first connection: %w", err)
 	}
 	runs := map[string][]sample{}
@@ -118,13 +125,14 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		k := (run - 1) % len(all)
 		order := append(append([]system(nil), all[k:]...), all[:k]...)
 		for _, sys := range order {
-			s, err := measure(ctx, r, sys)
+			s, err := measure(ctx, r, sys, o)
 			if err != nil {
 				return nil, fmt.Errorf("ttff: run %d, %s: %w", run, sys.name, err)
 			}
 			runs[sys.name] = append(runs[sys.name], s)
 			m := map[string]float64{"first_frame_s": report.Round(s.firstFrame.Seconds(), 4), "waits_100ms": float64(s.waits.count),
-				"wait_threads": float64(s.waits.threads), "waited_s": report.Round(s.waits.mainThread.Seconds(), 3), "tcp_connects": float64(s.connects)}
+				"wait_threads": float64(s.waits.threads), "waited_s": report.Round(s.waits.mainThread.Seconds(), 3), "tcp_connects": float64(s.connects),
+				"waits_10ms": float64(s.hsWaits.count)}
 			if s.tunnelOpen > 0 {
 				m["tunnel_open_s"] = report.Round(s.tunnelOpen.Seconds(), 4)
 			}
@@ -145,7 +153,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 
 // measure connects xfreerdp under strace by sys, waits for the xterm on
 // its screen, and ends it.
-func measure(ctx context.Context, r *rig, sys system) (sample, error) {
+func measure(ctx context.Context, r *rig, sys system, o Options) (sample, error) {
 	var s sample
 	args, err := sys.args(r)
 	if err != nil {
@@ -157,7 +165,11 @@ func measure(ctx context.Context, r *rig, sys system) (sample, error) {
 	}
 	tracePath := filepath.Join(r.dir, "trace.txt")
 	gwLogMark := len(r.gw.Output())
-	cmd := append([]string{"-f", "-ttt", "-T", "--seccomp-bpf", "-e", "trace=" + traceCalls, "-o", tracePath, "xfreerdp"},
+	calls := traceCalls
+	if o.Everything {
+		calls += ",poll,ppoll,select,pselect6,read,write,recvfrom,sendto,recvmsg,sendmsg"
+	}
+	cmd := append([]string{"-f", "-ttt", "-T", "--seccomp-bpf", "-e", "trace=" + calls, "-o", tracePath, "xfreerdp"},
 		append(args, "/u:"+hostUser, "/p:"+r.hostPass, "/cert:ignore", fmt.Sprintf("/size:%dx%d", screenW, screenH), "/log-level:ERROR")...)
 	p, err := childproc.Start([]string{"DISPLAY=" + r.display}, "strace", cmd...)
 	if err != nil {
@@ -189,6 +201,12 @@ func measure(ctx context.Context, r *rig, sys system) (sample, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if o.Traces != "" {
+		if b, err := os.ReadFile(tracePath); err == nil {
+			_ = os.MkdirAll(o.Traces, 0o755)
+			_ = os.WriteFile(filepath.Join(o.Traces, sys.name+".txt"), b, 0o644)
+		}
+	}
 	f, err := os.Open(tracePath)
 	if err != nil {
 		return s, err
@@ -202,7 +220,8 @@ func measure(ctx context.Context, r *rig, sys system) (sample, error) {
 		return s, fmt.Errorf("the client's trace shows no start")
 	}
 	s.firstFrame = seen.Sub(t.execve)
-	s.waits = t.hundredMSWaits(seen)
+	s.waits = t.sleeps(100*time.Millisecond, seen)
+	s.hsWaits = t.sleeps(10*time.Millisecond, seen)
 	s.connects = t.connects(sys.port(r), seen)
 	if strings.HasPrefix(sys.name, "deskway-") {
 		if s.tunnelOpen, err = tunnelOpenTime(r, gwLogMark); err != nil {
