@@ -79,7 +79,7 @@ func summarize(res *report.Result, runs map[string][]sample) {
 
 func notes(runs int, loadBefore, loadAfter string) []string {
 	return []string{
-		fmt.Sprintf("Load average (1, 5, 15 min) %s before the runs and %s after, on %s.", loadBefore, loadAfter, "the machine's own cores shared with whatever else ran"),
+		fmt.Sprintf("Load average (1, 5, 15 min): %s before the runs, %s after. Whatever else ran on the machine shared its cores with every system alike: the systems take turns within each run.", loadBefore, loadAfter),
 		fmt.Sprintf("One xrdp host (Debian's xrdp and xorgxrdp, its session an xterm with a navy background at +40+40), HAProxy in TCP mode (one thread) relaying to it, and one deskway gateway process offering NTLM (its own account) and PAA (a token from `deskway token`, minted before each connection); all on loopback. %d runs; each run connects every system once, the order turning by one each run; each connection reconnects to the one session a first, unmeasured, direct connection started.", runs),
 		fmt.Sprintf("xfreerdp 2 on an Xvfb: `xfreerdp /v:HOST /u /p /cert:ignore /size:%dx%d` with, through the gateway, `/g /gt:http` (websocket) or `/gt:http,no-websockets` (RDG_IN_DATA and RDG_OUT_DATA) and `/gat:TOKEN` (PAA) or `/gu /gp` (NTLM). The first frame is the first poll (X GetImage of screen row 60, every 2 ms) that finds the navy xterm; the time runs from xfreerdp's execve (strace's timestamp) to that poll.", screenW, screenH),
 		"Every connection runs under `strace -f -ttt -T --seccomp-bpf -e trace=" + traceCalls + "`: only these calls stop the client, not its polls and reads, which would hold back the read that races the reply. waits_100ms counts the client's 100 ms sleeps before the first frame: FreeRDP 2 sleeps 100 ms whenever its read right after sending a request finds no reply yet (seen with `--trace-io`, which traces reads, writes and polls too: sendto, recvfrom = EAGAIN, clock_nanosleep 100 ms). waits_10ms counts its 10 ms sleeps, the same in its gateway handshake. waited_s is the most any one thread lost to the 100 ms sleeps; tcp_connects the client's connections to the first hop.",
@@ -116,8 +116,8 @@ func write(res *report.Result, dir string) error {
 			over = fmt.Sprintf("(over direct %+.3f, worst %+.3f)", s["relay_added_s"], s["relay_added_s_worst"])
 		}
 		sum.Rows = append(sum.Rows, []string{sys.name, fmt.Sprintf("%.3f", s[k+"_first_frame_s"]), fmt.Sprintf("%.3f", s[k+"_first_frame_s_worst"]),
-			fmt.Sprintf("%.3f", slices.Min(ff)), over, fmt.Sprintf("%.0f (%.0f–%.0f)", median(w), slices.Min(w), slices.Max(w)),
-			fmt.Sprintf("%.2f", median(metric(pts, "waited_s"))), fmt.Sprintf("%.0f (%.0f)", median(metric(pts, "waits_10ms")), slices.Max(metric(pts, "waits_10ms"))), open})
+			fmt.Sprintf("%.3f", slices.Min(ff)), over, fmt.Sprintf("%g (%g–%g)", median(w), slices.Min(w), slices.Max(w)),
+			fmt.Sprintf("%.2f", median(metric(pts, "waited_s"))), fmt.Sprintf("%g (%g)", median(metric(pts, "waits_10ms")), slices.Max(metric(pts, "waits_10ms"))), open})
 	}
 	fmt.Fprintf(&b, "deskway over the plain TCP hop (`ttff_added_s`, its slowest transport and authentication): **%+.3f s** in the median, %+.3f s in the worst run.\n\n", s["ttff_added_s"], s["ttff_added_s_worst"])
 	b.WriteString(sum.Markdown())
