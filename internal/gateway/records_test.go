@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
+	"regexp"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -74,5 +76,32 @@ func TestWebsocketHandshakeRepliesAreOneRecordEach(t *testing.T) {
 		if l == 19 {
 			t.Errorf("record %d of %v carries 2 bytes: a websocket header sent apart from its payload", i, conn.lens)
 		}
+	}
+}
+
+// TestTunnelOpenLogsItsOpenTime opens a legacy tunnel (two connections)
+// and reads the gateway's "tunnel open" line: open_ms, the gateway's
+// part of the client's wait, runs from accepting the first connection,
+// so it is above zero and below the time the test took to open it.
+func TestTunnelOpenLogsItsOpenTime(t *testing.T) {
+	h := start(t, nil)
+	cfg := h.cfg("", "", tsgclient.Legacy)
+	cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+	began := time.Now()
+	c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	defer c.Close()
+	echoRoundTrip(t, c, 10)
+	re := regexp.MustCompile(`msg="tunnel open".* open_ms=([0-9.]+)`)
+	m := re.FindStringSubmatch(h.logs.String())
+	if m == nil {
+		t.Fatalf("no tunnel open line with open_ms:\n%s", h.logs.String())
+	}
+	ms, _ := strconv.ParseFloat(m[1], 64)
+	if ms <= 0 || ms > float64(took.Microseconds())/1000 {
+		t.Errorf("open_ms %v; the client took %v to open the tunnel", ms, took)
 	}
 }
