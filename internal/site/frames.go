@@ -1,0 +1,234 @@
+package site
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The raw GRE socket costs the sending end most of its time in the
+// kernel, per datagram: a route lookup, the IP output path, the
+// neighbour and the queueing discipline (docs/site.md, How fast). An
+// IPv4 underlay on Ethernet sends its GRE datagrams instead as whole
+// frames on a packet socket (AF_PACKET) that skips all of these: the
+// gateway writes the outer IP and Ethernet headers itself, with the
+// route and the next hop's hardware address it reads from the kernel
+// (netlink) every pathCheck. The raw socket stays for what the frames
+// cannot do: a next hop not resolved yet, a datagram bigger than the
+// interface's MTU (the kernel fragments it), an interface without
+// Ethernet, an IPv6 underlay.
+
+const (
+	// pathCheck is how often a site's route and next hop are read
+	// again: a gateway that took over the peer's address is followed
+	// within it (its gratuitous ARP changed the kernel's neighbour).
+	pathCheck = 500 * time.Millisecond
+	// frameHead is the room the frame's headers take before the GRE
+	// header: Ethernet and IPv4.
+	frameHead = 14 + 20
+	// outerTTL is the outer header's time to live, Linux's default.
+	outerTTL = 64
+)
+
+// frameTx is an underlay's packet socket and the netlink handle its
+// sites' paths are read with.
+type frameTx struct {
+	fd    int
+	local [4]byte
+	id    atomic.Uint32 // outer IPv4 identification
+
+	mu sync.Mutex // serializes what follows
+	nl *netlink.Handle
+	// neighs are the kernel's usable neighbour entries read at
+	// neighRead.
+	neighs    map[neighKey]net.HardwareAddr
+	neighRead time.Time
+}
+
+type neighKey struct {
+	ifindex int
+	ip      netip.Addr
+}
+
+// newFrameTx opens the packet socket of an IPv4 underlay at local; nil
+// (and the raw socket alone) when the node does not allow it.
+func newFrameTx(local netip.Addr) (*frameTx, error) {
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("packet socket: %w", err)
+	}
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	return &frameTx{fd: fd, local: local.As4(), nl: nl, neighs: map[neighKey]net.HardwareAddr{}}, nil
+}
+
+func (f *frameTx) close() {
+	unix.Close(f.fd)
+	f.nl.Close()
+}
+
+// l2path is how a site is reached on the link: the interface and the
+// frame header (next hop's and own hardware address, IPv4's type).
+type l2path struct {
+	ifindex int
+	mtu     int
+	eth     [14]byte
+}
+
+// usableNeigh are the neighbour states whose hardware address the kernel
+// would send to itself.
+const usableNeigh = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE | netlink.NUD_PERMANENT
+
+// path reads how peer is reached: nil when frames cannot reach it (a
+// local or unreachable route, no Ethernet, the next hop unresolved).
+func (f *frameTx) path(peer netip.Addr) (*l2path, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	routes, err := f.nl.RouteGet(peer.AsSlice())
+	if err != nil {
+		return nil, fmt.Errorf("route to %s: %w", peer, err)
+	}
+	if len(routes) == 0 || routes[0].Type != unix.RTN_UNICAST || routes[0].LinkIndex == 0 {
+		return nil, nil
+	}
+	r := routes[0]
+	hop := peer
+	if gw, ok := netip.AddrFromSlice(r.Gw); ok && gw.Unmap().IsValid() && !gw.IsUnspecified() {
+		hop = gw.Unmap()
+	}
+	link, err := f.nl.LinkByIndex(r.LinkIndex)
+	if err != nil {
+		return nil, fmt.Errorf("interface %d: %w", r.LinkIndex, err)
+	}
+	a := link.Attrs()
+	if a.EncapType != "ether" || len(a.HardwareAddr) != 6 || a.Flags&net.FlagUp == 0 {
+		return nil, nil
+	}
+	mac, err := f.neighbour(r.LinkIndex, hop, time.Now())
+	if err != nil || mac == nil {
+		return nil, err
+	}
+	p := &l2path{ifindex: r.LinkIndex, mtu: a.MTU}
+	copy(p.eth[0:], mac)
+	copy(p.eth[6:], a.HardwareAddr)
+	binary.BigEndian.PutUint16(p.eth[12:], unix.ETH_P_IP)
+	return p, nil
+}
+
+// neighbour is the hardware address the kernel has for hop on the
+// interface ifindex, nil if none it would use. One reading of the
+// kernel's table serves every site for pathCheck/2: a gateway with many
+// sites reads it once, not once a site.
+func (f *frameTx) neighbour(ifindex int, hop netip.Addr, now time.Time) (net.HardwareAddr, error) {
+	if now.Sub(f.neighRead) >= pathCheck/2 {
+		neighs, err := f.nl.NeighList(0, unix.AF_INET)
+		if err != nil {
+			return nil, fmt.Errorf("neighbours: %w", err)
+		}
+		clear(f.neighs)
+		for _, n := range neighs {
+			ip, ok := netip.AddrFromSlice(n.IP)
+			if ok && n.State&usableNeigh != 0 && len(n.HardwareAddr) == 6 {
+				f.neighs[neighKey{n.LinkIndex, ip.Unmap()}] = n.HardwareAddr
+			}
+		}
+		f.neighRead = now
+	}
+	return f.neighs[neighKey{ifindex, hop}], nil
+}
+
+// frameSender is a greLink's state for frames: read by its tenant's
+// encapsulating loop alone.
+type frameSender struct {
+	path    *l2path
+	checked time.Time
+	msgs    []unix.Mmsghdr
+	iovs    []unix.Iovec
+	addr    unix.RawSockaddrLinklayer
+}
+
+// route tells whether the batch goes as frames, reading the site's path
+// again every pathCheck. The batch after each check goes through the
+// raw socket: the kernel then uses its neighbour entry and confirms or
+// resolves it again, which frames alone never make it do.
+func (s *frameSender) route(f *frameTx, peer netip.Addr, now time.Time) (*l2path, error) {
+	if now.Sub(s.checked) < pathCheck {
+		return s.path, nil
+	}
+	s.checked = now
+	p, err := f.path(peer)
+	s.path = p
+	return nil, err
+}
+
+// send sends frames to peer on p: each is frameHead bytes of room for
+// the headers, then a GRE datagram. It returns false when a datagram is
+// too big for the link and the batch should go through the raw socket
+// instead, which fragments.
+func (s *frameSender) send(f *frameTx, p *l2path, peer netip.Addr, frames [][]byte) (bool, error) {
+	for _, fr := range frames {
+		if len(fr)-14 > p.mtu {
+			return false, nil
+		}
+	}
+	s.addr = unix.RawSockaddrLinklayer{Family: unix.AF_PACKET, Protocol: htons(unix.ETH_P_IP), Ifindex: int32(p.ifindex), Halen: 6}
+	copy(s.addr.Addr[:], p.eth[:6])
+	s.msgs, s.iovs = s.msgs[:0], s.iovs[:0]
+	dst := peer.As4()
+	for _, fr := range frames {
+		copy(fr, p.eth[:])
+		ip := fr[14:frameHead]
+		ip[0], ip[1] = 0x45, 0
+		binary.BigEndian.PutUint16(ip[2:], uint16(len(fr)-14))
+		binary.BigEndian.PutUint16(ip[4:], uint16(f.id.Add(1)))
+		binary.BigEndian.PutUint16(ip[6:], 0x4000) // don't fragment, as the raw socket sends
+		ip[8], ip[9] = outerTTL, unix.IPPROTO_GRE
+		ip[10], ip[11] = 0, 0
+		copy(ip[12:16], f.local[:])
+		copy(ip[16:20], dst[:])
+		binary.BigEndian.PutUint16(ip[10:], ^sum(ip, 0))
+		s.iovs = append(s.iovs, unix.Iovec{Base: &fr[0], Len: uint64(len(fr))})
+	}
+	for i := range s.iovs {
+		s.msgs = append(s.msgs, unix.Mmsghdr{Hdr: unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.addr)), Namelen: unix.SizeofSockaddrLinklayer, Iov: &s.iovs[i], Iovlen: 1}})
+	}
+	sent, full := 0, 0
+	for sent < len(s.msgs) {
+		n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(f.fd), uintptr(unsafe.Pointer(&s.msgs[sent])), uintptr(len(s.msgs)-sent), 0, 0, 0)
+		if errno == unix.ENOBUFS || errno == unix.EAGAIN {
+			if full++; full == maxFullWaits {
+				return true, &sendError{sent: sent, err: errno}
+			}
+			time.Sleep(fullWait)
+			continue
+		}
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return true, &sendError{sent: sent, err: errno}
+		}
+		sent += int(n)
+	}
+	return true, nil
+}
+
+// sendError is a batch that stopped after sent datagrams.
+type sendError struct {
+	sent int
+	err  error
+}
+
+func (e *sendError) Error() string { return fmt.Sprintf("send frames: %v", e.err) }
+func (e *sendError) Unwrap() error { return e.err }
