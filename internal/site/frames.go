@@ -18,10 +18,12 @@ import (
 // kernel, per datagram: a route lookup, the IP output path, the
 // neighbour and the queueing discipline (docs/site.md, How fast). An
 // IPv4 underlay on Ethernet sends its GRE datagrams instead as whole
-// frames on a packet socket (AF_PACKET) that skips all of these: the
-// gateway writes the outer IP and Ethernet headers itself, with the
-// route and the next hop's hardware address it reads from the kernel
-// (netlink) every pathCheck. The raw socket stays for what the frames
+// frames on a packet socket (AF_PACKET) that skips all but the last: the
+// gateway writes the outer IP header itself and addresses the frame to
+// the next hop's hardware address (the kernel adds the Ethernet header,
+// SOCK_DGRAM: a SOCK_RAW frame would go through the flow dissector),
+// with the route and the next hop it reads from the kernel (netlink)
+// every pathCheck. The raw socket stays for what the frames
 // cannot do: a next hop not resolved yet, a datagram bigger than the
 // interface's MTU (the kernel fragments it), an interface without
 // Ethernet, an IPv6 underlay.
@@ -31,9 +33,9 @@ const (
 	// again: a gateway that took over the peer's address is followed
 	// within it (its gratuitous ARP changed the kernel's neighbour).
 	pathCheck = 500 * time.Millisecond
-	// frameHead is the room the frame's headers take before the GRE
-	// header: Ethernet and IPv4.
-	frameHead = 14 + 20
+	// frameHead is the room the outer IPv4 header takes before the GRE
+	// header; the kernel writes the Ethernet header.
+	frameHead = 20
 	// outerTTL is the outer header's time to live, Linux's default.
 	outerTTL = 64
 )
@@ -61,7 +63,7 @@ type neighKey struct {
 // newFrameTx opens the packet socket of an IPv4 underlay at local; nil
 // (and the raw socket alone) when the node does not allow it.
 func newFrameTx(local netip.Addr) (*frameTx, error) {
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("packet socket: %w", err)
 	}
@@ -79,11 +81,11 @@ func (f *frameTx) close() {
 }
 
 // l2path is how a site is reached on the link: the interface and the
-// frame header (next hop's and own hardware address, IPv4's type).
+// next hop's hardware address.
 type l2path struct {
 	ifindex int
 	mtu     int
-	eth     [14]byte
+	hop     [6]byte
 }
 
 // usableNeigh are the neighbour states whose hardware address the kernel
@@ -120,9 +122,7 @@ func (f *frameTx) path(peer netip.Addr) (*l2path, error) {
 		return nil, err
 	}
 	p := &l2path{ifindex: r.LinkIndex, mtu: a.MTU}
-	copy(p.eth[0:], mac)
-	copy(p.eth[6:], a.HardwareAddr)
-	binary.BigEndian.PutUint16(p.eth[12:], unix.ETH_P_IP)
+	copy(p.hop[:], mac)
 	return p, nil
 }
 
@@ -173,24 +173,23 @@ func (s *frameSender) route(f *frameTx, peer netip.Addr, now time.Time) (*l2path
 }
 
 // send sends frames to peer on p: each is frameHead bytes of room for
-// the headers, then a GRE datagram. It returns false when a datagram is
+// the outer IPv4 header, then a GRE datagram. It returns false when a datagram is
 // too big for the link and the batch should go through the raw socket
 // instead, which fragments.
 func (s *frameSender) send(f *frameTx, p *l2path, peer netip.Addr, frames [][]byte) (bool, error) {
 	for _, fr := range frames {
-		if len(fr)-14 > p.mtu {
+		if len(fr) > p.mtu {
 			return false, nil
 		}
 	}
 	s.addr = unix.RawSockaddrLinklayer{Family: unix.AF_PACKET, Protocol: htons(unix.ETH_P_IP), Ifindex: int32(p.ifindex), Halen: 6}
-	copy(s.addr.Addr[:], p.eth[:6])
+	copy(s.addr.Addr[:], p.hop[:])
 	s.msgs, s.iovs = s.msgs[:0], s.iovs[:0]
 	dst := peer.As4()
 	for _, fr := range frames {
-		copy(fr, p.eth[:])
-		ip := fr[14:frameHead]
+		ip := fr[:frameHead]
 		ip[0], ip[1] = 0x45, 0
-		binary.BigEndian.PutUint16(ip[2:], uint16(len(fr)-14))
+		binary.BigEndian.PutUint16(ip[2:], uint16(len(fr)))
 		binary.BigEndian.PutUint16(ip[4:], uint16(f.id.Add(1)))
 		binary.BigEndian.PutUint16(ip[6:], 0x4000) // don't fragment, as the raw socket sends
 		ip[8], ip[9] = outerTTL, unix.IPPROTO_GRE

@@ -20,7 +20,7 @@ import (
 const (
 	// headroom is kept free before each inner packet: the TUN device
 	// writes its virtio-net header there, and GRE's header goes there on
-	// the way out, after the outer IPv4 and Ethernet headers when the
+	// the way out, after the outer IPv4 header when the
 	// datagram leaves as a frame (frames.go).
 	headroom = 64
 	// batch is how many datagrams one recvmmsg or sendmmsg moves.
