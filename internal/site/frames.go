@@ -33,6 +33,9 @@ const (
 	// again: a gateway that took over the peer's address is followed
 	// within it (its gratuitous ARP changed the kernel's neighbour).
 	pathCheck = 500 * time.Millisecond
+	// minCheck is the least time between two readings, however often
+	// the kernel's neighbours change (a busy LAN's come and go).
+	minCheck = 50 * time.Millisecond
 	// frameHead is the room the outer IPv4 header takes before the GRE
 	// header; the kernel writes the Ethernet header.
 	frameHead = 20
@@ -46,13 +49,19 @@ type frameTx struct {
 	fd    int
 	local [4]byte
 	id    atomic.Uint32 // outer IPv4 identification
+	// changes counts the kernel's neighbour changes: a site's path is
+	// read again at the next batch after one, so a gateway that took
+	// over the site's address (its gratuitous ARP) is followed at once.
+	changes atomic.Uint64
+	done    chan struct{}
 
 	mu sync.Mutex // serializes what follows
 	nl *netlink.Handle
 	// neighs are the kernel's usable neighbour entries read at
-	// neighRead.
-	neighs    map[neighKey]net.HardwareAddr
-	neighRead time.Time
+	// neighRead, after neighChanges changes.
+	neighs       map[neighKey]net.HardwareAddr
+	neighRead    time.Time
+	neighChanges uint64
 }
 
 type neighKey struct {
@@ -72,10 +81,22 @@ func newFrameTx(local netip.Addr) (*frameTx, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
-	return &frameTx{fd: fd, local: local.As4(), nl: nl, neighs: map[neighKey]net.HardwareAddr{}}, nil
+	f := &frameTx{fd: fd, local: local.As4(), nl: nl, neighs: map[neighKey]net.HardwareAddr{}, done: make(chan struct{})}
+	ch := make(chan netlink.NeighUpdate, 64)
+	if err := netlink.NeighSubscribeWithOptions(ch, f.done, netlink.NeighSubscribeOptions{}); err != nil {
+		f.close()
+		return nil, fmt.Errorf("neighbour changes: %w", err)
+	}
+	go func() {
+		for range ch { // closed when done is
+			f.changes.Add(1)
+		}
+	}()
+	return f, nil
 }
 
 func (f *frameTx) close() {
+	close(f.done)
 	unix.Close(f.fd)
 	f.nl.Close()
 }
@@ -131,7 +152,8 @@ func (f *frameTx) path(peer netip.Addr) (*l2path, error) {
 // kernel's table serves every site for pathCheck/2: a gateway with many
 // sites reads it once, not once a site.
 func (f *frameTx) neighbour(ifindex int, hop netip.Addr, now time.Time) (net.HardwareAddr, error) {
-	if now.Sub(f.neighRead) >= pathCheck/2 {
+	if since, c := now.Sub(f.neighRead), f.changes.Load(); since >= pathCheck/2 || (since >= minCheck && c != f.neighChanges) {
+		f.neighChanges = c
 		neighs, err := f.nl.NeighList(0, unix.AF_INET)
 		if err != nil {
 			return nil, fmt.Errorf("neighbours: %w", err)
@@ -153,20 +175,23 @@ func (f *frameTx) neighbour(ifindex int, hop netip.Addr, now time.Time) (net.Har
 type frameSender struct {
 	path    *l2path
 	checked time.Time
+	changes uint64 // the underlay's neighbour changes at checked
 	msgs    []unix.Mmsghdr
 	iovs    []unix.Iovec
 	addr    unix.RawSockaddrLinklayer
 }
 
 // route tells whether the batch goes as frames, reading the site's path
-// again every pathCheck. The batch after each check goes through the
+// again every pathCheck and after a change of the kernel's neighbours
+// (minCheck apart at least). The batch after each check goes through the
 // raw socket: the kernel then uses its neighbour entry and confirms or
 // resolves it again, which frames alone never make it do.
 func (s *frameSender) route(f *frameTx, peer netip.Addr, now time.Time) (*l2path, error) {
-	if now.Sub(s.checked) < pathCheck {
+	c := f.changes.Load()
+	if since := now.Sub(s.checked); since < minCheck || (since < pathCheck && c == s.changes) {
 		return s.path, nil
 	}
-	s.checked = now
+	s.checked, s.changes = now, c
 	p, err := f.path(peer)
 	s.path = p
 	return nil, err
