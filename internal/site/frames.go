@@ -23,15 +23,15 @@ import (
 // the next hop's hardware address (the kernel adds the Ethernet header,
 // SOCK_DGRAM: a SOCK_RAW frame would go through the flow dissector),
 // with the route and the next hop it reads from the kernel (netlink)
-// every pathCheck. The raw socket stays for what the frames
-// cannot do: a next hop not resolved yet, a datagram bigger than the
-// interface's MTU (the kernel fragments it), an interface without
-// Ethernet, an IPv6 underlay.
+// every pathCheck and after the kernel's neighbours change. The raw
+// socket stays for what the frames cannot do: a next hop not resolved
+// yet, a datagram bigger than the interface's MTU (the kernel fragments
+// it), an interface without Ethernet, an IPv6 underlay.
 
 const (
 	// pathCheck is how often a site's route and next hop are read
-	// again: a gateway that took over the peer's address is followed
-	// within it (its gratuitous ARP changed the kernel's neighbour).
+	// again when the kernel reports no neighbour change: a route
+	// changes without one.
 	pathCheck = 500 * time.Millisecond
 	// minCheck is the least time between two readings, however often
 	// the kernel's neighbours change (a busy LAN's come and go).
@@ -198,9 +198,9 @@ func (s *frameSender) route(f *frameTx, peer netip.Addr, now time.Time) (*l2path
 }
 
 // send sends frames to peer on p: each is frameHead bytes of room for
-// the outer IPv4 header, then a GRE datagram. It returns false when a datagram is
-// too big for the link and the batch should go through the raw socket
-// instead, which fragments.
+// the outer IPv4 header, then a GRE datagram. It returns false when a
+// datagram is too big for the link and the batch should go through the
+// raw socket instead, which fragments.
 func (s *frameSender) send(f *frameTx, p *l2path, peer netip.Addr, frames [][]byte) (bool, error) {
 	for _, fr := range frames {
 		if len(fr) > p.mtu {
