@@ -27,6 +27,12 @@ type SiteUnderlay struct {
 	// Addresses are the local endpoint addresses, at most one IPv4 and
 	// one IPv6: GRE is received on them and sent from them.
 	Addresses []string `yaml:"addresses"`
+	// Send is how GRE to an IPv4 site on Ethernet leaves: "frames"
+	// (default), whole frames on a packet socket, which cost less CPU a
+	// datagram but skip the underlay's netfilter output hooks; or "ip",
+	// every datagram through the kernel's IP output (nftables output and
+	// postrouting rules, such as SNAT of the GRE datagrams, apply).
+	Send string `yaml:"send"`
 }
 
 // Tenant is one routing domain: its compartment, its key and its sites.
@@ -92,6 +98,7 @@ var (
 )
 
 func siteDefaults(s *Site) {
+	setDefault(&s.Underlay.Send, "frames")
 	for i := range s.Tenants {
 		t := &s.Tenants[i]
 		setDefault(&t.Namespace, "deskway-"+t.Name)
@@ -114,6 +121,9 @@ func validateSite(s *Site, bad func(string, string, ...any)) {
 	}
 	if len(s.Underlay.Addresses) == 0 && (gre || len(s.Tenants) == 0) {
 		bad("site.underlay.addresses", "give this gateway's tunnel endpoint address (IPv4, IPv6 or one of each)")
+	}
+	if s.Underlay.Send != "frames" && s.Underlay.Send != "ip" {
+		bad("site.underlay.send", "%q is neither frames (whole frames on a packet socket, the default) nor ip (through the kernel's IP output, where netfilter rules apply)", s.Underlay.Send)
 	}
 	for i, a := range s.Underlay.Addresses {
 		key := fmt.Sprintf("site.underlay.addresses[%d]", i)

@@ -53,6 +53,7 @@ func TestSiteValidationNamesKey(t *testing.T) {
 		"site:\n  tenants: []\n": "site.underlay.addresses (not set; its section is on line 1): give this gateway's tunnel endpoint address",
 		"site:\n  underlay:\n    addresses: [198.51.100.1, 198.51.100.9]\n":                                                                                             "site.underlay.addresses[1] (line 3): a second IPv4 address",
 		"site:\n  underlay:\n    addresses: [\"0.0.0.0\"]\n":                                                                                                            `site.underlay.addresses[0] (line 3): "0.0.0.0" is not a unicast IP address`,
+		"site:\n  underlay:\n    addresses: [198.51.100.1]\n    send: raw\n":                                                                                            `site.underlay.send (line 4): "raw" is neither frames`,
 		tenant("  - name: b\n    key: 1\n    sites:\n    - peer: 198.51.100.3\n      prefixes: [192.168.2.0/24]\n"):                                                     "site.tenants[1].key (line 11): 1 is tenant a's key too",
 		tenant("  - name: A\n    key: 2\n    sites:\n    - peer: 198.51.100.3\n      prefixes: [192.168.2.0/24]\n"):                                                     `site.tenants[1].name (line 10): "A" is not 1 to 31 lower-case`,
 		tenant("  - name: b\n    sites:\n    - peer: 198.51.100.3\n      prefixes: [192.168.2.0/24]\n"):                                                                 "site.tenants[1].key (not set; its section is on line 10): give the GRE key",

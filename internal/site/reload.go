@@ -38,6 +38,9 @@ func (s *Server) check(next *config.Site) error {
 	if !slices.Equal(next.Underlay.Addresses, s.cfg.Underlay.Addresses) {
 		return fmt.Errorf("site.underlay.addresses changes only at a restart (the raw sockets are bound to %s)", strings.Join(s.cfg.Underlay.Addresses, ", "))
 	}
+	if next.Underlay.Send != s.cfg.Underlay.Send {
+		return fmt.Errorf("site.underlay.send changes only at a restart (GRE leaves as %s now)", s.cfg.Underlay.Send)
+	}
 	if !reflect.DeepEqual(next.HA, s.cfg.HA) {
 		return errors.New("site.ha changes only at a restart (a gateway joins or leaves a pair, or changes its lease, at a start)")
 	}

@@ -142,7 +142,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	for _, ip := range s.locals {
-		u, err := listenUnderlay(ip, &s.set, s.m, s.log, s.ha != nil)
+		u, err := listenUnderlay(ip, &s.set, s.m, s.log, s.ha != nil, s.cfg.Underlay.Send != "ip")
 		if err != nil {
 			s.mu.Unlock()
 			return fmt.Errorf("site: %w", err)

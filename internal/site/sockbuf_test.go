@@ -37,7 +37,7 @@ func TestUnderlayHoldsBurst(t *testing.T) {
 		var err error
 		set := &atomic.Pointer[tenantSet]{}
 		set.Store(&tenantSet{byKey: map[uint32]*tenant{}})
-		if u, err = listenUnderlay(netip.MustParseAddr("127.0.0.1"), set, newMetrics(nil), slog.New(slog.DiscardHandler), false); err != nil {
+		if u, err = listenUnderlay(netip.MustParseAddr("127.0.0.1"), set, newMetrics(nil), slog.New(slog.DiscardHandler), false, true); err != nil {
 			return err
 		}
 		send, err = net.ListenPacket("ip4:47", "127.0.0.2")

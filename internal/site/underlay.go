@@ -51,7 +51,10 @@ type underlay struct {
 	log    *slog.Logger
 }
 
-func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics, log *slog.Logger, free bool) (*underlay, error) {
+// listenUnderlay opens the raw GRE socket on local (bound with
+// IP_FREEBIND when free: an HA gateway's address may be the other's);
+// with frames, GRE to IPv4 sites also leaves as frames (frames.go).
+func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics, log *slog.Logger, free, frames bool) (*underlay, error) {
 	network := "ip4:47"
 	if local.Is6() {
 		network = "ip6:47"
@@ -69,13 +72,15 @@ func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics
 		return nil, fmt.Errorf("raw GRE socket on %s: %w", local, err)
 	}
 	u := &underlay{local: local, conn: c, set: set, m: m, log: log}
-	if local.Is4() {
-		u.bc = ipv4.NewPacketConn(c)
+	if !local.Is4() {
+		u.bc = ipv6.NewPacketConn(c)
+		return u, nil
+	}
+	u.bc = ipv4.NewPacketConn(c)
+	if frames {
 		if u.frames, err = newFrameTx(local); err != nil {
 			log.Warn("GRE is sent on the raw socket alone", "underlay", local, "error", err)
 		}
-	} else {
-		u.bc = ipv6.NewPacketConn(c)
 	}
 	return u, nil
 }
