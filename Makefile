@@ -82,18 +82,20 @@ e2e: deps assets
 # Short coverage-guided runs of every fuzz target, seeded from testdata.
 # Each package's fuzzing test binary is built once and run per target
 # (go test -fuzz linked it again for every target: 37 links for 11
-# packages), with the corpus cache go test -fuzz itself keeps.
+# packages), with the corpus cache go test -fuzz itself keeps. Each
+# target's line says how long it took, and the last line the whole step.
 FUZZ_PKGS = ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/proto/bitmapupdate ./internal/proto/gre ./internal/proto/cliprdr ./internal/gateway ./internal/stream ./internal/site
 fuzz:
-	@set -e; bin=$$(mktemp -d); trap 'rm -rf "$$bin"' EXIT; cache=$$($(GO) env GOCACHE)/fuzz; \
+	@set -e; bin=$$(mktemp -d); trap 'rm -rf "$$bin"' EXIT; cache=$$($(GO) env GOCACHE)/fuzz; start=$$(date +%s); \
 	for pkg in $(FUZZ_PKGS); do \
 	  $(GO) test -c -fuzz '^Fuzz' -o $$bin/fuzz.test $$pkg; \
 	  imp=$$($(GO) list $$pkg); \
 	  for f in $$(cd $$pkg && $$bin/fuzz.test -test.list '^Fuzz' | grep '^Fuzz'); do \
-	    echo "fuzz $$pkg $$f"; \
-	    (cd $$pkg && $$bin/fuzz.test -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir $$cache/$$imp) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \
+	    t0=$$(date +%s%N); \
+	    (cd $$pkg && $$bin/fuzz.test -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir $$cache/$$imp) >$$bin/fuzz.log 2>&1 || { cat $$bin/fuzz.log; exit 1; }; \
+	    el=$$(( $$(date +%s%N) - t0 )); printf 'fuzz %s %s: %d.%d s\n' $$pkg $$f $$((el / 1000000000)) $$((el / 100000000 % 10)); \
 	  done; \
-	done; echo "fuzz: every target ran $(FUZZTIME) inputs without a crash"
+	done; echo "fuzz: every target ran $(FUZZTIME) inputs without a crash, in $$(( $$(date +%s) - start )) s"
 
 clean:
 	rm -rf bin e2e/artifacts
