@@ -55,6 +55,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
+	for _, lock := range buildLocks(dir) {
+		_ = os.Remove(testkit.LockFile(lock))
+	}
 	os.Exit(code)
 }
 
@@ -68,7 +71,10 @@ func build(t *testing.T) string {
 	if bin == "" {
 		t.Fatal(binEnv + " is unset: TestMain did not run")
 	}
-	testkit.LockDuring(t, "e2e-build", func() {
+	if _, err := os.Stat(bin); err == nil {
+		return bin // renamed into place whole
+	}
+	testkit.LockDuring(t, buildLocks(filepath.Dir(bin))[0], func() {
 		if _, err := os.Stat(bin); err == nil {
 			return
 		}
@@ -83,4 +89,12 @@ func build(t *testing.T) string {
 		}
 	})
 	return bin
+}
+
+// buildLocks names the locks under which build and buildNbdroot link
+// the binaries of the run whose folder is dir. They are named after the
+// run: the test processes of other runs on the machine link binaries of
+// their own and need not wait for this one's.
+func buildLocks(dir string) []string {
+	return []string{"e2e-build-" + filepath.Base(dir), "e2e-build-nbdroot-" + filepath.Base(dir)}
 }
