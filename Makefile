@@ -7,8 +7,12 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 STATE_DIR ?= /var/lib/deskway
 # A count, not a duration: a duration races the fuzz coordinator's own
-# deadline in go1.26 (golang/go#75804) and fails with no crasher.
-FUZZTIME ?= 20000x
+# deadline in go1.26 (golang/go#75804) and fails with no crasher. Each
+# run adds its new inputs to the corpus cache the next run starts from;
+# the few targets whose inputs cost milliseconds (FuzzConn, the gateway's
+# and the site's) spend most of the step's time on them, so the count is
+# that of a short run for those: 10,000 inputs.
+FUZZTIME ?= 10000x
 
 # What `deskway version`, the start log line and deskway_build_info say;
 # every binary the targets below build is stamped with it.
@@ -65,10 +69,11 @@ lint:
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
 # a package (e2e/main_test.go says which e2e tests do, and how those that
 # share something of the machine take turns). The e2e tests that do
-# mostly wait on protocol timers and their servers: the site tests spend
-# about a fifth of their wall time on CPU, so two at a time on this
-# 2-core machine. Tests that hold a time budget or load both cores run
-# alone, before them.
+# mostly wait on protocol timers and their servers (the site tests spend
+# about a fifth of their wall time on CPU) or boot one emulated guest at
+# a time, which takes a core, so two at a time on this 2-core machine.
+# Tests that hold a time budget or load both cores run alone, before
+# them.
 TEST_PARALLEL ?= 2
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
@@ -82,18 +87,24 @@ e2e: deps assets
 # Short coverage-guided runs of every fuzz target, seeded from testdata.
 # Each package's fuzzing test binary is built once and run per target
 # (go test -fuzz linked it again for every target: 37 links for 11
-# packages), with the corpus cache go test -fuzz itself keeps.
+# packages), with the corpus cache go test -fuzz itself keeps. The
+# binaries are built two at a time (a link keeps about one core busy),
+# each named after its package's folder, all different. Each target's
+# line says how long it took, and the last line the whole step.
 FUZZ_PKGS = ./internal/proto/tsgu ./internal/proto/ntlm ./internal/proto/nbd ./internal/proto/rdcleanpath ./internal/proto/x224 ./internal/proto/bitmapupdate ./internal/proto/gre ./internal/proto/cliprdr ./internal/gateway ./internal/stream ./internal/site
 fuzz:
-	@set -e; bin=$$(mktemp -d); trap 'rm -rf "$$bin"' EXIT; cache=$$($(GO) env GOCACHE)/fuzz; \
+	@set -e; bin=$$(mktemp -d); trap 'rm -rf "$$bin"' EXIT; cache=$$($(GO) env GOCACHE)/fuzz; start=$$(date +%s); \
+	printf '%s\n' $(FUZZ_PKGS) | xargs -P 2 -I{} sh -c '$(GO) test -c -fuzz "^Fuzz" -o "$$0/$$(basename {}).test" {}' $$bin; \
+	echo "fuzz: $(words $(FUZZ_PKGS)) fuzzing binaries built in $$(( $$(date +%s) - start )) s"; \
 	for pkg in $(FUZZ_PKGS); do \
-	  $(GO) test -c -fuzz '^Fuzz' -o $$bin/fuzz.test $$pkg; \
+	  fz=$$bin/$$(basename $$pkg).test; \
 	  imp=$$($(GO) list $$pkg); \
-	  for f in $$(cd $$pkg && $$bin/fuzz.test -test.list '^Fuzz' | grep '^Fuzz'); do \
-	    echo "fuzz $$pkg $$f"; \
-	    (cd $$pkg && $$bin/fuzz.test -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir $$cache/$$imp) >/tmp/deskway-fuzz.log 2>&1 || { cat /tmp/deskway-fuzz.log; exit 1; }; \
+	  for f in $$(cd $$pkg && $$fz -test.list '^Fuzz' | grep '^Fuzz'); do \
+	    t0=$$(date +%s%N); \
+	    (cd $$pkg && $$fz -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir $$cache/$$imp) >$$bin/fuzz.log 2>&1 || { cat $$bin/fuzz.log; exit 1; }; \
+	    el=$$(( $$(date +%s%N) - t0 )); printf 'fuzz %s %s: %d.%d s\n' $$pkg $$f $$((el / 1000000000)) $$((el / 100000000 % 10)); \
 	  done; \
-	done; echo "fuzz: every target ran $(FUZZTIME) inputs without a crash"
+	done; echo "fuzz: every target ran $(FUZZTIME) inputs without a crash, in $$(( $$(date +%s) - start )) s"
 
 clean:
 	rm -rf bin e2e/artifacts

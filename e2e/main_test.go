@@ -20,10 +20,18 @@
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
 //     parallel test starts, so nothing of this package runs beside them.
-//     So do, for now, the tests that boot qemu guests (where KVM runs no
-//     guest, qemu emulates the CPU: each guest takes a core) and those
-//     that drive xrdp, xfreerdp or chromium, whose waits were not
-//     measured beside other tests.
+//     So do, for now, those that drive xrdp, xfreerdp or chromium, whose
+//     waits were not measured beside other tests.
+//   - The netboot tests that boot one qemu guest at a time, in their own
+//     namespaces, call t.Parallel(), and so do those in namespaces that
+//     boot none: where KVM runs no guest, qemu emulates the CPU and each
+//     guest takes a core, so two such tests load the two cores as one
+//     test booting two guests does, and every wait for a guest is
+//     minutes long. The tests that boot two or more guests at once load
+//     both cores themselves and stay serial: beside another, at a load
+//     of 19, TestNetbootUEFI's two UEFI guests missed its 2-minute wait.
+//     (TestNetbootSecureBoot's three machines boot beside each other
+//     within one serial test.)
 //
 // Every test gets the deskway binary from build(t): it is compiled once
 // per run and shared, so a test must not change or remove it.
@@ -55,6 +63,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
+	for _, lock := range buildLocks(dir) {
+		_ = os.Remove(testkit.LockFile(lock))
+	}
 	os.Exit(code)
 }
 
@@ -68,7 +79,10 @@ func build(t *testing.T) string {
 	if bin == "" {
 		t.Fatal(binEnv + " is unset: TestMain did not run")
 	}
-	testkit.LockDuring(t, "e2e-build", func() {
+	if _, err := os.Stat(bin); err == nil {
+		return bin // renamed into place whole
+	}
+	testkit.LockDuring(t, buildLocks(filepath.Dir(bin))[0], func() {
 		if _, err := os.Stat(bin); err == nil {
 			return
 		}
@@ -83,4 +97,12 @@ func build(t *testing.T) string {
 		}
 	})
 	return bin
+}
+
+// buildLocks names the locks under which build and buildNbdroot link
+// the binaries of the run whose folder is dir. They are named after the
+// run: the test processes of other runs on the machine link binaries of
+// their own and need not wait for this one's.
+func buildLocks(dir string) []string {
+	return []string{"e2e-build-" + filepath.Base(dir), "e2e-build-nbdroot-" + filepath.Base(dir)}
 }

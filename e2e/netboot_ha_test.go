@@ -36,6 +36,7 @@ stream:
 // the first server still down, the machine's next power-on boots from the
 // second.
 func TestNetbootRootSurvivesServerLoss(t *testing.T) {
+	t.Parallel()
 	ns := newNetns(t, "tap1")
 	kernel, initrd := netbootRootKit(t)
 	bin := build(t)

@@ -228,14 +228,28 @@ func vdiskWithInit(t *testing.T, path string, files map[string]string, init stri
 	}
 }
 
-// buildNbdroot builds deskway-nbdroot, static, as make build does.
+// buildNbdroot returns deskway-nbdroot, static, as make build builds
+// it: the first test to ask links it beside build's binary, and the run's
+// other root-disk tests share it (each linked its own before).
 func buildNbdroot(t *testing.T) string {
 	t.Helper()
-	helper := filepath.Join(t.TempDir(), "deskway-nbdroot")
-	build := exec.Command("go", "build", "-ldflags=-s", "-o", helper, "../cmd/deskway-nbdroot")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build deskway-nbdroot: %v\n%s", err, out)
+	dir := filepath.Dir(build(t))
+	helper := filepath.Join(dir, "deskway-nbdroot")
+	if _, err := os.Stat(helper); err == nil {
+		return helper
 	}
+	testkit.LockDuring(t, buildLocks(dir)[1], func() {
+		if _, err := os.Stat(helper); err == nil {
+			return
+		}
+		build := exec.Command("go", "build", "-ldflags=-s", "-o", helper+".new", "../cmd/deskway-nbdroot")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build deskway-nbdroot: %v\n%s", err, out)
+		}
+		if err := os.Rename(helper+".new", helper); err != nil {
+			t.Fatal(err)
+		}
+	})
 	return helper
 }

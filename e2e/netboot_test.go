@@ -202,6 +202,7 @@ func TestNetbootRootOverNBD(t *testing.T) {
 // only the boot options: the machine takes its address from udhcpd and
 // its boot file from deskway, and boots.
 func TestNetbootProxyDHCP(t *testing.T) {
+	t.Parallel()
 	ns := newNetns(t, "tap1")
 	kernel, initrd := netbootKit(t)
 	bin := build(t)

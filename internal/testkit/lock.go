@@ -52,8 +52,7 @@ func LockDuring(t testing.TB, name string, fn func()) {
 // take waits for the named lock and returns its release.
 func take(t testing.TB, name string) (release func()) {
 	t.Helper()
-	path := filepath.Join(os.TempDir(), "deskway-test-"+name+".lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
+	f, err := os.OpenFile(LockFile(name), os.O_RDWR|os.O_CREATE, 0o666)
 	if err != nil {
 		t.Fatalf("lock %s: %v", name, err)
 	}
@@ -68,4 +67,10 @@ func take(t testing.TB, name string) (release func()) {
 	}
 	t.Logf("waited %s for lock %s", time.Since(start).Round(time.Millisecond), name)
 	return release
+}
+
+// LockFile is the file that holds the named lock: a run that names locks
+// after itself removes their files when it ends.
+func LockFile(name string) string {
+	return filepath.Join(os.TempDir(), "deskway-test-"+name+".lock")
 }
