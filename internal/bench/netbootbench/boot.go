@@ -36,8 +36,9 @@ func (b boot) metrics() map[string]float64 {
 // bannerPrompt is the end of the banner qemu's iPXE ROM shows for 2 s
 // before it boots (a wait compiled into Debian's iPXE); any key but
 // Ctrl-B ends the wait, and SeaBIOS passes the serial console's input
-// through to it.
-const bannerPrompt = "Ctrl-B"
+// through to it. The ROM's earlier "Press Ctrl-B to configure iPXE",
+// while SeaBIOS initialises it, is not this one.
+const bannerPrompt = "Ctrl-B for the iPXE command line"
 
 // timeBoot starts cmd and times its console up to Marker+name. A key
 // (a space) goes to its serial console when iPXE's banner asks for one,
@@ -58,7 +59,9 @@ func timeBoot(ctx context.Context, cmd *exec.Cmd, name string) (boot, error) {
 		return b, err
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	// Long enough for emulated VMs on a loaded machine: four at once
+	// on two busy cores have taken over 200 s.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	go func() { <-ctx.Done(); _ = cmd.Process.Kill() }()
 	// The prompt ends in no newline while iPXE waits: it is watched for

@@ -33,7 +33,7 @@ type Options struct {
 	Out, Command    string
 	// AtOnce are the numbers of VMs booted at once through every system
 	// (4 by default), and AtOnceDeskway those booted at once through
-	// deskway alone (8 by default).
+	// deskway alone (8 by default); 0 is none.
 	AtOnce, AtOnceDeskway []int
 	Log                   *slog.Logger
 }
@@ -80,6 +80,9 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if o.AtOnceDeskway == nil {
 		o.AtOnceDeskway = []int{8}
 	}
+	// 0 stands for none.
+	o.AtOnce = slices.DeleteFunc(o.AtOnce, func(n int) bool { return n == 0 })
+	o.AtOnceDeskway = slices.DeleteFunc(o.AtOnceDeskway, func(n int) bool { return n == 0 })
 	sizes := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(o.AtOnce), o.AtOnceDeskway...))))
 	most := slices.Max(append(sizes, 1))
 	if slices.Min(append(sizes, 2)) < 2 || most > 9 {
