@@ -437,8 +437,8 @@ func benchNetbootCmd() *cobra.Command {
 	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
 	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")
 	c.Flags().StringVar(&o.Helper, "nbdroot", "", "the deskway-nbdroot program (default: beside this deskway)")
-	c.Flags().IntSliceVar(&o.AtOnce, "at-once", []int{4}, "numbers of VMs booted at once through each system (up to 9)")
-	c.Flags().IntSliceVar(&o.AtOnceDeskway, "at-once-deskway", []int{8}, "numbers of VMs booted at once through deskway alone (up to 9)")
+	c.Flags().IntSliceVar(&o.AtOnce, "at-once", []int{4}, "numbers of VMs booted at once through each system (2 to 9; 0 for none)")
+	c.Flags().IntSliceVar(&o.AtOnceDeskway, "at-once-deskway", []int{8}, "numbers of VMs booted at once through deskway alone (2 to 9; 0 for none)")
 	return c
 }
 
