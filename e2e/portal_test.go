@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/deskway/deskway/internal/testkit"
@@ -49,9 +51,21 @@ func newBrowserWith(t *testing.T, more ...chromedp.ExecAllocatorOption) context.
 	return tctx
 }
 
+// toFront makes ctx's tab the one shown, as a person clicking on it
+// would: headless Chromium may draw no frames for a tab behind another,
+// and a screenshot waits for a frame (one of the portal, behind the
+// desktop's tab, once waited out the browser's five minutes).
+func toFront(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := chromedp.Call(ctx, page.BringToFront, cdp.Empty{}); err != nil {
+		t.Fatalf("bring the tab to the front: %v", err)
+	}
+}
+
 // shot saves what the browser shows, for a person to look at.
 func shot(t *testing.T, ctx context.Context, dir, name string) {
 	t.Helper()
+	toFront(t, ctx)
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)

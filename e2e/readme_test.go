@@ -200,6 +200,7 @@ func TestREADMEQuickstart(t *testing.T) {
 		if labels := portalShows(t, ctx, portal, "desktops", "Running on", artifacts, "portal-running"); !slices.Contains(labels, "Log off") {
 			t.Fatalf("a running session offers %q, no Log off", labels)
 		}
+		toFront(t, tab)
 		if err := chromedp.Do(tab, chromedp.Click(chromedp.ID("disconnect"))); err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,7 @@ packages=(
   haproxy                                              # baseline relay for benchmarks
   libnbd-bin python3-libnbd qemu-utils                 # NBD clients for the vDisk streaming tests (nbdinfo, nbdcopy, nbdsh)
   nbdkit nbd-server                                    # reference NBD servers: client tests, boot-storm peers
+  dnsmasq-base                                         # the LTSP way beside deskway in the netboot bench: proxyDHCP and TFTP (dnsmasq's binary, no system service)
   qemu-system-x86 busybox-static e2fsprogs             # diskless VMs booting a vDisk
   ipxe iproute2                                        # iPXE first stages the netboot TFTP serves (undionly.kpxe, ipxe.efi)
   ovmf                                                 # UEFI firmware for the network-boot VMs (PXE and HTTP Boot; Secure Boot with Microsoft's keys)

@@ -450,7 +450,7 @@ func benchNetbootCmd() *cobra.Command {
 	var o netbootbench.Options
 	c := &cobra.Command{
 		Use:   "netboot",
-		Short: "Power-on to the vDisk's init for a PXE boot from deskway, beside qemu's own NBD client, and four VMs at once (root; makes its own network namespace)",
+		Short: "Power-on to the vDisk's init for a PXE boot from deskway, beside the LTSP stack (dnsmasq proxyDHCP and TFTP, nbd-server) and qemu's own NBD client, one VM and several at once (root; makes its own network namespaces)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
@@ -466,6 +466,8 @@ func benchNetbootCmd() *cobra.Command {
 	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
 	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")
 	c.Flags().StringVar(&o.Helper, "nbdroot", "", "the deskway-nbdroot program (default: beside this deskway)")
+	c.Flags().IntSliceVar(&o.AtOnce, "at-once", []int{4}, "numbers of VMs booted at once through each system (2 to 9; 0 for none)")
+	c.Flags().IntSliceVar(&o.AtOnceDeskway, "at-once-deskway", []int{8}, "numbers of VMs booted at once through deskway alone (2 to 9; 0 for none)")
 	return c
 }
 

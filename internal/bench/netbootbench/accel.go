@@ -64,8 +64,20 @@ func ProbeAccelerator(ctx context.Context, kernel string) Accelerator {
 	case <-out.seen:
 		return Accelerator{"kvm", "a guest kernel boots on /dev/kvm"}
 	case <-ctx.Done():
-		return Accelerator{"tcg", fmt.Sprintf("/dev/kvm answers (API version %d), but a guest kernel printed nothing on it in %s: KVM here runs no guest", v, probeTime)}
+		return Accelerator{"tcg", fmt.Sprintf("/dev/kvm answers (API version %d), but a guest kernel printed nothing on it in %s: KVM here runs no guest%s", v, probeTime, pvmNote())}
 	}
+}
+
+// pvmNote says why when this machine's KVM is PVM (the kvm_pvm module:
+// KVM inside a VM with no hardware virtualization), which runs only
+// guest kernels built as PVM guests; Debian's kernel is not one, and
+// stops at its first switch of CPU mode (after SeaBIOS's "Probing
+// EDD", or at once through the PVH entry).
+func pvmNote() string {
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err != nil {
+		return ""
+	}
+	return " (its KVM is PVM, the kvm_pvm module, which runs only guest kernels built for PVM)"
 }
 
 // bannerWriter closes seen when the kernel's "Linux version" banner has
