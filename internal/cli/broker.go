@@ -29,8 +29,8 @@ import (
 
 func brokerCmd() *cobra.Command {
 	var (
-		cfgPath     string
-		clockOffset time.Duration
+		cfgPath string
+		clock   clockFlags
 	)
 	c := &cobra.Command{
 		Use:   "broker",
@@ -45,12 +45,12 @@ func brokerCmd() *cobra.Command {
 				return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
 			}
 			cfg.Gateway, cfg.Stream, cfg.Agent, cfg.Site = nil, nil, nil, nil
-			cfg.ClockOffset = clockOffset
+			clock.apply(cfg)
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
-	hiddenClockOffset(c, &clockOffset)
+	hiddenClockFlags(c, &clock)
 	return c
 }
 

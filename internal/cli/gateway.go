@@ -10,8 +10,8 @@ import (
 
 func gatewayCmd() *cobra.Command {
 	var (
-		cfgPath     string
-		clockOffset time.Duration
+		cfgPath string
+		clock   clockFlags
 	)
 	c := &cobra.Command{
 		Use:   "gateway",
@@ -32,20 +32,34 @@ func gatewayCmd() *cobra.Command {
 			// Only this role runs, whatever else the file has (the
 			// package's file has the broker and the portal too).
 			cfg.Broker, cfg.Stream, cfg.Web, cfg.Agent, cfg.Site = nil, nil, nil, nil, nil
-			cfg.ClockOffset = clockOffset
+			clock.apply(cfg)
 			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
 		},
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
-	hiddenClockOffset(c, &clockOffset)
+	hiddenClockFlags(c, &clock)
 	return c
 }
 
-// hiddenClockOffset adds --clock-offset, which moves the clock the role's
-// tokens are signed and checked by. It exists for `deskway bench faults`
-// (a role whose clock is off) and is hidden from help: no deployment
-// should set it.
-func hiddenClockOffset(c *cobra.Command, d *time.Duration) {
-	c.Flags().DurationVar(d, "clock-offset", 0, "test only: move this role's token clock by this much")
+// clockFlags are the hidden flags that move a role's token clock.
+type clockFlags struct {
+	offset time.Duration
+	file   string
+}
+
+func (f clockFlags) apply(cfg *config.Config) {
+	cfg.ClockOffset, cfg.ClockFile = f.offset, f.file
+}
+
+// hiddenClockFlags adds --clock-offset, which moves the clock the role's
+// tokens are signed and checked by, and --clock-offset-file, a file
+// holding that offset, read each time the clock is, so that writing it
+// steps the clock mid-run. They exist for `deskway bench faults` (a role
+// whose clock is off, or jumps) and are hidden from help: no deployment
+// should set them.
+func hiddenClockFlags(c *cobra.Command, f *clockFlags) {
+	c.Flags().DurationVar(&f.offset, "clock-offset", 0, "test only: move this role's token clock by this much")
+	c.Flags().StringVar(&f.file, "clock-offset-file", "", "test only: a file holding the token clock's offset, read each time the clock is")
 	_ = c.Flags().MarkHidden("clock-offset")
+	_ = c.Flags().MarkHidden("clock-offset-file")
 }

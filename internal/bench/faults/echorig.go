@@ -52,8 +52,9 @@ gateway:
 `
 
 // startEchoRig starts the echo host and a gateway whose token clock is
-// clockOffset off, with a fault proxy between them when cuttable.
-func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable bool) (*echoRig, error) {
+// clockOffset off, with a fault proxy between them when cuttable; extra
+// are more flags of deskway gateway.
+func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable bool, extra ...string) (*echoRig, error) {
 	r := &echoRig{dir: env.Work, tokenKey: "faults-bench-token-key-0123456789abcdef"}
 	cert, key := filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key")
 	if err := tlsconf.SelfSigned(cert, key, nil); err != nil {
@@ -89,7 +90,8 @@ func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable boo
 		return nil, fmt.Errorf("faults: %w", err)
 	}
 	r.gwAddr = fmt.Sprintf("127.0.0.1:%d", gwPort)
-	if r.gw, err = childproc.Start(nil, env.Bin, "gateway", "-c", cfg, "--clock-offset", clockOffset.String()); err != nil {
+	args := append([]string{"gateway", "-c", cfg, "--clock-offset", clockOffset.String()}, extra...)
+	if r.gw, err = childproc.Start(nil, env.Bin, args...); err != nil {
 		r.close()
 		return nil, err
 	}

@@ -67,6 +67,11 @@ func notes(scenarios []Scenario) []string {
 				"link, broker ↔ PostgreSQL: the broker scenario's farm and storm (two brokers round robin, simulated session hosts), both brokers reaching PostgreSQL through the fault proxy, the link cut for as long as the broker scenario stops the database; lost and doubled are judged as there.",
 			)
 		}
+		if s.Name == "clock-jump" {
+			out = append(out,
+				"clock-jump: a real `deskway gateway` started with the hidden `--clock-offset-file` flag: it reads its token clock's offset from that file each time it reads the clock, and the bench rewrites the file (by a rename) to jump the clock 10 minutes ahead mid-run and, a few seconds later, to set it right. Open tunnels echo a checked byte pattern throughout; after the jump as many users as there are tunnels open one each with a fresh token. Held: every fresh token refused while the clock is off, every refusal in the gateway's log naming the clocks and NTP, every open tunnel still echoing 3 s after the jump with no byte lost or wrong, and a fresh tunnel opening once the clock is right (recover is from setting it right to that tunnel).",
+			)
+		}
 		if s.Name == "clock" {
 			out = append(out,
 				"clock: a real `deskway gateway` started with the hidden `--clock-offset` flag, which moves the clock its token checker reads (a Go binary reads the time through the vDSO, so nothing outside the process can move it); users present fresh tokens minted with `broker.token_ttl`'s default of 5 minutes by a correct clock, as the broker's launch answer carries them, and a tunnel that opens carries 64 KiB of echo. Held: outside the allowance every tunnel is refused and every refusal in the gateway's log names the clocks; within it every tunnel opens. A wrong verdict is a token accepted outside the allowance or refused within it.",

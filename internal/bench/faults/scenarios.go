@@ -10,5 +10,7 @@ func Scenarios() []Scenario {
 		DiskFull(),
 		Link(),
 		Clock(),
+		LinkStream(),
+		ClockJump(),
 	}
 }
