@@ -142,10 +142,12 @@ func (m *nbdMachine) do(ctx context.Context, f func(*nbdclient.Client) error) er
 // slot is one queue slot of a machine: it writes its blocks in turn,
 // each write naming its block and sequence number, and after each write
 // reads back the block it wrote before, which must hold that write.
-func (m *nbdMachine) slot(ctx context.Context, k, depth int, acked map[int]int, amu *sync.Mutex) {
+// It stops starting requests when stop ends; the one in flight is
+// answered first, so every write it sent is acknowledged or failed.
+func (m *nbdMachine) slot(ctx, stop context.Context, k, depth int, acked map[int]int, amu *sync.Mutex) {
 	buf, rbuf, want := make([]byte, diskStreamBlock), make([]byte, diskStreamBlock), make([]byte, diskStreamBlock)
 	prev := -1
-	for seq := 1; ctx.Err() == nil; seq++ {
+	for seq := 1; stop.Err() == nil; seq++ {
 		b := k + depth*(seq%linkStreamBlocks)
 		fillBlock(buf, b, seq)
 		err := m.do(ctx, func(c *nbdclient.Client) error { return c.WriteAt(buf, int64(b)*diskStreamBlock, false) })
@@ -175,7 +177,7 @@ func (m *nbdMachine) slot(ctx context.Context, k, depth int, acked map[int]int, 
 			}
 		}
 		prev = b
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+		if err := sleepCtx(stop, 10*time.Millisecond); err != nil {
 			return
 		}
 	}
@@ -242,7 +244,7 @@ func linkStreamRun(ctx context.Context, env Env, dir string, cut time.Duration, 
 	for i, m := range ms {
 		for k := range depth {
 			wg.Add(1)
-			go func() { defer wg.Done(); m.slot(wctx, k, depth, acked[i], &amus[i]) }()
+			go func() { defer wg.Done(); m.slot(ctx, wctx, k, depth, acked[i], &amus[i]) }()
 		}
 	}
 	if err := sleepCtx(ctx, 2*time.Second); err != nil {
