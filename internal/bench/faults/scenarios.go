@@ -11,6 +11,7 @@ func Scenarios() []Scenario {
 		Link(),
 		Clock(),
 		LinkStream(),
+		LinkAgent(),
 		ClockJump(),
 	}
 }
