@@ -95,6 +95,12 @@ func adminGet(ctx context.Context, hc *http.Client, url string, v any) error {
 // agentLaunches is what the users' launches found, by phase.
 type agentLaunches struct {
 	onCut, elsewhere, failed int
+	// onCutStale counts the launches placed on the cut host after
+	// staleFrom: broker.heartbeat_timeout since the cut (its last
+	// heartbeat was at most a second before the cut), and a second for
+	// the broker's check.
+	onCutStale int
+	staleFrom  time.Time
 	// lastOnCut is when the last launch was placed on the cut host.
 	lastOnCut time.Time
 }
@@ -193,6 +199,9 @@ func linkAgentRun(ctx context.Context, env Env) (Outcome, error) {
 		if res.Host == cutHost {
 			l.onCut++
 			l.lastOnCut = time.Now()
+			if !l.staleFrom.IsZero() && l.lastOnCut.After(l.staleFrom) {
+				l.onCutStale++
+			}
 		} else {
 			l.elsewhere++
 		}
@@ -206,6 +215,7 @@ func linkAgentRun(ctx context.Context, env Env) (Outcome, error) {
 	}
 	cutAt := time.Now()
 	proxy.cut()
+	during.staleFrom = cutAt.Add(agentHeartbeatTimeout + time.Second)
 	staleS := -1.0
 	for time.Since(cutAt) < agentCut {
 		launch(&during)
@@ -252,29 +262,22 @@ func linkAgentRun(ctx context.Context, env Env) (Outcome, error) {
 		}
 		h.mu.Unlock()
 	}
-	// A launch placed on the cut host once the heartbeat timeout had
-	// passed since the cut (its last heartbeat was at most a second
-	// before the cut), with a second for the broker's check.
-	lateOnCut := !during.lastOnCut.IsZero() && during.lastOnCut.After(cutAt.Add(agentHeartbeatTimeout+time.Second))
 	o.Load = "one user launching every 500 ms through one broker onto 3 session hosts, from 5 s before the cut to 5 s after the host is back"
 	o.Users = n
 	o.Affected = 0
 	o.RecoverS = backS
 	o.Metrics = map[string]float64{"stale_after_s": staleS, "back_after_s": backS, "heartbeat_timeout_s": agentHeartbeatTimeout.Seconds(),
-		"cut_s": agentCut.Seconds(), "launches_to_cut_host_before_stale": float64(during.onCut), "launches_to_cut_host_after_stale": 0,
+		"cut_s": agentCut.Seconds(), "launches_to_cut_host_during_cut": float64(during.onCut), "launches_to_cut_host_after_stale": float64(during.onCutStale),
 		"launches_to_cut_host_after_return": float64(after.onCut), "launches_failed": float64(before.failed + during.failed + after.failed),
 		"sessions_lost": float64(lost), "sessions_on_wrong_host": float64(wrongHost), "sessions_held": float64(held)}
-	if lateOnCut {
-		o.Metrics["launches_to_cut_host_after_stale"] = 1
-	}
-	o.Held = staleS > 0 && staleS <= (agentHeartbeatTimeout+3*time.Second).Seconds() && !lateOnCut && backS >= 0 && after.onCut > 0 &&
+	o.Held = staleS > 0 && staleS <= (agentHeartbeatTimeout+3*time.Second).Seconds() && during.onCutStale == 0 && backS >= 0 && after.onCut > 0 &&
 		lost == 0 && wrongHost == 0 && before.failed+during.failed+after.failed == 0
 	lastOn := 0.0
 	if !during.lastOnCut.IsZero() {
 		lastOn = during.lastOnCut.Sub(cutAt).Seconds()
 	}
-	o.Notes = fmt.Sprintf("the broker marked the cut host unreachable %.1f s after the cut; %d launches went to it before that (their users reached it directly and logged on), the last %.1f s after the cut; back %.1f s after the link returned, then took %d of %d launches; %d of %d sessions the hosts hold have no record, %d a record on another host; %d launches failed",
-		staleS, during.onCut, lastOn, backS, after.onCut, after.onCut+after.elsewhere, lost, held, wrongHost, before.failed+during.failed+after.failed)
+	o.Notes = fmt.Sprintf("the broker marked the cut host unreachable %.1f s after the cut; %d launches went to it during the cut (their users reached it directly and logged on), the last %.1f s after the cut (%d of them once the heartbeat timeout and a second had passed); back %.1f s after the link returned, then took %d of %d launches; %d of %d sessions the hosts hold have no record, %d a record on another host; %d launches failed",
+		staleS, during.onCut, lastOn, during.onCutStale, backS, after.onCut, after.onCut+after.elsewhere, lost, held, wrongHost, before.failed+during.failed+after.failed)
 	return o, nil
 }
 
