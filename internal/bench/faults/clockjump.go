@@ -10,9 +10,10 @@ import (
 )
 
 // ClockJump is the clock-jump scenario: a gateway's clock jumps mid-run,
-// while users work through it, then is set right. The gateway reads its
+// while users work through it, then is set right; and a broker's clock
+// steps back while users launch through it. The gateway reads its
 // token clock's offset from a file (the hidden --clock-offset-file flag)
-// that the bench rewrites, as an NTP step or an administrator's `date
+// that the bench rewrites (the broker too), as an NTP step or an administrator's `date
 // -s` would move the clock under a running process.
 func ClockJump() Scenario { return Scenario{Name: "clock-jump", Run: runClockJump} }
 
@@ -28,7 +29,17 @@ func runClockJump(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("faults: clock jump, run %d: %w", run, err)
 	}
-	return []Outcome{o}, nil
+	dir := filepath.Join(env.Work, "broker-step")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("faults: %w", err)
+	}
+	benv := env
+	benv.Work = dir
+	b, err := clockStepBroker(ctx, benv, users)
+	if err != nil {
+		return nil, fmt.Errorf("faults: broker clock step, run %d: %w", run, err)
+	}
+	return []Outcome{o, b}, nil
 }
 
 // setClockFile replaces the offset file at once (a rename), so the
