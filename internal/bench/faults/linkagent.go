@@ -3,11 +3,13 @@ package faults
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/deskway/deskway/internal/auth"
@@ -70,6 +72,25 @@ func adminSessions(ctx context.Context, hc *http.Client, base string) (map[strin
 		out[s.User] = s.Host
 	}
 	return out, nil
+}
+
+// adminPost posts body to the broker's admin API.
+func adminPost(ctx context.Context, hc *http.Client, url, body string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("faults: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer faults-admin-token")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("faults: broker admin API: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("faults: broker admin API %s: %s", url, resp.Status)
+	}
+	return nil
 }
 
 func adminGet(ctx context.Context, hc *http.Client, url string, v any) error {
@@ -217,11 +238,21 @@ func linkAgentRun(ctx context.Context, env Env) (Outcome, error) {
 	proxy.cut()
 	during.staleFrom = cutAt.Add(agentHeartbeatTimeout + time.Second)
 	staleS := -1.0
+	onlyCut := -1
+	var onlyCutPlaced int
 	for time.Since(cutAt) < agentCut {
 		launch(&during)
 		if staleS < 0 {
 			if hs, err := adminHosts(ctx, hc, admin); err == nil && hs[cutHost] == "unreachable" {
 				staleS = seconds(time.Since(cutAt))
+			}
+		} else if onlyCut < 0 {
+			// With the other hosts drained, the unreachable host is the
+			// only one left: a launch must be refused in words, not
+			// placed on it.
+			var err error
+			if onlyCut, onlyCutPlaced, err = launchesWithOnlyCutHost(ctx, hc, admin, f.lb, cutHost, []string{"direct01", "direct02"}); err != nil {
+				return o, err
 			}
 		}
 		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
@@ -270,14 +301,16 @@ func linkAgentRun(ctx context.Context, env Env) (Outcome, error) {
 		"cut_s": agentCut.Seconds(), "launches_to_cut_host_during_cut": float64(during.onCut), "launches_to_cut_host_after_stale": float64(during.onCutStale),
 		"launches_to_cut_host_after_return": float64(after.onCut), "launches_failed": float64(before.failed + during.failed + after.failed),
 		"sessions_lost": float64(lost), "sessions_on_wrong_host": float64(wrongHost), "sessions_held": float64(held)}
-	o.Held = staleS > 0 && staleS <= (agentHeartbeatTimeout+3*time.Second).Seconds() && during.onCutStale == 0 && backS >= 0 && after.onCut > 0 &&
+	o.Metrics["launches_refused_with_only_cut_host"] = float64(onlyCut)
+	o.Metrics["launches_to_cut_host_with_only_it"] = float64(onlyCutPlaced)
+	o.Held = onlyCut == 4 && onlyCutPlaced == 0 && staleS > 0 && staleS <= (agentHeartbeatTimeout+3*time.Second).Seconds() && during.onCutStale == 0 && backS >= 0 && after.onCut > 0 &&
 		lost == 0 && wrongHost == 0 && before.failed+during.failed+after.failed == 0
 	lastOn := 0.0
 	if !during.lastOnCut.IsZero() {
 		lastOn = during.lastOnCut.Sub(cutAt).Seconds()
 	}
-	o.Notes = fmt.Sprintf("the broker marked the cut host unreachable %.1f s after the cut; %d launches went to it during the cut (their users reached it directly and logged on), the last %.1f s after the cut (%d of them once the heartbeat timeout and a second had passed); back %.1f s after the link returned, then took %d of %d launches; %d of %d sessions the hosts hold have no record, %d a record on another host; %d launches failed",
-		staleS, during.onCut, lastOn, during.onCutStale, backS, after.onCut, after.onCut+after.elsewhere, lost, held, wrongHost, before.failed+during.failed+after.failed)
+	o.Notes = fmt.Sprintf("the broker marked the cut host unreachable %.1f s after the cut; %d launches went to it during the cut (their users reached it directly and logged on), the last %.1f s after the cut (%d of them once the heartbeat timeout and a second had passed); back %.1f s after the link returned, then took %d of %d launches; %d of %d sessions the hosts hold have no record, %d a record on another host; %d launches failed; with the other hosts drained while the cut host was unreachable, %d of 4 launches were refused and %d placed on it",
+		staleS, during.onCut, lastOn, during.onCutStale, backS, after.onCut, after.onCut+after.elsewhere, lost, held, wrongHost, before.failed+during.failed+after.failed, onlyCut, onlyCutPlaced)
 	return o, nil
 }
 
@@ -295,4 +328,31 @@ func waitHostStatus(ctx context.Context, hc *http.Client, admin, host, want stri
 		}
 	}
 	return fmt.Errorf("faults: host %s is %q, not %q, after %s", host, got, want, within)
+}
+
+// launchesWithOnlyCutHost drains the other hosts, makes 4 launches, and
+// undrains them: it returns how many were refused and how many were
+// placed on the cut host.
+func launchesWithOnlyCutHost(ctx context.Context, hc *http.Client, admin string, lb *balancer, cutHost string, others []string) (refusedN, placed int, err error) {
+	for _, h := range others {
+		if err := adminPost(ctx, hc, admin+"/api/v1/broker/hosts/"+h+"/drain", `{"drain": true}`); err != nil {
+			return 0, 0, err
+		}
+	}
+	for i := range 4 {
+		res, _, err := lb.clients[0].Launch(ctx, brokerclient.Bearer(farmFrontend), brokerapi.LaunchRequest{DeliveryGroup: farmGroup, User: fmt.Sprintf("only%02d", i), Groups: []string{farmGroup}})
+		var se *brokerclient.StatusError
+		switch {
+		case errors.As(err, &se):
+			refusedN++
+		case err == nil && res.Host == cutHost:
+			placed++
+		}
+	}
+	for _, h := range others {
+		if err := adminPost(ctx, hc, admin+"/api/v1/broker/hosts/"+h+"/undrain", ""); err != nil {
+			return refusedN, placed, err
+		}
+	}
+	return refusedN, placed, nil
 }
