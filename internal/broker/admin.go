@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"slices"
@@ -42,7 +43,10 @@ func (s *Server) queueCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	var c store.Command
 	var err error
-	if s.offlineFor(r.Context(), func() error { c, err = s.store.QueueCommand(r.Context(), id, kind, req.Text, s.now()); return err }) {
+	if s.offlineFor(r.Context(), func(ctx context.Context) error {
+		c, err = s.store.QueueCommand(ctx, id, kind, req.Text, s.now())
+		return err
+	}) {
 		s.fail(w, r, http.StatusServiceUnavailable, "session commands need the database, which is unreachable: try again when it returns")
 		return
 	}
@@ -69,7 +73,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		group := r.URL.Query().Get("delivery_group")
 		var hosts []store.Host
 		var err error
-		if s.offlineFor(r.Context(), func() error { hosts, err = s.store.Hosts(r.Context(), group); return err }) {
+		if s.offlineFor(r.Context(), func(ctx context.Context) error { hosts, err = s.store.Hosts(ctx, group); return err }) {
 			hosts, err = s.cache.snapshot(group), nil
 			fromCache(w)
 		}
@@ -107,8 +111,8 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		var ss []store.Session
 		var total int
 		var err error
-		if s.offlineFor(r.Context(), func() error {
-			ss, total, err = s.store.SessionPage(r.Context(), sq)
+		if s.offlineFor(r.Context(), func(ctx context.Context) error {
+			ss, total, err = s.store.SessionPage(ctx, sq)
 			return err
 		}) {
 			ss, err = s.cache.sessions(q.Get("user")), nil
@@ -135,7 +139,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 		id := r.PathValue("id")
 		var live bool
 		var err error
-		if s.offlineFor(r.Context(), func() error { live, err = s.store.EndSession(r.Context(), id, s.now()); return err }) {
+		if s.offlineFor(r.Context(), func(ctx context.Context) error { live, err = s.store.EndSession(ctx, id, s.now()); return err }) {
 			s.fail(w, r, http.StatusServiceUnavailable, "ending a session record needs the database, which is unreachable: try again when it returns")
 			return
 		}
@@ -158,8 +162,8 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	mux.HandleFunc("GET /api/v1/broker/commands/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var c store.Command
 		var err error
-		if s.offlineFor(r.Context(), func() error {
-			c, err = s.store.CommandByID(r.Context(), r.PathValue("id"), s.now(), s.commandTTL())
+		if s.offlineFor(r.Context(), func(ctx context.Context) error {
+			c, err = s.store.CommandByID(ctx, r.PathValue("id"), s.now(), s.commandTTL())
 			return err
 		}) {
 			s.fail(w, r, http.StatusServiceUnavailable, "session commands are kept in the database, which is unreachable: try again when it returns")
@@ -178,7 +182,7 @@ func (s *Server) AdminHandler() *http.ServeMux {
 	mux.HandleFunc("DELETE /api/v1/broker/hosts/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		var err error
-		if s.offlineFor(r.Context(), func() error { err = s.store.RemoveHost(r.Context(), name); return err }) {
+		if s.offlineFor(r.Context(), func(ctx context.Context) error { err = s.store.RemoveHost(ctx, name); return err }) {
 			s.fail(w, r, http.StatusServiceUnavailable, "removing a host needs the database, which is unreachable: try again when it returns (drain the host meanwhile)")
 			return
 		}

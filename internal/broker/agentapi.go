@@ -118,12 +118,14 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 	h := store.Host{Name: req.Name, Group: g.Name, Zone: zone, Address: req.Address,
 		Port: req.Port, Weight: weight, SessionLimit: limit, LogonLimit: g.LogonLimit, RegisteredAt: s.now()}
 	var err error
+	dctx, cancel := dbCall(r.Context())
+	defer cancel()
 	if own != nil {
 		h.Registration = own.Registration
-		err = s.store.UpdateHost(r.Context(), h)
+		err = s.store.UpdateHost(dctx, h)
 	} else {
 		h.Registration = store.NewID()
-		err = s.store.JoinHost(r.Context(), h, jc.ID, jc.Uses, jc.ExpiresAt.Time)
+		err = s.store.JoinHost(dctx, h, jc.ID, jc.Uses, jc.ExpiresAt.Time)
 	}
 	switch {
 	case errors.Is(err, store.ErrHostExists):
@@ -237,7 +239,10 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	s.m.heartbeats.Inc()
 	var cmds []store.Command
 	if !s.offline.Load() {
-		if cmds, err = s.store.TakeCommands(r.Context(), hb.Host, s.now(), s.commandTTL()); err != nil && r.Context().Err() == nil {
+		dctx, cancel := dbCall(r.Context())
+		cmds, err = s.store.TakeCommands(dctx, hb.Host, s.now(), s.commandTTL())
+		cancel()
+		if err != nil && r.Context().Err() == nil {
 			// They stay queued for the next heartbeat.
 			s.log.Warn("could not hand a host its commands", "host", hb.Host, "error", err)
 		}
@@ -287,7 +292,9 @@ func (s *Server) commandResult(w http.ResponseWriter, r *http.Request) {
 		res.Error = res.Error[:maxCommandText]
 	}
 	id := r.PathValue("id")
-	err := s.store.FinishCommand(r.Context(), res.Host, c.Registration, id, res.Error, s.now())
+	dctx, cancel := dbCall(r.Context())
+	defer cancel()
+	err := s.store.FinishCommand(dctx, res.Host, c.Registration, id, res.Error, s.now())
 	if errors.Is(err, store.ErrNotFound) {
 		s.fail(w, r, http.StatusNotFound, "host %q was sent no command %q that waits for an answer", res.Host, id)
 		return

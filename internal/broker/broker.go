@@ -25,10 +25,19 @@ import (
 	"github.com/deskway/deskway/internal/config"
 )
 
-// dbTimeout bounds one placement attempt on the database; past it, or on
-// any failure with the database not answering a ping, the broker places
-// from its local host cache.
-const dbTimeout = 10 * time.Second
+// dbTimeout bounds one database call made for a request (a placement
+// attempt, a heartbeat, an admin's query); past it, or on any failure
+// with the database not answering a ping (2 s), the broker answers from
+// its local host cache. With the ping it keeps a launch well inside the
+// 10 s a portal or client waits: a link cut without a reset refuses
+// nothing, and the launch would otherwise wait for the client to give up
+// and try another broker while this one still holds it.
+const dbTimeout = 3 * time.Second
+
+// refreshTimeout bounds a reload of the local host cache, which would
+// otherwise wait on a cut link until it returns, holding the lock that
+// puts entitlements in force.
+const refreshTimeout = 30 * time.Second
 
 // cacheRefresh is how often the local host cache is reloaded from the
 // database, and how often an unreachable database is tried again.
@@ -272,7 +281,25 @@ func (s *Server) restore(ctx context.Context) error {
 			placed, live, launches = placed+len(launches), live+n, nil
 			return nil
 		}
+		// Placements given up on go first: a late one stored for a user
+		// would otherwise pass for the user's session when the journal's
+		// own is written back, and that one be stored as ended.
+		var voids []string
 		for _, e := range entries {
+			if e.Void != "" {
+				voids = append(voids, e.Void)
+			}
+		}
+		voided := 0
+		if len(voids) > 0 {
+			if voided, err = s.store.Void(ctx, voids); err != nil {
+				return fmt.Errorf("broker: deleting placements given up on while the database was unreachable: %w", err)
+			}
+		}
+		for _, e := range entries {
+			if e.Void != "" {
+				continue
+			}
 			if e.Event == nil && e.Report == nil && e.Drain == nil {
 				launches = append(launches, e.Session)
 				continue
@@ -307,7 +334,7 @@ func (s *Server) restore(ctx context.Context) error {
 		if err := os.Remove(path); err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
-		s.log.Info("what happened while the database was unreachable is written back", "sessions", placed, "live", live, "events", events, "reports", reports, "drains", drains)
+		s.log.Info("what happened while the database was unreachable is written back", "sessions", placed, "live", live, "events", events, "reports", reports, "drains", drains, "late_placements_deleted", voided)
 	}
 }
 
@@ -354,7 +381,10 @@ func (s *Server) Maintain(ctx context.Context) {
 			s.m.offline.Set(0)
 			s.log.Info("database reachable again: placing launches in the database")
 		}
-		if err := s.refresh(ctx, recovered || tick%sessionRefreshTicks == 0); err != nil && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+		err = s.refresh(rctx, recovered || tick%sessionRefreshTicks == 0)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("local host cache refresh failed", "error", err)
 		}
 		if tick%commandPruneTicks == 0 {

@@ -54,6 +54,9 @@ type journalEntry struct {
 	Event  *store.Event  `json:",omitempty"`
 	Report *store.Report `json:",omitempty"`
 	Drain  *drainEntry   `json:",omitempty"`
+	// Void is the id of a placement sent to the database and given up
+	// on, whose launch was then answered with no session of that id.
+	Void string `json:",omitempty"`
 }
 
 // drainEntry is an administrator's drain of a host.
@@ -144,6 +147,7 @@ func (c *localCache) replay() (int, error) {
 				c.reconcileLocked(*e.Report)
 			case e.Drain != nil:
 				c.drainLocked(e.Drain.Host, e.Drain.Drain)
+			case e.Void != "":
 			default:
 				ss := e.Session
 				k := liveKey(ss.User, ss.Group)
@@ -257,6 +261,18 @@ func (c *localCache) place(l store.Launch) (store.Placement, error) {
 	c.hosts[h.Name] = h
 	c.live[liveKey(l.User, l.Group)] = s
 	return store.Placement{SessionID: s.ID, Host: h.Name, Address: h.Address, Port: h.Port, HostAlive: true}, nil
+}
+
+// void journals that the placement of id, sent to the database and given
+// up on, was answered otherwise: should the statement reach the database
+// late, the write-back deletes what it stored.
+func (c *localCache) void(id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.offline.Load() {
+		return errBackOnline
+	}
+	return c.append(journalEntry{Void: id})
 }
 
 // append writes e to the journal and syncs it.
@@ -415,7 +431,7 @@ func readJournal(path string) ([]journalEntry, error) {
 	sc.Buffer(nil, 1<<20) // a heartbeat of a host with many sessions
 	for sc.Scan() {
 		var e journalEntry
-		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.ID != "" || e.Event != nil || e.Report != nil || e.Drain != nil) {
+		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.ID != "" || e.Event != nil || e.Report != nil || e.Drain != nil || e.Void != "") {
 			out = append(out, e)
 		}
 	}

@@ -168,7 +168,9 @@ func (s *Server) setEntitlement(w http.ResponseWriter, r *http.Request) {
 		by = "admin API"
 	}
 	e := store.Entitlement{Group: name, Users: users, Groups: req.Groups, SetBy: by, SetAt: s.now().UTC()}
-	if err := s.store.SetEntitlement(r.Context(), e); err != nil {
+	dctx, cancel := dbCall(r.Context())
+	defer cancel()
+	if err := s.store.SetEntitlement(dctx, e); err != nil {
 		s.fail(w, r, http.StatusServiceUnavailable, "entitlements are kept in the broker's database, which did not take them: %v", err)
 		return
 	}
@@ -188,7 +190,9 @@ func (s *Server) clearEntitlement(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusNotFound, "no delivery group %q in this broker's configuration", name)
 		return
 	}
-	had, err := s.store.ClearEntitlement(r.Context(), name)
+	dctx, cancel := dbCall(r.Context())
+	defer cancel()
+	had, err := s.store.ClearEntitlement(dctx, name)
 	if err == nil {
 		err = s.reloadEntitlements(r)
 	}

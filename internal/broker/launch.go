@@ -56,7 +56,7 @@ func (s *Server) desktopsOf(ctx context.Context, who caller) ([]brokerapi.Deskto
 	var live []store.Session
 	var used map[string]time.Time
 	var err error
-	if s.offlineFor(ctx, func() error {
+	if s.offlineFor(ctx, func(ctx context.Context) error {
 		if live, err = s.store.Sessions(ctx, who.user, false, 100); err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func (s *Server) logoffOwn(ctx context.Context, who caller, id string) (brokerap
 	var mine bool
 	var c store.Command
 	var err error
-	if s.offlineFor(ctx, func() error {
+	if s.offlineFor(ctx, func(ctx context.Context) error {
 		var live []store.Session
 		if live, err = s.store.Sessions(ctx, who.user, false, 100); err != nil {
 			return err
@@ -242,7 +242,9 @@ func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req
 		msg, busy := Explain(g.Name, s.cache.snapshot(g.Name), stale, g.Kind == "personal", who.user)
 		if !busy || waited+wait > s.cfg.BusyWait.D() {
 			if !offline {
-				hosts, herr := s.store.Hosts(ctx, g.Name)
+				dctx, cancel := dbCall(ctx)
+				hosts, herr := s.store.Hosts(dctx, g.Name)
+				cancel()
 				if herr != nil {
 					s.m.launches.WithLabelValues("no_host").Inc()
 					return nil, refuse(http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)

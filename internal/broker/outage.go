@@ -29,7 +29,16 @@ func (s *Server) dbDown(cause error) bool {
 
 // place asks the database, or the local host cache when the database is
 // unreachable; offline says which answered.
+//
+// A placement given up on at the database may still run there: sent
+// before the link was cut, it waits in the network and reaches the
+// database when the link returns. The cache places the launch under the
+// same session id, so the write-back puts the session where the user was
+// told; a launch the cache answers otherwise (the user's session it
+// knows, no host) journals the id as void, and the write-back deletes
+// what the late statement stored before anything else.
 func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, offline bool, err error) {
+	gaveUp := false
 	if !s.offline.Load() {
 		dctx, cancel := context.WithTimeout(ctx, dbTimeout)
 		p, err = s.store.Place(dctx, l)
@@ -38,15 +47,42 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 			s.cache.placed(l, p)
 			return p, false, nil
 		}
-		if errors.Is(err, store.ErrNoHost) || ctx.Err() != nil || !s.dbDown(err) {
+		if errors.Is(err, store.ErrNoHost) || !s.dbDown(err) {
 			return p, false, err
 		}
+		if ctx.Err() != nil {
+			// The client is gone: nothing is placed, and the statement
+			// must not take effect late either.
+			s.voidLate(l.SessionID)
+			return p, false, err
+		}
+		gaveUp = true
 	}
 	p, err = s.cache.place(l)
 	if errors.Is(err, errBackOnline) {
 		return s.place(ctx, l)
 	}
+	if gaveUp && (err != nil || p.SessionID != l.SessionID) {
+		s.voidLate(l.SessionID)
+	}
 	return p, true, err
+}
+
+// voidLate journals id as a placement given up on. Failing that, the
+// launch is answered all the same: the late statement, if it ever runs,
+// stores a session the host's reports end once its logon grace passes.
+func (s *Server) voidLate(id string) {
+	if err := s.cache.void(id); err != nil && !errors.Is(err, errBackOnline) {
+		s.log.Warn("could not journal a placement given up on at the database", "session", id, "error", err)
+	}
+}
+
+// dbCall bounds one database call made for a request: past dbTimeout the
+// database counts as unreachable, as when it refuses connections. A cut
+// link refuses nothing, and a query sent into it would otherwise wait as
+// long as its caller.
+func dbCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, dbTimeout)
 }
 
 // viaDatabase runs online while the database answers, and offline (the
@@ -54,10 +90,12 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 // database in its turn when it returns) while it is away; wasOffline says
 // which did. A request that finds the database back just as it was to be
 // journaled goes to the database.
-func (s *Server) viaDatabase(ctx context.Context, online, offline func() error) (wasOffline bool, err error) {
+func (s *Server) viaDatabase(ctx context.Context, online func(context.Context) error, offline func() error) (wasOffline bool, err error) {
 	for {
 		if !s.offline.Load() {
-			err := online()
+			dctx, cancel := dbCall(ctx)
+			err := online(dctx)
+			cancel()
 			if err == nil || errors.Is(err, store.ErrNotFound) || ctx.Err() != nil || !s.dbDown(err) {
 				return false, err
 			}
@@ -70,7 +108,7 @@ func (s *Server) viaDatabase(ctx context.Context, online, offline func() error) 
 
 // applyReport stores a heartbeat, through viaDatabase.
 func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
-	_, err := s.viaDatabase(ctx, func() error {
+	_, err := s.viaDatabase(ctx, func(ctx context.Context) error {
 		err := s.store.Heartbeat(ctx, rep)
 		if err == nil {
 			known := s.cache.heartbeat(rep)
@@ -116,7 +154,7 @@ func (s *Server) learnHost(ctx context.Context, rep store.Report, withHost bool)
 // applyEvent stores session events, through viaDatabase; changed says
 // whether the database changed a session (false while it is away).
 func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, err error) {
-	_, err = s.viaDatabase(ctx, func() error {
+	_, err = s.viaDatabase(ctx, func(ctx context.Context) error {
 		var err error
 		if changed, err = s.store.Event(ctx, e); err == nil {
 			s.cache.event(e)
@@ -128,7 +166,7 @@ func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, e
 
 // applyDrain stores an administrator's drain, through viaDatabase.
 func (s *Server) applyDrain(ctx context.Context, host string, drain bool) (offline bool, err error) {
-	return s.viaDatabase(ctx, func() error {
+	return s.viaDatabase(ctx, func(ctx context.Context) error {
 		err := s.store.SetAdminDrain(ctx, host, drain)
 		if err == nil {
 			s.cache.drain(host, drain)
@@ -140,11 +178,13 @@ func (s *Server) applyDrain(ctx context.Context, host string, drain bool) (offli
 // offlineFor runs query unless the database is known to be unreachable,
 // and reports whether the answer must come from the local host cache
 // instead: the database was unreachable, or became so during query.
-func (s *Server) offlineFor(ctx context.Context, query func() error) bool {
+func (s *Server) offlineFor(ctx context.Context, query func(context.Context) error) bool {
 	if s.offline.Load() {
 		return true
 	}
-	err := query()
+	dctx, cancel := dbCall(ctx)
+	err := query(dctx)
+	cancel()
 	return err != nil && ctx.Err() == nil && s.dbDown(err)
 }
 

@@ -48,7 +48,7 @@ func (s *Server) userSessionEnd(w http.ResponseWriter, r *http.Request) {
 func (s *Server) sessionEnd(ctx context.Context, who caller, id string, since time.Time) (brokerapi.SessionEnd, *refusal) {
 	var end brokerapi.SessionEnd
 	var err error
-	if s.offlineFor(ctx, func() error {
+	if s.offlineFor(ctx, func(ctx context.Context) error {
 		end.State, end.Command, err = s.store.SessionEnd(ctx, id, who.user, endSince(since, s.now()))
 		return err
 	}) {

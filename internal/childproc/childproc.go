@@ -69,14 +69,18 @@ func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
 // Stop ends the program's process group: SIGTERM, then SIGKILL for a
 // group still there after five seconds. It returns once the program was
 // collected.
-func (p *Proc) Stop() {
+func (p *Proc) Stop() { p.StopWithin(5 * time.Second) }
+
+// StopWithin is Stop with grace in place of five seconds, for a server
+// that may take longer to finish what it holds.
+func (p *Proc) StopWithin(grace time.Duration) {
 	if p == nil || p.Cmd.Process == nil {
 		return
 	}
 	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(grace):
 		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
 		<-p.done
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/deskway/deskway/internal/bench/portalbench"
 	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/bench/sessionhost"
+	"github.com/deskway/deskway/internal/bench/ttff"
 	"github.com/deskway/deskway/internal/config"
 	"github.com/deskway/deskway/internal/obs"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -30,7 +31,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "The papers' test tools: load, echo server, throughput; results in docs/benchmarks shape"}
-	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd(), benchNetbootCmd(), benchSessionhostCmd(), benchSiteCmd(), benchFaultsCmd())
+	c.AddCommand(echoServerCmd(), nbdFloorCmd(), benchGatewayCmd(), benchThroughputCmd(), benchBootstormCmd(), benchBrokerCmd(), benchPortalCmd(), benchBrowserCmd(), benchNetbootCmd(), benchSessionhostCmd(), benchSiteCmd(), benchFaultsCmd(), benchTTFFCmd())
 	return c
 }
 
@@ -373,6 +374,34 @@ xfreerdp, all on loopback, and takes turns between the two clients.`,
 	c.Flags().DurationVar(&o.Window, "window", 10*time.Second, "how long frames and gateway CPU are measured while the window moves")
 	c.Flags().StringSliceVar(&o.Compression, "browser-compression", []string{config.BrowserCompressionContext, config.BrowserCompressionMessage, config.BrowserCompressionOff},
 		"the gateway's browser_compression settings to measure the browser with, each in every run")
+	return c
+}
+
+func benchTTFFCmd() *cobra.Command {
+	var out string
+	var o ttff.Options
+	c := &cobra.Command{
+		Use:   "ttff",
+		Short: "xfreerdp's time to first frame straight to xrdp, through HAProxy in TCP mode and through the gateway (both transports, both authentications), taking turns, with its 100 ms waits counted",
+		Long: `Starts xrdp (as root: it adds the host user dwttff), HAProxy in TCP
+mode, a deskway gateway and an Xvfb for xfreerdp, all on loopback, and
+connects xfreerdp under strace by each way in turn.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
+			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			res, err := ttff.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			printSummary(cmd, res, out)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
+	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each system, taking turns")
+	c.Flags().StringVar(&o.Traces, "traces", "", "directory to keep each system's last strace of xfreerdp in")
+	c.Flags().BoolVar(&o.Everything, "trace-io", false, "trace xfreerdp's reads and writes too (slower: to find where a wait comes from, not for the times)")
 	return c
 }
 

@@ -28,30 +28,13 @@ import (
 )
 
 func brokerCmd() *cobra.Command {
-	var (
-		cfgPath string
-		clock   clockFlags
-	)
-	c := &cobra.Command{
-		Use:   "broker",
-		Short: "Run the session broker: places launches on session hosts and returns .rdp files through the gateway",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load(cfgPath)
-			if err != nil {
-				return err
-			}
-			if cfg.Broker == nil {
-				return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
-			}
-			cfg.Gateway, cfg.Stream, cfg.Agent, cfg.Site = nil, nil, nil, nil
-			clock.apply(cfg)
-			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
-		},
-	}
-	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
-	hiddenClockFlags(c, &clock)
-	return c
+	return roleCmd("broker", "Run the session broker: places launches on session hosts and returns .rdp files through the gateway", true, func(cfg *config.Config) error {
+		if cfg.Broker == nil {
+			return errors.New("the config has no broker section: add broker.delivery_groups (name, users or groups)")
+		}
+		cfg.Gateway, cfg.Stream, cfg.Agent, cfg.Site = nil, nil, nil, nil
+		return nil
+	})
 }
 
 func agentCmd() *cobra.Command {

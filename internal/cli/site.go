@@ -16,25 +16,14 @@ import (
 )
 
 func siteCmd() *cobra.Command {
-	var cfgPath string
-	c := &cobra.Command{
-		Use:   "site",
-		Short: "Run the site gateway: tenants' offices reach their hosted networks through GRE tunnels, each tenant in a network namespace of its own",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load(cfgPath)
-			if err != nil {
-				return err
-			}
-			if cfg.Site == nil {
-				return errors.New("the config has no site section: add site.underlay.addresses and site.tenants")
-			}
-			// Only this role runs, whatever else the file configures.
-			cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent, cfg.Stream = nil, nil, nil, nil, nil
-			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
-		},
-	}
-	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	c := roleCmd("site", "Run the site gateway: tenants' offices reach their hosted networks through GRE tunnels, each tenant in a network namespace of its own", false, func(cfg *config.Config) error {
+		if cfg.Site == nil {
+			return errors.New("the config has no site section: add site.underlay.addresses and site.tenants")
+		}
+		// Only this role runs, whatever else the file configures.
+		cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent, cfg.Stream = nil, nil, nil, nil, nil
+		return nil
+	})
 	c.AddCommand(siteTunnelsCmd())
 	return c
 }

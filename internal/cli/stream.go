@@ -14,30 +14,19 @@ import (
 )
 
 func streamCmd() *cobra.Command {
-	var cfgPath string
-	c := &cobra.Command{
-		Use:   "stream",
-		Short: "Run the vDisk streaming server (NBD): diskless clients boot a shared image with private write caches",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load(cfgPath)
-			if err != nil {
-				return err
-			}
-			if cfg.Stream == nil {
-				return errors.New("the config has no stream section: add stream.vdisks (name, base) to serve")
-			}
-			// Only this role runs, whatever else the file configures.
-			cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent, cfg.Site = nil, nil, nil, nil, nil
-			if os.Getenv("GOMEMLIMIT") == "" {
-				// The process holds the stream role alone, so its heap is
-				// what the role's buffers bound.
-				debug.SetMemoryLimit(stream.MemoryLimit(cfg.Stream))
-			}
-			return runRoles(cmd.Context(), cfgPath, cfg, cmd.ErrOrStderr(), nil)
-		},
-	}
-	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
+	c := roleCmd("stream", "Run the vDisk streaming server (NBD): diskless clients boot a shared image with private write caches", false, func(cfg *config.Config) error {
+		if cfg.Stream == nil {
+			return errors.New("the config has no stream section: add stream.vdisks (name, base) to serve")
+		}
+		// Only this role runs, whatever else the file configures.
+		cfg.Gateway, cfg.Broker, cfg.Web, cfg.Agent, cfg.Site = nil, nil, nil, nil, nil
+		if os.Getenv("GOMEMLIMIT") == "" {
+			// The process holds the stream role alone, so its heap is
+			// what the role's buffers bound.
+			debug.SetMemoryLimit(stream.MemoryLimit(cfg.Stream))
+		}
+		return nil
+	})
 	c.AddCommand(streamCertCmd(), streamInitramfsCmd(), streamForgetLostCmd())
 	return c
 }

@@ -45,6 +45,7 @@ type connState struct {
 	pa       *preauth
 	key      netip.Prefix
 	raw      net.Conn // beneath TLS, closed when the budget runs out
+	accepted time.Time
 	deadline time.Time
 	// bare: from a trusted balancer's address without a PROXY header,
 	// where only farm peers' links are served.

@@ -170,7 +170,8 @@ func (s *Server) admit(c net.Conn) *connState {
 		raw = tc.NetConn()
 	}
 	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-	cs := &connState{remote: ap.Addr().Unmap(), pa: s.pa, raw: raw, deadline: time.Now().Add(s.pa.budget), bare: bareFromBalancer(raw)}
+	now := time.Now()
+	cs := &connState{remote: ap.Addr().Unmap(), pa: s.pa, raw: raw, accepted: now, deadline: now.Add(s.pa.budget), bare: bareFromBalancer(raw)}
 	key, why := s.pa.admit(cs.remote)
 	if why != "" {
 		cs.key, cs.released, cs.expired = key, true, true

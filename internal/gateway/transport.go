@@ -176,13 +176,21 @@ func (t *wsTransport) readPacket() ([]byte, error) { return t.pr.next() }
 
 func (t *wsTransport) setReadDeadline(d time.Time) error { return t.conn.SetReadDeadline(d) }
 
-// writePacket sends p as one binary frame.
+// writePacket sends p as one binary frame in one write, so one TLS
+// record. Written apart, the frame's header went out as a record and a
+// system call of its own, and the reply reached the client later: in
+// the handshake FreeRDP 2 reads right after each request and sleeps
+// 10 ms when the reply is not all there.
 func (t *wsTransport) writePacket(p []byte) error {
+	var hdr [10]byte
+	n := putFrameHeader(hdr[:], ws.OpBinary, len(p))
+	b := append(append(make([]byte, 0, n+len(p)), hdr[:n]...), p...)
 	if err := t.g.lock(); err != nil {
 		return err
 	}
 	defer t.g.unlock()
-	return t.writeFrameLocked(ws.OpBinary, p)
+	_, err := t.conn.Write(b)
+	return err
 }
 
 func (t *wsTransport) writeFrameLocked(op ws.OpCode, p []byte) error {

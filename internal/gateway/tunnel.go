@@ -546,11 +546,24 @@ func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
 	return stateOpen, nil
 }
 
-// opened logs and counts a tunnel whose channel is open.
+// opened logs and counts a tunnel whose channel is open. open_ms is the
+// gateway's own share of the client's wait for its desktop: from
+// accepting the tunnel's first connection (TCP, before TLS) to the
+// channel open.
 func (tn *tunnel) opened() {
 	tg := tn.target
+	var first time.Time
+	for _, c := range tn.hs.conns {
+		if !c.accepted.IsZero() && (first.IsZero() || c.accepted.Before(first)) {
+			first = c.accepted
+		}
+	}
+	openMS := 0.0
+	if !first.IsZero() {
+		openMS = float64(time.Since(first).Microseconds()) / 1000
+	}
 	tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
-		"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method)
+		"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method, "open_ms", openMS)
 	tn.srv.metrics.opened.Inc()
 }
 

@@ -91,6 +91,9 @@ type greLink struct {
 	t    *tenant
 	site *peerSite
 	msgs []ipv4.Message
+	// frames sends on u's packet socket when u has one (frames.go).
+	frames frameSender
+	pkts   [][]byte
 }
 
 // Send puts the GRE header in each packet's headroom and sends the
@@ -100,7 +103,7 @@ func (l *greLink) Send(bufs [][]byte, offset int) error {
 	tc := l.t.c()
 	h := gre.Header{Checksum: tc.checksum, HasKey: true, Key: l.t.key, HasSeq: tc.sequence}
 	hl := h.Len()
-	l.msgs = l.msgs[:0]
+	l.msgs, l.pkts = l.msgs[:0], l.pkts[:0]
 	var bytes uint64
 	for _, b := range bufs {
 		inner := b[offset:]
@@ -118,6 +121,44 @@ func (l *greLink) Send(bufs [][]byte, offset int) error {
 		}
 		bytes += uint64(len(inner))
 		l.msgs = append(l.msgs, ipv4.Message{Buffers: [][]byte{pkt}, Addr: addr})
+		if offset-hl >= frameHead {
+			// The frame's headers go in the room before GRE's.
+			l.pkts = append(l.pkts, b[offset-hl-frameHead:])
+		}
+	}
+	sent, err := l.write()
+	if err != nil {
+		for range len(l.msgs) - sent {
+			l.t.m.drop(dropSendError)
+		}
+		return fmt.Errorf("send to %s: %w", l.site.peer, err)
+	}
+	l.site.pktsOut.Add(uint64(sent))
+	l.site.bytesOut.Add(bytes)
+	l.t.m.pktsOut.Add(float64(sent))
+	l.t.m.bytesOut.Add(float64(bytes))
+	return nil
+}
+
+// write sends l.msgs, the batch's GRE datagrams: as frames (l.pkts)
+// where the link allows (frames.go), else on the raw socket. It returns
+// how many were sent.
+func (l *greLink) write() (int, error) {
+	if f := l.u.frames; f != nil && len(l.pkts) == len(l.msgs) {
+		p, err := l.frames.route(f, l.site.peer, time.Now())
+		if err != nil {
+			l.u.log.Debug("read the path to a site", "site", l.site.peer, "error", err)
+		}
+		if p != nil {
+			ok, err := l.frames.send(f, p, l.site.peer, l.pkts)
+			if ok {
+				var se *sendError
+				if errors.As(err, &se) {
+					return se.sent, err
+				}
+				return len(l.msgs), nil
+			}
+		}
 	}
 	sent, full := 0, 0
 	for sent < len(l.msgs) {
@@ -131,16 +172,9 @@ func (l *greLink) Send(bufs [][]byte, offset int) error {
 			continue
 		}
 		if err != nil {
-			for range l.msgs[sent:] {
-				l.t.m.drop(dropSendError)
-			}
-			return fmt.Errorf("send to %s: %w", l.site.peer, err)
+			return sent, err
 		}
 		sent += n
 	}
-	l.site.pktsOut.Add(uint64(sent))
-	l.site.bytesOut.Add(bytes)
-	l.t.m.pktsOut.Add(float64(sent))
-	l.t.m.bytesOut.Add(float64(bytes))
-	return nil
+	return sent, nil
 }

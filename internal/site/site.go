@@ -173,13 +173,18 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.forwarding = false
 	for _, u := range s.unders {
-		u.close()
+		// The raw socket ends the receiving loop; the packet socket
+		// closes once no encapsulating loop can be sending on it.
+		_ = u.conn.Close()
 	}
 	for _, t := range s.set.Load().list {
 		t.closeDevice()
 	}
 	s.mu.Unlock()
 	s.loops.Wait()
+	for _, u := range s.unders {
+		u.close()
+	}
 	s.errMu.Lock()
 	defer s.errMu.Unlock()
 	return errors.Join(s.loopErrs...)

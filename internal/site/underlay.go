@@ -20,8 +20,9 @@ import (
 const (
 	// headroom is kept free before each inner packet: the TUN device
 	// writes its virtio-net header there, and GRE's header goes there on
-	// the way out.
-	headroom = 16
+	// the way out, after the outer IPv4 header when the
+	// datagram leaves as a frame (frames.go).
+	headroom = 64
 	// batch is how many datagrams one recvmmsg or sendmmsg moves.
 	batch = 64
 	// maxDatagram is the largest IP datagram.
@@ -44,8 +45,10 @@ type underlay struct {
 	conn  net.PacketConn
 	bc    batchConn
 	set   *atomic.Pointer[tenantSet]
-	m     *metrics
-	log   *slog.Logger
+	// frames sends as whole frames (frames.go); nil: the raw socket.
+	frames *frameTx
+	m      *metrics
+	log    *slog.Logger
 }
 
 func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics, log *slog.Logger, free bool) (*underlay, error) {
@@ -68,13 +71,21 @@ func listenUnderlay(local netip.Addr, set *atomic.Pointer[tenantSet], m *metrics
 	u := &underlay{local: local, conn: c, set: set, m: m, log: log}
 	if local.Is4() {
 		u.bc = ipv4.NewPacketConn(c)
+		if u.frames, err = newFrameTx(local); err != nil {
+			log.Warn("GRE is sent on the raw socket alone", "underlay", local, "error", err)
+		}
 	} else {
 		u.bc = ipv6.NewPacketConn(c)
 	}
 	return u, nil
 }
 
-func (u *underlay) close() { _ = u.conn.Close() }
+func (u *underlay) close() {
+	_ = u.conn.Close()
+	if u.frames != nil {
+		u.frames.close()
+	}
+}
 
 // receive decapsulates until the socket is closed: each datagram is
 // checked (GRE, key, peer, inner source) and the accepted ones are

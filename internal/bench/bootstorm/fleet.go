@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/evloop"
 	"github.com/deskway/deskway/internal/nbdclient"
 	"github.com/deskway/deskway/internal/proto/nbd"
@@ -504,7 +505,7 @@ func (c *replayer) done(s *slot, err error) {
 		c.res.slow++
 	}
 	if c.res.lat != nil {
-		c.res.lat[s.op] = float64(d.Microseconds()) / 1000
+		c.res.lat[s.op] = report.Millis(d)
 	}
 	if err != nil && c.res.err == nil {
 		c.res.err = err

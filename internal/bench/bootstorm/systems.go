@@ -1,7 +1,6 @@
 package bootstorm
 
 import (
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 )
 
@@ -28,7 +28,6 @@ type server struct {
 	// that figure (deskway), so memory per client can leave it out.
 	cacheBytes func() int64
 	stop       func()
-	log        *bytes.Buffer
 }
 
 // system is deskway or a peer.
@@ -41,27 +40,14 @@ type system struct {
 
 // startCmd runs argv in its own process group and stops the group.
 func startCmd(addr string, argv ...string) (*server, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("bench: start %s: %w", argv[0], err)
+	p, err := childproc.Start(nil, argv[0], argv[1:]...)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	s := &server{addr: addr, pid: cmd.Process.Pid, log: &log, stop: func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-	}}
+	s := &server{addr: addr, pid: p.Pid(), stop: func() { p.StopWithin(10 * time.Second) }}
 	if err := loopback.WaitPort(addr, 15*time.Second); err != nil {
 		s.stop()
-		return nil, fmt.Errorf("%w\n%s", err, log.String())
+		return nil, fmt.Errorf("%w\n%s", err, p.Output())
 	}
 	return s, nil
 }
@@ -179,7 +165,7 @@ func nbdServer() (system, error) {
 			if pid <= 0 {
 				return nil, fmt.Errorf("bench: nbd-server wrote no pid to %s", pidFile)
 			}
-			return &server{addr: addr, pid: pid, log: bytes.NewBufferString(string(out)),
+			return &server{addr: addr, pid: pid,
 				export: func(int, bool) string { return "golden" },
 				stop: func() {
 					_ = syscall.Kill(pid, syscall.SIGTERM)

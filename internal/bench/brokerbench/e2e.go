@@ -14,9 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/deskway/deskway/internal/agent"
 	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/bench/simagent"
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/deskway/deskway/internal/broker/store"
@@ -140,37 +140,19 @@ func (h *e2eHost) view(now time.Time) []brokerapi.Session {
 }
 
 func (h *e2eHost) run(ctx context.Context, c *brokerclient.Client, poll, beat time.Duration, log *slog.Logger) {
-	// Agents that started together do not poll or beat in lockstep.
-	select {
-	case <-ctx.Done():
-		return
-	case <-time.After(time.Duration(rand.Int64N(int64(poll)))):
-	}
-	pt := time.NewTicker(poll)
-	defer pt.Stop()
-	bt := time.NewTicker(beat)
-	defer bt.Stop()
-	var known []brokerapi.Session
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-pt.C:
-			cur := h.view(time.Now())
-			if ev := agent.Diff(known, cur); len(ev) > 0 {
-				if err := c.Events(ctx, h.cred, brokerapi.Events{Host: h.name, Events: ev}); err != nil && ctx.Err() == nil {
-					log.Warn("simulated host: events", "host", h.name, "error", err)
-				}
+	simagent.Agent{
+		Host: h.name, Poll: poll, Beat: beat, View: h.view,
+		Events: func(ctx context.Context, ev brokerapi.Events) {
+			if err := c.Events(ctx, h.cred, ev); err != nil && ctx.Err() == nil {
+				log.Warn("simulated host: events", "host", h.name, "error", err)
 			}
-			known = cur
-		case <-bt.C:
-			ss := append([]brokerapi.Session{}, known...)
-			if _, err := c.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: h.name, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9,
-				DiskLatencyMS: 4, Sessions: ss}); err != nil && ctx.Err() == nil {
+		},
+		Heartbeat: func(ctx context.Context, hb brokerapi.Heartbeat) {
+			if _, err := c.Heartbeat(ctx, h.cred, hb); err != nil && ctx.Err() == nil {
 				log.Warn("simulated host: heartbeat", "host", h.name, "error", err)
 			}
-		}
-	}
+		},
+	}.Run(ctx)
 }
 
 // e2ePoint runs one end-to-end storm.

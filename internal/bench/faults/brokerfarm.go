@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -18,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/deskway/deskway/internal/agent"
 	"github.com/deskway/deskway/internal/auth"
+	"github.com/deskway/deskway/internal/bench/simagent"
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/deskway/deskway/internal/loopback"
@@ -333,48 +332,25 @@ func (h *simHost) count() int {
 }
 
 func (h *simHost) run(ctx context.Context, lb *balancer, poll, beat time.Duration) {
-	select {
-	case <-ctx.Done():
-		return
-	case <-time.After(time.Duration(rand.Int64N(int64(poll)))):
-	}
-	pt := time.NewTicker(poll)
-	defer pt.Stop()
-	bt := time.NewTicker(beat)
-	defer bt.Stop()
-	var known []brokerapi.Session
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-pt.C:
-			cur := h.view(time.Now())
-			if ev := agent.Diff(known, cur); len(ev) > 0 {
-				// As the real agent does, a report that fails is not
-				// sent again: the next heartbeat carries this reading and
-				// reconciles. Keeping the old reading until the events
-				// are answered would make that heartbeat say the users
-				// are gone when the broker applied the events and died
-				// before answering: the other broker would end their
-				// placed sessions.
-				_ = lb.do(ctx, func(c *brokerclient.Client) error {
-					at := time.Now()
-					err := c.Events(ctx, h.cred, brokerapi.Events{Host: h.name, Events: ev})
-					h.posted(ev, newBrokerCall(at, lb.index(c), err))
-					return err
-				})
-			}
-			known = cur
-		case <-bt.C:
-			ss := append([]brokerapi.Session{}, known...)
+	simagent.Agent{
+		Host: h.name, Poll: poll, Beat: beat, View: h.view,
+		Events: func(ctx context.Context, ev brokerapi.Events) {
 			_ = lb.do(ctx, func(c *brokerclient.Client) error {
 				at := time.Now()
-				_, err := c.Heartbeat(ctx, h.cred, brokerapi.Heartbeat{Host: h.name, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9, DiskLatencyMS: 4, Sessions: ss})
-				h.beat(ss, newBrokerCall(at, lb.index(c), err))
+				err := c.Events(ctx, h.cred, ev)
+				h.posted(ev.Events, newBrokerCall(at, lb.index(c), err))
 				return err
 			})
-		}
-	}
+		},
+		Heartbeat: func(ctx context.Context, hb brokerapi.Heartbeat) {
+			_ = lb.do(ctx, func(c *brokerclient.Client) error {
+				at := time.Now()
+				_, err := c.Heartbeat(ctx, h.cred, hb)
+				h.beat(hb.Sessions, newBrokerCall(at, lb.index(c), err))
+				return err
+			})
+		},
+	}.Run(ctx)
 }
 
 // logTail is the end of a log file, for an error message.

@@ -334,10 +334,13 @@ type querier interface {
 
 // Restore writes sessions placed while the database was unreachable (by
 // this broker, from its local cache) and recounts their hosts. A session
-// whose id is already stored is skipped; one that would give its user a
-// second live session in the group (another broker placed them meanwhile)
-// is stored as ended so that no record is lost. It returns how many
-// sessions were stored live.
+// whose id is already stored on the same host is skipped (a write-back
+// done twice), on another host replaced (replaceLate). One that would
+// give its user a second live session in the group (another broker
+// placed them meanwhile) is stored as ended so that no record is lost,
+// unless its host reports the user logged on to it and the other is
+// still launching (endUnused). It returns how many sessions were stored
+// live.
 func (s *Store) Restore(ctx context.Context, sessions []Session, personal map[string]bool) (int, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -366,11 +369,27 @@ func (s *Store) Restore(ctx context.Context, sessions []Session, personal map[st
 			return 0, fmt.Errorf("store: restore: %w", err)
 		}
 		if n > 0 {
-			continue
+			moved, err := replaceLate(ctx, tx, ss)
+			if err != nil {
+				return 0, err
+			}
+			if moved == "" {
+				continue
+			}
+			hosts[moved] = true
 		}
 		state, updated, logon, err := adoptReported(ctx, tx, ss)
 		if err != nil {
 			return 0, err
+		}
+		if logon != nil {
+			freed, err := endUnused(ctx, tx, ss, updated)
+			if err != nil {
+				return 0, err
+			}
+			for _, h := range freed {
+				hosts[h] = true
+			}
 		}
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND state <> 'ended' AND verified`,
 			ss.User, ss.Group).Scan(&n); err != nil {
@@ -406,4 +425,97 @@ func (s *Store) Restore(ctx context.Context, sessions []Session, personal map[st
 		return 0, fmt.Errorf("store: restore: %w", err)
 	}
 	return live, nil
+}
+
+// replaceLate deletes the stored record of ss's id when it names another
+// host than ss, and returns that host. It is a placement the broker sent
+// to the database and gave up on (the link was cut) before it placed the
+// same launch, under the same id, from its local host cache: the
+// statement reached the database later and ran there, but the user was
+// told of ss.
+func replaceLate(ctx context.Context, tx *sql.Tx, ss Session) (string, error) {
+	var host string
+	if err := tx.QueryRowContext(ctx, `SELECT host_name FROM sessions WHERE id = $1`, ss.ID).Scan(&host); err != nil {
+		return "", fmt.Errorf("store: restore: %w", err)
+	}
+	if host == ss.Host {
+		return "", nil
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = $1`, ss.ID); err != nil {
+		return "", fmt.Errorf("store: restore: %w", err)
+	}
+	return host, nil
+}
+
+// endUnused ends the user's other live sessions in ss's group that are
+// still launching, and returns their hosts: ss's host reports the user
+// logged on to ss, so those are placements the user was never told of
+// or never used (a broker finished one from its cache after the client
+// had given up and tried another broker). Kept, the first would pass for
+// the user's session and ss be stored as ended.
+func endUnused(ctx context.Context, tx *sql.Tx, ss Session, at int64) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT id, host_name FROM sessions WHERE user_name = $1 AND group_name = $2
+		AND state = 'launching' AND verified AND id <> $3`, ss.User, ss.Group, ss.ID)
+	if err != nil {
+		return nil, fmt.Errorf("store: restore: %w", err)
+	}
+	var ids, hosts []string
+	for rows.Next() {
+		var id, host string
+		if err := rows.Scan(&id, &host); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("store: restore: %w", err)
+		}
+		ids, hosts = append(ids, id), append(hosts, host)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: restore: %w", err)
+	}
+	for _, id := range ids {
+		if _, err := tx.ExecContext(ctx, `UPDATE sessions SET state = 'ended', updated_at = $2, ended_at = $2 WHERE id = $1`, id, at); err != nil {
+			return nil, fmt.Errorf("store: restore: %w", err)
+		}
+	}
+	return hosts, nil
+}
+
+// Void deletes the records of placements a broker gave up on at the
+// database and then answered from its local host cache with no session
+// of that id (the user's session it knew of, or no host): sent before
+// the link was cut, such a statement can reach the database later and
+// store a session nobody was told of, which would pass for the user's
+// own. Only a record still launching is deleted; its host is recounted.
+// It returns how many it deleted.
+func (s *Store) Void(ctx context.Context, ids []string) (int, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("store: void: %w", err)
+	}
+	defer tx.Rollback()
+	n := 0
+	for _, id := range ids {
+		var host string
+		err := tx.QueryRowContext(ctx, `SELECT host_name FROM sessions WHERE id = $1 AND state = 'launching'`, id).Scan(&host)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("store: void: %w", err)
+		}
+		if err := s.dialect.lockHost(ctx, tx, host); err != nil {
+			return 0, err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM sessions WHERE id = $1`, id); err != nil {
+			return 0, fmt.Errorf("store: void: %w", err)
+		}
+		if err := recount(ctx, tx, host); err != nil {
+			return 0, err
+		}
+		n++
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("store: void: %w", err)
+	}
+	return n, nil
 }

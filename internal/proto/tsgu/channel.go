@@ -81,12 +81,7 @@ func (*ChannelResponse) Type() PacketType { return TypeChannelResponse }
 func (m *ChannelResponse) Decode(b []byte) error {
 	r := reader{t: m.Type(), b: b}
 	m.ErrorCode = HRESULT(r.u32("errorCode"))
-	fields := r.u16("fieldsPresent")
-	r.u16("reserved")
-	known := ChannelRespFieldChannelID | ChannelRespFieldAuthnCookie | ChannelRespFieldUDPPort
-	if fields&^known != 0 {
-		r.fail(fmt.Sprintf("unknown fieldsPresent bits 0x%x", fields))
-	}
+	fields := r.fields(ChannelRespFieldChannelID | ChannelRespFieldAuthnCookie | ChannelRespFieldUDPPort)
 	m.HasChannelID = fields&ChannelRespFieldChannelID != 0
 	if m.HasChannelID {
 		m.ChannelID = r.u32("channelId")
@@ -95,13 +90,7 @@ func (m *ChannelResponse) Decode(b []byte) error {
 	if m.HasUDPPort {
 		m.UDPPort = r.u16("udpPort")
 	}
-	m.AuthnCookie = nil
-	if fields&ChannelRespFieldAuthnCookie != 0 {
-		m.AuthnCookie = r.blob("authnCookie")
-		if m.AuthnCookie == nil && r.err == nil {
-			m.AuthnCookie = []byte{}
-		}
-	}
+	m.AuthnCookie = r.optBlob(fields&ChannelRespFieldAuthnCookie != 0, "authnCookie")
 	return r.done()
 }
 
@@ -127,11 +116,9 @@ func (m *ChannelResponse) Append(dst []byte) ([]byte, error) {
 	if m.HasUDPPort {
 		dst = binary.LittleEndian.AppendUint16(dst, m.UDPPort)
 	}
-	if m.AuthnCookie != nil {
-		var err error
-		if dst, err = appendBlob(dst, m.AuthnCookie, "authnCookie"); err != nil {
-			return dst[:s], err
-		}
+	var err error
+	if dst, err = appendOptBlob(dst, m.AuthnCookie, "authnCookie"); err != nil {
+		return dst[:s], err
 	}
 	return finish(dst, s, m.Type())
 }

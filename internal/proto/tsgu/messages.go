@@ -1,9 +1,6 @@
 package tsgu
 
-import (
-	"encoding/binary"
-	"fmt"
-)
+import "encoding/binary"
 
 // Extended authentication methods (HTTP_EXTENDED_AUTH, MS-TSGU 2.2.5.3.2).
 const (
@@ -171,22 +168,12 @@ func (*TunnelCreate) Type() PacketType { return TypeTunnelCreate }
 func (m *TunnelCreate) Decode(b []byte) error {
 	r := reader{t: m.Type(), b: b}
 	m.Capabilities = r.u32("capsFlags")
-	fields := r.u16("fieldsPresent")
-	r.u16("reserved")
-	if fields&^(TunnelFieldPAACookie|TunnelFieldReauth) != 0 {
-		r.fail(fmt.Sprintf("unknown fieldsPresent bits 0x%x", fields))
-	}
+	fields := r.fields(TunnelFieldPAACookie | TunnelFieldReauth)
 	m.HasReauth = fields&TunnelFieldReauth != 0
 	if m.HasReauth {
 		m.ReauthContext = r.u64("reauthTunnelContext")
 	}
-	m.PAACookie = nil
-	if fields&TunnelFieldPAACookie != 0 {
-		m.PAACookie = r.blob("paaCookie")
-		if m.PAACookie == nil && r.err == nil {
-			m.PAACookie = []byte{}
-		}
-	}
+	m.PAACookie = r.optBlob(fields&TunnelFieldPAACookie != 0, "paaCookie")
 	return r.done()
 }
 
@@ -206,11 +193,9 @@ func (m *TunnelCreate) Append(dst []byte) ([]byte, error) {
 	if m.HasReauth {
 		dst = binary.LittleEndian.AppendUint64(dst, m.ReauthContext)
 	}
-	if m.PAACookie != nil {
-		var err error
-		if dst, err = appendBlob(dst, m.PAACookie, "paaCookie"); err != nil {
-			return dst[:s], err
-		}
+	var err error
+	if dst, err = appendOptBlob(dst, m.PAACookie, "paaCookie"); err != nil {
+		return dst[:s], err
 	}
 	return finish(dst, s, m.Type())
 }
@@ -253,12 +238,7 @@ func (m *TunnelResponse) Decode(b []byte) error {
 	r := reader{t: m.Type(), b: b}
 	m.ServerVersion = r.u16("serverVersion")
 	m.StatusCode = HRESULT(r.u32("statusCode"))
-	fields := r.u16("fieldsPresent")
-	r.u16("reserved")
-	known := TunnelRespFieldTunnelID | TunnelRespFieldCaps | TunnelRespFieldSOHReq | TunnelRespFieldConsentMsg
-	if fields&^known != 0 {
-		r.fail(fmt.Sprintf("unknown fieldsPresent bits 0x%x", fields))
-	}
+	fields := r.fields(TunnelRespFieldTunnelID | TunnelRespFieldCaps | TunnelRespFieldSOHReq | TunnelRespFieldConsentMsg)
 	m.HasTunnelID = fields&TunnelRespFieldTunnelID != 0
 	if m.HasTunnelID {
 		m.TunnelID = r.u32("tunnelId")
@@ -336,16 +316,8 @@ func (m *TunnelAuth) Decode(b []byte) error {
 	fields := r.u16("fieldsPresent")
 	n := r.u16("cbClientName")
 	m.ClientName = r.utf16(int(n), "clientName")
-	if fields&^TunnelAuthFieldSOH != 0 {
-		r.fail(fmt.Sprintf("unknown fieldsPresent bits 0x%x", fields))
-	}
-	m.SOH = nil
-	if fields&TunnelAuthFieldSOH != 0 {
-		m.SOH = r.blob("statementOfHealth")
-		if m.SOH == nil && r.err == nil {
-			m.SOH = []byte{}
-		}
-	}
+	r.onlyKnown(fields, TunnelAuthFieldSOH)
+	m.SOH = r.optBlob(fields&TunnelAuthFieldSOH != 0, "statementOfHealth")
 	return r.done()
 }
 
@@ -361,10 +333,8 @@ func (m *TunnelAuth) Append(dst []byte) ([]byte, error) {
 	if dst, err = appendUnicodeString(dst, m.ClientName, "clientName"); err != nil {
 		return dst[:s], err
 	}
-	if m.SOH != nil {
-		if dst, err = appendBlob(dst, m.SOH, "statementOfHealth"); err != nil {
-			return dst[:s], err
-		}
+	if dst, err = appendOptBlob(dst, m.SOH, "statementOfHealth"); err != nil {
+		return dst[:s], err
 	}
 	return finish(dst, s, m.Type())
 }
@@ -388,12 +358,7 @@ func (*TunnelAuthResponse) Type() PacketType { return TypeTunnelAuthResponse }
 func (m *TunnelAuthResponse) Decode(b []byte) error {
 	r := reader{t: m.Type(), b: b}
 	m.ErrorCode = HRESULT(r.u32("errorCode"))
-	fields := r.u16("fieldsPresent")
-	r.u16("reserved")
-	known := TunnelAuthRespFieldRedirFlags | TunnelAuthRespFieldIdleTimeout | TunnelAuthRespFieldSOHResponse
-	if fields&^known != 0 {
-		r.fail(fmt.Sprintf("unknown fieldsPresent bits 0x%x", fields))
-	}
+	fields := r.fields(TunnelAuthRespFieldRedirFlags | TunnelAuthRespFieldIdleTimeout | TunnelAuthRespFieldSOHResponse)
 	m.HasRedirFlags = fields&TunnelAuthRespFieldRedirFlags != 0
 	if m.HasRedirFlags {
 		m.RedirFlags = r.u32("redirFlags")
@@ -402,13 +367,7 @@ func (m *TunnelAuthResponse) Decode(b []byte) error {
 	if m.HasIdleTimeout {
 		m.IdleTimeoutMinutes = r.u32("idleTimeout")
 	}
-	m.SOHResponse = nil
-	if fields&TunnelAuthRespFieldSOHResponse != 0 {
-		m.SOHResponse = r.blob("SoHResponse")
-		if m.SOHResponse == nil && r.err == nil {
-			m.SOHResponse = []byte{}
-		}
-	}
+	m.SOHResponse = r.optBlob(fields&TunnelAuthRespFieldSOHResponse != 0, "SoHResponse")
 	return r.done()
 }
 
@@ -434,11 +393,9 @@ func (m *TunnelAuthResponse) Append(dst []byte) ([]byte, error) {
 	if m.HasIdleTimeout {
 		dst = binary.LittleEndian.AppendUint32(dst, m.IdleTimeoutMinutes)
 	}
-	if m.SOHResponse != nil {
-		var err error
-		if dst, err = appendBlob(dst, m.SOHResponse, "SoHResponse"); err != nil {
-			return dst[:s], err
-		}
+	var err error
+	if dst, err = appendOptBlob(dst, m.SOHResponse, "SoHResponse"); err != nil {
+		return dst[:s], err
 	}
 	return finish(dst, s, m.Type())
 }

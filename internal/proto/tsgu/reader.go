@@ -83,6 +83,36 @@ func (r *reader) blob(what string) []byte {
 	return r.bytes(int(n), what)
 }
 
+// fields reads a fieldsPresent word and the reserved word after it,
+// failing on a bit outside known.
+func (r *reader) fields(known uint16) uint16 {
+	f := r.u16("fieldsPresent")
+	r.u16("reserved")
+	r.onlyKnown(f, known)
+	return f
+}
+
+// onlyKnown fails on a bit of fieldsPresent f outside known.
+func (r *reader) onlyKnown(f, known uint16) {
+	if f&^known != 0 {
+		r.fail(fmt.Sprintf("unknown fieldsPresent bits 0x%x", f))
+	}
+}
+
+// optBlob reads a blob that fieldsPresent says is there or not: nil when
+// it is not, empty but not nil when it is there with no bytes, so that
+// Append writes it again.
+func (r *reader) optBlob(present bool, what string) []byte {
+	if !present {
+		return nil
+	}
+	b := r.blob(what)
+	if b == nil && r.err == nil {
+		b = []byte{}
+	}
+	return b
+}
+
 // utf16 decodes n bytes of UTF-16LE, dropping one trailing NUL (clients
 // include it, the spec leaves it open).
 func (r *reader) utf16(n int, what string) string {
@@ -153,4 +183,13 @@ func appendBlob(dst []byte, b []byte, what string) ([]byte, error) {
 	}
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(b)))
 	return append(dst, b...), nil
+}
+
+// appendOptBlob is appendBlob for a blob that fieldsPresent may leave
+// out: nil writes nothing.
+func appendOptBlob(dst []byte, b []byte, what string) ([]byte, error) {
+	if b == nil {
+		return dst, nil
+	}
+	return appendBlob(dst, b, what)
 }

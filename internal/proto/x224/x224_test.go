@@ -275,126 +275,66 @@ func FuzzDisableChannels(f *testing.F) {
 	})
 }
 
-// TestRaiseClientBuild: IronRDP's browser client sends client build 0
-// in its core data; raised, the four bytes after the keyboard layout
-// read 2600 (28 0a 00 00), and nothing else in the packet changes.
-func TestRaiseClientBuild(t *testing.T) {
+// corePatch is a function that rewrites one four-byte field of a
+// Connect Initial's core data, as its tests see it.
+type corePatch struct {
+	field string // its name, for the failures
+	apply func(pkt []byte) (bool, error)
+	at    int    // the field's offset in the core data
+	want  string // the field's bytes once apply has rewritten 0, in hex
+	// given is a value a client may send that apply keeps.
+	given uint32
+	// rewrote tells whether the field going from old to new is apply's
+	// own rewrite.
+	rewrote func(old, new uint32) bool
+}
+
+// check: apply rewrites the field of a Connect Initial that holds 0 to
+// want and changes nothing else; it keeps a given value, leaves other
+// packets as they are, and refuses a Connect Initial whose blocks do
+// not add up.
+func (c corePatch) check(t *testing.T) {
 	pkt := connectInitial("cliprdr")
 	orig := bytes.Clone(pkt)
-	raised, err := RaiseClientBuild(pkt, 2600)
-	if err != nil || !raised {
-		t.Fatalf("raised %v, %v", raised, err)
+	done, err := c.apply(pkt)
+	if err != nil || !done {
+		t.Fatalf("%s: rewrote %v, %v", c.field, done, err)
 	}
-	at := bytes.Index(orig, []byte{0x01, 0xc0, 0xd8, 0x00}) + coreClientBuild
-	if got := hex.EncodeToString(pkt[at : at+4]); got != "280a0000" {
-		t.Fatalf("client build bytes %s", got)
+	at := bytes.Index(orig, []byte{0x01, 0xc0, 0xd8, 0x00}) + c.at
+	if got := hex.EncodeToString(pkt[at : at+4]); got != c.want {
+		t.Fatalf("%s bytes %s", c.field, got)
 	}
 	copy(pkt[at:at+4], orig[at:at+4])
 	if !bytes.Equal(pkt, orig) {
-		t.Fatal("bytes other than the client build changed")
-	}
-	// A client that reports a newer build keeps it.
-	high := connectInitial("cliprdr")
-	binary.LittleEndian.PutUint32(high[at:], 19041)
-	keep := bytes.Clone(high)
-	if raised, err := RaiseClientBuild(high, 2600); raised || err != nil || !bytes.Equal(high, keep) {
-		t.Fatalf("changed a build of 19041: %v, %v", raised, err)
-	}
-	// Other packets stay as they are; a broken Connect Initial is refused.
-	for _, p := range [][]byte{unhex(t, specRequest), clientInfo(0x133, 40)} {
-		o := bytes.Clone(p)
-		if raised, err := RaiseClientBuild(p, 2600); raised || err != nil || !bytes.Equal(p, o) {
-			t.Errorf("changed a packet that is no Connect Initial: %v, %v", raised, err)
-		}
-	}
-	bad := connectInitial("cliprdr")
-	bad[len(bad)-12-8+2] = 0xff
-	if _, err := RaiseClientBuild(bad, 2600); err == nil {
-		t.Error("accepted a Connect Initial whose blocks do not add up")
-	}
-}
-
-// FuzzRaiseClientBuild: at most the four bytes of one client build
-// change, and then they hold the build asked for.
-func FuzzRaiseClientBuild(f *testing.F) {
-	f.Add(connectInitial("rdpdr", "cliprdr"))
-	f.Add(clientInfo(0x133, 0))
-	f.Fuzz(func(t *testing.T, pkt []byte) {
-		orig := bytes.Clone(pkt)
-		raised, err := RaiseClientBuild(pkt, 2600)
-		first, last := -1, -1
-		for i := range pkt {
-			if pkt[i] != orig[i] {
-				if first < 0 {
-					first = i
-				}
-				last = i
-			}
-		}
-		if first < 0 {
-			return
-		}
-		if !raised {
-			t.Fatalf("bytes %d..%d changed but raised is false (%v)", first, last, err)
-		}
-		if last-first > 3 {
-			t.Fatalf("bytes %d..%d changed", first, last)
-		}
-		for at := last - 3; at <= first; at++ {
-			if at >= 0 && at+4 <= len(pkt) && binary.LittleEndian.Uint32(pkt[at:]) == 2600 && binary.LittleEndian.Uint32(orig[at:]) < 2600 {
-				return
-			}
-		}
-		t.Fatalf("bytes %d..%d changed to %x, not a build of 2600", first, last, pkt[first:last+1])
-	})
-}
-
-// TestSetKeyboardLayout: IronRDP's browser client sends keyboard layout
-// 0; set to French, the four bytes before the client build read 0x040C
-// (0c 04 00 00), and nothing else in the packet changes. A layout the
-// client gave is kept.
-func TestSetKeyboardLayout(t *testing.T) {
-	pkt := connectInitial("cliprdr")
-	orig := bytes.Clone(pkt)
-	set, err := SetKeyboardLayout(pkt, 0x040C)
-	if err != nil || !set {
-		t.Fatalf("set %v, %v", set, err)
-	}
-	at := bytes.Index(orig, []byte{0x01, 0xc0, 0xd8, 0x00}) + coreKeyboard
-	if got := hex.EncodeToString(pkt[at : at+4]); got != "0c040000" {
-		t.Fatalf("keyboard layout bytes %s", got)
-	}
-	copy(pkt[at:at+4], orig[at:at+4])
-	if !bytes.Equal(pkt, orig) {
-		t.Fatal("bytes other than the keyboard layout changed")
+		t.Fatalf("bytes other than the %s changed", c.field)
 	}
 	given := connectInitial("cliprdr")
-	binary.LittleEndian.PutUint32(given[at:], 0x0407)
+	binary.LittleEndian.PutUint32(given[at:], c.given)
 	keep := bytes.Clone(given)
-	if set, err := SetKeyboardLayout(given, 0x040C); set || err != nil || !bytes.Equal(given, keep) {
-		t.Fatalf("changed the client's own layout: %v, %v", set, err)
+	if done, err := c.apply(given); done || err != nil || !bytes.Equal(given, keep) {
+		t.Fatalf("changed a %s of %#x: %v, %v", c.field, c.given, done, err)
 	}
 	for _, p := range [][]byte{unhex(t, specRequest), clientInfo(0x133, 40)} {
 		o := bytes.Clone(p)
-		if set, err := SetKeyboardLayout(p, 0x040C); set || err != nil || !bytes.Equal(p, o) {
-			t.Errorf("changed a packet that is no Connect Initial: %v, %v", set, err)
+		if done, err := c.apply(p); done || err != nil || !bytes.Equal(p, o) {
+			t.Errorf("changed a packet that is no Connect Initial: %v, %v", done, err)
 		}
 	}
 	bad := connectInitial("cliprdr")
 	bad[len(bad)-12-8+2] = 0xff
-	if _, err := SetKeyboardLayout(bad, 0x040C); err == nil {
+	if _, err := c.apply(bad); err == nil {
 		t.Error("accepted a Connect Initial whose blocks do not add up")
 	}
 }
 
-// FuzzSetKeyboardLayout: at most the four bytes of one keyboard layout
-// change, from 0 to the layout asked for.
-func FuzzSetKeyboardLayout(f *testing.F) {
+// fuzz: at most the four bytes of one field change, and then by apply's
+// own rewrite.
+func (c corePatch) fuzz(f *testing.F) {
 	f.Add(connectInitial("rdpdr", "cliprdr"))
 	f.Add(clientInfo(0x133, 0))
 	f.Fuzz(func(t *testing.T, pkt []byte) {
 		orig := bytes.Clone(pkt)
-		set, _ := SetKeyboardLayout(pkt, 0x040C)
+		done, err := c.apply(pkt)
 		first, last := -1, -1
 		for i := range pkt {
 			if pkt[i] != orig[i] {
@@ -407,17 +347,42 @@ func FuzzSetKeyboardLayout(f *testing.F) {
 		if first < 0 {
 			return
 		}
-		if !set || last-first > 3 {
-			t.Fatalf("bytes %d..%d changed (set %v)", first, last, set)
+		if !done || last-first > 3 {
+			t.Fatalf("bytes %d..%d changed (rewrote %v, %v)", first, last, done, err)
 		}
 		for at := last - 3; at <= first; at++ {
-			if at >= 0 && at+4 <= len(pkt) && binary.LittleEndian.Uint32(pkt[at:]) == 0x040C && binary.LittleEndian.Uint32(orig[at:]) == 0 {
+			if at >= 0 && at+4 <= len(pkt) && c.rewrote(binary.LittleEndian.Uint32(orig[at:]), binary.LittleEndian.Uint32(pkt[at:])) {
 				return
 			}
 		}
-		t.Fatalf("bytes %d..%d changed to %x, not a layout of 0x040C over 0", first, last, pkt[first:last+1])
+		t.Fatalf("bytes %d..%d changed to %x, not a rewrite of the %s", first, last, pkt[first:last+1], c.field)
 	})
 }
+
+// raiseBuild: IronRDP's browser client sends client build 0 in its core
+// data; raised, the four bytes after the keyboard layout read 2600
+// (28 0a 00 00). A client that reports a newer build keeps it.
+var raiseBuild = corePatch{
+	field: "client build",
+	apply: func(pkt []byte) (bool, error) { return RaiseClientBuild(pkt, 2600) },
+	at:    coreClientBuild, want: "280a0000", given: 19041,
+	rewrote: func(old, new uint32) bool { return new == 2600 && old < 2600 },
+}
+
+// setLayout: IronRDP's browser client sends keyboard layout 0; set to
+// French, the four bytes before the client build read 0x040C
+// (0c 04 00 00). A layout the client gave is kept.
+var setLayout = corePatch{
+	field: "keyboard layout",
+	apply: func(pkt []byte) (bool, error) { return SetKeyboardLayout(pkt, 0x040C) },
+	at:    coreKeyboard, want: "0c040000", given: 0x0407,
+	rewrote: func(old, new uint32) bool { return new == 0x040C && old == 0 },
+}
+
+func TestRaiseClientBuild(t *testing.T)  { raiseBuild.check(t) }
+func FuzzRaiseClientBuild(f *testing.F)  { raiseBuild.fuzz(f) }
+func TestSetKeyboardLayout(t *testing.T) { setLayout.check(t) }
+func FuzzSetKeyboardLayout(f *testing.F) { setLayout.fuzz(f) }
 
 func TestConnectionRequestPacket(t *testing.T) {
 	pkt := ConnectionRequestPacket(ProtocolSSL)
