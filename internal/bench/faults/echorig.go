@@ -52,9 +52,16 @@ gateway:
 `
 
 // startEchoRig starts the echo host and a gateway whose token clock is
-// clockOffset off, with a fault proxy between them when cuttable.
-func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable bool) (*echoRig, error) {
-	r := &echoRig{dir: env.Work, tokenKey: "faults-bench-token-key-0123456789abcdef"}
+// clockOffset off, with a fault proxy between them when cuttable; extra
+// are more flags of deskway gateway.
+func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable bool, extra ...string) (*echoRig, error) {
+	return startEchoRigKey(env, "faults-bench-token-key-0123456789abcdef", clockOffset, writeTimeout, cuttable, extra...)
+}
+
+// startEchoRigKey is startEchoRig with the token key the gateway checks
+// tokens with: a broker's, when a real broker signs them.
+func startEchoRigKey(env Env, tokenKey string, clockOffset, writeTimeout time.Duration, cuttable bool, extra ...string) (*echoRig, error) {
+	r := &echoRig{dir: env.Work, tokenKey: tokenKey}
 	cert, key := filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key")
 	if err := tlsconf.SelfSigned(cert, key, nil); err != nil {
 		return nil, err
@@ -89,7 +96,8 @@ func startEchoRig(env Env, clockOffset, writeTimeout time.Duration, cuttable boo
 		return nil, fmt.Errorf("faults: %w", err)
 	}
 	r.gwAddr = fmt.Sprintf("127.0.0.1:%d", gwPort)
-	if r.gw, err = childproc.Start(nil, env.Bin, "gateway", "-c", cfg, "--clock-offset", clockOffset.String()); err != nil {
+	args := append([]string{"gateway", "-c", cfg, "--clock-offset", clockOffset.String()}, extra...)
+	if r.gw, err = childproc.Start(nil, env.Bin, args...); err != nil {
 		r.close()
 		return nil, err
 	}
@@ -107,6 +115,12 @@ func (r *echoRig) dial(ctx context.Context, user string, ttl time.Duration) (*ts
 	if err != nil {
 		return nil, err
 	}
+	return r.dialToken(ctx, tok)
+}
+
+// dialToken opens a tunnel to the host with tok, a token a broker's
+// launch answer carried.
+func (r *echoRig) dialToken(ctx context.Context, tok string) (*tsgclient.Conn, error) {
 	cfg := tsgclient.Config{Gateway: r.gwAddr, TLS: &tls.Config{InsecureSkipVerify: true}, Token: tok, Transport: tsgclient.Websocket}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()

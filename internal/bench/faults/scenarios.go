@@ -10,5 +10,8 @@ func Scenarios() []Scenario {
 		DiskFull(),
 		Link(),
 		Clock(),
+		LinkStream(),
+		LinkAgent(),
+		ClockJump(),
 	}
 }
