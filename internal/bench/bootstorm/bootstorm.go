@@ -52,8 +52,9 @@ type Options struct {
 	// for a machine of its own, whose cost of receiving is not the
 	// server's, and this takes less of the shared box.
 	DiscardReads bool
-	// Runs repeats every storm step; the point reports the median run
-	// (by slow requests), as the paper's figures are medians.
+	// Runs repeats every step, the systems taking turns run by run; the
+	// point reports each figure's median run, as the paper's figures are
+	// medians.
 	Runs int
 	// Verify has copying clients compare every byte they read outside
 	// the trace's writes with the base image; a difference fails the
@@ -145,15 +146,18 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			return nil, fmt.Errorf("bench: unknown scenario %q (have %v)", sc, Scenarios)
 		}
 		for _, n := range steps {
-			for _, sys := range systems {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				p, err := r.step(ctx, sys, sc, n)
+			points, err := interleave(ctx, systems, max(o.Runs, 1), func(sys system) (report.Point, error) {
+				p, err := r.run(ctx, sys, sc, n)
 				if err != nil {
-					return nil, fmt.Errorf("%s %s %d: %w", sc, sys.name, n, err)
+					return p, fmt.Errorf("%s %s %d: %w", sc, sys.name, n, err)
 				}
-				r.res.Points = append(r.res.Points, p)
+				return p, nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			for _, p := range points {
+				r.res.Points = append(r.res.Points, medianOf(p, sc, max(o.Runs, 1)))
 			}
 		}
 	}
@@ -234,30 +238,42 @@ type clientResult struct {
 	err   error
 }
 
-// step measures sys with n clients Runs times, whatever the system and
-// the scenario, and returns the median run's point (by slow requests for
-// a storm, by throughput for reads) in which each compared figure (slow
-// requests, failed clients, boot time, throughput) is that figure's own
-// median over the runs, with the spread beside it: the *_min and *_max,
-// the worst run's in slow_requests_max, failed_clients_max and
-// boot_median_s_max.
-func (r *runner) step(ctx context.Context, sys system, scenario string, n int) (report.Point, error) {
-	runs := max(r.o.Runs, 1)
-	var points []report.Point
-	for i := 0; i < runs; i++ {
-		p, err := r.run(ctx, sys, scenario, n)
-		if err != nil {
-			return p, err
+// interleave measures every system runs times, the systems taking
+// turns run by run (deskway, the floor, deskway, ...), so a change in
+// what else the machine does falls on every system alike, as it would
+// not if each ran its storms back to back; it returns each system's
+// runs in the order of systems.
+func interleave(ctx context.Context, systems []system, runs int, run func(system) (report.Point, error)) ([][]report.Point, error) {
+	points := make([][]report.Point, len(systems))
+	for range runs {
+		for i, sys := range systems {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p, err := run(sys)
+			if err != nil {
+				return nil, err
+			}
+			points[i] = append(points[i], p)
 		}
-		points = append(points, p)
 	}
+	return points, nil
+}
+
+// medianOf is the point of one system's runs at a step: the median run
+// (by slow requests for a storm, by throughput for reads) in which each
+// compared figure (slow requests, failed clients, boot time, throughput)
+// is that figure's own median over the runs, with the spread beside it:
+// the *_min and *_max, the worst run's in slow_requests_max,
+// failed_clients_max and boot_median_s_max.
+func medianOf(points []report.Point, scenario string, runs int) report.Point {
 	by := "slow_requests"
 	if scenario == "read" {
 		by = "read_gbps"
 	}
 	med := medianPoint(points, by)
 	med.Params["runs"] = runs
-	return med, nil
+	return med
 }
 
 // medianPoint is the median run of points by the figure by, in which each
