@@ -5,19 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/deskway/deskway/internal/bench/xrdphost"
 	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -140,19 +138,8 @@ web:
 
 // setUp starts everything; close stops it, also after an error.
 func (r *rig) setUp(ctx context.Context, compression string) error {
-	if os.Geteuid() != 0 {
-		return errors.New("browserbench: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the user " + benchUser)
-	}
-	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "chromium", "xterm", "useradd", "chpasswd", "pkill", "import"} {
-		if _, err := exec.LookPath(p); err != nil {
-			return fmt.Errorf("browserbench: %s is missing (make deps installs it)", p)
-		}
-	}
-	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
-		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
-			c.Close()
-			return fmt.Errorf("browserbench: a session manager already listens on %s; stop it first", a)
-		}
+	if err := xrdphost.Check("browserbench", "the user "+benchUser, "xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "chromium", "xterm", "useradd", "chpasswd", "pkill", "import"); err != nil {
+		return err
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -164,22 +151,9 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 	}
 	// The host account, its session and the file that moves its window.
 	r.password = "Bench-" + randomString(12)
-	if _, err := user.Lookup(benchUser); err != nil {
-		if out, err := exec.Command("useradd", "-m", "-s", "/bin/sh", benchUser).CombinedOutput(); err != nil {
-			return fmt.Errorf("useradd: %v %s", err, out)
-		}
-	}
-	cp := exec.Command("chpasswd")
-	cp.Stdin = strings.NewReader(benchUser + ":" + r.password + "\n")
-	if out, err := cp.CombinedOutput(); err != nil {
-		return fmt.Errorf("chpasswd: %v %s", err, out)
-	}
-	home := "/home/" + benchUser
-	if err := os.WriteFile(home+"/startwm.sh", []byte(startwm), 0o755); err != nil {
+	if err := xrdphost.Account(benchUser, r.password, startwm); err != nil {
 		return err
 	}
-	_ = exec.Command("chown", benchUser, home+"/startwm.sh").Run()
-	_ = exec.Command("pkill", "-KILL", "-u", benchUser).Run()
 	_ = os.Remove(moveFlag)
 
 	ports := make([]int, 5)

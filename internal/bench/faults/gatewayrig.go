@@ -5,14 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,6 +19,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/agent"
+	"github.com/deskway/deskway/internal/bench/xrdphost"
 	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -141,24 +140,13 @@ func randomHex(n int) string {
 
 // setUp starts xrdp, the two nodes and HAProxy, and prepares n users.
 func (r *gwRig) setUp(n int) error {
-	if os.Geteuid() != 0 {
-		return errors.New("faults: the gateway scenario must run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the users " + gwUserPrefix + "01…")
-	}
-	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "haproxy", "stdbuf", "useradd", "chpasswd", "pkill", "pgrep"} {
-		if _, err := exec.LookPath(p); err != nil {
-			return fmt.Errorf("faults: %s is missing (make deps installs it)", p)
-		}
-	}
-	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
-		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
-			c.Close()
-			return fmt.Errorf("faults: a session manager already listens on %s; stop it first", a)
-		}
+	if err := xrdphost.Check("faults", "the users "+gwUserPrefix+"01…", "xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "haproxy", "stdbuf", "useradd", "chpasswd", "pkill", "pgrep"); err != nil {
+		return err
 	}
 	r.password = "Fault-" + randomHex(12)
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("%s%02d", gwUserPrefix, i)
-		if err := r.prepareUser(name); err != nil {
+		if err := xrdphost.Account(name, r.password, sessionWM); err != nil {
 			return err
 		}
 		r.users = append(r.users, name)
@@ -243,30 +231,6 @@ func (r *gwRig) startNode(i int) error {
 	nd.proc = p
 	if err := loopback.WaitPort(nd.addr, 20*time.Second); err != nil {
 		return fmt.Errorf("faults: gateway node %s: %w\n%s", nd.name, err, p.Tail(10))
-	}
-	return nil
-}
-
-// prepareUser makes a host account whose session is sessionWM.
-func (r *gwRig) prepareUser(name string) error {
-	if _, err := user.Lookup(name); err != nil {
-		if out, err := exec.Command("useradd", "-m", "-s", "/bin/bash", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("useradd %s: %w: %s", name, err, out)
-		}
-	}
-	cp := exec.Command("chpasswd")
-	cp.Stdin = strings.NewReader(name + ":" + r.password + "\n")
-	if out, err := cp.CombinedOutput(); err != nil {
-		return fmt.Errorf("chpasswd: %w: %s", err, out)
-	}
-	// A session left from an earlier run would be reconnected to.
-	_ = exec.Command("pkill", "-KILL", "-u", name).Run()
-	wm := filepath.Join("/home", name, "startwm.sh")
-	if err := os.WriteFile(wm, []byte(sessionWM), 0o755); err != nil {
-		return err
-	}
-	if out, err := exec.Command("chown", name+":", wm).CombinedOutput(); err != nil {
-		return fmt.Errorf("chown: %w: %s", err, out)
 	}
 	return nil
 }

@@ -11,11 +11,9 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -23,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/deskway/deskway/internal/bench/xrdphost"
 	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -77,19 +76,8 @@ exec xterm -geometry 100x30+0+0 -bg white -fg black -e bash "$HOME/workload/work
 // setUp starts xrdp, the Xvfb and the gateway, and prepares the users;
 // the broker starts with each ramp (startBroker).
 func (r *rig) setUp(ctx context.Context) error {
-	if os.Geteuid() != 0 {
-		return errors.New("sessionhost: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the users " + userPrefix + "01…")
-	}
-	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "xdotool", "vim.tiny", "gzip", "bash", "useradd", "chpasswd", "pkill", "pgrep"} {
-		if _, err := exec.LookPath(p); err != nil {
-			return fmt.Errorf("sessionhost: %s is missing (make deps installs it)", p)
-		}
-	}
-	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
-		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
-			c.Close()
-			return fmt.Errorf("sessionhost: a session manager already listens on %s; stop it first", a)
-		}
+	if err := xrdphost.Check("sessionhost", "the users "+userPrefix+"01…", "xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "xdotool", "vim.tiny", "gzip", "bash", "useradd", "chpasswd", "pkill", "pgrep"); err != nil {
+		return err
 	}
 	var err error
 	if r.exe, err = os.Executable(); err != nil {
@@ -167,17 +155,10 @@ gateway:
 // session that runs it. Every user has files of their own, as every
 // worker has their own documents: their page cache grows with the users.
 func (r *rig) prepareUser(name string) error {
-	if _, err := user.Lookup(name); err != nil {
-		if out, err := exec.Command("useradd", "-m", "-s", "/bin/bash", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("useradd %s: %v %s", name, err, out)
-		}
+	wm := fmt.Sprintf(startwm, r.col.Addr(), r.runToken, r.o.Think.Milliseconds())
+	if err := xrdphost.Account(name, r.password, wm); err != nil {
+		return err
 	}
-	cp := exec.Command("chpasswd")
-	cp.Stdin = strings.NewReader(name + ":" + r.password + "\n")
-	if out, err := cp.CombinedOutput(); err != nil {
-		return fmt.Errorf("chpasswd: %v %s", err, out)
-	}
-	_ = exec.Command("pkill", "-KILL", "-u", name).Run()
 	home := "/home/" + name
 	dir := filepath.Join(home, "workload")
 	_ = os.RemoveAll(dir)
@@ -200,11 +181,7 @@ func (r *rig) prepareUser(name string) error {
 			return err
 		}
 	}
-	wm := fmt.Sprintf(startwm, r.col.Addr(), r.runToken, r.o.Think.Milliseconds())
-	if err := os.WriteFile(filepath.Join(home, "startwm.sh"), []byte(wm), 0o755); err != nil {
-		return err
-	}
-	if out, err := exec.Command("chown", "-R", name+":", dir, filepath.Join(home, "startwm.sh")).CombinedOutput(); err != nil {
+	if out, err := exec.Command("chown", "-R", name+":", dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("chown: %v %s", err, out)
 	}
 	return nil

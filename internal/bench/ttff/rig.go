@@ -3,13 +3,10 @@ package ttff
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -19,6 +16,7 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
+	"github.com/deskway/deskway/internal/bench/xrdphost"
 	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/tlsconf"
@@ -103,19 +101,8 @@ backend host
 
 // setUp starts everything; close stops it, also after an error.
 func (r *rig) setUp() error {
-	if os.Geteuid() != 0 {
-		return errors.New("ttff: run as root: it starts xrdp, whose session manager logs users in through PAM, and adds the user " + hostUser)
-	}
-	for _, p := range []string{"xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "strace", "haproxy", "useradd", "chpasswd", "pkill"} {
-		if _, err := exec.LookPath(p); err != nil {
-			return fmt.Errorf("ttff: %s is missing (make deps installs it)", p)
-		}
-	}
-	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
-		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
-			c.Close()
-			return fmt.Errorf("ttff: a session manager already listens on %s; stop it first", a)
-		}
+	if err := xrdphost.Check("ttff", "the user "+hostUser, "xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "strace", "haproxy", "useradd", "chpasswd", "pkill"); err != nil {
+		return err
 	}
 	var err error
 	if r.exe, err = os.Executable(); err != nil {
@@ -179,23 +166,7 @@ func (r *rig) gatewayConfig() string { return filepath.Join(r.dir, "gateway.yaml
 // hostAccount adds the host user with a fresh password and its session.
 func (r *rig) hostAccount() error {
 	r.hostPass = "Ttff-" + randomString(12)
-	if _, err := user.Lookup(hostUser); err != nil {
-		if out, err := exec.Command("useradd", "-m", "-s", "/bin/sh", hostUser).CombinedOutput(); err != nil {
-			return fmt.Errorf("useradd: %v %s", err, out)
-		}
-	}
-	cp := exec.Command("chpasswd")
-	cp.Stdin = strings.NewReader(hostUser + ":" + r.hostPass + "\n")
-	if out, err := cp.CombinedOutput(); err != nil {
-		return fmt.Errorf("chpasswd: %v %s", err, out)
-	}
-	home := "/home/" + hostUser
-	if err := os.WriteFile(home+"/startwm.sh", []byte(startwm), 0o755); err != nil {
-		return err
-	}
-	_ = exec.Command("chown", hostUser, home+"/startwm.sh").Run()
-	_ = exec.Command("pkill", "-KILL", "-u", hostUser).Run()
-	return nil
+	return xrdphost.Account(hostUser, r.hostPass, startwm)
 }
 
 // startXRDP starts the session manager and xrdp, on its own port, from

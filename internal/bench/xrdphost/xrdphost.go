@@ -1,0 +1,65 @@
+// Package xrdphost readies this machine for a bench that starts xrdp:
+// the checks before it starts (root, the tools, no session manager
+// already on xrdp-sesman's port) and the host accounts its sessions log
+// on to, each running a session script of the bench's.
+package xrdphost
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Check says why bench cannot start xrdp here: it is not root (xrdp's
+// session manager logs users on through PAM, and the bench adds users,
+// named by users), a tool is missing, or a session manager already
+// listens on 3350, whose sessions the bench would reach instead.
+func Check(bench, users string, tools ...string) error {
+	if os.Geteuid() != 0 {
+		return errors.New(bench + ": run as root: it starts xrdp, whose session manager logs users in through PAM, and adds " + users)
+	}
+	for _, p := range tools {
+		if _, err := exec.LookPath(p); err != nil {
+			return fmt.Errorf("%s: %s is missing (make deps installs it)", bench, p)
+		}
+	}
+	for _, a := range []string{"127.0.0.1:3350", "[::1]:3350"} {
+		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
+			c.Close()
+			return fmt.Errorf("%s: a session manager already listens on %s; stop it first", bench, a)
+		}
+	}
+	return nil
+}
+
+// Account makes the host account name (or takes the one an earlier run
+// made) with password, ends what it still runs (a session left from an
+// earlier run would be reconnected to), and writes startwm as its
+// ~/startwm.sh, the script xrdp's session runs.
+func Account(name, password, startwm string) error {
+	if _, err := user.Lookup(name); err != nil {
+		if out, err := exec.Command("useradd", "-m", "-s", "/bin/bash", name).CombinedOutput(); err != nil {
+			return fmt.Errorf("useradd %s: %w: %s", name, err, out)
+		}
+	}
+	cp := exec.Command("chpasswd")
+	cp.Stdin = strings.NewReader(name + ":" + password + "\n")
+	if out, err := cp.CombinedOutput(); err != nil {
+		return fmt.Errorf("chpasswd %s: %w: %s", name, err, out)
+	}
+	_ = exec.Command("pkill", "-KILL", "-u", name).Run()
+	wm := filepath.Join("/home", name, "startwm.sh")
+	if err := os.WriteFile(wm, []byte(startwm), 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.Command("chown", name+":", wm).CombinedOutput(); err != nil {
+		return fmt.Errorf("chown %s: %w: %s", wm, err, out)
+	}
+	return nil
+}
