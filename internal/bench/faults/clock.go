@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/deskway/deskway/internal/childproc"
 )
 
 // Clock is the clock-step scenario: a gateway whose clock is off from
@@ -91,18 +93,9 @@ func clockRun(ctx context.Context, env Env, c clockCase, users int) (Outcome, er
 		wrong += int(s.wrong.Load())
 		conn.Close()
 	}
-	// The gateway's log reaches us through a pipe, after the refusal.
-	reasons := refusalReasons(r.gw.Output())
-	for deadline := time.Now().Add(5 * time.Second); len(reasons) < refused && time.Now().Before(deadline); reasons = refusalReasons(r.gw.Output()) {
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return o, err
-		}
-	}
-	naming := 0
-	for _, why := range reasons {
-		if strings.Contains(why, "clocks") && strings.Contains(why, "NTP") {
-			naming++
-		}
+	reasons, naming, err := clockRefusals(ctx, r.gw, refused)
+	if err != nil {
+		return o, err
 	}
 	o.Affected = refused
 	o.Metrics = map[string]float64{"tunnels_opened": float64(opened), "tunnels_refused": float64(refused),
@@ -124,6 +117,24 @@ func clockRun(ctx context.Context, env Env, c clockCase, users int) (Outcome, er
 			strings.Join(uniq(told), "; "), strings.Join(uniq(reasons), "; "))
 	}
 	return o, nil
+}
+
+// clockRefusals waits up to 5 s for the gateway's log to hold refused
+// "tunnel refused" lines (the log reaches us through a pipe, after the
+// refusal) and counts the reasons that name the clocks and NTP.
+func clockRefusals(ctx context.Context, gw *childproc.Proc, refused int) (reasons []string, naming int, err error) {
+	reasons = refusalReasons(gw.Output())
+	for deadline := time.Now().Add(5 * time.Second); len(reasons) < refused && time.Now().Before(deadline); reasons = refusalReasons(gw.Output()) {
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return nil, 0, err
+		}
+	}
+	for _, why := range reasons {
+		if strings.Contains(why, "clocks") && strings.Contains(why, "NTP") {
+			naming++
+		}
+	}
+	return reasons, naming, nil
 }
 
 // refusalReasons are the reasons of the gateway's "tunnel refused" log

@@ -179,26 +179,10 @@ func clockStepBroker(ctx context.Context, env Env, users int) (Outcome, error) {
 		}
 	}
 	stop()
-	ended, lost, wrong := 0, int64(0), int64(0)
-	for _, s := range ss {
-		s.drained(ctx, 10*time.Second)
-		if at, _ := s.end(); !at.IsZero() {
-			ended++
-		}
-		lost += s.sent.Load() - s.got.Load()
-		wrong += s.wrong.Load()
-	}
-	reasons := refusalReasons(r.gw.Output())
-	for deadline := time.Now().Add(5 * time.Second); len(reasons) < refused && time.Now().Before(deadline); reasons = refusalReasons(r.gw.Output()) {
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return o, err
-		}
-	}
-	naming := 0
-	for _, why := range reasons {
-		if strings.Contains(why, "clocks") && strings.Contains(why, "NTP") {
-			naming++
-		}
+	ended, lost, wrong, _ := tallyStreams(ctx, ss)
+	_, naming, err := clockRefusals(ctx, r.gw, refused)
+	if err != nil {
+		return o, err
 	}
 	o.Affected, o.RecoverS = refused, recoverS
 	o.Metrics = map[string]float64{"tunnels_refused": float64(refused), "wrong_verdicts": float64(opened),

@@ -248,3 +248,21 @@ func (s *echoStream) drained(ctx context.Context, within time.Duration) bool {
 	}
 	return s.got.Load() >= s.sent.Load()
 }
+
+// tallyStreams waits up to 10 s for each stream's echo to drain, then
+// counts the streams that ended (with why each ended), the bytes sent
+// and never echoed, and the bytes echoed wrong.
+func tallyStreams(ctx context.Context, ss []*echoStream) (ended int, lost, wrong int64, why []string) {
+	for _, s := range ss {
+		s.drained(ctx, 10*time.Second)
+		if at, err := s.end(); !at.IsZero() {
+			ended++
+			if err != nil {
+				why = append(why, err.Error())
+			}
+		}
+		lost += s.sent.Load() - s.got.Load()
+		wrong += s.wrong.Load()
+	}
+	return ended, lost, wrong, why
+}

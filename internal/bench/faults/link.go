@@ -114,17 +114,7 @@ func linkHostInteractive(ctx context.Context, env Env, sc linkScale, _ int) (Out
 		return o, err
 	}
 	stop()
-	ended, lost, wrong := 0, int64(0), int64(0)
-	var why []string
-	for _, s := range ss {
-		s.drained(ctx, 10*time.Second)
-		if at, err := s.end(); !at.IsZero() {
-			ended++
-			why = append(why, err.Error())
-		}
-		lost += s.sent.Load() - s.got.Load()
-		wrong += s.wrong.Load()
-	}
+	ended, lost, wrong, why := tallyStreams(ctx, ss)
 	o.Affected, o.RecoverS = sc.tunnels, recover
 	o.Metrics = map[string]float64{"sessions_lost": float64(ended), "bytes_lost": float64(lost), "bytes_wrong": float64(wrong),
 		"cut_s": seconds(back.Sub(cutAt)), "write_timeout_s": sc.writeTimeout.Seconds()}
