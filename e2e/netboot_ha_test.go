@@ -91,7 +91,7 @@ poweroff -f
 	}
 	pc1.wait(t, regexp.MustCompile(`deskway: root disk golden/pc1/[0-9a-f]{16} from 10\.77\.0\.1:10810 `), 2*time.Minute)
 	io.WriteString(pc1.in, "go\n")
-	got := pc1.wait(t, regexp.MustCompile(`DESKWAY read: ([^\r\n]*)`), 3*time.Minute)[1]
+	got := pc1.wait(t, regexp.MustCompile(`DESKWAY read: ([^\r\n]*)[\r\n]`), 3*time.Minute)[1]
 	if !regexp.MustCompile(`^before the loss / after the loss / (\d+) lines, last line (\d+)$`).MatchString(got) {
 		t.Fatalf("the machine read back %q after its server was lost:\n%s\nsecond server:\n%s", got, lastLines(pc1.out.String(), 40), lastLines(second.Log.String(), 20))
 	}

@@ -52,10 +52,10 @@ poweroff -f
 		t.Fatalf("%s: %v\n%s", line, err, out)
 	}
 	pc1 := ns.bootVM("tap1", "52:54:00:77:00:01")
-	if got := pc1.wait(t, regexp.MustCompile(`DESKWAY personality file: ([^\r\n]*)`), 4*time.Minute)[1]; strings.TrimSpace(got) != "host_name=pc1 role=kiosk site=north" {
+	if got := pc1.wait(t, regexp.MustCompile(`DESKWAY personality file: ([^\r\n]*)[\r\n]`), 4*time.Minute)[1]; strings.TrimSpace(got) != "host_name=pc1 role=kiosk site=north" {
 		t.Fatalf("/etc/deskway/personality on pc1's root disk holds %q", got)
 	}
-	if got := pc1.wait(t, regexp.MustCompile(`DESKWAY personality cmdline: ([^\r\n]*)`), time.Minute)[1]; strings.TrimSpace(got) != "deskway.p.host_name=pc1 deskway.p.role=kiosk deskway.p.site=north" {
+	if got := pc1.wait(t, regexp.MustCompile(`DESKWAY personality cmdline: ([^\r\n]*)[\r\n]`), time.Minute)[1]; strings.TrimSpace(got) != "deskway.p.host_name=pc1 deskway.p.role=kiosk deskway.p.site=north" {
 		t.Fatalf("pc1's kernel command line carries %q", got)
 	}
 }

@@ -158,15 +158,15 @@ func TestNetbootSecureBoot(t *testing.T) {
 // be enrolled.
 func checkSecureBoot(t *testing.T, v *vm, dev string, srv *testkit.Process, addr string) {
 	t.Helper()
-	secure := v.wait(t, regexp.MustCompile(`DESKWAY secure: ([^\r\n]*)`), 10*time.Minute)[1]
+	secure := v.wait(t, regexp.MustCompile(`DESKWAY secure: ([^\r\n]*)[\r\n]`), 10*time.Minute)[1]
 	if !strings.HasPrefix(secure, "Secure boot enabled; lockdown: ") || !strings.Contains(secure, "[integrity]") {
 		t.Errorf("%s's kernel: %q, want Secure Boot enabled and lockdown integrity", dev, secure)
 	}
-	root := v.wait(t, regexp.MustCompile(`DESKWAY root: ([^\r\n]*)`), time.Minute)[1]
+	root := v.wait(t, regexp.MustCompile(`DESKWAY root: ([^\r\n]*)[\r\n]`), time.Minute)[1]
 	if strings.TrimSpace(root) != "golden image v1 personality: role=kiosk site=north" {
 		t.Errorf("%s's root disk: %q", dev, root)
 	}
-	cmdline := v.wait(t, regexp.MustCompile(`DESKWAY cmdline: ([^\r\n]*)`), time.Minute)[1]
+	cmdline := v.wait(t, regexp.MustCompile(`DESKWAY cmdline: ([^\r\n]*)[\r\n]`), time.Minute)[1]
 	want := regexp.MustCompile(`^BOOT_IMAGE=\(tftp,10\.77\.0\.1\)/netboot/vdisks/golden/kernel console=ttyS0 panic=-1 quiet deskway\.device=` + dev +
 		` deskway\.export=golden/` + dev + `/[0-9a-f]{16} deskway\.mode=standard deskway\.servers=10\.77\.0\.1:10809 BOOTIF=01-52-54-00-77-00-2\d deskway\.p\.role=kiosk deskway\.p\.site=north\s*$`)
 	if !want.MatchString(cmdline) {

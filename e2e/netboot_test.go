@@ -165,7 +165,7 @@ func TestNetbootRootOverNBD(t *testing.T) {
 	after := func(v *vm, dev string) string {
 		t.Helper()
 		io.WriteString(v.in, "go\n")
-		return v.wait(t, regexp.MustCompile(`DESKWAY after `+dev+`: ([^\r\n]*)`), time.Minute)[1]
+		return v.wait(t, regexp.MustCompile(`DESKWAY after `+dev+`: ([^\r\n]*)[\r\n]`), time.Minute)[1]
 	}
 	// Two standard-mode devices at once: each has written and synced
 	// before either lists the disk as the server has it.
@@ -185,14 +185,14 @@ func TestNetbootRootOverNBD(t *testing.T) {
 	pc3 := ns.bootVM("tap3", "52:54:00:77:00:03")
 	written(pc1, "pc1")
 	written(pc3, "pc3")
-	if first := pc1.wait(t, regexp.MustCompile(`DESKWAY root pc1: golden image v1 files: ([^\r\n]*)`), time.Second)[1]; strings.Contains(first, "pc1.txt") {
+	if first := pc1.wait(t, regexp.MustCompile(`DESKWAY root pc1: golden image v1 files: ([^\r\n]*)[\r\n]`), time.Second)[1]; strings.Contains(first, "pc1.txt") {
 		t.Fatalf("pc1's second power-on found its first boot's file: %q", first)
 	}
 	after(pc1, "pc1")
 	after(pc3, "pc3")
 	_ = pc3.cmd.Wait()
 	pc3 = ns.bootVM("tap3", "52:54:00:77:00:03")
-	if first := pc3.wait(t, regexp.MustCompile(`DESKWAY root pc3: golden image v1 files: ([^\r\n]*)`), 4*time.Minute)[1]; !strings.Contains(first, "pc3.txt") {
+	if first := pc3.wait(t, regexp.MustCompile(`DESKWAY root pc3: golden image v1 files: ([^\r\n]*)[\r\n]`), 4*time.Minute)[1]; !strings.Contains(first, "pc3.txt") {
 		t.Fatalf("private-mode pc3 lost its file across a power-off: %q", first)
 	}
 }
