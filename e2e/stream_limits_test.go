@@ -20,6 +20,7 @@ import (
 // what they asked for: over TLS (served by goroutines) and on plain TCP
 // (served on event loops, from a write cache so no sendfile applies).
 func TestStreamGreedyReadersAreBounded(t *testing.T) {
+	t.Parallel() // its servers' own memory, on ports the kernel chose
 	_, clientTLS, cert, key := testkit.TLS(t)
 	for _, tc := range []struct {
 		name  string
