@@ -266,6 +266,9 @@ func TestBrokerBenchSmoke(t *testing.T) {
 // hosts' sessions. It checks the summary keys and that every relaunch
 // came back to its session.
 func TestBrokerBenchEndToEnd(t *testing.T) {
+	// As TestBrokerBenchSmoke; its bottleneck is the hosts' 1 s logons,
+	// which no neighbour's load shortens.
+	t.Parallel()
 	out := t.TempDir()
 	res := runBench(t, out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
 		"--e2e-rtt", "10ms", "--logon-median", "1s", "--relaunch-share", "0.2", "--logoff-share", "0.1")
