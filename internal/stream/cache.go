@@ -43,6 +43,7 @@ type writeCache struct {
 	held, deadSlots int64
 	acct            *cacheAccount
 	reserver        *reserver // faults slabs in ahead of writes; nil without
+	asked           int       // how many slabs the cache had when it last queued for one
 }
 
 func newWriteCache(base io.ReaderAt, size, ramLimit int64, spillDir string, acct *cacheAccount) *writeCache {
@@ -309,9 +310,10 @@ func (c *writeCache) newBlock() ([]byte, uint32, error) {
 		c.slabs = append(c.slabs, slab)
 	}
 	c.ramBlocks++
-	if c.reserver != nil && k == int64(len(c.slabs)-1)*slabBlocks && c.wantsSlab() {
-		// The first block out of the last slab: have the next one
-		// faulted in before the writes reach it.
+	if c.reserver != nil && c.asked != len(c.slabs) && c.wantsSlab() {
+		// Have the next slab faulted in before the writes reach it; once
+		// per slab, not per block.
+		c.asked = len(c.slabs)
 		c.reserver.add(c)
 	}
 	at := uint32(k + firstRAMBlock)

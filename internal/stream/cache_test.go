@@ -408,9 +408,10 @@ func TestReserverStaysAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSlabs(2)
-	// Fill the first slab and take a block of the second: the third
-	// comes, and it is the last the 3-slab limit allows.
-	if _, err := c.WriteAt(make([]byte, slabSize), cacheBlock); err != nil {
+	// Fill the first slab and three-quarters of the second, then one
+	// block more: the third comes, and it is the last the 3-slab limit
+	// allows.
+	if _, err := c.WriteAt(make([]byte, slabSize+3*slabSize/4), cacheBlock); err != nil {
 		t.Fatal(err)
 	}
 	waitSlabs(3)
@@ -423,6 +424,55 @@ func TestReserverStaysAhead(t *testing.T) {
 	}
 	if ram, _ := c.bytes(); ram != 3*slabSize {
 		t.Fatalf("reserved slabs hold %d bytes resident, want %d", ram, 3*slabSize)
+	}
+}
+
+// TestReserverZeroesNoSlabTheBootLeavesUnused replays the shape of the
+// recorded boot's writes (internal/bench/bootstorm/boot-trace.csv: 85
+// blocks of small writes, a 1 MiB write, then 53 blocks more, 1.5 MiB in
+// all) and checks that its caches are reserved ahead of the 1 MiB burst
+// but no further than the writes need: two slabs, not a third faulted in
+// for the burst's last blocks and never used.
+func TestReserverZeroesNoSlabTheBootLeavesUnused(t *testing.T) {
+	// A reserver with no thread: the test serves its queue, so what was
+	// asked for is reserved before the next write.
+	r := &reserver{queue: make(chan *writeCache, 16)}
+	serve := func() {
+		for len(r.queue) > 0 {
+			(<-r.queue).reserve()
+		}
+	}
+	c := newWriteCache(bytes.NewReader(make([]byte, 64<<20)), 64<<20, 64<<20, t.TempDir(), nil)
+	defer c.close()
+	c.reserver = r
+	r.add(c) // the boot starts
+	serve()
+	block := bytes.Repeat([]byte{7}, cacheBlock)
+	at := int64(0)
+	small := func(n int) {
+		for range n {
+			if _, err := c.WriteAt(block, at); err != nil {
+				t.Fatal(err)
+			}
+			at += 2 * cacheBlock // a block apart: every write is a block of its own
+			serve()
+		}
+	}
+	small(85)
+	if len(c.slabs) != 2 {
+		t.Fatalf("%d slabs before the 1 MiB burst, want 2: its room is not faulted in ahead of it", len(c.slabs))
+	}
+	if _, err := c.WriteAt(make([]byte, slabSize), at); err != nil {
+		t.Fatal(err)
+	}
+	at += slabSize
+	serve()
+	small(53)
+	if got := c.ramBlocks; got != 394 {
+		t.Fatalf("%d blocks written, want the recorded boot's 394", got)
+	}
+	if ram, _ := c.bytes(); len(c.slabs) != 2 || ram > 2*slabSize {
+		t.Fatalf("%d blocks held in %d slabs (%d bytes resident), want 2 slabs: the reserver zeroed RAM the boot never used", c.ramBlocks, len(c.slabs), ram)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 )
 
 // loops are the event loops that serve plain-TCP connections in
-// transmission, one per core.
+// transmission, one fewer than the processors Go runs on (loopCount).
 //
 // A boot storm is a thousand connections each with a few small requests
 // in flight. Served by a goroutine per connection, every request cost a
@@ -31,7 +31,7 @@ type loops struct {
 
 func startLoops() (*loops, error) {
 	ls := &loops{}
-	for range runtime.GOMAXPROCS(0) {
+	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := evloop.New()
 		if err != nil {
 			ls.close()
@@ -43,6 +43,17 @@ func startLoops() (*loops, error) {
 	}
 	return ls, nil
 }
+
+// loopCount is how many loops serve on procs processors: one fewer, and
+// at least one. With a loop on every processor, whatever else the server
+// runs (the write caches' reserving thread, the collector, the admin
+// listener's metrics) took a processor from a loop: a runtime trace of a
+// 1,000-client storm had the two loops on a 2-core machine runnable and
+// waiting for a processor 20 % of the time, preempted in the middle of a
+// batch. In storms of 500 taking turns on that machine, one loop booted
+// them as fast or faster than two, with fewer slow requests
+// (docs/benchmarks/stream/loops-500).
+func loopCount(procs int) int { return max(1, procs-1) }
 
 // next picks a loop, round robin.
 func (ls *loops) next() *evloop.Loop {
