@@ -19,9 +19,8 @@ import (
 // two that lock the same host and session in opposite orders (the broker
 // scenario's logs show one such deadlock per broker per outage). The step
 // that lost must be run again in place, not fail the write-back, which
-// would start over from the top at the next tick; under load, each start
-// over replays the whole journal and the brokers went on ending each
-// other's for over 90 s. Here another transaction holds the session's row
+// would start over from the top at the next tick and replay the whole
+// journal. Here another transaction holds the session's row
 // while the write-back's replay of a heartbeat holds its host's and waits
 // for the session, then asks for the host: the replay is the deadlock's
 // victim (the other waits 30 s before looking for one).
