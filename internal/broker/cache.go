@@ -457,6 +457,7 @@ func (c *localCache) offlineEvent(e store.Event) error {
 		return err
 	}
 	c.eventLocked(e)
+	c.learnEventLocked(e)
 	return nil
 }
 

@@ -166,3 +166,42 @@ func (c *localCache) learn(ss []store.Session) {
 		}
 	}
 }
+
+// learnEventLocked takes into the copy, while the database is away, a
+// session an event reports live that the copy does not hold, as
+// learnReportedLocked does a heartbeat's: with several brokers behind a
+// load balancer, a host's report of a logon often reaches a broker that
+// did not place the session, and holding it, that broker sends the
+// user's next launch back to it instead of placing a second one before
+// the host's next heartbeat reaches it. The session carries no id, as
+// the database cannot be asked for it.
+func (c *localCache) learnEventLocked(e store.Event) {
+	h, ok := c.hosts[e.Host]
+	if !ok || e.State == store.Ended || e.State == store.Launching {
+		return
+	}
+	for _, u := range e.Users {
+		k := liveKey(u, h.Group)
+		if _, ok := c.live[k]; !ok {
+			c.live[k] = store.Session{User: u, Group: h.Group, Host: e.Host, State: e.State, CreatedAt: e.Now, UpdatedAt: e.Now}
+		}
+	}
+}
+
+// unknownEvent reports whether e names a user live on its host whose
+// session the copy does not hold there: one another broker placed since
+// the copy's last full reload.
+func (c *localCache) unknownEvent(e store.Event) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.hosts[e.Host]
+	if !ok || e.State == store.Ended {
+		return false
+	}
+	for _, u := range e.Users {
+		if s, ok := c.live[liveKey(u, h.Group)]; !ok || s.Host != e.Host {
+			return true
+		}
+	}
+	return false
+}

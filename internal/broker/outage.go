@@ -158,6 +158,12 @@ func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, e
 		var err error
 		if changed, err = s.store.Event(ctx, e); err == nil {
 			s.cache.event(e)
+			// As for a heartbeat: a session another broker placed, read
+			// now, lets this broker send the user's next launch back to it
+			// should the database be away by then.
+			if s.cache.unknownEvent(e) {
+				s.learnHost(ctx, store.Report{Host: e.Host}, false)
+			}
 		}
 		return err
 	}, func() error { changed = false; return s.cache.offlineEvent(e) })

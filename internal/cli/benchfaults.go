@@ -35,7 +35,8 @@ func benchFaultsCmd() *cobra.Command {
 				return fmt.Errorf("bench: %w", err)
 			}
 			defer os.RemoveAll(work)
-			env := faults.Env{Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto"), Bin: exe, Work: work, Small: small}
+			log := obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+			env := faults.Env{Log: log, Bin: exe, Work: work, Small: small, HoldXRDP: holdXRDP(log)}
 			res, err := faults.Bench(cmd.Context(), env, strings.Split(scenario, ","), runs, out)
 			if err != nil {
 				return err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -239,9 +240,14 @@ func (c brokerCase) run(ctx context.Context, env Env, pg *pgcluster.Cluster, sc 
 	if err != nil {
 		return Outcome{}, err
 	}
-	if v.timelines, err = lostTimelines(ctx, f, dsn, recs, v.missing, faultAt); err != nil {
+	if v.timelines, err = userTimelines(ctx, f, dsn, recs, v.missing, faultAt); err != nil {
 		return Outcome{}, err
 	}
+	doubled, err := userTimelines(ctx, f, dsn, recs, slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(v.twoSessions), v.misdirected...)))), faultAt)
+	if err != nil {
+		return Outcome{}, err
+	}
+	v.timelines = append(v.timelines, doubled...)
 	return brokerOutcome(c, sc, run, recs, faultAt, faultEnd, v, f.heldAtKill), nil
 }
 
@@ -311,7 +317,7 @@ type farmCheck struct {
 	unverified  int      // sessions the database knows only from a host's report
 	maxFill     float64  // the fullest host's share of its limit
 	journalS    float64  // how long after the storm the last journal was written back
-	timelines   []string // what happened to the first few missing users' launches
+	timelines   []string // what happened to the first few lost and doubled users' launches
 }
 
 // verifyFarm waits for the journals to be written back and for the

@@ -68,12 +68,15 @@ func (h *simHost) beat(sessions []brokerapi.Session, c brokerCall) {
 	h.beats = append(h.beats, hostBeat{brokerCall: c, users: users})
 }
 
-// lostTimelines tells, for the first few users whose launch was found
-// lost, what happened to it relative to the fault at t0: the broker
-// requests the launch made, when the session logged on at its host, the
-// host's reports of it, and the user's records in the database.
-func lostTimelines(ctx context.Context, f *brokerFarm, dsn string, recs []*launchRec, missing []string, t0 time.Time) ([]string, error) {
-	if len(missing) == 0 {
+// userTimelines tells, for the first few of users (found lost, or
+// doubled), what happened to their launches relative to the fault at t0:
+// the broker requests each launch made, the host it was answered with,
+// when the session logged on at each such host, the host's reports of it
+// and to which broker each went, and the user's records in the database.
+// A doubled user's two launches show which broker placed each and
+// whether the second broker had had a report of the first session.
+func userTimelines(ctx context.Context, f *brokerFarm, dsn string, recs []*launchRec, users []string, t0 time.Time) ([]string, error) {
+	if len(users) == 0 {
 		return nil, nil
 	}
 	st, err := store.Connect(dsn, 2)
@@ -82,10 +85,10 @@ func lostTimelines(ctx context.Context, f *brokerFarm, dsn string, recs []*launc
 	}
 	defer st.Close()
 	var out []string
-	for _, u := range missing[:min(3, len(missing))] {
+	for _, u := range users[:min(3, len(users))] {
 		var b strings.Builder
 		fmt.Fprintf(&b, "Timeline of %s (fault at 0 s):", u)
-		var host string
+		var hosts []string
 		for _, r := range recs {
 			if r.user != u {
 				continue
@@ -94,25 +97,32 @@ func lostTimelines(ctx context.Context, f *brokerFarm, dsn string, recs []*launc
 				fmt.Fprintf(&b, " launch to %s;", c.at0(t0))
 			}
 			if r.ok {
-				host = r.host
 				fmt.Fprintf(&b, " answered %s;", r.host)
+				if !slices.Contains(hosts, r.host) {
+					hosts = append(hosts, r.host)
+				}
 			}
 		}
-		if h := f.hosts[host]; h != nil {
+		for _, host := range hosts {
+			h := f.hosts[host]
+			if h == nil {
+				continue
+			}
 			h.mu.Lock()
-			if s, ok := h.sessions[u]; ok {
+			s, on := h.sessions[u]
+			if on {
 				fmt.Fprintf(&b, " on %s logged on at %+.3f s;", host, s.showAt.Sub(t0).Seconds())
 			} else {
 				fmt.Fprintf(&b, " %s has no session of the user;", host)
 			}
 			for _, p := range h.posts[u] {
-				fmt.Fprintf(&b, " event %s to %s;", p.state, p.at0(t0))
+				fmt.Fprintf(&b, " event %s from %s to %s;", p.state, host, p.at0(t0))
 			}
 			// The heartbeats around the logon: whether each named the user.
-			if s, ok := h.sessions[u]; ok {
+			if on {
 				for _, hb := range h.beats {
 					if d := hb.at.Sub(s.showAt); d > -2*time.Second && d < 4*time.Second {
-						fmt.Fprintf(&b, " heartbeat %s to %s;", map[bool]string{true: "with", false: "without"}[slices.Contains(hb.users, u)], hb.at0(t0))
+						fmt.Fprintf(&b, " heartbeat of %s %s to %s;", host, map[bool]string{true: "with", false: "without"}[slices.Contains(hb.users, u)], hb.at0(t0))
 					}
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -52,5 +53,42 @@ func TestDocumentedCommandsRan(t *testing.T) {
 	}
 	if seen == 0 {
 		t.Fatal("no `deskway bench faults` command found in the docs")
+	}
+}
+
+// TestFaultsTableIsOneRun: docs/benchmarks/faults/README.md shows the
+// table of one run of `deskway bench faults`: it names one command, the
+// one docs/benchmarks/faults/result.md says it ran, and every row of its
+// table is a row of that result.md's table as the bench wrote it, so no
+// row can come from another run or be edited by hand.
+func TestFaultsTableIsOneRun(t *testing.T) {
+	dir := "../../../docs/benchmarks/faults"
+	readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := os.ReadFile(filepath.Join(dir, "result.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := regexp.MustCompile("`deskway bench faults [^`]*`").FindAllString(string(readme), -1)
+	if uniq := slices.Compact(slices.Sorted(slices.Values(cmds))); len(uniq) != 1 {
+		t.Fatalf("README.md names %d commands, want the one that made its table: %q", len(uniq), uniq)
+	}
+	if !strings.Contains(string(res), cmds[0]) {
+		t.Errorf("README.md names %s; result.md was made by another command", cmds[0])
+	}
+	rows := 0
+	for _, line := range strings.Split(string(readme), "\n") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| scenario |") {
+			continue
+		}
+		rows++
+		if !strings.Contains(string(res), "\n"+line+"\n") {
+			t.Errorf("README.md's row is not in result.md's table: %s", line)
+		}
+	}
+	if rows == 0 {
+		t.Error("README.md has no table rows")
 	}
 }

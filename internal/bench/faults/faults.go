@@ -49,6 +49,11 @@ type Env struct {
 	// Small asks for the test's scale (a few clients) in place of the
 	// bench's load; the zero-loss properties are the same.
 	Small bool
+	// HoldXRDP, when set, is called before a scenario starts xrdp and
+	// xrdp-sesman and waits for the machine's one sesman port to be free
+	// of anyone else's; the scenario calls what it returns when its xrdp
+	// has stopped. A test leaves it nil: it holds that lock itself.
+	HoldXRDP func(ctx context.Context) (release func(), err error)
 }
 
 // Scenario is one kind of fault with the cases it runs.

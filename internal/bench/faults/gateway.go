@@ -60,6 +60,14 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 	if env.Small {
 		n = 4
 	}
+	if env.HoldXRDP != nil {
+		release, err := env.HoldXRDP(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// Deferred first, so it runs after r.close has stopped xrdp.
+		defer release()
+	}
 	r := &gwRig{env: env, dir: filepath.Join(env.Work, fmt.Sprintf("gateway-%d", run))}
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		return nil, err

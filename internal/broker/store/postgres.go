@@ -153,3 +153,11 @@ func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505"
 }
+
+// Conflict reports whether err is PostgreSQL ending a transaction that
+// lost to another (a deadlock, or a serialization failure): nothing of
+// it was written, and the same transaction run again may well succeed.
+func Conflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+}

@@ -1,0 +1,106 @@
+package broker_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/deskway/deskway/internal/broker/store"
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// TestLogonEventAtTheOtherBrokerBeforeAnOutage is the other way the
+// broker scenario gave a user two sessions: broker A placed u1 just
+// before PostgreSQL stopped; the host's report of the logon reached
+// broker B, whose database took it but whose copy, which reloads the
+// other brokers' sessions once a minute, did not; the host's heartbeats
+// went to A. u1 then launched again at B during the outage, and B,
+// placing from its copy, gave them a second session. A logon B's
+// database takes for a session B's copy lacks must bring that session
+// into the copy, as a heartbeat naming it does.
+func TestLogonEventAtTheOtherBrokerBeforeAnOutage(t *testing.T) {
+	pg := testkit.StartPostgres(t)
+	dsn := pg.NewDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := newWorld(t, "broker A", dsn, []string{"h1", "h2"})
+	b := newWorld(t, "broker B", dsn, nil) // starts with h1 and h2 in its copy
+	for h, cred := range a.creds {
+		b.creds[h] = cred
+	}
+	first := a.launch(t, "u1")
+	b.host["u1"] = first.Host
+	b.event(t, "u1", store.Active)
+	// No cache refresh runs before the launch at B: Maintain starts
+	// with the outage.
+	if err := pg.Kill(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	maintain(t, ctx, a.r.b)
+	maintain(t, ctx, b.r.b)
+	second := b.launch(t, "u1")
+	if !second.Reconnect || second.Host != first.Host || second.SessionID != first.SessionID {
+		t.Fatalf("u1 placed by A on %s as %s, its logon reported to B, launched again at B in an outage: reconnect %t, session %q on %s; want a reconnect to %s",
+			first.Host, first.SessionID, second.Reconnect, second.SessionID, second.Host, first.SessionID)
+	}
+	if err := pg.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []*world{a, b} {
+		if got := w.settled(t); got["u1"] != store.Active {
+			t.Errorf("%s: u1's live sessions after the outage: %v, want one, active", w.name, got)
+		}
+	}
+}
+
+// TestOutageLogonEventAtTheOtherBroker is how `deskway bench faults
+// --scenario broker` gave users two sessions while PostgreSQL was down:
+// broker A placed u1 on a host; the host's report of the logon went,
+// through the load balancer in front of the brokers, to broker B, which
+// dropped it because its copy had no session of u1 there; u1 then
+// launched again at B, before a heartbeat of that host had reached B,
+// and B placed a second session. A logon reported to either broker must
+// send the user's next launch there back to that session, and the
+// write-back leave u1 one live session.
+func TestOutageLogonEventAtTheOtherBroker(t *testing.T) {
+	pg := testkit.StartPostgres(t)
+	dsn := pg.NewDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := newWorld(t, "broker A", dsn, []string{"h1", "h2"})
+	b := newWorld(t, "broker B", dsn, nil) // starts with h1 and h2 in its copy
+	for h, cred := range a.creds {
+		b.creds[h] = cred
+	}
+	maintain(t, ctx, a.r.b)
+	maintain(t, ctx, b.r.b)
+	if err := pg.Kill(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	first := a.launch(t, "u1")
+	// The host reports the logon to B (its heartbeats, naming u1, go to
+	// A: none reaches B here).
+	b.host["u1"] = first.Host
+	b.event(t, "u1", store.Active)
+	second := b.launch(t, "u1")
+	if !second.Reconnect || second.Host != first.Host {
+		t.Fatalf("u1 logged on to %s (placed by A, the logon reported to B), launched again at B: reconnect %t, session %q on %s; want a reconnect to %s",
+			first.Host, second.Reconnect, second.SessionID, second.Host, first.Host)
+	}
+	if err := pg.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b.id["u1"] = first.SessionID
+	for _, w := range []*world{a, b} {
+		got := w.settled(t)
+		if _, ok := got["u1"]; !ok {
+			t.Errorf("%s: u1 has no live session after the write-back: %v", w.name, got)
+		}
+	}
+	all, err := a.r.store.Sessions(context.Background(), "u1", true, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 || all[0].ID != first.SessionID || all[0].Host != first.Host {
+		t.Errorf("u1's sessions after the write-back: %+v, want only %s on %s", all, first.SessionID, first.Host)
+	}
+}
