@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -146,37 +147,23 @@ func clockStepBroker(ctx context.Context, env Env, users int) (Outcome, error) {
 		opened++
 		s.c.Close()
 	}
-	if err := sleepCtx(ctx, 3*time.Second); err != nil {
+	kept, err := stillEchoing(ctx, ss, 3*time.Second)
+	if err != nil {
 		return o, err
-	}
-	checkAt := time.Now()
-	if err := sleepCtx(ctx, time.Second); err != nil {
-		return o, err
-	}
-	kept := 0
-	for _, s := range ss {
-		if at, _ := s.end(); at.IsZero() && s.lastRecv.Load() > checkAt.UnixNano() {
-			kept++
-		}
 	}
 	hostOK := 0.0
 	if hs, err := adminHosts(ctx, hc, admin); err == nil && hs[hostName] == "ok" {
 		hostOK = 1
 	}
-	backAt := time.Now()
-	if err := setClockFile(clock, 0); err != nil {
+	backAt, recoverS, err := setClockRight(ctx, clock, func(try int) (io.Closer, error) {
+		s, err := open(fmt.Sprintf("right%02d", try))
+		if err != nil {
+			return nil, err
+		}
+		return s.c, nil
+	})
+	if err != nil {
 		return o, err
-	}
-	recoverS := -1.0
-	for i := 0; time.Since(backAt) < 10*time.Second; i++ {
-		if s, err := open(fmt.Sprintf("right%02d", i)); err == nil {
-			recoverS = seconds(time.Since(backAt))
-			s.c.Close()
-			break
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return o, err
-		}
 	}
 	stop()
 	ended, lost, wrong, _ := tallyStreams(ctx, ss)
