@@ -2,8 +2,6 @@ package browserbench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -82,12 +80,6 @@ func (r *rig) close() {
 	_ = exec.Command("pkill", "-KILL", "-u", benchUser).Run()
 }
 
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
-}
-
 const gatewayYAML = `state_dir: %[1]s/gw
 log: {level: info, format: json}
 admin: {listen: "127.0.0.1:%[2]d", tokens: ["%[3]s"]}
@@ -150,7 +142,7 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 		return fmt.Errorf("browserbench: xrdp's certificate: %w", err)
 	}
 	// The host account, its session and the file that moves its window.
-	r.password = "Bench-" + randomString(12)
+	r.password = "Bench-" + xrdphost.Secret(12)
 	if err := xrdphost.Account(benchUser, r.password, startwm); err != nil {
 		return err
 	}
@@ -206,7 +198,7 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 		return err
 	}
 	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
-	r.tokenKey, r.adminToken, r.frontendToken = randomString(40), randomString(24), randomString(24)
+	r.tokenKey, r.adminToken, r.frontendToken = xrdphost.Secret(40), xrdphost.Secret(24), xrdphost.Secret(24)
 	if err := r.startGateway(compression); err != nil {
 		return err
 	}

@@ -2,8 +2,6 @@ package faults
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -132,18 +130,12 @@ type gwNode struct {
 	proc                   *childproc.Proc
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
-}
-
 // setUp starts xrdp, the two nodes and HAProxy, and prepares n users.
 func (r *gwRig) setUp(n int) error {
 	if err := xrdphost.Check("faults", "the users "+gwUserPrefix+"01…", "xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "haproxy", "stdbuf", "useradd", "chpasswd", "pkill", "pgrep"); err != nil {
 		return err
 	}
-	r.password = "Fault-" + randomHex(12)
+	r.password = "Fault-" + xrdphost.Secret(12)
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("%s%02d", gwUserPrefix, i)
 		if err := xrdphost.Account(name, r.password, sessionWM); err != nil {
@@ -167,8 +159,8 @@ func (r *gwRig) setUp(n int) error {
 		return err
 	}
 	r.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
-	r.adminToken = randomHex(24)
-	tokenKey := randomHex(40)
+	r.adminToken = xrdphost.Secret(24)
+	tokenKey := xrdphost.Secret(40)
 	r.lbAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
 	gwPorts, adminPorts := ports[2:4], ports[4:6]
 	for i := range r.nodes {

@@ -3,9 +3,7 @@ package sessionhost
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,12 +59,6 @@ type rig struct {
 	displays [2]int
 }
 
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
-}
-
 // startwm is each user's session: an xterm that runs the workload, whose
 // window shows the scrolled document.
 const startwm = `#!/bin/sh
@@ -86,13 +78,13 @@ func (r *rig) setUp(ctx context.Context) error {
 	if r.xrdpSHA256, err = childproc.CertSHA256("/etc/xrdp/cert.pem"); err != nil {
 		return fmt.Errorf("sessionhost: xrdp's certificate: %w", err)
 	}
-	r.runToken = randomString(16)
+	r.runToken = xrdphost.Secret(16)
 	if r.col, err = newCollector(r.runToken, r.o.Log); err != nil {
 		return err
 	}
 	go r.col.serve(ctx)
 
-	r.password = "Load-" + randomString(12)
+	r.password = "Load-" + xrdphost.Secret(12)
 	for i := 1; i <= r.o.Users; i++ {
 		name := fmt.Sprintf("%s%02d", userPrefix, i)
 		if err := r.prepareUser(name); err != nil {
@@ -123,7 +115,7 @@ func (r *rig) setUp(ctx context.Context) error {
 		return err
 	}
 	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
-	r.tokenKey, r.frontToken, r.adminToken = randomString(40), randomString(24), randomString(24)
+	r.tokenKey, r.frontToken, r.adminToken = xrdphost.Secret(40), xrdphost.Secret(24), xrdphost.Secret(24)
 	gwCfg := filepath.Join(r.dir, "gateway.yaml")
 	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.tokenKey, r.gwPort, r.rdpPort, r.xrdpSHA256)), 0o600); err != nil {
 		return err

@@ -1,8 +1,6 @@
 package ttff
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -58,12 +56,6 @@ func (r *rig) close() {
 		r.procs[i].Stop()
 	}
 	_ = exec.Command("pkill", "-KILL", "-u", hostUser).Run()
-}
-
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
 }
 
 // gatewayYAML offers both of the gateway's authentications to xfreerdp:
@@ -144,8 +136,8 @@ func (r *rig) setUp() error {
 	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
 		return err
 	}
-	r.gwPass = "Gw-" + randomString(12)
-	cfg := fmt.Sprintf(gatewayYAML, r.dir, randomString(40), r.gwPass, r.gwPort, r.rdpPort)
+	r.gwPass = "Gw-" + xrdphost.Secret(12)
+	cfg := fmt.Sprintf(gatewayYAML, r.dir, xrdphost.Secret(40), r.gwPass, r.gwPort, r.rdpPort)
 	if err := os.WriteFile(r.gatewayConfig(), []byte(cfg), 0o600); err != nil {
 		return err
 	}
@@ -165,7 +157,7 @@ func (r *rig) gatewayConfig() string { return filepath.Join(r.dir, "gateway.yaml
 
 // hostAccount adds the host user with a fresh password and its session.
 func (r *rig) hostAccount() error {
-	r.hostPass = "Ttff-" + randomString(12)
+	r.hostPass = "Ttff-" + xrdphost.Secret(12)
 	return xrdphost.Account(hostUser, r.hostPass, startwm)
 }
 

@@ -1,10 +1,13 @@
 // Package xrdphost readies this machine for a bench that starts xrdp:
 // the checks before it starts (root, the tools, no session manager
 // already on xrdp-sesman's port) and the host accounts its sessions log
-// on to, each running a session script of the bench's.
+// on to, each running a session script of the bench's, with the random
+// passwords and tokens its rig sets.
 package xrdphost
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -62,4 +65,12 @@ func Account(name, password, startwm string) error {
 		return fmt.Errorf("chown %s: %w: %s", wm, err, out)
 	}
 	return nil
+}
+
+// Secret is n random hex digits: a password or token a bench's rig sets
+// for one run.
+func Secret(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
 }

@@ -29,3 +29,17 @@ func TestCheckNamesWhatStopsTheBench(t *testing.T) {
 		t.Fatalf("nothing in the way: %v", err)
 	}
 }
+
+// TestSecretIsFreshHexOfTheLengthAsked: a rig's passwords and tokens are
+// as long as it asks, odd lengths too, and not the same twice.
+func TestSecretIsFreshHexOfTheLengthAsked(t *testing.T) {
+	for _, n := range []int{12, 13, 40} {
+		a, b := Secret(n), Secret(n)
+		if len(a) != n || strings.Trim(a, "0123456789abcdef") != "" {
+			t.Fatalf("Secret(%d) = %q", n, a)
+		}
+		if a == b {
+			t.Fatalf("Secret(%d) gave %q twice", n, a)
+		}
+	}
+}
