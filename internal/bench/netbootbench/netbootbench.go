@@ -237,7 +237,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	for _, p := range res.Points {
 		p.Params["accel"] = accel.Name // every boot says what it ran on
 	}
-	res.SummaryText["load_avg"] = loadAvg()
+	res.SummaryText["load_avg"] = report.LoadAverage()
 	if o.Out != "" {
 		if err := write(res, o.Out, o.Runs, o.AtOnce, o.AtOnceDeskway); err != nil {
 			return nil, err
@@ -287,14 +287,4 @@ func startDeskway(ns *netns, deskway, dir, base, kernel, initrd string, n int) (
 		}
 	}
 	return stop, nil
-}
-
-// loadAvg is the machine's load average as /proc/loadavg says it, for
-// the record of a busy machine.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
 }

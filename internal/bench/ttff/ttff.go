@@ -112,7 +112,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if err := r.setUp(); err != nil {
 		return nil, err
 	}
-	load0 := loadAverage()
+	load0 := report.LoadAverage()
 	// The first connection starts the session (Xorg, the xterm), which
 	// every measured one then reconnects to.
 	o.Log.Info("starting the session")
@@ -142,7 +142,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		}
 	}
 	summarize(res, runs)
-	res.Notes = notes(o.Runs, load0, loadAverage())
+	res.Notes = notes(o.Runs, load0, report.LoadAverage())
 	if o.Out != "" {
 		if err := write(res, o.Out); err != nil {
 			return nil, err
@@ -268,17 +268,4 @@ func tunnelOpenTime(r *rig, mark int) (time.Duration, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// loadAverage is /proc/loadavg's first three fields.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
