@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -62,18 +61,11 @@ func clockStepBroker(ctx context.Context, env Env, users int) (Outcome, error) {
 	if err := setClockFile(clock, 0); err != nil {
 		return o, err
 	}
-	lf, err := os.Create(filepath.Join(bdir, "broker.log"))
+	b, err := startBrokerProc(env.Bin, fmt.Sprintf("127.0.0.1:%d", ports[0]), bdir, "-c", cfg, "--clock-offset-file", clock)
 	if err != nil {
-		return o, fmt.Errorf("faults: %w", err)
-	}
-	defer lf.Close()
-	b := &brokerProc{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), state: bdir, log: lf, done: make(chan struct{}),
-		cmd: exec.Command(env.Bin, "broker", "-c", cfg, "--clock-offset-file", clock)}
-	b.cmd.Stdout, b.cmd.Stderr = lf, lf
-	if err := b.cmd.Start(); err != nil {
 		return o, fmt.Errorf("faults: start the broker: %w", err)
 	}
-	go func() { _ = b.cmd.Wait(); close(b.done) }()
+	defer b.log.Close()
 	defer b.kill9()
 	if err := waitListening(ctx, b, 30*time.Second); err != nil {
 		return o, err
