@@ -137,10 +137,10 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	} else {
 		o.Scenarios = strings.Split(f.scenario, ",")
 	}
-	if o.Steps, err = tunnelCounts("--steps", f.steps); err != nil {
+	if o.Steps, err = counts("--steps", f.steps); err != nil {
 		return err
 	}
-	if o.CPULoads, err = tunnelCounts("--cpu-loads", f.cpuLoads); err != nil {
+	if o.CPULoads, err = counts("--cpu-loads", f.cpuLoads); err != nil {
 		return err
 	}
 	if f.runs < 1 {
@@ -153,22 +153,6 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	}
 	printSummary(cmd, res, f.out)
 	return nil
-}
-
-// tunnelCounts parses a comma-separated list of tunnel counts.
-func tunnelCounts(flag, list string) ([]int, error) {
-	var out []int
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bench: %s: %q is not a tunnel count", flag, s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 func benchBootstormCmd() *cobra.Command {

@@ -49,3 +49,18 @@ func TestRunBenchHandsOverItsFlagsAndPrintsTheSummary(t *testing.T) {
 		}
 	}
 }
+
+// TestCountsReadsTheBenchesLists: the benches' comma-separated counts
+// (tunnels, clients, launches in flight) skip blanks and name the flag
+// and the entry that is not a positive whole number.
+func TestCountsReadsTheBenchesLists(t *testing.T) {
+	got, err := counts("--steps", " 100, 200,,8000 ")
+	if err != nil || len(got) != 3 || got[0] != 100 || got[1] != 200 || got[2] != 8000 {
+		t.Fatalf("counts = %v, %v", got, err)
+	}
+	for _, bad := range []string{"100,0", "100,-5", "1k"} {
+		if _, err := counts("--steps", bad); err == nil || !strings.Contains(err.Error(), "bench: --steps: ") || !strings.Contains(err.Error(), "is not a positive count") {
+			t.Fatalf("counts(%q): %v", bad, err)
+		}
+	}
+}
