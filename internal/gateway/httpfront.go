@@ -29,6 +29,27 @@ type handshakeInfo struct {
 	// onOpen, if set, is called once the channel has opened: an IN half
 	// carried from a farm peer tells that peer.
 	onOpen func()
+	// began is when the request that starts the tunnel reached the
+	// handler.
+	began time.Time
+}
+
+// answered adds the time since the request began to its connection's
+// served time: call it once the response is written.
+func (h handshakeInfo) answered() {
+	if !h.began.IsZero() && len(h.conns) > 0 {
+		h.conns[0].served.Add(int64(time.Since(h.began)))
+	}
+}
+
+// httpServed is the gateway's time answering the tunnel's connections'
+// RDG requests.
+func (h handshakeInfo) httpServed() time.Duration {
+	var d time.Duration
+	for _, c := range h.conns {
+		d += time.Duration(c.served.Load())
+	}
+	return d
 }
 
 // deadline is when the first of the connections' budgets runs out.
@@ -83,6 +104,7 @@ func (s *Server) upgrade(w http.ResponseWriter, r *http.Request, hs handshakeInf
 		hs.conns[0].finish()
 		return nil, nil, false
 	}
+	hs.answered()
 	// Drop net/http's 4 KiB read buffer: tls.Conn buffers a record already.
 	// Bytes the client pipelined behind its request are replayed first.
 	var in io.Reader = conn
@@ -161,6 +183,7 @@ func (s *Server) serveLegacyOut(w http.ResponseWriter, r *http.Request, hs hands
 	_, _ = rand.Read(seed)
 	resp := "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nCache-Control: no-cache\r\n\r\n"
 	_, _ = conn.Write(append([]byte(resp), seed...)) // a failure shows when the tunnel writes
+	hs.answered()
 
 	// The IN half's goroutine runs the tunnel; this one is done.
 }
@@ -222,6 +245,7 @@ func (s *Server) serveLegacyIn(w http.ResponseWriter, r *http.Request, hs handsh
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
+	hs.answered() // the IN half is answered by the tunnel's replies on the OUT half
 	hs.conns = append(hs.conns, p.hs.conns[0])
 	lt := &legacyTransport{in: conn, inRaw: hs.conns[0].raw, out: p.conn, outRaw: p.hs.conns[0].raw,
 		g: newWriteGate(p.conn, s.cfg.WriteTimeout.D())}

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/deskway/deskway/internal/admission"
@@ -47,6 +48,10 @@ type connState struct {
 	raw      net.Conn // beneath TLS, closed when the budget runs out
 	accepted time.Time
 	deadline time.Time
+	// served is the gateway's own time answering the connection's RDG
+	// requests (NTLM's rounds, the upgrade or the legacy halves' answers),
+	// in nanoseconds; a legacy OUT half's is read by its IN half's goroutine.
+	served atomic.Int64
 	// bare: from a trusted balancer's address without a PROXY header,
 	// where only farm peers' links are served.
 	bare bool

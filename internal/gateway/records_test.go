@@ -80,28 +80,41 @@ func TestWebsocketHandshakeRepliesAreOneRecordEach(t *testing.T) {
 }
 
 // TestTunnelOpenLogsItsOpenTime opens a legacy tunnel (two connections)
-// and reads the gateway's "tunnel open" line: open_ms, the gateway's
-// part of the client's wait, runs from accepting the first connection,
-// so it is above zero and below the time the test took to open it.
+// and a websocket one and reads the gateway's "tunnel open" lines:
+// open_ms, the gateway's part of the client's wait, runs from accepting
+// the first connection, so it is above zero and below the time the test
+// took to open it; http_ms, served_ms and dial_ms, the gateway's own
+// working time in it (answering the HTTP requests, the TSGU handshake
+// with the dial, the dial alone), are above zero and together within
+// open_ms.
 func TestTunnelOpenLogsItsOpenTime(t *testing.T) {
 	h := start(t, nil)
-	cfg := h.cfg("", "", tsgclient.Legacy)
-	cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
-	began := time.Now()
-	c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	took := time.Since(began)
-	defer c.Close()
-	echoRoundTrip(t, c, 10)
-	re := regexp.MustCompile(`msg="tunnel open".* open_ms=([0-9.]+)`)
-	m := re.FindStringSubmatch(h.logs.String())
-	if m == nil {
-		t.Fatalf("no tunnel open line with open_ms:\n%s", h.logs.String())
-	}
-	ms, _ := strconv.ParseFloat(m[1], 64)
-	if ms <= 0 || ms > float64(took.Microseconds())/1000 {
-		t.Errorf("open_ms %v; the client took %v to open the tunnel", ms, took)
+	re := regexp.MustCompile(`msg="tunnel open".* open_ms=([0-9.]+) http_ms=([0-9.]+) served_ms=([0-9.]+) dial_ms=([0-9.]+)`)
+	for i, kind := range []string{tsgclient.Legacy, tsgclient.Websocket} {
+		cfg := h.cfg("", "", kind)
+		cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		began := time.Now()
+		c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(began)
+		echoRoundTrip(t, c, 10)
+		c.Close()
+		lines := re.FindAllStringSubmatch(h.logs.String(), -1)
+		if len(lines) != i+1 {
+			t.Fatalf("%v: %d tunnel open lines with open_ms, http_ms, served_ms and dial_ms, want %d:\n%s", kind, len(lines), i+1, h.logs.String())
+		}
+		var v [4]float64
+		for j := range v {
+			v[j], _ = strconv.ParseFloat(lines[i][j+1], 64)
+		}
+		open, httpMS, served, dialMS := v[0], v[1], v[2], v[3]
+		if open <= 0 || open > float64(took.Microseconds())/1000 {
+			t.Errorf("%v: open_ms %v; the client took %v to open the tunnel", kind, open, took)
+		}
+		if httpMS <= 0 || served <= 0 || dialMS <= 0 || dialMS > served || httpMS+served > open {
+			t.Errorf("%v: http_ms %v, served_ms %v, dial_ms %v: each above zero, the dial within served_ms, the two within open_ms %v", kind, httpMS, served, dialMS, open)
+		}
 	}
 }

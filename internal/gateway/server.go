@@ -362,12 +362,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusServiceUnavailable, "")
 		return
 	}
+	began := time.Now()
 	method, ok := s.authenticateHTTP(w, r, cs)
 	if !ok {
+		// NTLM's challenge, or a refusal: answered.
+		cs.served.Add(int64(time.Since(began)))
 		return
 	}
 	connID := r.Header.Get("RDG-Connection-Id")
-	hs := handshakeInfo{user: cs.user, method: method, remote: cs.remote, connID: connID, conns: []*connState{cs}}
+	hs := handshakeInfo{user: cs.user, method: method, remote: cs.remote, connID: connID, conns: []*connState{cs}, began: began}
 	switch {
 	case r.Method == "RDG_OUT_DATA" && strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
 		s.serveWebsocket(w, r, hs)

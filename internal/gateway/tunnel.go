@@ -71,6 +71,12 @@ type tunnel struct {
 	reason     atomic.Pointer[string]
 	relayDone  atomic.Bool
 	watchdog   atomic.Pointer[time.Timer]
+
+	// served is the gateway's own working time in the TSGU handshake,
+	// from holding each request to having written its reply (the dial
+	// included), and dial the resource dial's: what of open_ms is not
+	// the client's or the network's.
+	served, dial time.Duration
 }
 
 // runTunnel registers an MS-TSGU tunnel, runs it to the end and cleans up.
@@ -270,6 +276,7 @@ func (tn *tunnel) run() error {
 			}
 			return err
 		}
+		began := time.Now()
 		h, _ := tsgu.ParseHeader(pkt)
 		msg, err := tsgu.Decode(pkt)
 		if err != nil {
@@ -284,7 +291,9 @@ func (tn *tunnel) run() error {
 			return err
 		}
 		st = next
+		tn.served += time.Since(began)
 	}
+	tn.opened("http_ms", ms(tn.hs.httpServed()), "served_ms", ms(tn.served), "dial_ms", ms(tn.dial))
 	_ = tn.t.setReadDeadline(time.Time{})
 	return tn.relay()
 }
@@ -425,15 +434,14 @@ func (tn *tunnel) channelCreate(m *tsgu.ChannelCreate) (state, error) {
 	if err := tn.send(&tsgu.ChannelResponse{HasChannelID: true, ChannelID: 1}); err != nil {
 		return 0, err
 	}
-	tn.opened()
 	return stateOpen, nil
 }
 
 // opened logs and counts a tunnel whose channel is open. open_ms is the
 // gateway's own share of the client's wait for its desktop: from
 // accepting the tunnel's first connection (TCP, before TLS) to the
-// channel open.
-func (tn *tunnel) opened() {
+// channel open. extra are further attributes for the line.
+func (tn *tunnel) opened(extra ...any) {
 	tg := tn.target
 	var first time.Time
 	for _, c := range tn.hs.conns {
@@ -443,10 +451,10 @@ func (tn *tunnel) opened() {
 	}
 	openMS := 0.0
 	if !first.IsZero() {
-		openMS = float64(time.Since(first).Microseconds()) / 1000
+		openMS = ms(time.Since(first))
 	}
-	tn.log.Info("tunnel open", "target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
-		"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method, "open_ms", openMS)
+	tn.log.Info("tunnel open", append([]any{"target", tg.Addr.String(), "name", tg.Name, "client_name", tn.clientName,
+		"connection_policy", tn.grant.Policy, "resource_policy", tg.Policy, "method", tn.ident.Method, "open_ms", openMS}, extra...)...)
 	tn.srv.metrics.opened.Inc()
 }
 
@@ -474,7 +482,9 @@ func (tn *tunnel) connect(pkt tsgu.PacketType, names []string, port uint16) erro
 			}
 			continue
 		}
+		dialed := time.Now()
 		conn, err := s.deps.Dial(ctx, "tcp", tg.Addr.String())
+		tn.dial = time.Since(dialed)
 		cancel()
 		if err != nil {
 			lastErr = &refusal{pkt, tsgu.EProxyTSConnectFailed, fmt.Sprintf("dial %s (%s): %v", name, tg.Addr, err)}
@@ -500,3 +510,6 @@ func (tn *tunnel) connect(pkt tsgu.PacketType, names []string, port uint16) erro
 	}
 	return lastErr
 }
+
+// ms is d in milliseconds to the microsecond, for log lines.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

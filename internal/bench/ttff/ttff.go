@@ -88,9 +88,20 @@ type sample struct {
 	// hsWaits are the 10 ms sleeps of FreeRDP's gateway handshake.
 	hsWaits  waits
 	connects int
-	// tunnelOpen is the gateway's own time from accepting the client's
-	// first connection to the tunnel open (its log), for deskway.
-	tunnelOpen time.Duration
+	// gw is what the gateway's tunnel open line says, for deskway.
+	gw gatewayTimes
+}
+
+// gatewayTimes are from the gateway's "tunnel open" line.
+type gatewayTimes struct {
+	// open is from accepting the client's first connection to the
+	// channel open.
+	open time.Duration
+	// http, served and dial are the gateway's own working time in it:
+	// answering the RDG requests (NTLM's rounds, the upgrade), handling
+	// the TSGU handshake (request in hand to reply written, the dial
+	// included) and the resource dial alone.
+	http, served, dial time.Duration
 }
 
 // Run measures and writes the result when Out is set.
@@ -133,8 +144,11 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 			m := map[string]float64{"first_frame_s": report.Round(s.firstFrame.Seconds(), 4), "waits_100ms": float64(s.waits.count),
 				"wait_threads": float64(s.waits.threads), "waited_s": report.Round(s.waits.mainThread.Seconds(), 3), "tcp_connects": float64(s.connects),
 				"waits_10ms": float64(s.hsWaits.count)}
-			if s.tunnelOpen > 0 {
-				m["tunnel_open_s"] = report.Round(s.tunnelOpen.Seconds(), 4)
+			if s.gw.open > 0 {
+				m["tunnel_open_s"] = report.Round(s.gw.open.Seconds(), 4)
+				m["gateway_http_s"] = report.Round(s.gw.http.Seconds(), 5)
+				m["gateway_served_s"] = report.Round(s.gw.served.Seconds(), 5)
+				m["gateway_dial_s"] = report.Round(s.gw.dial.Seconds(), 5)
 			}
 			res.Points = append(res.Points, report.Point{Scenario: "first-frame", System: sys.name,
 				Params: map[string]any{"run": run, "width": screenW, "height": screenH}, Metrics: m})
@@ -224,7 +238,7 @@ func measure(ctx context.Context, r *rig, sys system, o Options) (sample, error)
 	s.hsWaits = t.sleeps(10*time.Millisecond, seen)
 	s.connects = t.connects(sys.port(r), seen)
 	if strings.HasPrefix(sys.name, "deskway-") {
-		if s.tunnelOpen, err = tunnelOpenTime(r, gwLogMark); err != nil {
+		if s.gw, err = tunnelOpenTime(r, gwLogMark); err != nil {
 			return s, err
 		}
 	}
@@ -250,22 +264,35 @@ func navy(x *xgb.Conn, root xproto.Window) bool {
 }
 
 // tunnelOpenTime reads the gateway's "tunnel open" line logged since
-// mark and returns its open_ms.
-func tunnelOpenTime(r *rig, mark int) (time.Duration, error) {
+// mark and returns its times.
+func tunnelOpenTime(r *rig, mark int) (gatewayTimes, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		for _, line := range strings.Split(r.gw.Output()[mark:], "\n") {
-			var l struct {
-				Msg    string  `json:"msg"`
-				OpenMS float64 `json:"open_ms"`
-			}
-			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "tunnel open" {
-				return time.Duration(l.OpenMS * float64(time.Millisecond)), nil
-			}
+		if t, ok := parseTunnelOpen(r.gw.Output()[mark:]); ok {
+			return t, nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the gateway logged no tunnel open:\n%s", r.gw.Tail(10))
+			return gatewayTimes{}, fmt.Errorf("the gateway logged no tunnel open:\n%s", r.gw.Tail(10))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// parseTunnelOpen finds the first "tunnel open" line in the gateway's
+// JSON log.
+func parseTunnelOpen(log string) (gatewayTimes, bool) {
+	for _, line := range strings.Split(log, "\n") {
+		var f struct {
+			Msg      string  `json:"msg"`
+			OpenMS   float64 `json:"open_ms"`
+			HTTPMS   float64 `json:"http_ms"`
+			ServedMS float64 `json:"served_ms"`
+			DialMS   float64 `json:"dial_ms"`
+		}
+		if json.Unmarshal([]byte(line), &f) == nil && f.Msg == "tunnel open" {
+			d := func(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+			return gatewayTimes{open: d(f.OpenMS), http: d(f.HTTPMS), served: d(f.ServedMS), dial: d(f.DialMS)}, true
+		}
+	}
+	return gatewayTimes{}, false
 }
