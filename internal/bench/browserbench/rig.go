@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -158,28 +157,11 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 	r.xrdpAddr = fmt.Sprintf("127.0.0.1:%d", r.rdpPort)
 
 	// xrdp on its own port, from the system's configuration.
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
+	xrdp, err := xrdphost.StartXRDP(r.dir, r.rdpPort)
 	if err != nil {
 		return err
 	}
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+r.xrdpAddr)
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.procs = append(r.procs, p)
-	}
-	if err := loopback.WaitPort(r.xrdpAddr, 10*time.Second); err != nil {
-		return fmt.Errorf("xrdp: %w", err)
-	}
+	r.procs = append(r.procs, xrdp...)
 
 	// Xvfb for xfreerdp.
 	xvfb, display, err := childproc.StartXvfb()

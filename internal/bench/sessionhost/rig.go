@@ -218,15 +218,6 @@ func lines(rng *mrand.Rand, n int) []byte {
 // system's MaxSessions (50 on Debian) would refuse users past it, which
 // is the configuration's limit, not the host's.
 func (r *rig) startXRDP() error {
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
-	if err != nil {
-		return err
-	}
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://127.0.0.1:"+strconv.Itoa(r.rdpPort))
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
 	sesman, err := os.ReadFile("/etc/xrdp/sesman.ini")
 	if err != nil {
 		return err
@@ -242,18 +233,8 @@ func (r *rig) startXRDP() error {
 		return err
 	}
 	childproc.RemoveStaleX(r.displays[0], r.displays[1])
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon", "--config", sesmanPath}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.xrdp = append(r.xrdp, p)
-	}
-	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.rdpPort), 10*time.Second); err != nil {
-		return fmt.Errorf("sessionhost: xrdp: %w", err)
+	if r.xrdp, err = xrdphost.StartXRDP(r.dir, r.rdpPort, "--config", sesmanPath); err != nil {
+		return fmt.Errorf("sessionhost: %w", err)
 	}
 	return nil
 }

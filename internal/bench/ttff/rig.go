@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -164,30 +163,9 @@ func (r *rig) hostAccount() error {
 // startXRDP starts the session manager and xrdp, on its own port, from
 // the system's configuration.
 func (r *rig) startXRDP() error {
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
-	if err != nil {
-		return err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", r.rdpPort)
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+addr)
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.procs = append(r.procs, p)
-	}
-	if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
-		return fmt.Errorf("xrdp: %w", err)
-	}
-	return nil
+	procs, err := xrdphost.StartXRDP(r.dir, r.rdpPort)
+	r.procs = append(r.procs, procs...)
+	return err
 }
 
 // token mints a PAA token for the host, as `deskway token` does.
