@@ -70,10 +70,10 @@ lint:
 # a package (e2e/main_test.go says which e2e tests do, and how those that
 # share something of the machine take turns). The e2e tests that do
 # mostly wait on protocol timers and their servers (the site tests spend
-# about a fifth of their wall time on CPU) or boot one emulated guest at
-# a time, which takes a core, so two at a time on this 2-core machine.
-# Tests that hold a time budget or load both cores run alone, before
-# them.
+# about a fifth of their wall time on CPU, the fault tests that judge no
+# timing about a tenth) or boot one emulated guest at a time, which takes
+# a core, so two at a time on this 2-core machine. Tests that hold a time
+# budget or load both cores run alone, before them.
 TEST_PARALLEL ?= 2
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv

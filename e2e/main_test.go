@@ -22,6 +22,20 @@
 //     parallel test starts, so nothing of this package runs beside them.
 //     So do, for now, those that drive xrdp, xfreerdp or chromium, whose
 //     waits were not measured beside other tests.
+//   - The fault tests split along that line. Those whose checks hold
+//     whatever the timings (the stream, link-stream, broker and clock
+//     cases: no write lost, no launch doubled, every fresh token refused)
+//     spend about a tenth of their wall time on CPU and call
+//     t.Parallel(); those that hold a budget (the link cut's write
+//     timeout, the link agent's heartbeat timeout, the disk's 5 s, the
+//     gateway node's 10 s) stay serial: TestFaultsLinkCut missed its
+//     write-timeout budget at a load of 38 even alone.
+//   - The bench smokes split the same way: those that check their
+//     result's shape and nothing of its figures, on servers at ports the
+//     kernel chose, and wait more than they compute (the boot storm's,
+//     the broker's) call t.Parallel(); the others drive xrdp or a qemu
+//     guest, or judge a figure beside another system's (the gateway's
+//     tunnels answered in every window), and stay serial.
 //   - The netboot tests that boot one qemu guest at a time, in their own
 //     namespaces, call t.Parallel(), and so do those in namespaces that
 //     boot none: where KVM runs no guest, qemu emulates the CPU and each

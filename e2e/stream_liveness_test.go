@@ -202,8 +202,14 @@ func askRead(t *testing.T, c net.Conn, n uint32) {
 // holding its private image (its next boot refused as a second writer)
 // and a maintenance version (promotion refused). The documentation
 // promises both back within 25 s.
+//
+// Each case waits out the kernel's timers (some 20 s) on a server and
+// client of its own, in namespaces of their own: they run beside each
+// other and beside other tests.
 func TestStreamVanishedClientReleasesItsImages(t *testing.T) {
+	t.Parallel()
 	t.Run("network gone with a reply in a shut window", func(t *testing.T) {
+		t.Parallel()
 		n := startNSStream(t)
 		promote := n.maintenanceVersion(t)
 		for _, export := range []string{"golden@maintenance/admin-pc", "personal/alice"} {
@@ -227,6 +233,7 @@ func TestStreamVanishedClientReleasesItsImages(t *testing.T) {
 		}
 	})
 	t.Run("replies dropped unacknowledged", func(t *testing.T) {
+		t.Parallel()
 		n := startNSStream(t)
 		promote := n.maintenanceVersion(t)
 		var conns []net.Conn

@@ -41,6 +41,9 @@ const (
 	frameHead = 20
 	// outerTTL is the outer header's time to live, Linux's default.
 	outerTTL = 64
+	// sendTimeout bounds how long one sendmmsg on the packet socket
+	// waits for room in its send buffer.
+	sendTimeout = 10 * time.Millisecond
 )
 
 // frameTx is an underlay's packet socket and the netlink handle its
@@ -75,6 +78,13 @@ func newFrameTx(local netip.Addr) (*frameTx, error) {
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("packet socket: %w", err)
+	}
+	// A send made as a raw system call (rawsys.go) holds its
+	// processor while it waits for room in the send buffer; it waits
+	// sendTimeout at most, then the batch's rest is tried again.
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{Usec: sendTimeout.Microseconds()}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("packet socket: send timeout: %w", err)
 	}
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
@@ -229,7 +239,8 @@ func (s *frameSender) send(f *frameTx, p *l2path, peer netip.Addr, frames [][]by
 	}
 	sent, full := 0, 0
 	for sent < len(s.msgs) {
-		n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(f.fd), uintptr(unsafe.Pointer(&s.msgs[sent])), uintptr(len(s.msgs)-sent), 0, 0, 0)
+		// A raw system call (rawsys.go).
+		n, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(f.fd), uintptr(unsafe.Pointer(&s.msgs[sent])), uintptr(len(s.msgs)-sent), 0, 0, 0)
 		if errno == unix.ENOBUFS || errno == unix.EAGAIN {
 			if full++; full == maxFullWaits {
 				return true, &sendError{sent: sent, err: errno}

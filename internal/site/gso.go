@@ -33,7 +33,7 @@ type fileDevice interface{ File() *os.File }
 // a TCP packet bigger than mtu that the device can take as one GSO
 // packet; it returns the IP header's length.
 func (t *tenant) superTCP(p []byte, mtu int) (iphLen int, ok bool) {
-	if len(p) <= mtu || t.gsoFile == nil {
+	if len(p) <= mtu || t.gsoConn == nil {
 		return 0, false
 	}
 	switch p[0] >> 4 {
@@ -94,7 +94,7 @@ func (t *tenant) writeSuper(b []byte, iphLen, mtu int) (uint64, error) {
 		ps = sum32(p[8:40], uint32(unix.IPPROTO_TCP)+uint32(tcpLen))
 	}
 	binary.BigEndian.PutUint16(p[iphLen+16:], sum(nil, ps))
-	if _, err := t.gsoFile.Write(b); err != nil {
+	if _, err := rawWrite(t.gsoConn, b); err != nil {
 		return segs, fmt.Errorf("write a %d-byte TCP superpacket to %s: %w", len(p), t.ifName, err)
 	}
 	return segs, nil

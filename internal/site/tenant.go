@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gaissmai/bart"
@@ -41,9 +42,9 @@ type tenant struct {
 
 	ns  netns.NsHandle
 	dev tun.Device
-	// gsoFile is dev's file when dev takes virtio-net headers (its
+	// gsoConn is dev's file when dev takes virtio-net headers (its
 	// offloads are on), for superpackets (gso.go); else nil.
-	gsoFile   *os.File
+	gsoConn   syscall.RawConn
 	linkIndex int // the device's, in ns
 	created   bool
 	devOnce   sync.Once
@@ -227,7 +228,9 @@ func (t *tenant) up() (created bool, err error) {
 		// wireguard-go batches only when the device's offloads are on,
 		// and so its packets carry virtio-net headers.
 		if f, ok := dev.(fileDevice); ok && dev.BatchSize() > 1 {
-			t.gsoFile = f.File()
+			if t.gsoConn, err = f.File().SyscallConn(); err != nil {
+				return fmt.Errorf("TUN device %s: %w", t.ifName, err)
+			}
 		}
 		// The device reports up, down and MTU changes on a channel it
 		// blocks on when full; the datapath needs none of them.

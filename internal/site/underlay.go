@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -32,9 +33,9 @@ const (
 var errClosed = errors.New("closed")
 
 // batchConn is ipv4's or ipv6's PacketConn: both batch with the same
-// message type.
+// message type. It sends; the underlay receives with its own recvmmsg
+// (rawsys.go).
 type batchConn interface {
-	ReadBatch(ms []ipv4.Message, flags int) (int, error)
 	WriteBatch(ms []ipv4.Message, flags int) (int, error)
 }
 
@@ -96,15 +97,18 @@ func (u *underlay) close() {
 // checked (GRE, key, peer, inner source) and the accepted ones are
 // written to their tenants' devices, a batch per tenant.
 func (u *underlay) receive() error {
-	bufs := make([][]byte, batch)
-	msgs := make([]ipv4.Message, batch)
-	for i := range msgs {
-		bufs[i] = make([]byte, headroom+maxDatagram)
-		msgs[i].Buffers = [][]byte{bufs[i][headroom:]}
+	sc, ok := u.conn.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("site: receive on %s: the socket has no descriptor", u.local)
 	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("site: receive on %s: %w", u.local, err)
+	}
+	b := newRecvBatch(batch)
 	pending := map[*tenant][][]byte{}
 	for {
-		n, err := u.bc.ReadBatch(msgs, 0)
+		n, err := b.recv(rc)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return errClosed
@@ -113,24 +117,23 @@ func (u *underlay) receive() error {
 		}
 		now := time.Now().UnixNano()
 		for i := range n {
-			src := addrOf(msgs[i].Addr)
-			t, st, start, end := u.decap(msgs[i].Buffers[0][:msgs[i].N], src)
+			t, st, start, end := u.decap(b.datagram(i))
 			if t == nil {
 				continue
 			}
 			size, pkts := uint64(end-start), uint64(1)
-			if iphLen, ok := t.superTCP(bufs[i][headroom+start:headroom+end], t.c().mtu); ok {
+			if iphLen, ok := t.superTCP(b.bufs[i][headroom+start:headroom+end], t.c().mtu); ok {
 				// Packets before it in the batch go first: a flow's
 				// order is kept.
 				u.flush(t, pending)
 				var err error
-				if pkts, err = t.writeSuper(bufs[i][headroom+start-virtioHdrLen:headroom+end], iphLen, t.c().mtu); err != nil {
+				if pkts, err = t.writeSuper(b.bufs[i][headroom+start-virtioHdrLen:headroom+end], iphLen, t.c().mtu); err != nil {
 					t.m.drop(dropDeviceError)
 					u.log.Debug("write to tunnel device", "tenant", t.name, "error", err)
 				}
 			} else {
 				// The inner packet with its headroom, in bufs[i]'s terms.
-				pending[t] = append(pending[t], bufs[i][start:headroom+end])
+				pending[t] = append(pending[t], b.bufs[i][start:headroom+end])
 			}
 			st.pktsIn.Add(pkts)
 			st.bytesIn.Add(size)
@@ -263,12 +266,4 @@ func (st *peerSite) owns(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-func addrOf(a net.Addr) netip.Addr {
-	if ia, ok := a.(*net.IPAddr); ok {
-		ip, _ := netip.AddrFromSlice(ia.IP)
-		return ip.Unmap()
-	}
-	return netip.Addr{}
 }
