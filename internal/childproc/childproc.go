@@ -72,18 +72,38 @@ func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
 func (p *Proc) Stop() { p.StopWithin(5 * time.Second) }
 
 // StopWithin is Stop with grace in place of five seconds, for a server
-// that may take longer to finish what it holds.
+// that may take longer to finish what it holds. A program already
+// collected is not signalled again: its process group id may be reused.
 func (p *Proc) StopWithin(grace time.Duration) {
 	if p == nil || p.Cmd.Process == nil {
 		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
 	}
 	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(grace):
-		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
+		p.Kill()
 	}
+}
+
+// Kill ends the program's process group with SIGKILL at once, as a crash
+// would, and returns once the program was collected.
+func (p *Proc) Kill() {
+	if p == nil || p.Cmd.Process == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
 }
 
 // Output is everything the program printed so far.

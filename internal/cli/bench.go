@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -136,10 +137,10 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	} else {
 		o.Scenarios = strings.Split(f.scenario, ",")
 	}
-	if o.Steps, err = tunnelCounts("--steps", f.steps); err != nil {
+	if o.Steps, err = counts("--steps", f.steps); err != nil {
 		return err
 	}
-	if o.CPULoads, err = tunnelCounts("--cpu-loads", f.cpuLoads); err != nil {
+	if o.CPULoads, err = counts("--cpu-loads", f.cpuLoads); err != nil {
 		return err
 	}
 	if f.runs < 1 {
@@ -152,22 +153,6 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 	}
 	printSummary(cmd, res, f.out)
 	return nil
-}
-
-// tunnelCounts parses a comma-separated list of tunnel counts.
-func tunnelCounts(flag, list string) ([]int, error) {
-	var out []int
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bench: %s: %q is not a tunnel count", flag, s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 func benchBootstormCmd() *cobra.Command {
@@ -281,36 +266,30 @@ func benchBrokerCmd() *cobra.Command {
 		Use:   "broker",
 		Short: "Brokering storm: simulated hosts, 10,000 launches at fixed concurrency, PostgreSQL behind injected latency; the paper's tables",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: runBench(&out, func(ctx context.Context, r benchRun) (*report.Result, error) {
 			var err error
 			if o.Concurrency, err = counts("--concurrency", conc); err != nil {
-				return err
+				return nil, err
 			}
 			if o.RTTs, err = durations("--rtt", rtts); err != nil {
-				return err
+				return nil, err
 			}
 			if o.E2E.Concurrency, err = counts("--e2e-concurrency", e2eConc); err != nil {
-				return err
+				return nil, err
 			}
 			if o.E2E.RTTs, err = durations("--e2e-rtt", e2eRTTs); err != nil {
-				return err
+				return nil, err
 			}
 			if o.E2E.RelaunchShare < 0 || o.E2E.RelaunchShare >= 1 || o.E2E.LogoffShare < 0 || o.E2E.LogoffShare >= 1 {
-				return errors.New("bench: --relaunch-share and --logoff-share are fractions from 0 to below 1")
+				return nil, errors.New("bench: --relaunch-share and --logoff-share are fractions from 0 to below 1")
 			}
 			o.Modes = strings.Split(modes, ",")
 			if systems != "" {
 				o.Systems = strings.Split(systems, ",")
 			}
-			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
-			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
-			res, err := brokerbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			printSummary(cmd, res, out)
-			return nil
-		},
+			o.Out, o.Command, o.Log = r.out, r.command, r.log
+			return brokerbench.Run(ctx, o)
+		}),
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and charts")
 	c.Flags().IntVar(&o.Hosts, "hosts", 57, "simulated session hosts in the delivery group")
@@ -358,16 +337,10 @@ func benchBrowserCmd() *cobra.Command {
 on its own, the broker, agent and portal, chromium and an Xvfb for
 xfreerdp, all on loopback, and takes turns between the two clients.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
-			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
-			res, err := browserbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			printSummary(cmd, res, out)
-			return nil
-		},
+		RunE: runBench(&out, func(ctx context.Context, r benchRun) (*report.Result, error) {
+			o.Out, o.Command, o.Log = r.out, r.command, r.log
+			return browserbench.Run(ctx, o)
+		}),
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
 	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each client, taking turns")
@@ -387,16 +360,10 @@ func benchTTFFCmd() *cobra.Command {
 mode, a deskway gateway and an Xvfb for xfreerdp, all on loopback, and
 connects xfreerdp under strace by each way in turn.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
-			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
-			res, err := ttff.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			printSummary(cmd, res, out)
-			return nil
-		},
+		RunE: runBench(&out, func(ctx context.Context, r benchRun) (*report.Result, error) {
+			o.Out, o.Command, o.Log = r.out, r.command, r.log
+			return ttff.Run(ctx, o)
+		}),
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
 	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each system, taking turns")
@@ -412,16 +379,10 @@ func benchPortalCmd() *cobra.Command {
 		Use:   "portal",
 		Short: "Launches through the portal beside the bare broker API (same broker, taking turns), and console pages with 10,000 sessions",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
-			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
-			res, err := portalbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			printSummary(cmd, res, out)
-			return nil
-		},
+		RunE: runBench(&out, func(ctx context.Context, r benchRun) (*report.Result, error) {
+			o.Out, o.Command, o.Log = r.out, r.command, r.log
+			return portalbench.Run(ctx, o)
+		}),
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
 	c.Flags().IntVar(&o.Runs, "runs", 5, "runs of each system, taking turns")
@@ -430,6 +391,27 @@ func benchPortalCmd() *cobra.Command {
 	c.Flags().IntVar(&o.Concurrency, "concurrency", 16, "launches in flight")
 	c.Flags().IntVar(&o.ConsoleRequests, "console-requests", 300, "timed requests per console page")
 	return c
+}
+
+// benchRun is what a bench subcommand hands its bench: the directory
+// for its results (--out), the command line that made them, and the log.
+type benchRun struct {
+	out, command string
+	log          *slog.Logger
+}
+
+// runBench is the RunE of a bench subcommand: run takes the bench from
+// its flags to its result, whose headline figures are printed after.
+func runBench(out *string, run func(ctx context.Context, r benchRun) (*report.Result, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		res, err := run(cmd.Context(), benchRun{out: *out, command: "deskway " + strings.Join(os.Args[1:], " "),
+			log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")})
+		if err != nil {
+			return err
+		}
+		printSummary(cmd, res, *out)
+		return nil
+	}
 }
 
 // printSummary prints a bench's headline figures and where its results went.
@@ -452,16 +434,10 @@ func benchNetbootCmd() *cobra.Command {
 		Use:   "netboot",
 		Short: "Power-on to the vDisk's init for a PXE boot from deskway, beside the LTSP stack (dnsmasq proxyDHCP and TFTP, nbd-server) and qemu's own NBD client, one VM and several at once (root; makes its own network namespaces)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
-			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
-			res, err := netbootbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			printSummary(cmd, res, out)
-			return nil
-		},
+		RunE: runBench(&out, func(ctx context.Context, r benchRun) (*report.Result, error) {
+			o.Out, o.Command, o.Log = r.out, r.command, r.log
+			return netbootbench.Run(ctx, o)
+		}),
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json and result.md")
 	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of each system, taking turns")

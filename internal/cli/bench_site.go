@@ -1,14 +1,14 @@
 package cli
 
 import (
-	"os"
+	"context"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/deskway/deskway/internal/bench/report"
 	"github.com/deskway/deskway/internal/bench/sitebench"
-	"github.com/deskway/deskway/internal/obs"
 )
 
 func benchSiteCmd() *cobra.Command {
@@ -18,19 +18,13 @@ func benchSiteCmd() *cobra.Command {
 		Use:   "site",
 		Short: "The RAS Gateway paper's table: TCP throughput office → desktop with 1 and 8 connections through deskway site's GRE and WireGuard, wireguard-go, the kernel's VXLAN and routed veths, and the failover of a pair of gateways, the active killed under 8 TCP connections (root; makes its own network namespaces; the failover needs PostgreSQL)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
-			o.Log = obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")
+		RunE: runBench(&out, func(ctx context.Context, r benchRun) (*report.Result, error) {
+			o.Out, o.Command, o.Log = r.out, r.command, r.log
 			if systems != "" {
 				o.Systems = strings.Split(systems, ",")
 			}
-			res, err := sitebench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			printSummary(cmd, res, out)
-			return nil
-		},
+			return sitebench.Run(ctx, o)
+		}),
 	}
 	c.Flags().StringVar(&out, "out", "", "directory for result.json, result.md and the chart")
 	c.Flags().IntVar(&o.Runs, "runs", 3, "runs of every system, taking turns")

@@ -2,15 +2,12 @@ package browserbench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -82,12 +79,6 @@ func (r *rig) close() {
 	_ = exec.Command("pkill", "-KILL", "-u", benchUser).Run()
 }
 
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
-}
-
 const gatewayYAML = `state_dir: %[1]s/gw
 log: {level: info, format: json}
 admin: {listen: "127.0.0.1:%[2]d", tokens: ["%[3]s"]}
@@ -150,7 +141,7 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 		return fmt.Errorf("browserbench: xrdp's certificate: %w", err)
 	}
 	// The host account, its session and the file that moves its window.
-	r.password = "Bench-" + randomString(12)
+	r.password = "Bench-" + xrdphost.Secret(12)
 	if err := xrdphost.Account(benchUser, r.password, startwm); err != nil {
 		return err
 	}
@@ -166,28 +157,11 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 	r.xrdpAddr = fmt.Sprintf("127.0.0.1:%d", r.rdpPort)
 
 	// xrdp on its own port, from the system's configuration.
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
+	xrdp, err := xrdphost.StartXRDP(r.dir, r.rdpPort)
 	if err != nil {
 		return err
 	}
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+r.xrdpAddr)
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.procs = append(r.procs, p)
-	}
-	if err := loopback.WaitPort(r.xrdpAddr, 10*time.Second); err != nil {
-		return fmt.Errorf("xrdp: %w", err)
-	}
+	r.procs = append(r.procs, xrdp...)
 
 	// Xvfb for xfreerdp.
 	xvfb, display, err := childproc.StartXvfb()
@@ -206,7 +180,7 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 		return err
 	}
 	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
-	r.tokenKey, r.adminToken, r.frontendToken = randomString(40), randomString(24), randomString(24)
+	r.tokenKey, r.adminToken, r.frontendToken = xrdphost.Secret(40), xrdphost.Secret(24), xrdphost.Secret(24)
 	if err := r.startGateway(compression); err != nil {
 		return err
 	}

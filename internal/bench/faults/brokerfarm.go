@@ -58,6 +58,24 @@ type brokerProc struct {
 	log         *os.File
 }
 
+// startBrokerProc starts bin's broker role with args, listening on addr,
+// its state in state and its output in state/broker.log.
+func startBrokerProc(bin, addr, state string, args ...string) (*brokerProc, error) {
+	lf, err := os.Create(filepath.Join(state, "broker.log"))
+	if err != nil {
+		return nil, err
+	}
+	b := &brokerProc{addr: addr, state: state, log: lf, done: make(chan struct{}),
+		cmd: exec.Command(bin, append([]string{"broker"}, args...)...)}
+	b.cmd.Stdout, b.cmd.Stderr = lf, lf
+	if err := b.cmd.Start(); err != nil {
+		lf.Close()
+		return nil, err
+	}
+	go func() { _ = b.cmd.Wait(); close(b.done) }()
+	return b, nil
+}
+
 // kill9 kills the broker at once, as a crash would.
 func (b *brokerProc) kill9() {
 	if b.cmd.Process != nil {
@@ -124,17 +142,10 @@ func startBrokerFarm(ctx context.Context, env Env, dir, dsn string, n, hosts, se
 		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 			return nil, fmt.Errorf("faults: %w", err)
 		}
-		lf, err := os.Create(filepath.Join(state, "broker.log"))
+		b, err := startBrokerProc(env.Bin, fmt.Sprintf("127.0.0.1:%d", port), state, "-c", cfg)
 		if err != nil {
-			return nil, fmt.Errorf("faults: %w", err)
-		}
-		b := &brokerProc{addr: fmt.Sprintf("127.0.0.1:%d", port), state: state, log: lf, done: make(chan struct{}),
-			cmd: exec.Command(env.Bin, "broker", "-c", cfg)}
-		b.cmd.Stdout, b.cmd.Stderr = lf, lf
-		if err := b.cmd.Start(); err != nil {
 			return nil, fmt.Errorf("faults: start broker %d: %w", i+1, err)
 		}
-		go func() { _ = b.cmd.Wait(); close(b.done) }()
 		f.brokers = append(f.brokers, b)
 		if err := waitListening(ctx, b, 30*time.Second); err != nil {
 			return nil, err

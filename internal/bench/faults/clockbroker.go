@@ -3,9 +3,9 @@ package faults
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -61,18 +61,11 @@ func clockStepBroker(ctx context.Context, env Env, users int) (Outcome, error) {
 	if err := setClockFile(clock, 0); err != nil {
 		return o, err
 	}
-	lf, err := os.Create(filepath.Join(bdir, "broker.log"))
+	b, err := startBrokerProc(env.Bin, fmt.Sprintf("127.0.0.1:%d", ports[0]), bdir, "-c", cfg, "--clock-offset-file", clock)
 	if err != nil {
-		return o, fmt.Errorf("faults: %w", err)
-	}
-	defer lf.Close()
-	b := &brokerProc{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), state: bdir, log: lf, done: make(chan struct{}),
-		cmd: exec.Command(env.Bin, "broker", "-c", cfg, "--clock-offset-file", clock)}
-	b.cmd.Stdout, b.cmd.Stderr = lf, lf
-	if err := b.cmd.Start(); err != nil {
 		return o, fmt.Errorf("faults: start the broker: %w", err)
 	}
-	go func() { _ = b.cmd.Wait(); close(b.done) }()
+	defer b.log.Close()
 	defer b.kill9()
 	if err := waitListening(ctx, b, 30*time.Second); err != nil {
 		return o, err
@@ -146,37 +139,23 @@ func clockStepBroker(ctx context.Context, env Env, users int) (Outcome, error) {
 		opened++
 		s.c.Close()
 	}
-	if err := sleepCtx(ctx, 3*time.Second); err != nil {
+	kept, err := stillEchoing(ctx, ss, 3*time.Second)
+	if err != nil {
 		return o, err
-	}
-	checkAt := time.Now()
-	if err := sleepCtx(ctx, time.Second); err != nil {
-		return o, err
-	}
-	kept := 0
-	for _, s := range ss {
-		if at, _ := s.end(); at.IsZero() && s.lastRecv.Load() > checkAt.UnixNano() {
-			kept++
-		}
 	}
 	hostOK := 0.0
 	if hs, err := adminHosts(ctx, hc, admin); err == nil && hs[hostName] == "ok" {
 		hostOK = 1
 	}
-	backAt := time.Now()
-	if err := setClockFile(clock, 0); err != nil {
+	backAt, recoverS, err := setClockRight(ctx, clock, func(try int) (io.Closer, error) {
+		s, err := open(fmt.Sprintf("right%02d", try))
+		if err != nil {
+			return nil, err
+		}
+		return s.c, nil
+	})
+	if err != nil {
 		return o, err
-	}
-	recoverS := -1.0
-	for i := 0; time.Since(backAt) < 10*time.Second; i++ {
-		if s, err := open(fmt.Sprintf("right%02d", i)); err == nil {
-			recoverS = seconds(time.Since(backAt))
-			s.c.Close()
-			break
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return o, err
-		}
 	}
 	stop()
 	ended, lost, wrong, _ := tallyStreams(ctx, ss)

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,6 +56,46 @@ func setClockFile(path string, off time.Duration) error {
 	return nil
 }
 
+// stillEchoing waits settle, then counts the streams still open that
+// had an echo in the second after: the tunnels a fault left working.
+func stillEchoing(ctx context.Context, ss []*echoStream, settle time.Duration) (int, error) {
+	if err := sleepCtx(ctx, settle); err != nil {
+		return 0, err
+	}
+	checkAt := time.Now()
+	if err := sleepCtx(ctx, time.Second); err != nil {
+		return 0, err
+	}
+	kept := 0
+	for _, s := range ss {
+		if at, _ := s.end(); at.IsZero() && s.lastRecv.Load() > checkAt.UnixNano() {
+			kept++
+		}
+	}
+	return kept, nil
+}
+
+// setClockRight sets the clock in file right and tries open (try 0, 1,
+// ...) every 100 ms for 10 s: recoverS is the seconds from backAt, when
+// the clock was set, to the first tunnel that opened; -1 if none did.
+func setClockRight(ctx context.Context, file string, open func(try int) (io.Closer, error)) (backAt time.Time, recoverS float64, err error) {
+	backAt = time.Now()
+	if err := setClockFile(file, 0); err != nil {
+		return backAt, -1, err
+	}
+	for i := 0; time.Since(backAt) < 10*time.Second; i++ {
+		if c, err := open(i); err == nil {
+			recoverS = seconds(time.Since(backAt))
+			c.Close()
+			return backAt, recoverS, nil
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return backAt, -1, err
+		}
+	}
+	return backAt, -1, nil
+}
+
 // clockJumpGateway opens users tunnels that echo a checked pattern,
 // jumps the gateway's clock 10 minutes ahead, has as many users open a
 // tunnel with a fresh token (each must be refused, its log line naming
@@ -72,19 +113,12 @@ func clockJumpGateway(ctx context.Context, env Env, users int) (Outcome, error) 
 		return o, err
 	}
 	defer r.close()
-	ss, err := openStreams(ctx, r, users)
+	ss, stop, err := startEchoing(ctx, r, users, 512, 20*time.Millisecond)
 	if err != nil {
 		return o, err
 	}
 	defer closeStreams(ss)
-	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	for _, s := range ss {
-		go s.write(wctx, 512, 20*time.Millisecond)
-	}
-	if err := sleepCtx(ctx, time.Second); err != nil {
-		return o, err
-	}
 	jumpAt := time.Now()
 	if err := setClockFile(file, clockJump); err != nil {
 		return o, err
@@ -102,33 +136,13 @@ func clockJumpGateway(ctx context.Context, env Env, users int) (Outcome, error) 
 		c.Close()
 	}
 	// The open tunnels must still echo well after the jump.
-	if err := sleepCtx(ctx, 3*time.Second); err != nil {
+	kept, err := stillEchoing(ctx, ss, 3*time.Second)
+	if err != nil {
 		return o, err
 	}
-	checkAt := time.Now()
-	if err := sleepCtx(ctx, time.Second); err != nil {
+	backAt, recoverS, err := setClockRight(ctx, file, func(int) (io.Closer, error) { return r.dial(ctx, "after", tokenTTL) })
+	if err != nil {
 		return o, err
-	}
-	kept := 0
-	for _, s := range ss {
-		if at, _ := s.end(); at.IsZero() && s.lastRecv.Load() > checkAt.UnixNano() {
-			kept++
-		}
-	}
-	backAt := time.Now()
-	if err := setClockFile(file, 0); err != nil {
-		return o, err
-	}
-	recoverS := -1.0
-	for deadline := backAt.Add(10 * time.Second); time.Now().Before(deadline); {
-		if c, err := r.dial(ctx, "after", tokenTTL); err == nil {
-			recoverS = seconds(time.Since(backAt))
-			c.Close()
-			break
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return o, err
-		}
 	}
 	stop()
 	ended, lost, wrong, _ := tallyStreams(ctx, ss)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 )
 
@@ -120,33 +121,17 @@ func diskBroker(ctx context.Context, env Env, dir, state string) ([]Outcome, err
 	if err != nil {
 		return nil, fmt.Errorf("disk scenario: make a join token: %w", err)
 	}
-	log := &lockedBuffer{}
-	cmd := exec.Command(env.Bin, "broker", "-c", cfg)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	broker, err := childproc.Start(nil, env.Bin, "broker", "-c", cfg)
+	if err != nil {
 		return nil, fmt.Errorf("disk scenario: start the broker: %w", err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			<-done
-		}
-	}
+	// The broker is given 10 s to write back what it holds, as its
+	// service would be.
+	stop := func() { broker.StopWithin(10 * time.Second) }
 	defer stop()
 	brokerAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	if err := loopback.WaitPort(brokerAddr, 20*time.Second); err != nil {
-		return nil, fmt.Errorf("disk scenario: %w\n%s", err, log.String())
+		return nil, fmt.Errorf("disk scenario: %w\n%s", err, broker.Output())
 	}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, MaxIdleConnsPerHost: 64}} //nolint:gosec // the broker's own self-signed certificate on loopback
@@ -228,11 +213,11 @@ func diskBroker(ctx context.Context, env Env, dir, state string) ([]Outcome, err
 	// entries still waiting.
 	if st, msg := diskAdmin(ctx, hc, admin, drainHost, true); st != http.StatusOK {
 		ls, _ := exec.Command("sh", "-c", "ls -la "+state+"; df "+state).CombinedOutput()
-		return nil, fmt.Errorf("disk scenario: drain %s after the fault: HTTP %d %s\n%s\n%s", drainHost, st, msg, ls, tail(log.String(), 1000))
+		return nil, fmt.Errorf("disk scenario: drain %s after the fault: HTTP %d %s\n%s\n%s", drainHost, st, msg, ls, tail(broker.Output(), 1000))
 	}
 	ld.drains["drain"]++
 	stop()
-	blog := log.String()
+	blog := broker.Output()
 	db, err := checkBrokerDB(filepath.Join(state, "broker.db"), ld)
 	if err != nil {
 		return nil, err

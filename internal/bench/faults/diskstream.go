@@ -161,7 +161,7 @@ func diskStream(ctx context.Context, env Env, dir string, faultFor time.Duration
 		o.Notes += "; first lost: " + firstLost
 	}
 	if !o.Held {
-		env.Log.Warn("stream server log (its end)", "log", tail(srv.log.String(), 4000))
+		env.Log.Warn("stream server log (its end)", "log", tail(srv.log(), 4000))
 	}
 	return o, nil
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/deskway/deskway/internal/bench/report"
 )
 
 // Timings of the gateway scenario. A client whose screen goes without a
@@ -340,11 +342,9 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 		"sessions_lost":       float64(lost),
 	}
 	o.RecoverS = -1
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			load, _ := strconv.ParseFloat(f[0], 64)
-			o.Metrics["machine_load_1m"] = load
-		}
+	if f := strings.Fields(report.LoadAverage()); len(f) == 3 {
+		load, _ := strconv.ParseFloat(f[0], 64)
+		o.Metrics["machine_load_1m"] = load
 	}
 	if len(backs) > 0 {
 		slices.Sort(backs)

@@ -2,8 +2,6 @@ package faults
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -132,18 +130,12 @@ type gwNode struct {
 	proc                   *childproc.Proc
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
-}
-
 // setUp starts xrdp, the two nodes and HAProxy, and prepares n users.
 func (r *gwRig) setUp(n int) error {
 	if err := xrdphost.Check("faults", "the users "+gwUserPrefix+"01…", "xrdp", "xrdp-sesman", "Xvfb", "xfreerdp", "xterm", "haproxy", "stdbuf", "useradd", "chpasswd", "pkill", "pgrep"); err != nil {
 		return err
 	}
-	r.password = "Fault-" + randomHex(12)
+	r.password = "Fault-" + xrdphost.Secret(12)
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("%s%02d", gwUserPrefix, i)
 		if err := xrdphost.Account(name, r.password, sessionWM); err != nil {
@@ -167,8 +159,8 @@ func (r *gwRig) setUp(n int) error {
 		return err
 	}
 	r.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
-	r.adminToken = randomHex(24)
-	tokenKey := randomHex(40)
+	r.adminToken = xrdphost.Secret(24)
+	tokenKey := xrdphost.Secret(40)
 	r.lbAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
 	gwPorts, adminPorts := ports[2:4], ports[4:6]
 	for i := range r.nodes {
@@ -238,15 +230,6 @@ func (r *gwRig) startNode(i int) error {
 // startXRDP starts xrdp on the rig's port and its session manager, from
 // the system's configuration.
 func (r *gwRig) startXRDP() error {
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
-	if err != nil {
-		return err
-	}
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://127.0.0.1:"+strconv.Itoa(r.rdpPort))
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
 	sesman, err := os.ReadFile("/etc/xrdp/sesman.ini")
 	if err != nil {
 		return err
@@ -257,18 +240,8 @@ func (r *gwRig) startXRDP() error {
 		r.displays[1] = r.displays[0] + 50
 	}
 	childproc.RemoveStaleX(r.displays[0], r.displays[1])
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.xrdp = append(r.xrdp, p)
-	}
-	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.rdpPort), 10*time.Second); err != nil {
-		return fmt.Errorf("faults: xrdp: %w", err)
+	if r.xrdp, err = xrdphost.StartXRDP(r.dir, r.rdpPort); err != nil {
+		return fmt.Errorf("faults: %w", err)
 	}
 	return nil
 }

@@ -62,6 +62,27 @@ func closeStreams(ss []*echoStream) {
 	}
 }
 
+// startEchoing opens n tunnels through the rig, each writing size bytes
+// every interval (0: as fast as the tunnel takes them) until stop, and
+// lets them run a second, so that the fault strikes a steady load. The
+// caller closes the streams after stop.
+func startEchoing(ctx context.Context, r *echoRig, n, size int, every time.Duration) ([]*echoStream, context.CancelFunc, error) {
+	ss, err := openStreams(ctx, r, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	for _, s := range ss {
+		go s.write(wctx, size, every)
+	}
+	if err := sleepCtx(ctx, time.Second); err != nil {
+		stop()
+		closeStreams(ss)
+		return nil, nil, err
+	}
+	return ss, stop, nil
+}
+
 // linkHostInteractive cuts the link between the gateway and the session
 // host for longer than the gateway's write timeout while every user
 // types and draws a little (512 bytes each 20 ms each way): bytes wait in
@@ -75,19 +96,12 @@ func linkHostInteractive(ctx context.Context, env Env, sc linkScale, _ int) (Out
 		return o, err
 	}
 	defer r.close()
-	ss, err := openStreams(ctx, r, sc.tunnels)
+	ss, stop, err := startEchoing(ctx, r, sc.tunnels, 512, 20*time.Millisecond)
 	if err != nil {
 		return o, err
 	}
 	defer closeStreams(ss)
-	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	for _, s := range ss {
-		go s.write(wctx, 512, 20*time.Millisecond)
-	}
-	if err := sleepCtx(ctx, time.Second); err != nil {
-		return o, err
-	}
 	cutAt := time.Now()
 	r.proxy.cut()
 	if err := sleepCtx(ctx, sc.cut); err != nil {
@@ -140,19 +154,12 @@ func linkHostBulk(ctx context.Context, env Env, sc linkScale, _ int) (Outcome, e
 		return o, err
 	}
 	defer r.close()
-	ss, err := openStreams(ctx, r, sc.tunnels)
+	ss, stop, err := startEchoing(ctx, r, sc.tunnels, 32<<10, 0)
 	if err != nil {
 		return o, err
 	}
 	defer closeStreams(ss)
-	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	for _, s := range ss {
-		go s.write(wctx, 32<<10, 0)
-	}
-	if err := sleepCtx(ctx, time.Second); err != nil {
-		return o, err
-	}
 	cutAt := time.Now()
 	r.proxy.cut()
 	limit := sc.writeTimeout + 20*time.Second

@@ -1,22 +1,20 @@
 package faults
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"fmt"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/bootstorm"
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/loopback"
 )
 
@@ -110,27 +108,9 @@ stream:
 // started again on its address.
 type streamServer struct {
 	bin, cfg, addr string
-	cmd            *exec.Cmd
-	done           chan struct{}
-	log            *lockedBuffer
-}
-
-// lockedBuffer is a process's output, read while it writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	proc           *childproc.Proc
+	// earlier is what the server printed before it was last started.
+	earlier string
 }
 
 func newStreamServer(bin, dir, store, base string, shared bool) (*streamServer, error) {
@@ -143,41 +123,35 @@ func newStreamServer(bin, dir, store, base string, shared bool) (*streamServer, 
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		return nil, fmt.Errorf("stream scenario: %w", err)
 	}
-	s := &streamServer{bin: bin, cfg: cfg, addr: fmt.Sprintf("127.0.0.1:%d", ports[1]), log: &lockedBuffer{}}
+	s := &streamServer{bin: bin, cfg: cfg, addr: fmt.Sprintf("127.0.0.1:%d", ports[1])}
 	return s, s.start()
 }
 
 func (s *streamServer) start() error {
-	cmd := exec.Command(s.bin, "stream", "-c", s.cfg)
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if s.proc != nil {
+		s.earlier += s.proc.Output()
+	}
+	p, err := childproc.Start(nil, s.bin, "stream", "-c", s.cfg)
+	if err != nil {
 		return fmt.Errorf("stream scenario: start the stream server: %w", err)
 	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
+	s.proc = p
 	if err := loopback.WaitPort(s.addr, 15*time.Second); err != nil {
 		s.kill()
-		return fmt.Errorf("stream scenario: %w\n%s", err, s.log.String())
+		return fmt.Errorf("stream scenario: %w\n%s", err, s.log())
 	}
 	return nil
 }
 
-// kill ends the server with SIGKILL and waits until it is gone.
-func (s *streamServer) kill() {
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-}
+// log is everything the server printed, across its restarts.
+func (s *streamServer) log() string { return s.earlier + s.proc.Output() }
 
-// stop ends the server as its service would, with SIGTERM.
-func (s *streamServer) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		s.kill()
-	}
-}
+// kill ends the server with SIGKILL and waits until it is gone.
+func (s *streamServer) kill() { s.proc.Kill() }
+
+// stop ends the server as its service would, with SIGTERM, and kills it
+// after 10 s.
+func (s *streamServer) stop() { s.proc.StopWithin(10 * time.Second) }
 
 // streamRun runs one case with a fresh store and servers.
 func streamRun(ctx context.Context, env Env, c streamCase, d *disk, base, dir string, n int) (Outcome, error) {
@@ -277,7 +251,7 @@ func streamRun(ctx context.Context, env Env, c streamCase, d *disk, base, dir st
 	env.Log.Info("stream case", "case", c.name, "held", o.Held, "metrics", o.Metrics, "notes", o.Notes)
 	if !o.Held {
 		for i, s := range servers {
-			l := s.log.String()
+			l := s.log()
 			env.Log.Warn("stream server log (its end)", "server", i, "log", l[max(0, len(l)-4000):])
 		}
 	}

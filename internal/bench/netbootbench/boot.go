@@ -10,10 +10,10 @@ import (
 	"io"
 	"os/exec"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/report"
+	"github.com/deskway/deskway/internal/childproc"
 )
 
 // boot is one VM's boot, the seconds from qemu's start to each step its
@@ -150,15 +150,10 @@ func (n *netns) command(name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...)
 }
 
+// start runs a server in n, in a process group of its own, keeping what
+// it prints.
+func (n *netns) start(name string, args ...string) (*childproc.Proc, error) {
+	return childproc.Start(nil, "ip", append([]string{"netns", "exec", n.name, name}, args...)...)
+}
+
 func (n *netns) close() { _ = exec.Command("ip", "netns", "del", n.name).Run() }
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}

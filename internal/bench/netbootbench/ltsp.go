@@ -7,9 +7,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/deskway/deskway/internal/childproc"
 )
 
 // The LTSP way to network-boot, as LTSP's own `ltsp dnsmasq` and `ltsp
@@ -69,10 +70,8 @@ const nbdServerConf = `[generic]
 
 // ltspStack is the LTSP way's servers, running in ns.
 type ltspStack struct {
-	procs  []*exec.Cmd
+	procs  []*childproc.Proc
 	nbdPid int
-	log    *strings.Builder
-	mu     sync.Mutex
 }
 
 // startLTSP starts udhcpd, dnsmasq and nbd-server in ns, with their
@@ -104,18 +103,17 @@ func startLTSP(ns *netns, dir, kernel, initrd, base, cmdline string) (*ltspStack
 			return nil, err
 		}
 	}
-	s := &ltspStack{log: &strings.Builder{}}
+	s := &ltspStack{}
 	for _, args := range [][]string{
 		{"busybox", "udhcpd", "-f", filepath.Join(dir, "udhcpd.conf")},
 		{"dnsmasq", "--keep-in-foreground", "--conf-file=" + filepath.Join(dir, "dnsmasq.conf")},
 	} {
-		cmd := ns.command(args[0], args[1:]...)
-		cmd.Stdout, cmd.Stderr = lockedWriter{&s.mu, s.log}, lockedWriter{&s.mu, s.log}
-		if err := cmd.Start(); err != nil {
+		p, err := ns.start(args[0], args[1:]...)
+		if err != nil {
 			s.stop()
 			return nil, fmt.Errorf("netboot bench: %s: %w", args[0], err)
 		}
-		s.procs = append(s.procs, cmd)
+		s.procs = append(s.procs, p)
 	}
 	// nbd-server serves one client only in the foreground: it runs as the
 	// daemon it is, found by its pid file.
@@ -141,18 +139,19 @@ func startLTSP(ns *netns, dir, kernel, initrd, base, cmdline string) (*ltspStack
 			return s, nil
 		}
 		if time.Now().After(deadline) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
 			s.stop()
-			return nil, fmt.Errorf("netboot bench: the LTSP stack did not start listening (udp %q, tcp %q):\n%s", out, tcp, s.log.String())
+			var log strings.Builder
+			for _, p := range s.procs {
+				log.WriteString(p.Output())
+			}
+			return nil, fmt.Errorf("netboot bench: the LTSP stack did not start listening (udp %q, tcp %q):\n%s", out, tcp, log.String())
 		}
 	}
 }
 
 func (s *ltspStack) stop() {
-	for _, c := range s.procs {
-		_ = c.Process.Kill()
-		_ = c.Wait()
+	for _, p := range s.procs {
+		p.Kill()
 	}
 	if s.nbdPid > 0 {
 		// nbd-server's children (one per client) end with it.

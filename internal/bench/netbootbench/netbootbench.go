@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -237,7 +236,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	for _, p := range res.Points {
 		p.Params["accel"] = accel.Name // every boot says what it ran on
 	}
-	res.SummaryText["load_avg"] = loadAvg()
+	res.SummaryText["load_avg"] = report.LoadAverage()
 	if o.Out != "" {
 		if err := write(res, o.Out, o.Runs, o.AtOnce, o.AtOnceDeskway); err != nil {
 			return nil, err
@@ -253,14 +252,11 @@ func startDeskway(ns *netns, deskway, dir, base, kernel, initrd string, n int) (
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(config, filepath.Join(dir, "state"), base, kernel, initrd, cmdline)), 0o600); err != nil {
 		return nil, err
 	}
-	srv := ns.command(deskway, "run", "-c", cfg)
-	srvLog := &strings.Builder{}
-	var slmu sync.Mutex
-	srv.Stdout, srv.Stderr = lockedWriter{&slmu, srvLog}, lockedWriter{&slmu, srvLog}
-	if err := srv.Start(); err != nil {
+	srv, err := ns.start(deskway, "run", "-c", cfg)
+	if err != nil {
 		return nil, err
 	}
-	stop = func() { _ = srv.Process.Kill(); _ = srv.Wait() }
+	stop = srv.Kill
 	add := func(i int) error {
 		b, err := ns.command(deskway, "device", "add", "--mac", fmt.Sprintf("52:54:00:77:00:0%d", i), "--name", fmt.Sprintf("pc%d", i), "--vdisk", "golden", "-c", cfg).CombinedOutput()
 		if err != nil {
@@ -275,9 +271,7 @@ func startDeskway(ns *netns, deskway, dir, base, kernel, initrd string, n int) (
 		}
 		if time.Now().After(deadline) {
 			stop()
-			slmu.Lock()
-			defer slmu.Unlock()
-			return nil, fmt.Errorf("netboot bench: deskway did not start (%w):\n%s", err, srvLog.String())
+			return nil, fmt.Errorf("netboot bench: deskway did not start (%w):\n%s", err, srv.Output())
 		}
 	}
 	for i := 2; i <= n; i++ {
@@ -287,14 +281,4 @@ func startDeskway(ns *netns, deskway, dir, base, kernel, initrd string, n int) (
 		}
 	}
 	return stop, nil
-}
-
-// loadAvg is the machine's load average as /proc/loadavg says it, for
-// the record of a busy machine.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
 }

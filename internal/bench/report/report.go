@@ -107,6 +107,21 @@ func ThisMachine() Machine {
 	return m
 }
 
+// LoadAverage is the machine's 1, 5 and 15 minute load averages as
+// /proc/loadavg has them ("0.52 0.58 0.59"), or "unknown": a bench run
+// on a busy machine says so beside its figures.
+func LoadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // WriteJSON writes result.json into dir.
 func (r *Result) WriteJSON(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

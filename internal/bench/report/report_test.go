@@ -3,6 +3,8 @@ package report
 import (
 	"encoding/json"
 	"math"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +46,25 @@ func TestRoundAndMillis(t *testing.T) {
 	}
 	if got := Millis(1500 * time.Microsecond); got != 1.5 {
 		t.Errorf("Millis(1.5ms) = %v", got)
+	}
+}
+
+// TestLoadAverageIsTheThreeAverages: the 1, 5 and 15 minute averages as
+// the kernel gives them, nothing of the rest of /proc/loadavg.
+func TestLoadAverageIsTheThreeAverages(t *testing.T) {
+	if _, err := os.Stat("/proc/loadavg"); err != nil {
+		t.Skipf("no /proc/loadavg: %v", err)
+	}
+	// The kernel moves the averages every 5 s: compare the form, not a
+	// second reading.
+	got := LoadAverage()
+	f := strings.Fields(got)
+	if len(f) != 3 {
+		t.Fatalf("LoadAverage() = %q, want three averages", got)
+	}
+	for _, v := range f {
+		if _, err := strconv.ParseFloat(v, 64); err != nil {
+			t.Fatalf("LoadAverage() = %q: %v", got, err)
+		}
 	}
 }

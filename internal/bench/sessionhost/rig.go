@@ -3,9 +3,7 @@ package sessionhost
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,12 +59,6 @@ type rig struct {
 	displays [2]int
 }
 
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
-}
-
 // startwm is each user's session: an xterm that runs the workload, whose
 // window shows the scrolled document.
 const startwm = `#!/bin/sh
@@ -86,13 +78,13 @@ func (r *rig) setUp(ctx context.Context) error {
 	if r.xrdpSHA256, err = childproc.CertSHA256("/etc/xrdp/cert.pem"); err != nil {
 		return fmt.Errorf("sessionhost: xrdp's certificate: %w", err)
 	}
-	r.runToken = randomString(16)
+	r.runToken = xrdphost.Secret(16)
 	if r.col, err = newCollector(r.runToken, r.o.Log); err != nil {
 		return err
 	}
 	go r.col.serve(ctx)
 
-	r.password = "Load-" + randomString(12)
+	r.password = "Load-" + xrdphost.Secret(12)
 	for i := 1; i <= r.o.Users; i++ {
 		name := fmt.Sprintf("%s%02d", userPrefix, i)
 		if err := r.prepareUser(name); err != nil {
@@ -123,7 +115,7 @@ func (r *rig) setUp(ctx context.Context) error {
 		return err
 	}
 	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
-	r.tokenKey, r.frontToken, r.adminToken = randomString(40), randomString(24), randomString(24)
+	r.tokenKey, r.frontToken, r.adminToken = xrdphost.Secret(40), xrdphost.Secret(24), xrdphost.Secret(24)
 	gwCfg := filepath.Join(r.dir, "gateway.yaml")
 	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.tokenKey, r.gwPort, r.rdpPort, r.xrdpSHA256)), 0o600); err != nil {
 		return err
@@ -226,15 +218,6 @@ func lines(rng *mrand.Rand, n int) []byte {
 // system's MaxSessions (50 on Debian) would refuse users past it, which
 // is the configuration's limit, not the host's.
 func (r *rig) startXRDP() error {
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
-	if err != nil {
-		return err
-	}
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://127.0.0.1:"+strconv.Itoa(r.rdpPort))
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
 	sesman, err := os.ReadFile("/etc/xrdp/sesman.ini")
 	if err != nil {
 		return err
@@ -250,18 +233,8 @@ func (r *rig) startXRDP() error {
 		return err
 	}
 	childproc.RemoveStaleX(r.displays[0], r.displays[1])
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon", "--config", sesmanPath}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.xrdp = append(r.xrdp, p)
-	}
-	if err := loopback.WaitPort(fmt.Sprintf("127.0.0.1:%d", r.rdpPort), 10*time.Second); err != nil {
-		return fmt.Errorf("sessionhost: xrdp: %w", err)
+	if r.xrdp, err = xrdphost.StartXRDP(r.dir, r.rdpPort, "--config", sesmanPath); err != nil {
+		return fmt.Errorf("sessionhost: %w", err)
 	}
 	return nil
 }

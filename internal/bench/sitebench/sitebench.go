@@ -364,17 +364,13 @@ func wireGuardGo(ctx context.Context, o Options) (path, version, why string) {
 	return path, m.Version, ""
 }
 
-// loadAvg is /proc/loadavg's three load averages.
+// loadAvg is the machine's three load averages, named for the notes.
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
+	la := report.LoadAverage()
+	if la == "unknown" {
+		return la
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ") + " (1, 5 and 15 minutes)"
+	return la + " (1, 5 and 15 minutes)"
 }
 
 func key(sys string, conns int) string { return fmt.Sprintf("%s/%d", sys, conns) }

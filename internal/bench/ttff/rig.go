@@ -1,14 +1,11 @@
 package ttff
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -58,12 +55,6 @@ func (r *rig) close() {
 		r.procs[i].Stop()
 	}
 	_ = exec.Command("pkill", "-KILL", "-u", hostUser).Run()
-}
-
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)[:n]
 }
 
 // gatewayYAML offers both of the gateway's authentications to xfreerdp:
@@ -144,8 +135,8 @@ func (r *rig) setUp() error {
 	if err := tlsconf.SelfSigned(filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), []string{"127.0.0.1"}); err != nil {
 		return err
 	}
-	r.gwPass = "Gw-" + randomString(12)
-	cfg := fmt.Sprintf(gatewayYAML, r.dir, randomString(40), r.gwPass, r.gwPort, r.rdpPort)
+	r.gwPass = "Gw-" + xrdphost.Secret(12)
+	cfg := fmt.Sprintf(gatewayYAML, r.dir, xrdphost.Secret(40), r.gwPass, r.gwPort, r.rdpPort)
 	if err := os.WriteFile(r.gatewayConfig(), []byte(cfg), 0o600); err != nil {
 		return err
 	}
@@ -165,37 +156,16 @@ func (r *rig) gatewayConfig() string { return filepath.Join(r.dir, "gateway.yaml
 
 // hostAccount adds the host user with a fresh password and its session.
 func (r *rig) hostAccount() error {
-	r.hostPass = "Ttff-" + randomString(12)
+	r.hostPass = "Ttff-" + xrdphost.Secret(12)
 	return xrdphost.Account(hostUser, r.hostPass, startwm)
 }
 
 // startXRDP starts the session manager and xrdp, on its own port, from
 // the system's configuration.
 func (r *rig) startXRDP() error {
-	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
-	if err != nil {
-		return err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", r.rdpPort)
-	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+addr)
-	iniPath := filepath.Join(r.dir, "xrdp.ini")
-	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
-	for _, c := range [][]string{{"xrdp-sesman", "--nodaemon"}, {"xrdp", "--nodaemon", "--config", iniPath}} {
-		p, err := childproc.Start(nil, c[0], c[1:]...)
-		if err != nil {
-			return err
-		}
-		r.procs = append(r.procs, p)
-	}
-	if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
-		return fmt.Errorf("xrdp: %w", err)
-	}
-	return nil
+	procs, err := xrdphost.StartXRDP(r.dir, r.rdpPort)
+	r.procs = append(r.procs, procs...)
+	return err
 }
 
 // token mints a PAA token for the host, as `deskway token` does.

@@ -123,7 +123,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 	if err := r.setUp(); err != nil {
 		return nil, err
 	}
-	load0 := loadAverage()
+	load0 := report.LoadAverage()
 	// The first connection starts the session (Xorg, the xterm), which
 	// every measured one then reconnects to.
 	o.Log.Info("starting the session")
@@ -156,7 +156,7 @@ func Run(ctx context.Context, o Options) (*report.Result, error) {
 		}
 	}
 	summarize(res, runs)
-	res.Notes = notes(o.Runs, load0, loadAverage())
+	res.Notes = notes(o.Runs, load0, report.LoadAverage())
 	if o.Out != "" {
 		if err := write(res, o.Out); err != nil {
 			return nil, err
@@ -295,17 +295,4 @@ func parseTunnelOpen(log string) (gatewayTimes, bool) {
 		}
 	}
 	return gatewayTimes{}, false
-}
-
-// loadAverage is /proc/loadavg's first three fields.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }

@@ -1,10 +1,14 @@
 // Package xrdphost readies this machine for a bench that starts xrdp:
 // the checks before it starts (root, the tools, no session manager
 // already on xrdp-sesman's port) and the host accounts its sessions log
-// on to, each running a session script of the bench's.
+// on to, each running a session script of the bench's, with the random
+// passwords and tokens its rig sets; and xrdp itself, on a port of the
+// bench's.
 package xrdphost
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -12,8 +16,13 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/deskway/deskway/internal/childproc"
+	"github.com/deskway/deskway/internal/loopback"
 )
 
 // Check says why bench cannot start xrdp here: it is not root (xrdp's
@@ -62,4 +71,55 @@ func Account(name, password, startwm string) error {
 		return fmt.Errorf("chown %s: %w: %s", wm, err, out)
 	}
 	return nil
+}
+
+// Secret is n random hex digits: a password or token a bench's rig sets
+// for one run.
+func Secret(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+// StartXRDP starts xrdp's session manager and xrdp from the system's
+// configuration, xrdp on 127.0.0.1:port (its xrdp.ini written into dir),
+// and waits up to 10 s for xrdp to listen. sesmanArgs are added to the
+// session manager's command line (a configuration of the bench's). The
+// two are returned in the order they started, to be stopped in reverse;
+// on an error, those started are stopped.
+func StartXRDP(dir string, port int, sesmanArgs ...string) ([]*childproc.Proc, error) {
+	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+addr)
+	iniPath := filepath.Join(dir, "xrdp.ini")
+	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	// Left by an xrdp killed earlier, a pid file stops the next from
+	// starting.
+	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
+	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
+	_ = os.Remove("/var/run/xrdp/xrdp.pid")
+	var procs []*childproc.Proc
+	stop := func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].Stop()
+		}
+	}
+	for _, c := range [][]string{append([]string{"xrdp-sesman", "--nodaemon"}, sesmanArgs...), {"xrdp", "--nodaemon", "--config", iniPath}} {
+		p, err := childproc.Start(nil, c[0], c[1:]...)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		procs = append(procs, p)
+	}
+	if err := loopback.WaitPort(addr, 10*time.Second); err != nil {
+		stop()
+		return nil, fmt.Errorf("xrdp: %w", err)
+	}
+	return procs, nil
 }

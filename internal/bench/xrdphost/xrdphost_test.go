@@ -2,9 +2,14 @@ package xrdphost
 
 import (
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/deskway/deskway/internal/loopback"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -27,5 +32,56 @@ func TestCheckNamesWhatStopsTheBench(t *testing.T) {
 	ln.Close()
 	if err := Check("demo", "the user u", "sh"); err != nil {
 		t.Fatalf("nothing in the way: %v", err)
+	}
+}
+
+// TestSecretIsFreshHexOfTheLengthAsked: a rig's passwords and tokens are
+// as long as it asks, odd lengths too, and not the same twice.
+func TestSecretIsFreshHexOfTheLengthAsked(t *testing.T) {
+	for _, n := range []int{12, 13, 40} {
+		a, b := Secret(n), Secret(n)
+		if len(a) != n || strings.Trim(a, "0123456789abcdef") != "" {
+			t.Fatalf("Secret(%d) = %q", n, a)
+		}
+		if a == b {
+			t.Fatalf("Secret(%d) gave %q twice", n, a)
+		}
+	}
+}
+
+// TestStartXRDPListensOnTheBenchsPort: xrdp comes up on the port asked
+// for, not the system's 3389, and is gone once its programs are stopped.
+func TestStartXRDPListensOnTheBenchsPort(t *testing.T) {
+	testkit.RequireRoot(t)
+	testkit.Require(t, "xrdp", "xrdp-sesman")
+	testkit.Lock(t, testkit.LockSesman)
+	port, err := loopback.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	procs, err := StartXRDP(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(procs) != 2 {
+		t.Fatalf("%d programs started, want the session manager and xrdp", len(procs))
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("xrdp does not listen on %s: %v", addr, err)
+	}
+	c.Close()
+	ini, err := os.ReadFile(filepath.Join(dir, "xrdp.ini"))
+	if err != nil || !strings.Contains(string(ini), "port=tcp://"+addr) {
+		t.Fatalf("xrdp.ini in the bench's folder does not name %s: %v", addr, err)
+	}
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].Stop()
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("xrdp still listens on %s after it was stopped", addr)
 	}
 }
