@@ -63,3 +63,35 @@ func TestLoopTunnelsHoldNoGoroutine(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestLoopTunnelsHoldNoReaderBuffer: between messages a tunnel on an
+// event loop holds no MS-TSGU reader buffer (it borrows its loop's while
+// it drains, as HAProxy holds buffers only while data is in flight), and
+// it still relays messages small and large.
+func TestLoopTunnelsHoldNoReaderBuffer(t *testing.T) {
+	loops := 2
+	h := start(t, func(c *config.Config) { c.Gateway.RelayLoops = &loops })
+	const n = 4
+	for range n {
+		cfg := h.cfg("", "", tsgclient.Websocket)
+		cfg.Token = h.token(t, "bob", "127.0.0.1", h.echoPort, time.Minute)
+		c, err := dial(t, cfg, "127.0.0.1", h.echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		echoRoundTrip(t, c, 90)
+		echoRoundTrip(t, c, 100_000)
+		echoRoundTrip(t, c, 90)
+	}
+	// Each tunnel's last message was drained before its echo came back.
+	bufs := h.srv.LoopReaderBuffers()
+	if len(bufs) != n {
+		t.Fatalf("%d tunnels on the loops, want %d", len(bufs), n)
+	}
+	for i, c := range bufs {
+		if c != 0 {
+			t.Fatalf("tunnel %d on a loop holds a %d-byte reader buffer between messages: %v", i, c, bufs)
+		}
+	}
+}

@@ -23,9 +23,14 @@ import (
 type relayLoop struct {
 	*evloop.Loop
 	in    []byte // client reads
+	pkts  []byte // lent to a tunnel's MS-TSGU reader while it drains
 	frame []byte // host reads, with headroom for the framing
 	held  []byte // TLS records of one host read, sent together
 }
+
+// loopPacketBuf is the size of the buffer a loop lends its tunnels' MS-TSGU
+// readers: a whole data packet of the largest size fits.
+const loopPacketBuf = tsgu.DataHeaderLen + tsgu.MaxDataLen
 
 // relayLoops is the gateway's set of loops; tunnels are spread round-robin.
 type relayLoops struct {
@@ -42,7 +47,7 @@ func startRelayLoops(n int, log *slog.Logger) (*relayLoops, error) {
 			rl.close()
 			return nil, err
 		}
-		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10),
+		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10), pkts: make([]byte, loopPacketBuf),
 			frame: make([]byte, headroom+relayBufMax), held: make([]byte, 0, headroom+relayBufMax+1024)})
 		go func() {
 			if err := l.Run(); err != nil {
@@ -359,6 +364,8 @@ func (r *loopRelay) canDrain() bool { return len(r.upQueue) == 0 && !r.lc.full()
 // then what is left of the pushed bytes is kept for later (drain).
 func (r *loopRelay) drainClient() error {
 	r.drain = false
+	r.wt.pr.lend(r.loop.pkts)
+	defer r.wt.pr.giveBack()
 	for {
 		if !r.canDrain() {
 			r.lc.keep()
