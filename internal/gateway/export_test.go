@@ -22,3 +22,23 @@ func (s *Server) LoopReaderBuffers() []int {
 	}
 	return caps
 }
+
+// LoopWatchdogs counts the tunnels on event loops that hold a watchdog
+// timer of their own, and the tunnels the loops' own watchdogs check.
+func (s *Server) LoopWatchdogs() (timers, watched int) {
+	s.mu.Lock()
+	for _, tn := range s.tunnels {
+		if tn.onLoop.Load() != nil && tn.watchdog.Load() != nil {
+			timers++
+		}
+	}
+	s.mu.Unlock()
+	if s.loops != nil {
+		for _, l := range s.loops.loops {
+			l.mu.Lock()
+			watched += len(l.watched)
+			l.mu.Unlock()
+		}
+	}
+	return timers, watched
+}
