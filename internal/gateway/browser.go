@@ -396,7 +396,7 @@ func (tn *tunnel) relayBrowser(bt *browserTransport, host *tls.Conn) error {
 		tn.stop("")
 		hostDone <- err
 	}()
-	tn.watch(time.Now())
+	tn.watch()
 	cerr := tn.browserToHost(bt, host)
 	tn.relayDone.Store(true)
 	if w := tn.watchdog.Load(); w != nil {

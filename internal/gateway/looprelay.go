@@ -23,9 +23,23 @@ import (
 type relayLoop struct {
 	*evloop.Loop
 	in    []byte // client reads
+	pkts  []byte // lent to a tunnel's MS-TSGU reader while it drains
 	frame []byte // host reads, with headroom for the framing
 	held  []byte // TLS records of one host read, sent together
+
+	// watched are the loop's tunnels, which its watchdog sweeps for
+	// keepalives and timeouts: one timer per loop, where a timer per
+	// tunnel cost a timer, a closure and a goroutine every few seconds.
+	mu         sync.Mutex // guards watched, dog and dogStopped
+	watched    map[*tunnel]struct{}
+	dog        *time.Timer
+	dogStopped bool
+	batch      []*tunnel // the sweep's own
 }
+
+// loopPacketBuf is the size of the buffer a loop lends its tunnels' MS-TSGU
+// readers: a whole data packet of the largest size fits.
+const loopPacketBuf = tsgu.DataHeaderLen + tsgu.MaxDataLen
 
 // relayLoops is the gateway's set of loops; tunnels are spread round-robin.
 type relayLoops struct {
@@ -33,8 +47,9 @@ type relayLoops struct {
 	next  atomic.Uint32
 }
 
-// startRelayLoops starts n loops; log hears of a loop that fails.
-func startRelayLoops(n int, log *slog.Logger) (*relayLoops, error) {
+// startRelayLoops starts n loops, whose watchdogs send a keepalive once a
+// tunnel has sent nothing for keep; log hears of a loop that fails.
+func startRelayLoops(n int, keep time.Duration, log *slog.Logger) (*relayLoops, error) {
 	rl := &relayLoops{}
 	for range n {
 		l, err := evloop.New()
@@ -42,24 +57,73 @@ func startRelayLoops(n int, log *slog.Logger) (*relayLoops, error) {
 			rl.close()
 			return nil, err
 		}
-		rl.loops = append(rl.loops, &relayLoop{Loop: l, in: make([]byte, 64<<10),
-			frame: make([]byte, headroom+relayBufMax), held: make([]byte, 0, headroom+relayBufMax+1024)})
+		loop := &relayLoop{Loop: l, in: make([]byte, 64<<10), pkts: make([]byte, loopPacketBuf),
+			frame: make([]byte, headroom+relayBufMax), held: make([]byte, 0, headroom+relayBufMax+1024),
+			watched: make(map[*tunnel]struct{})}
+		rl.loops = append(rl.loops, loop)
 		go func() {
 			if err := l.Run(); err != nil {
 				log.Error("relay loop stopped; its tunnels end when stopped or timed out", "err", err)
 			}
 		}()
+		loop.mu.Lock()
+		loop.dog = time.AfterFunc(watchInterval(keep), func() { loop.sweep(keep) })
+		loop.mu.Unlock()
 	}
 	return rl, nil
+}
+
+// sweep checks every tunnel of the loop for keepalives and timeouts, as
+// often as a tunnel's own timer did (watchInterval). It runs beside the
+// loop, not on it: a check may write a keepalive or stop a tunnel, which
+// the loop's goroutine must not wait for. Sweeps never overlap: the next
+// is armed when this one is through.
+func (l *relayLoop) sweep(keep time.Duration) {
+	l.mu.Lock()
+	for tn := range l.watched {
+		l.batch = append(l.batch, tn)
+	}
+	l.mu.Unlock()
+	for _, tn := range l.batch {
+		if !tn.check(keep) {
+			l.unwatch(tn)
+		}
+	}
+	clear(l.batch)
+	l.batch = l.batch[:0]
+	l.mu.Lock()
+	if !l.dogStopped {
+		l.dog.Reset(watchInterval(keep))
+	}
+	l.mu.Unlock()
+}
+
+func (l *relayLoop) watch(tn *tunnel) {
+	l.mu.Lock()
+	l.watched[tn] = struct{}{}
+	l.mu.Unlock()
+}
+
+func (l *relayLoop) unwatch(tn *tunnel) {
+	l.mu.Lock()
+	delete(l.watched, tn)
+	l.mu.Unlock()
 }
 
 func (rl *relayLoops) pick() *relayLoop {
 	return rl.loops[int(rl.next.Add(1))%len(rl.loops)]
 }
 
-// close stops the loops; call it once no tunnel uses them.
+// close stops the loops and their watchdogs; call it once no tunnel uses
+// them.
 func (rl *relayLoops) close() {
 	for _, l := range rl.loops {
+		l.mu.Lock()
+		l.dogStopped = true
+		if l.dog != nil {
+			l.dog.Stop()
+		}
+		l.mu.Unlock()
 		l.Close()
 	}
 }
@@ -154,7 +218,7 @@ func (tn *tunnel) relayOnLoop(loops *relayLoops) bool {
 	_ = lc.Conn.Close()
 	_ = tn.upstream.Close()
 	tn.onLoop.Store(r)
-	tn.watch(time.Now())
+	l.watch(tn)
 	r.started.Done()
 	return true
 }
@@ -165,9 +229,7 @@ func (r *loopRelay) after() {
 	r.started.Wait()
 	tn := r.tn
 	tn.relayDone.Store(true)
-	if w := tn.watchdog.Load(); w != nil {
-		w.Stop()
-	}
+	r.loop.unwatch(tn)
 	err := r.err
 	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 		err = nil
@@ -359,6 +421,8 @@ func (r *loopRelay) canDrain() bool { return len(r.upQueue) == 0 && !r.lc.full()
 // then what is left of the pushed bytes is kept for later (drain).
 func (r *loopRelay) drainClient() error {
 	r.drain = false
+	r.wt.pr.lend(r.loop.pkts)
+	defer r.wt.pr.giveBack()
 	for {
 		if !r.canDrain() {
 			r.lc.keep()

@@ -39,7 +39,7 @@ func (tn *tunnel) relay() error {
 		tn.stop("") // the client side cannot outlive the host side
 		hostDone <- err
 	}()
-	tn.watch(time.Now())
+	tn.watch()
 	cerr := tn.clientToHost()
 	tn.relayDone.Store(true)
 	if w := tn.watchdog.Load(); w != nil {
@@ -56,15 +56,23 @@ func (tn *tunnel) relay() error {
 	return nil
 }
 
-// watch schedules the next keepalive and timeout check.
-func (tn *tunnel) watch(now time.Time) {
+// watch schedules the next keepalive and timeout check of a tunnel no
+// event loop relays (a loop's watchdog checks its own tunnels).
+func (tn *tunnel) watch() {
 	if tn.relayDone.Load() {
 		return
 	}
 	keep := tn.srv.cfg.Keepalive.D()
-	next := min(keep, 5*time.Second)
-	tn.watchdog.Store(time.AfterFunc(next, func() { tn.check(keep) }))
+	tn.watchdog.Store(time.AfterFunc(watchInterval(keep), func() {
+		if tn.check(keep) {
+			tn.watch()
+		}
+	}))
 }
+
+// watchInterval is how often a tunnel is checked for keepalives and
+// timeouts.
+func watchInterval(keep time.Duration) time.Duration { return min(keep, 5*time.Second) }
 
 // Status codes of a tunnel the gateway ends. MS-TSGU names one timeout
 // status (E_PROXY_SESSIONTIMEOUT), which the session timeout sends; the
@@ -77,33 +85,35 @@ const (
 	statusAborted                     = tsgu.EProxyConnectionAborted
 )
 
-func (tn *tunnel) check(keep time.Duration) {
+// check sends a keepalive or stops the tunnel for a timeout when one is
+// due; it reports whether the tunnel is to be checked again.
+func (tn *tunnel) check(keep time.Duration) bool {
 	if tn.relayDone.Load() {
-		return
+		return false
 	}
 	now := time.Now()
 	g := tn.grant
 	switch {
 	case g.IdleTimeout > 0 && now.Sub(time.Unix(0, tn.lastInput.Load())) > g.IdleTimeout:
 		tn.stopFor(fmt.Sprintf("no input from the client for more than %s (idle timeout)", g.IdleTimeout), statusIdleTimeout)
-		return
+		return false
 	case g.SessionTimeout > 0 && now.After(tn.started.Add(g.SessionTimeout)):
 		tn.stopFor(fmt.Sprintf("session longer than %s (session timeout)", g.SessionTimeout), statusSessionTimeout)
-		return
+		return false
 	}
 	if r := tn.onLoop.Load(); r != nil {
 		if side, d := r.stalled(now); side != "" {
 			tn.stop(fmt.Sprintf("%s took no data for %s (write timeout)", side, d.Round(time.Millisecond)))
-			return
+			return false
 		}
 	}
 	if now.Sub(time.Unix(0, tn.lastSend.Load())) >= keep {
 		if err := tn.send(&tsgu.Keepalive{}); err != nil {
 			tn.stop(tn.writeFailure("client", err))
-			return
+			return false
 		}
 	}
-	tn.watch(now)
+	return true
 }
 
 // writeFailure says why a write to side ("client" or "host") failed,

@@ -241,7 +241,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsCfg *tls.Config)
 		}
 	}
 	if n := s.cfg.RelayLoops; n != nil && *n > 0 {
-		loops, err := startRelayLoops(*n, s.log)
+		loops, err := startRelayLoops(*n, s.cfg.Keepalive.D(), s.log)
 		if err != nil {
 			return fmt.Errorf("gateway: relay loops: %w", err)
 		}

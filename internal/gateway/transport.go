@@ -96,11 +96,38 @@ func (g *writeGate) shut(last func()) bool {
 const headroom = 10 + tsgu.DataHeaderLen
 
 // packetReader turns a byte stream into TSGU packets. Its buffer starts
-// small and grows only as far as a packet needs, so idle tunnels stay cheap.
+// small and grows only as far as a packet needs, so idle tunnels stay cheap;
+// on a relay loop it borrows the loop's buffer instead (see lend).
 type packetReader struct {
 	r          io.Reader
 	buf        []byte
 	start, end int
+	lent       bool // buf is a relay loop's, until giveBack
+}
+
+// lend has the reader read into buf, a relay loop's, until giveBack,
+// when it holds no bytes of its own: between messages a tunnel on a loop
+// then keeps no reader buffer, as HAProxy holds buffers only while data
+// is in flight.
+func (p *packetReader) lend(buf []byte) {
+	if p.start == p.end {
+		p.buf, p.start, p.end, p.lent = buf, 0, 0, true
+	}
+}
+
+// giveBack ends a lend: the bytes of a packet not yet whole (or of
+// packets the relay held back) move to a buffer of the reader's own, just
+// large enough for them, and a reader left with no bytes keeps no buffer.
+func (p *packetReader) giveBack() {
+	held := p.buf[p.start:p.end]
+	switch {
+	case len(held) == 0:
+		p.buf, p.start, p.end = nil, 0, 0
+	case p.lent:
+		own := make([]byte, max(initialReadBuf, len(held)))
+		p.buf, p.start, p.end = own, 0, copy(own, held)
+	}
+	p.lent = false
 }
 
 const initialReadBuf = 512
@@ -133,7 +160,7 @@ func (p *packetReader) next() ([]byte, error) {
 			if need > len(p.buf) {
 				nb := make([]byte, need)
 				copy(nb, p.buf[p.start:p.end])
-				p.buf = nb
+				p.buf, p.lent = nb, false
 			} else {
 				copy(p.buf, p.buf[p.start:p.end])
 			}
