@@ -22,11 +22,7 @@ func TestLogonEventAtTheOtherBrokerBeforeAnOutage(t *testing.T) {
 	dsn := pg.NewDB(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := newWorld(t, "broker A", dsn, []string{"h1", "h2"})
-	b := newWorld(t, "broker B", dsn, nil) // starts with h1 and h2 in its copy
-	for h, cred := range a.creds {
-		b.creds[h] = cred
-	}
+	a, b := twoBrokers(t, dsn)
 	first := a.launch(t, "u1")
 	b.host["u1"] = first.Host
 	b.event(t, "u1", store.Active)
@@ -66,11 +62,7 @@ func TestOutageLogonEventAtTheOtherBroker(t *testing.T) {
 	dsn := pg.NewDB(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := newWorld(t, "broker A", dsn, []string{"h1", "h2"})
-	b := newWorld(t, "broker B", dsn, nil) // starts with h1 and h2 in its copy
-	for h, cred := range a.creds {
-		b.creds[h] = cred
-	}
+	a, b := twoBrokers(t, dsn)
 	maintain(t, ctx, a.r.b)
 	maintain(t, ctx, b.r.b)
 	if err := pg.Kill(context.Background()); err != nil {
@@ -103,4 +95,17 @@ func TestOutageLogonEventAtTheOtherBroker(t *testing.T) {
 	if len(all) != 1 || all[0].ID != first.SessionID || all[0].Host != first.Host {
 		t.Errorf("u1's sessions after the write-back: %+v, want only %s on %s", all, first.SessionID, first.Host)
 	}
+}
+
+// twoBrokers starts brokers A and B on one database, with hosts h1 and h2
+// registered at A and B holding their credentials too, so either broker
+// hears both hosts.
+func twoBrokers(t *testing.T, dsn string) (a, b *world) {
+	t.Helper()
+	a = newWorld(t, "broker A", dsn, []string{"h1", "h2"})
+	b = newWorld(t, "broker B", dsn, nil) // starts with h1 and h2 in its copy
+	for h, cred := range a.creds {
+		b.creds[h] = cred
+	}
+	return a, b
 }

@@ -75,13 +75,8 @@ func (p *Proc) Stop() { p.StopWithin(5 * time.Second) }
 // that may take longer to finish what it holds. A program already
 // collected is not signalled again: its process group id may be reused.
 func (p *Proc) StopWithin(grace time.Duration) {
-	if p == nil || p.Cmd.Process == nil {
+	if !p.running() {
 		return
-	}
-	select {
-	case <-p.done:
-		return
-	default:
 	}
 	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGTERM)
 	select {
@@ -94,16 +89,24 @@ func (p *Proc) StopWithin(grace time.Duration) {
 // Kill ends the program's process group with SIGKILL at once, as a crash
 // would, and returns once the program was collected.
 func (p *Proc) Kill() {
-	if p == nil || p.Cmd.Process == nil {
+	if !p.running() {
 		return
-	}
-	select {
-	case <-p.done:
-		return
-	default:
 	}
 	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
+}
+
+// running reports whether there is a program not yet collected to signal.
+func (p *Proc) running() bool {
+	if p == nil || p.Cmd.Process == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
 }
 
 // Output is everything the program printed so far.
