@@ -58,6 +58,9 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 		}
 		gaveUp = true
 	}
+	if len(s.peers) > 0 && s.offline.Load() && !s.cache.holds(l.User, l.Group) {
+		s.askPeers(ctx, l.User)
+	}
 	p, err = s.cache.place(l)
 	if errors.Is(err, errBackOnline) {
 		return s.place(ctx, l)

@@ -257,3 +257,31 @@ type DeliveryGroup struct {
 	ConfiguredUsers  []string   `json:"configured_users"`
 	ConfiguredGroups []string   `json:"configured_groups"`
 }
+
+// PeerQuery is one broker asking another of the same database, during an
+// outage of it, which sessions it holds of a user (the user its peer
+// token names).
+type PeerQuery struct {
+	User string `json:"user"`
+}
+
+// PeerSessions is a broker's answer to a PeerQuery: the user's live
+// sessions and pending placements in its local host cache.
+type PeerSessions struct {
+	Sessions []PeerSession `json:"sessions"`
+}
+
+// PeerSession is one live session or pending placement a peer holds.
+type PeerSession struct {
+	// ID is empty for a session the peer knows only from its host's
+	// report during the outage.
+	ID            string    `json:"id,omitempty"`
+	DeliveryGroup string    `json:"delivery_group"`
+	Host          string    `json:"host"`
+	State         string    `json:"state"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+	// HostSeen is when the peer last heard from the host: its reports
+	// may all have gone to the peer.
+	HostSeen time.Time `json:"host_seen"`
+}

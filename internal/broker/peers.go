@@ -1,0 +1,181 @@
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/broker/store"
+)
+
+// peerTokenTTL is how long a peer token lives: one question, with room
+// for the clocks of two brokers to differ.
+const peerTokenTTL = 30 * time.Second
+
+// peer is another broker on the same database (broker.peers).
+type peer struct {
+	client *brokerclient.Client
+	// down is set while the peer does not answer, so that its going
+	// away and coming back are logged once each, not at every launch.
+	down atomic.Bool
+}
+
+// newPeers builds the clients of the brokers in urls, trusting tc.
+func newPeers(urls []string, tc *tls.Config) []*peer {
+	if len(urls) == 0 {
+		return nil
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4}}
+	out := make([]*peer, 0, len(urls))
+	for _, u := range urls {
+		out = append(out, &peer{client: &brokerclient.Client{Base: u, HTTP: hc}})
+	}
+	return out
+}
+
+// askPeers asks the other brokers, while the database is away, which
+// sessions or pending placements of user they hold, and takes them into
+// the local host cache, so that the placement that follows sends the user
+// back to one rather than placing a second. In an outage the brokers
+// share nothing else: a session another broker placed, every report of
+// which went to that broker, is in no copy but its own. A peer that does
+// not answer within broker.peer_timeout is taken to hold nothing: the
+// launch goes on, and is counted and logged.
+func (s *Server) askPeers(ctx context.Context, user string) {
+	tok, err := s.tokens.MintPeer(user, peerTokenTTL)
+	if err != nil {
+		s.log.Warn("could not sign a question to the peer brokers; placing without it", "user", user, "error", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout.D())
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, p := range s.peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := p.client.PeerSessions(ctx, tok, brokerapi.PeerQuery{User: user})
+			if err != nil {
+				result := "unreachable"
+				if se := (*brokerclient.StatusError)(nil); errors.As(err, &se) {
+					result = "refused" // a different auth.token_key, most likely
+				}
+				s.m.peerQueries.WithLabelValues(result).Inc()
+				if !p.down.Swap(true) {
+					s.log.Warn("a peer broker did not answer whether it holds a user's session; launches in the outage go on without it, and a user it placed may get a second session here",
+						"peer", p.client.Base, "result", result, "error", err)
+				}
+				return
+			}
+			if p.down.Swap(false) {
+				s.log.Info("a peer broker answers again", "peer", p.client.Base)
+			}
+			if len(res.Sessions) == 0 {
+				s.m.peerQueries.WithLabelValues("none").Inc()
+				return
+			}
+			s.m.peerQueries.WithLabelValues("found").Inc()
+			s.log.Info("a peer broker holds the user's session: the launch goes back to it", "peer", p.client.Base, "user", user,
+				"host", res.Sessions[0].Host, "session", res.Sessions[0].ID)
+			s.cache.learnPeer(user, res.Sessions)
+		}()
+	}
+	wg.Wait()
+}
+
+// peerSessions answers a peer broker's question: the live sessions and
+// pending placements of one user in this broker's local host cache. The
+// question must carry a peer token, signed with the key the brokers
+// share, naming that user: who has sessions where is told to no one else.
+func (s *Server) peerSessions(w http.ResponseWriter, r *http.Request) {
+	tok := bearer(r)
+	if tok == "" {
+		s.fail(w, r, http.StatusUnauthorized, "peer questions need Authorization: Bearer <peer token>, which only a broker holding this one's auth.token_key can sign")
+		return
+	}
+	user, err := s.tokens.VerifyPeer(tok)
+	if err != nil {
+		s.fail(w, r, http.StatusUnauthorized, "peer token refused (%v): the brokers on one database must share auth.token_key", err)
+		return
+	}
+	var q brokerapi.PeerQuery
+	if err := decode(w, r, &q); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if q.User != user {
+		s.fail(w, r, http.StatusForbidden, "this peer token asks about another user")
+		return
+	}
+	writeJSON(w, http.StatusOK, brokerapi.PeerSessions{Sessions: s.cache.peerView(user)})
+}
+
+// holds reports whether the copy has a live session or pending placement
+// of user in group.
+func (c *localCache) holds(user, group string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.live[liveKey(user, group)]
+	return ok
+}
+
+// peerView is what a peer is told of user: their sessions in the copy,
+// each with when this broker last heard from its host.
+func (c *localCache) peerView(user string) []brokerapi.PeerSession {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := []brokerapi.PeerSession{}
+	for _, ss := range c.live {
+		if ss.User != user || ss.State == store.Ended {
+			continue
+		}
+		out = append(out, brokerapi.PeerSession{ID: ss.ID, DeliveryGroup: ss.Group, Host: ss.Host, State: ss.State,
+			CreatedAt: ss.CreatedAt, UpdatedAt: ss.UpdatedAt, HostSeen: c.hosts[ss.Host].LastSeen})
+	}
+	return out
+}
+
+// learnPeer takes into the copy the sessions of user a peer holds that
+// the copy lacks, on hosts it knows. A host the peer heard from later
+// than this broker did is as fresh as the peer says: its reports may all
+// have gone there, and the user's session on it must still draw the
+// launch.
+func (c *localCache) learnPeer(user string, ss []brokerapi.PeerSession) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range ss {
+		h, ok := c.hosts[p.Host]
+		if !ok || h.Group != p.DeliveryGroup || p.State == store.Ended {
+			continue
+		}
+		k := liveKey(user, p.DeliveryGroup)
+		if _, held := c.live[k]; held {
+			continue
+		}
+		c.live[k] = store.Session{ID: p.ID, User: user, Group: p.DeliveryGroup, Host: p.Host, State: p.State,
+			CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt}
+		if p.HostSeen.After(h.LastSeen) {
+			h.LastSeen = p.HostSeen
+			c.hosts[p.Host] = h
+		}
+	}
+}
+
+// logPeers says at start which peers a launch in an outage asks.
+func logPeers(log *slog.Logger, peers []*peer) {
+	if len(peers) == 0 {
+		return
+	}
+	urls := make([]string, 0, len(peers))
+	for _, p := range peers {
+		urls = append(urls, p.client.Base)
+	}
+	log.Info("peer brokers: in a database outage, a launch for a user this broker holds no session of asks them first", "peers", urls)
+}
