@@ -46,6 +46,7 @@ broker:
   heartbeat_interval: 1s
   heartbeat_timeout: 30s
   frontend_tokens: [%[7]s]
+  peers: [%[12]s]
   delivery_groups:
   - {name: %[8]s, groups: [%[8]s], session_limit: %[9]d, logon_limit: %[10]d}
 `
@@ -123,11 +124,21 @@ func startBrokerFarm(ctx context.Context, env Env, dir, dsn string, n, hosts, se
 			f.close()
 		}
 	}()
-	var bases []string
-	for i := range n {
-		port, err := loopback.FreePort()
-		if err != nil {
+	// Every broker lists the others in broker.peers, so their ports are
+	// chosen before any starts.
+	ports := make([]int, n)
+	for i := range ports {
+		if ports[i], err = loopback.FreePort(); err != nil {
 			return nil, fmt.Errorf("faults: %w", err)
+		}
+	}
+	var bases []string
+	for i, port := range ports {
+		var peers []string
+		for j, p := range ports {
+			if j != i {
+				peers = append(peers, fmt.Sprintf(`"https://127.0.0.1:%d"`, p))
+			}
 		}
 		adminPort, err := loopback.FreePort()
 		if err != nil {
@@ -138,7 +149,7 @@ func startBrokerFarm(ctx context.Context, env Env, dir, dsn string, n, hosts, se
 			return nil, fmt.Errorf("faults: %w", err)
 		}
 		cfg := filepath.Join(state, "deskway.yaml")
-		text := fmt.Sprintf(brokerNode, state, cert, key, farmTokenKey, port, dsn, farmFrontend, farmGroup, sessionLimit, logonLimit, adminPort)
+		text := fmt.Sprintf(brokerNode, state, cert, key, farmTokenKey, port, dsn, farmFrontend, farmGroup, sessionLimit, logonLimit, adminPort, strings.Join(peers, ", "))
 		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 			return nil, fmt.Errorf("faults: %w", err)
 		}
