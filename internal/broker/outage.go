@@ -58,8 +58,14 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 		}
 		gaveUp = true
 	}
-	if len(s.peers) > 0 && s.offline.Load() && !s.cache.holds(l.User, l.Group) {
-		s.askPeers(ctx, l.User)
+	if len(s.peers) > 0 && s.offline.Load() {
+		if ok, host := s.cache.usable(l.User, l.Group, l.Stale); !ok {
+			var hosts []string
+			if host != "" {
+				hosts = []string{host}
+			}
+			s.askPeers(ctx, l.User, hosts)
+		}
 	}
 	p, err = s.cache.place(l)
 	if errors.Is(err, errBackOnline) {

@@ -82,6 +82,63 @@ func TestOutageLaunchAtTheBrokerThatHeardNothing(t *testing.T) {
 	}
 }
 
+// TestOutageLaunchOnAHostOnlyThePeerKnows: a host that registered
+// through one broker shortly before PostgreSQL stopped is in no other
+// broker's copy (each reloads the hosts every 5 s), so a session on it
+// could not draw the user's next launch there: the copy knew the session
+// (its own placement, made by the database) or learned it from the peer,
+// but not the host, and placed a second session elsewhere (`deskway
+// bench faults --scenario link` at small scale: five users). The peer's
+// answer carries the host as it knows it.
+func TestOutageLaunchOnAHostOnlyThePeerKnows(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// B places u1 (online) on h3, which registered through the
+		// broker where u1 does not launch again.
+		relaunchAtA bool
+	}{
+		{"placed by B on a host registered at B, launched again at A", true},
+		{"placed by B on a host registered at A, launched again at B", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pg := testkit.StartPostgres(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			a, b := peerBrokers(t, pg.NewDB(t))
+			registrar := b
+			if !tc.relaunchAtA {
+				registrar = a
+			}
+			cred := registrar.r.agent("h3", "desk", "")
+			a.creds["h3"], b.creds["h3"] = cred, cred
+			// Only h3 takes new sessions, as far as the database knows.
+			for _, h := range []string{"h1", "h2"} {
+				if err := a.r.store.SetAdminDrain(context.Background(), h, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first := b.launch(t, "u1")
+			if first.Host != "h3" {
+				t.Fatalf("u1 placed on %s, want h3", first.Host)
+			}
+			if err := pg.Kill(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			maintain(t, ctx, a.r.b)
+			maintain(t, ctx, b.r.b)
+			again := a
+			if !tc.relaunchAtA {
+				again = b
+			}
+			second := again.launch(t, "u1")
+			if !second.Reconnect || second.Host != "h3" || second.SessionID != first.SessionID {
+				t.Fatalf("u1 on h3 as %s, launched again at %s in the outage: reconnect %t, session %q on %s; want a reconnect to %s on h3",
+					first.SessionID, again.name, second.Reconnect, second.SessionID, second.Host, first.SessionID)
+			}
+		})
+	}
+}
+
 // TestPeerQuestionNeedsAPeerToken: the question brokers ask each other
 // tells who has a session where, so the broker answers it only to a
 // peer token its own key signed, naming the user asked about. A stranger

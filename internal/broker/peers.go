@@ -19,6 +19,10 @@ import (
 // for the clocks of two brokers to differ.
 const peerTokenTTL = 30 * time.Second
 
+// maxPeerHosts bounds the hosts one peer question asks about: those of
+// one user's sessions, one per delivery group.
+const maxPeerHosts = 100
+
 // peer is another broker on the same database (broker.peers).
 type peer struct {
 	client *brokerclient.Client
@@ -48,7 +52,7 @@ func newPeers(urls []string, tc *tls.Config) []*peer {
 // which went to that broker, is in no copy but its own. A peer that does
 // not answer within broker.peer_timeout is taken to hold nothing: the
 // launch goes on, and is counted and logged.
-func (s *Server) askPeers(ctx context.Context, user string) {
+func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
 	tok, err := s.tokens.MintPeer(user, peerTokenTTL)
 	if err != nil {
 		s.log.Warn("could not sign a question to the peer brokers; placing without it", "user", user, "error", err)
@@ -61,7 +65,7 @@ func (s *Server) askPeers(ctx context.Context, user string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := p.client.PeerSessions(ctx, tok, brokerapi.PeerQuery{User: user})
+			res, err := p.client.PeerSessions(ctx, tok, brokerapi.PeerQuery{User: user, Hosts: hosts})
 			if err != nil {
 				result := "unreachable"
 				if se := (*brokerclient.StatusError)(nil); errors.As(err, &se) {
@@ -77,14 +81,16 @@ func (s *Server) askPeers(ctx context.Context, user string) {
 			if p.down.Swap(false) {
 				s.log.Info("a peer broker answers again", "peer", p.client.Base)
 			}
-			if len(res.Sessions) == 0 {
+			s.cache.learnPeer(user, res)
+			if len(res.Sessions) == 0 && len(res.Hosts) == 0 {
 				s.m.peerQueries.WithLabelValues("none").Inc()
 				return
 			}
 			s.m.peerQueries.WithLabelValues("found").Inc()
-			s.log.Info("a peer broker holds the user's session: the launch goes back to it", "peer", p.client.Base, "user", user,
-				"host", res.Sessions[0].Host, "session", res.Sessions[0].ID)
-			s.cache.learnPeer(user, res.Sessions)
+			if len(res.Sessions) > 0 {
+				s.log.Info("a peer broker holds the user's session: the launch goes back to it", "peer", p.client.Base, "user", user,
+					"host", res.Sessions[0].Host, "session", res.Sessions[0].ID)
+			}
 		}()
 	}
 	wg.Wait()
@@ -114,43 +120,78 @@ func (s *Server) peerSessions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusForbidden, "this peer token asks about another user")
 		return
 	}
-	writeJSON(w, http.StatusOK, brokerapi.PeerSessions{Sessions: s.cache.peerView(user)})
+	if len(q.Hosts) > maxPeerHosts {
+		s.fail(w, r, http.StatusBadRequest, "a peer question names at most %d hosts", maxPeerHosts)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cache.peerView(user, q.Hosts))
 }
 
-// holds reports whether the copy has a live session or pending placement
-// of user in group.
-func (c *localCache) holds(user, group string) bool {
+// usable reports whether the copy holds a session (or pending
+// placement) of user in group that a launch can be sent back to: on a
+// host the copy knows and has heard from since stale. Otherwise a peer
+// may know more: the session, or its host (returned, to ask about), or a
+// later report of the host.
+func (c *localCache) usable(user, group string, stale time.Time) (ok bool, host string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.live[liveKey(user, group)]
-	return ok
+	s, held := c.live[liveKey(user, group)]
+	if !held {
+		return false, ""
+	}
+	h, known := c.hosts[s.Host]
+	if known && !h.LastSeen.Before(stale) {
+		return true, ""
+	}
+	return false, s.Host
 }
 
 // peerView is what a peer is told of user: their sessions in the copy,
-// each with when this broker last heard from its host.
-func (c *localCache) peerView(user string) []brokerapi.PeerSession {
+// and the hosts they are on, with the hosts of the user's sessions the
+// peer asked about.
+func (c *localCache) peerView(user string, asked []string) brokerapi.PeerSessions {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := []brokerapi.PeerSession{}
+	out := brokerapi.PeerSessions{Sessions: []brokerapi.PeerSession{}, Hosts: []brokerapi.PeerHost{}}
+	hosts := map[string]bool{}
 	for _, ss := range c.live {
 		if ss.User != user || ss.State == store.Ended {
 			continue
 		}
-		out = append(out, brokerapi.PeerSession{ID: ss.ID, DeliveryGroup: ss.Group, Host: ss.Host, State: ss.State,
-			CreatedAt: ss.CreatedAt, UpdatedAt: ss.UpdatedAt, HostSeen: c.hosts[ss.Host].LastSeen})
+		out.Sessions = append(out.Sessions, brokerapi.PeerSession{ID: ss.ID, DeliveryGroup: ss.Group, Host: ss.Host, State: ss.State,
+			CreatedAt: ss.CreatedAt, UpdatedAt: ss.UpdatedAt})
+		hosts[ss.Host] = true
+	}
+	for _, h := range asked {
+		hosts[h] = true
+	}
+	for name := range hosts {
+		if h, ok := c.hosts[name]; ok {
+			out.Hosts = append(out.Hosts, peerHost(h))
+		}
 	}
 	return out
 }
 
-// learnPeer takes into the copy the sessions of user a peer holds that
-// the copy lacks, on hosts it knows. A host the peer heard from later
-// than this broker did is as fresh as the peer says: its reports may all
-// have gone there, and the user's session on it must still draw the
-// launch.
-func (c *localCache) learnPeer(user string, ss []brokerapi.PeerSession) {
+// learnPeer takes into the copy what a peer holds of user that the copy
+// lacks: hosts it does not know (registered through the peer since the
+// copy's last reload), a later report of a host it knows (the host's
+// reports may all have gone to the peer: the user's session on it must
+// still draw the launch), and the user's sessions on hosts it now knows.
+func (c *localCache) learnPeer(user string, res *brokerapi.PeerSessions) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, p := range ss {
+	for _, ph := range res.Hosts {
+		h, ok := c.hosts[ph.Name]
+		switch {
+		case !ok:
+			c.hosts[ph.Name] = fromPeerHost(ph)
+		case h.Registration == ph.Registration && ph.LastSeen.After(h.LastSeen):
+			h.LastSeen = ph.LastSeen
+			c.hosts[ph.Name] = h
+		}
+	}
+	for _, p := range res.Sessions {
 		h, ok := c.hosts[p.Host]
 		if !ok || h.Group != p.DeliveryGroup || p.State == store.Ended {
 			continue
@@ -161,11 +202,23 @@ func (c *localCache) learnPeer(user string, ss []brokerapi.PeerSession) {
 		}
 		c.live[k] = store.Session{ID: p.ID, User: user, Group: p.DeliveryGroup, Host: p.Host, State: p.State,
 			CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt}
-		if p.HostSeen.After(h.LastSeen) {
-			h.LastSeen = p.HostSeen
-			c.hosts[p.Host] = h
-		}
 	}
+}
+
+func peerHost(h store.Host) brokerapi.PeerHost {
+	return brokerapi.PeerHost{Name: h.Name, DeliveryGroup: h.Group, Zone: h.Zone, Address: h.Address, Port: h.Port,
+		Weight: h.Weight, SessionLimit: h.SessionLimit, LogonLimit: h.LogonLimit, Sessions: h.Sessions, Pending: h.Pending,
+		CPU: h.CPU, Mem: h.Mem, DiskIdle: h.DiskIdle, DiskLatency: h.DiskLatency, MemPressure: h.MemPressure,
+		CPUPressure: h.CPUPressure, Unhealthy: h.Unhealthy, AdminDrain: h.AdminDrain, AgentDrain: h.AgentDrain,
+		AssignedUser: h.AssignedUser, Registration: h.Registration, RegisteredAt: h.RegisteredAt, LastSeen: h.LastSeen}
+}
+
+func fromPeerHost(h brokerapi.PeerHost) store.Host {
+	return store.Host{Name: h.Name, Group: h.DeliveryGroup, Zone: h.Zone, Address: h.Address, Port: h.Port,
+		Weight: h.Weight, SessionLimit: h.SessionLimit, LogonLimit: h.LogonLimit, Sessions: h.Sessions, Pending: h.Pending,
+		CPU: h.CPU, Mem: h.Mem, DiskIdle: h.DiskIdle, DiskLatency: h.DiskLatency, MemPressure: h.MemPressure,
+		CPUPressure: h.CPUPressure, Unhealthy: h.Unhealthy, AdminDrain: h.AdminDrain, AgentDrain: h.AgentDrain,
+		AssignedUser: h.AssignedUser, Registration: h.Registration, RegisteredAt: h.RegisteredAt, LastSeen: h.LastSeen}
 }
 
 // logPeers says at start which peers a launch in an outage asks.
