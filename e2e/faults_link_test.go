@@ -18,8 +18,8 @@ import (
 // cut mid-storm. Whatever the timings: a cut the buffers ride out loses
 // no byte and no tunnel; under bulk load the gateway's write timeout
 // ends every tunnel, the gateway's log naming it, and a new tunnel works
-// once the link is back; no launch is lost or doubled beyond what
-// architecture.md documents, and none refused. At this scale the
+// once the link is back; no launch is lost or doubled, and none
+// refused. At this scale the
 // database's link is cut for 15 s, longer than the storm's client waits
 // (10 s) and than the brokers' 5 s before they answer from their caches.
 func TestFaultsLinkCut(t *testing.T) {

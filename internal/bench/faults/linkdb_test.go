@@ -19,7 +19,7 @@ import (
 // local host caches before the client gives up, and the placements sent
 // to the database before the cut, which reach it when the link returns,
 // must not take the place of what the users were told: no launch lost,
-// none doubled beyond what architecture.md documents, none refused.
+// none doubled, none refused.
 func TestDatabaseLinkCutLongerThanAClientWaits(t *testing.T) {
 	testkit.RequirePostgres(t)
 	dir := t.TempDir()
