@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -66,6 +67,10 @@ func TestOutageLaunchAtTheBrokerThatHeardNothing(t *testing.T) {
 			if err := pg.Restart(context.Background()); err != nil {
 				t.Fatal(err)
 			}
+			// Both journals written back (B's holds u1's placement), then
+			// read.
+			a.settled(t)
+			b.settled(t)
 			for _, w := range []*world{a, b} {
 				if got := w.settled(t); got["u1"] != store.Active {
 					t.Errorf("%s: u1's live sessions after the outage: %v, want one, active", w.name, got)
@@ -139,6 +144,53 @@ func TestOutageLaunchOnAHostOnlyThePeerKnows(t *testing.T) {
 	}
 }
 
+// TestOutageReportFromAHostOnlyThePeerKnows: a host that registered
+// through broker A shortly before PostgreSQL stopped is in no copy but
+// A's; its reports, through the balancer, reach B too. B refused them
+// with 404 ("not registered: register it with a join token"), which has
+// the agent drop its credential and register with its join token, which
+// no broker can take in an outage (seen in the broker logs of `deskway
+// bench faults --scenario link`). With peers, B asks A for the host and
+// takes the report; without, it answers 503 and the agent reports again.
+func TestOutageReportFromAHostOnlyThePeerKnows(t *testing.T) {
+	for _, withPeers := range []bool{true, false} {
+		t.Run(fmt.Sprint("peers ", withPeers), func(t *testing.T) {
+			pg := testkit.StartPostgres(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var a, b *world
+			if withPeers {
+				a, b = peerBrokers(t, pg.NewDB(t))
+			} else {
+				a, b = twoBrokers(t, pg.NewDB(t))
+			}
+			cred := a.r.agent("h3", "desk", "")
+			if err := pg.Kill(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			maintain(t, ctx, a.r.b)
+			maintain(t, ctx, b.r.b)
+			_, err := b.r.client.Heartbeat(context.Background(), cred, brokerapi.Heartbeat{Host: "h3", DiskIdle: 0.9,
+				Sessions: []brokerapi.Session{{User: "u1", State: store.Active}}})
+			switch {
+			case withPeers && err != nil:
+				t.Fatalf("h3's heartbeat at B in the outage, h3 registered at A, A a peer of B: %v; want it taken", err)
+			case !withPeers && status(err) != http.StatusServiceUnavailable:
+				t.Fatalf("h3's heartbeat at B in the outage, h3 registered at A, no peers: %v; want 503 (report again), not 404 (register again)", err)
+			}
+			if !withPeers {
+				return
+			}
+			// B now holds h3 and u1's session there.
+			b.host["u1"] = "h3"
+			second := b.launch(t, "u1")
+			if !second.Reconnect || second.Host != "h3" {
+				t.Fatalf("u1 reported on h3 to B, launched at B: reconnect %t on %s; want a reconnect on h3", second.Reconnect, second.Host)
+			}
+		})
+	}
+}
+
 // TestPeerQuestionNeedsAPeerToken: the question brokers ask each other
 // tells who has a session where, so the broker answers it only to a
 // peer token its own key signed, naming the user asked about. A stranger
@@ -173,11 +225,11 @@ func TestPeerQuestionNeedsAPeerToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged, err := strange.MintPeer("u1", time.Minute)
+	forged, err := strange.MintPeer("u1", nil, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	forU2, err := r.tokens.MintPeer("u2", time.Minute)
+	forU2, err := r.tokens.MintPeer("u2", nil, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,9 +250,13 @@ func TestPeerQuestionNeedsAPeerToken(t *testing.T) {
 	}
 	// The same question with a true peer token is answered: what the
 	// refusals keep from everyone else.
-	tok, err := r.tokens.MintPeer("u1", time.Minute)
+	tok, err := r.tokens.MintPeer("u1", nil, time.Minute)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A true peer token asks about no host it does not name.
+	if got, err := r.client.PeerSessions(context.Background(), tok, brokerapi.PeerQuery{User: "u1", Hosts: []string{"h1"}}); status(err) != http.StatusForbidden {
+		t.Errorf("peer question about u1 and h1 with a token naming no host: %+v, %v; want 403", got, err)
 	}
 	got, err := r.client.PeerSessions(context.Background(), tok, brokerapi.PeerQuery{User: "u1"})
 	if err != nil || len(got.Sessions) != 1 || got.Sessions[0].ID != res.SessionID || got.Sessions[0].Host != "h1" {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,7 @@ func newPeers(urls []string, tc *tls.Config) []*peer {
 // not answer within broker.peer_timeout is taken to hold nothing: the
 // launch goes on, and is counted and logged.
 func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
-	tok, err := s.tokens.MintPeer(user, peerTokenTTL)
+	tok, err := s.tokens.MintPeer(user, hosts, peerTokenTTL)
 	if err != nil {
 		s.log.Warn("could not sign a question to the peer brokers; placing without it", "user", user, "error", err)
 		return
@@ -106,7 +107,7 @@ func (s *Server) peerSessions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusUnauthorized, "peer questions need Authorization: Bearer <peer token>, which only a broker holding this one's auth.token_key can sign")
 		return
 	}
-	user, err := s.tokens.VerifyPeer(tok)
+	claims, err := s.tokens.VerifyPeer(tok)
 	if err != nil {
 		s.fail(w, r, http.StatusUnauthorized, "peer token refused (%v): the brokers on one database must share auth.token_key", err)
 		return
@@ -116,15 +117,15 @@ func (s *Server) peerSessions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadRequest, "%v", err)
 		return
 	}
-	if q.User != user {
-		s.fail(w, r, http.StatusForbidden, "this peer token asks about another user")
+	if q.User != claims.Subject || !allIn(q.Hosts, claims.Hosts) {
+		s.fail(w, r, http.StatusForbidden, "this peer token asks about another user or other hosts")
 		return
 	}
 	if len(q.Hosts) > maxPeerHosts {
 		s.fail(w, r, http.StatusBadRequest, "a peer question names at most %d hosts", maxPeerHosts)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.cache.peerView(user, q.Hosts))
+	writeJSON(w, http.StatusOK, s.cache.peerView(q.User, q.Hosts))
 }
 
 // usable reports whether the copy holds a session (or pending
@@ -155,7 +156,7 @@ func (c *localCache) peerView(user string, asked []string) brokerapi.PeerSession
 	out := brokerapi.PeerSessions{Sessions: []brokerapi.PeerSession{}, Hosts: []brokerapi.PeerHost{}}
 	hosts := map[string]bool{}
 	for _, ss := range c.live {
-		if ss.User != user || ss.State == store.Ended {
+		if user == "" || ss.User != user || ss.State == store.Ended {
 			continue
 		}
 		out.Sessions = append(out.Sessions, brokerapi.PeerSession{ID: ss.ID, DeliveryGroup: ss.Group, Host: ss.Host, State: ss.State,
@@ -219,6 +220,25 @@ func fromPeerHost(h brokerapi.PeerHost) store.Host {
 		CPU: h.CPU, Mem: h.Mem, DiskIdle: h.DiskIdle, DiskLatency: h.DiskLatency, MemPressure: h.MemPressure,
 		CPUPressure: h.CPUPressure, Unhealthy: h.Unhealthy, AdminDrain: h.AdminDrain, AgentDrain: h.AgentDrain,
 		AssignedUser: h.AssignedUser, Registration: h.Registration, RegisteredAt: h.RegisteredAt, LastSeen: h.LastSeen}
+}
+
+// unknownHost answers a report from a host this broker's copy does not
+// hold while the database is away: 503, to be sent again, and not 404,
+// which would have the agent give up its credential and register with
+// its join token, which the database cannot take now either.
+func (s *Server) unknownHost(w http.ResponseWriter, r *http.Request, host string) {
+	w.Header().Set("Retry-After", "5")
+	s.fail(w, r, http.StatusServiceUnavailable, "the database is unreachable and this broker does not hold host %q yet (it registered through another broker): report again", host)
+}
+
+// allIn reports whether every one of want is in have.
+func allIn(want, have []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // logPeers says at start which peers a launch in an outage asks.
