@@ -46,13 +46,15 @@ func newPeers(urls []string, tc *tls.Config) []*peer {
 }
 
 // askPeers asks the other brokers, while the database is away, which
-// sessions or pending placements of user they hold, and takes them into
-// the local host cache, so that the placement that follows sends the user
-// back to one rather than placing a second. In an outage the brokers
-// share nothing else: a session another broker placed, every report of
-// which went to that broker, is in no copy but its own. A peer that does
-// not answer within broker.peer_timeout is taken to hold nothing: the
-// launch goes on, and is counted and logged.
+// sessions or pending placements of user they hold (none, user empty),
+// with their hosts and the hosts named, and takes what the local host
+// cache lacks into it, so that the placement that follows sends the user
+// back to one rather than placing a second, and a report from a host
+// registered through a peer is taken. In an outage the brokers share
+// nothing else: a session another broker placed, every report of which
+// went to that broker, is in no copy but its own. A peer that does not
+// answer within broker.peer_timeout is taken to hold nothing: the launch
+// or report goes on, and the silence is counted and logged.
 func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
 	tok, err := s.tokens.MintPeer(user, hosts, peerTokenTTL)
 	if err != nil {
