@@ -1,7 +1,9 @@
 package bootstorm
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/deskway/deskway/internal/bench/report"
 )
@@ -44,5 +46,30 @@ func TestSummaryNamesWorstRuns(t *testing.T) {
 	}
 	if s["rss_bytes_per_client"] != 2e6 || s["rss_bytes_per_client_excl_cache"] != 6e4 {
 		t.Fatalf("memory: %v", s)
+	}
+}
+
+// TestSlowWhenCountsKindsAndTheBusiestSpan: slow requests are counted by
+// what they asked, and the storm's busiest 5 s is found with its share.
+func TestSlowWhenCountsKindsAndTheBusiestSpan(t *testing.T) {
+	s := time.Second
+	results := []clientResult{
+		{slowCmd: [3]int{2, 1, 0}, slowAt: []time.Duration{1 * s, 12 * s, 13 * s}},
+		{slowCmd: [3]int{1, 0, 1}, slowAt: []time.Duration{11 * s, 14 * s}},
+		{}, // a client with none
+	}
+	m := map[string]float64{}
+	buckets := slowWhen(results, m)
+	if m["slow_reads"] != 3 || m["slow_writes"] != 1 || m["slow_flushes"] != 1 {
+		t.Fatalf("by kind: %v", m)
+	}
+	if m["slow_peak_at_s"] != 10 || m["slow_peak_share"] != 0.8 {
+		t.Fatalf("busiest span: %v", m)
+	}
+	if want := []int{1, 0, 4}; !slices.Equal(buckets, want) {
+		t.Fatalf("per 5 s: %v, want %v", buckets, want)
+	}
+	if got := slowKind('Z'); got != 1 {
+		t.Fatalf("write zeroes counted as kind %d, want a write", got)
 	}
 }
