@@ -3,12 +3,14 @@ package stream
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -507,4 +509,52 @@ func TestStoreCacheRefusesASweptCache(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("opening a swept cache made its data file again: %v", err)
 	}
+}
+
+// TestCountedRAMMatchesTheKernel: the write cache counts its resident
+// RAM rather than asking the kernel (mincore); the count must be what
+// the kernel says, for slabs the reserver faulted in and slabs writes
+// mapped and filled block by block.
+func TestCountedRAMMatchesTheKernel(t *testing.T) {
+	c := newWriteCache(bytes.NewReader(make([]byte, 16<<20)), 16<<20, 8<<20, t.TempDir(), nil)
+	defer c.close()
+	kernel := func() int64 {
+		var n int64
+		for _, slab := range c.slabs {
+			vec := make([]byte, slabBlocks)
+			if _, _, e := unix.RawSyscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&slab[0])), uintptr(len(slab)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+				t.Fatal(e)
+			}
+			for _, v := range vec {
+				n += int64(v & 1)
+			}
+		}
+		return n * cacheBlock
+	}
+	check := func(step string) {
+		t.Helper()
+		if ram, _ := c.bytes(); ram != kernel() {
+			t.Fatalf("%s: the cache counts %d bytes of RAM, the kernel has %d resident", step, ram, kernel())
+		}
+	}
+	check("empty")
+	at := int64(0)
+	for _, blocks := range []int64{1, 100, slabBlocks + 3, slabBlocks / 2} {
+		if _, err := c.WriteAt(bytes.Repeat([]byte{9}, int(blocks*cacheBlock)), at); err != nil {
+			t.Fatal(err)
+		}
+		at += blocks * cacheBlock
+		check(fmt.Sprintf("%d blocks written", c.ramBlocks))
+	}
+	// The second slab three-quarters used: the reserver faults the third
+	// in whole while the second is still filling.
+	c.reserve()
+	if len(c.slabs) != 3 {
+		t.Fatalf("%d slabs after a reserve with the second slab %d blocks in, want 3", len(c.slabs), c.ramBlocks-slabBlocks)
+	}
+	check("a reserved slab after a slab part used")
+	if _, err := c.WriteAt(bytes.Repeat([]byte{3}, int(slabBlocks*cacheBlock)), at+cacheBlock/2); err != nil {
+		t.Fatal(err)
+	}
+	check("writes through the rest of the second slab into the reserved one")
 }

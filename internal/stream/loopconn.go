@@ -102,6 +102,27 @@ func (c *conn) transmitOnLoop(exp *export) (disc bool, err error) {
 	// Requests the client sent right after negotiating are in the reader.
 	k.have, _ = c.r.Read(k.in[:c.r.Buffered()])
 	c.r = nil
+	s := c.s
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		unix.Close(fd)
+		return false, net.ErrClosed
+	}
+	s.onLoops[k] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.onLoops, k)
+		s.mu.Unlock()
+	}()
+	// Go's poller lets go of the socket, as only the loop reads it now.
+	// Left registered there too, every packet of every connection on a
+	// loop was reported to Go's epoll as well, and the scheduler's poll
+	// of the network, which runs each time a busy loop is preempted,
+	// returned them by the hundred: in a storm of 1,000 boots that poll
+	// took more of the server's CPU than the loops' own epoll waits.
+	_ = c.nc.Close()
 	if err := k.l.Post(k.begin); err != nil {
 		unix.Close(fd)
 		return false, err
@@ -157,6 +178,10 @@ type loopConn struct {
 }
 
 func (k *loopConn) begin() {
+	if k.closed {
+		// Ended by a shutdown before it began: its descriptor is closed.
+		return
+	}
 	if err := k.l.Add(k.fd, k); err != nil {
 		k.end(err)
 		return

@@ -85,7 +85,12 @@ type Server struct {
 	mu    sync.Mutex
 	boots map[string]*boot
 	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	// onLoops are the connections served on event loops, whose sockets
+	// only their loops hold (see transmitOnLoop); stopping is set once
+	// Serve is ending them, after which none is added.
+	onLoops  map[*loopConn]struct{}
+	stopping bool
+	wg       sync.WaitGroup
 }
 
 // vdisk is one catalog entry with its base image open read-only.
@@ -177,7 +182,7 @@ func New(cfg *config.Stream, d Deps) (*Server, error) {
 			"listen", cfg.Listen)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, tls: d.TLS, byName: map[string]*vdisk{}, buffers: semaphore.NewWeighted(int64(cfg.MaxBufferMB) << 20),
-		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{},
+		boots: map[string]*boot{}, conns: map[net.Conn]struct{}{}, onLoops: map[*loopConn]struct{}{},
 		quota:   newCacheQuota(int64(cfg.MaxCacheMB)<<20, int64(cfg.MaxCacheMBPerClient)<<20),
 		preauth: admission.New(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddr)}
 	s.metrics = newMetrics(d.Registry, s.cacheRAM, func() float64 { return float64(s.quota.used.Load()) })
@@ -311,14 +316,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 	s.mu.Lock()
+	s.stopping = true
 	for c := range s.conns {
-		if tc, ok := c.(*net.TCPConn); ok {
-			// A connection served on a loop holds its own descriptor of
-			// the socket, which only a shutdown reaches.
-			_ = tc.CloseRead()
-			_ = tc.CloseWrite()
-		}
 		c.Close()
+	}
+	for k := range s.onLoops {
+		// Ended on its loop, which alone touches its descriptor: from
+		// here it might be closed already and its number reused.
+		_ = k.l.Post(func() { k.end(net.ErrClosed) })
 	}
 	s.mu.Unlock()
 	s.wg.Wait()

@@ -3,7 +3,6 @@ package stream
 import (
 	"runtime"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -66,7 +65,7 @@ func (c *writeCache) reserve() {
 	}
 	// MADV_POPULATE_WRITE (Linux 5.14) faults every page in one call;
 	// an older kernel leaves the faults to the first write.
-	_ = unix.Madvise(slab, unix.MADV_POPULATE_WRITE)
+	faulted := unix.Madvise(slab, unix.MADV_POPULATE_WRITE) == nil
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || len(c.slabs) != n {
@@ -74,6 +73,7 @@ func (c *writeCache) reserve() {
 		return
 	}
 	c.slabs = append(c.slabs, slab)
+	c.faulted = append(c.faulted, faulted)
 }
 
 // A reserver reserves the slabs of boots' write caches ahead of their
@@ -118,19 +118,6 @@ func (r *reserver) add(c *writeCache) {
 	case r.queue <- c:
 	default:
 	}
-}
-
-// resident is how many bytes of slab are in memory.
-func resident(slab []byte) int64 {
-	var vec [slabBlocks]byte
-	if _, _, e := unix.RawSyscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&slab[0])), uintptr(len(slab)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		return slabSize
-	}
-	var n int64
-	for _, v := range vec {
-		n += int64(v & 1)
-	}
-	return n * cacheBlock
 }
 
 func (r *reserver) close() {

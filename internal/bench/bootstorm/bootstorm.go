@@ -235,7 +235,66 @@ type clientResult struct {
 	slow  int
 	reads int64
 	lat   []float64 // request latencies, ms
-	err   error
+	// slowCmd counts slow requests by what they asked: reads, writes
+	// (data, zeroes or trim) and flushes; slowAt is when each was sent,
+	// from the client's start.
+	slowCmd [3]int
+	slowAt  []time.Duration
+	err     error
+}
+
+// slowKinds names clientResult.slowCmd's counts in a point's metrics.
+var slowKinds = [3]string{"slow_reads", "slow_writes", "slow_flushes"}
+
+// slowKind is the slowCmd index of a trace command.
+func slowKind(cmd byte) int {
+	switch cmd {
+	case 'R':
+		return 0
+	case 'F':
+		return 2
+	}
+	return 1
+}
+
+// slowBucket is the span the slow requests of a storm are counted in.
+const slowBucket = 5 * time.Second
+
+// slowWhen adds to m what the slow requests of a storm asked and when:
+// their count by kind, and the busiest slowBucket of the storm (its
+// start in seconds and its share of them); it returns the counts of
+// every bucket from the start, for the log.
+func slowWhen(results []clientResult, m map[string]float64) []int {
+	var byKind [3]int
+	var buckets []int
+	total := 0
+	for _, cr := range results {
+		for k, n := range cr.slowCmd {
+			byKind[k] += n
+		}
+		for _, at := range cr.slowAt {
+			b := int(at / slowBucket)
+			for len(buckets) <= b {
+				buckets = append(buckets, 0)
+			}
+			buckets[b]++
+			total++
+		}
+	}
+	for k, name := range slowKinds {
+		m[name] = float64(byKind[k])
+	}
+	if total > 0 {
+		peak := 0
+		for b, n := range buckets {
+			if n > buckets[peak] {
+				peak = b
+			}
+		}
+		m["slow_peak_at_s"] = (time.Duration(peak) * slowBucket).Seconds()
+		m["slow_peak_share"] = report.Round(float64(buckets[peak])/float64(total), 3)
+	}
+	return buckets
 }
 
 // interleave measures every system runs times, the systems taking
@@ -262,8 +321,8 @@ func interleave(ctx context.Context, systems []system, runs int, run func(system
 
 // medianOf is the point of one system's runs at a step: the median run
 // (by slow requests for a storm, by throughput for reads) in which each
-// compared figure (slow requests, failed clients, boot time, throughput)
-// is that figure's own median over the runs, with the spread beside it:
+// compared figure (slow requests, failed clients, boot time, throughput,
+// server CPU-seconds) is that figure's own median over the runs, with the spread beside it:
 // the *_min and *_max, the worst run's in slow_requests_max,
 // failed_clients_max and boot_median_s_max.
 func medianOf(points []report.Point, scenario string, runs int) report.Point {
@@ -277,8 +336,9 @@ func medianOf(points []report.Point, scenario string, runs int) report.Point {
 }
 
 // medianPoint is the median run of points by the figure by, in which each
-// compared figure (slow requests, failed clients, boot time, throughput)
-// is that figure's own median over the runs, with its *_min and *_max.
+// compared figure (slow requests, failed clients, boot time, throughput,
+// server CPU-seconds) is that figure's own median over the runs, with
+// its *_min and *_max.
 func medianPoint(points []report.Point, by string) report.Point {
 	slices.SortStableFunc(points, func(a, b report.Point) int {
 		switch x, y := a.Metrics[by], b.Metrics[by]; {
@@ -290,7 +350,7 @@ func medianPoint(points []report.Point, by string) report.Point {
 		return 0
 	})
 	med := points[len(points)/2]
-	for _, k := range []string{"slow_requests", "failed_clients", "boot_median_s", "read_gbps"} {
+	for _, k := range []string{"slow_requests", "failed_clients", "boot_median_s", "read_gbps", "cpu_s"} {
 		var vs []float64
 		for _, p := range points {
 			if v, ok := p.Metrics[k]; ok {
@@ -462,10 +522,11 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 	cpu := 100 * (end.CPU - idle.CPU).Seconds() / wall.Seconds()
 	m := map[string]float64{
 		"clients": float64(n), "failed_clients": float64(failed), "slow_requests": float64(slow),
-		"cpu_pct": report.Round(cpu, 1), "rss_idle_bytes": float64(idle.RSS), "rss_peak_bytes": float64(peakRSS.Load()),
+		"cpu_pct": report.Round(cpu, 1), "cpu_s": report.Round((end.CPU - idle.CPU).Seconds(), 2), "rss_idle_bytes": float64(idle.RSS), "rss_peak_bytes": float64(peakRSS.Load()),
 		"bytes_read": float64(reads), "read_gbps": report.Round(float64(reads)*8/wall.Seconds()/1e9, 3),
 		"read_mb_s": report.Round(float64(reads)/wall.Seconds()/1e6, 1), "wall_s": report.Round(wall.Seconds(), 2),
 	}
+	slowBuckets := slowWhen(results, m)
 	if f.check != nil {
 		m["verified_bytes"] = float64(verified.Load())
 	}
@@ -491,6 +552,8 @@ func (r *runner) run(ctx context.Context, sys system, scenario string, n int) (r
 	}
 	log.Info("step", "boot_median_s", m["boot_median_s"], "boot_max_s", m["boot_max_s"], "slow", slow,
 		"p99_ms", m["request_p99_ms"], "max_ms", m["request_max_ms"],
-		"cpu_pct", m["cpu_pct"], "rss_mib", peakRSS.Load()>>20, "read_mb_s", m["read_mb_s"])
+		"slow_reads", m["slow_reads"], "slow_writes", m["slow_writes"], "slow_flushes", m["slow_flushes"],
+		"slow_per_5s", slowBuckets,
+		"cpu_pct", m["cpu_pct"], "cpu_s", m["cpu_s"], "rss_mib", peakRSS.Load()>>20, "read_mb_s", m["read_mb_s"])
 	return report.Point{Scenario: scenario, System: sys.name, Params: map[string]any{"clients": n}, Metrics: m}, nil
 }

@@ -503,6 +503,8 @@ func (c *replayer) done(s *slot, err error) {
 	d := time.Since(s.sent)
 	if d > slowRequest {
 		c.res.slow++
+		c.res.slowCmd[slowKind(s.cmd)]++
+		c.res.slowAt = append(c.res.slowAt, s.sent.Sub(c.start))
 	}
 	if c.res.lat != nil {
 		c.res.lat[s.op] = report.Millis(d)
