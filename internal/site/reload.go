@@ -38,6 +38,9 @@ func (s *Server) check(next *config.Site) error {
 	if !slices.Equal(next.Underlay.Addresses, s.cfg.Underlay.Addresses) {
 		return fmt.Errorf("site.underlay.addresses changes only at a restart (the raw sockets are bound to %s)", strings.Join(s.cfg.Underlay.Addresses, ", "))
 	}
+	if next.Datapath != s.cfg.Datapath {
+		return fmt.Errorf("site.datapath changes only at a restart (it is %s now)", s.cfg.Datapath)
+	}
 	if next.Underlay.Send != s.cfg.Underlay.Send {
 		return fmt.Errorf("site.underlay.send changes only at a restart (GRE leaves as %s now)", s.cfg.Underlay.Send)
 	}
@@ -162,6 +165,9 @@ func (s *Server) Reload(next *config.Site, actor, source string) error {
 		s.set.Store(old.with(nil, gone...))
 		for _, t := range old.list {
 			if slices.Contains(gone, t.name) {
+				if s.kp != nil {
+					s.kp.forget(t)
+				}
 				s.remove(t)
 				s.m.forget(t.name)
 				done("site: tenant "+t.name+" removed", nil)
@@ -187,6 +193,9 @@ func (s *Server) Reload(next *config.Site, actor, source string) error {
 		}
 	}
 	s.cfg = next
+	if err := s.kernelSync(); err != nil {
+		done("site: the kernel datapath", err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -65,6 +65,8 @@ type Server struct {
 	loopErrs []error
 	// ha is the election of a pair of gateways, nil for a gateway alone.
 	ha *haNode
+	// kp is the kernel datapath, nil where the userspace one runs alone.
+	kp *kernelPath
 }
 
 // tenantSet is the tenants in force, by name's order and by key.
@@ -149,6 +151,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		s.unders = append(s.unders, u)
 	}
+	if err := s.startKernel(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
 	for _, t := range s.set.Load().list {
 		s.link(t, t.c())
 	}
@@ -160,8 +166,14 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.forwarding = true
 	names := s.names()
+	datapath := "userspace"
+	stopCounters := make(chan struct{})
+	if s.kp != nil {
+		datapath = "kernel"
+		go s.kernelCountersLoop(stopCounters)
+	}
 	s.mu.Unlock()
-	s.log.Info("site gateway forwarding", "tenants", len(names), "underlay", s.locals)
+	s.log.Info("site gateway forwarding", "tenants", len(names), "underlay", s.locals, "datapath", datapath)
 	s.audit("deskway site", "", "site gateway started, tenants "+strings.Join(names, ", "), http.StatusOK)
 	stopHA := s.startHA(ctx)
 	select {
@@ -170,6 +182,7 @@ func (s *Server) Run(ctx context.Context) error {
 		// A loop ended by itself: the device or socket failed.
 	}
 	stopHA()
+	close(stopCounters)
 	s.mu.Lock()
 	s.forwarding = false
 	for _, u := range s.unders {
@@ -248,6 +261,9 @@ func (s *Server) names() []string {
 func (s *Server) teardown() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.kp != nil {
+		s.kp.close()
+	}
 	for _, t := range s.set.Load().list {
 		s.remove(t)
 	}
