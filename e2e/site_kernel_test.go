@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/deskway/deskway/internal/testkit"
 )
@@ -132,7 +133,7 @@ func TestSiteKernelTenantsOverlap(t *testing.T) {
 			t.Fatalf("tenant %s's TUN device carried %d bytes in and %d out: the userspace datapath forwarded the traffic", x, tx, rx)
 		}
 	}
-	r.tunnelsMatch(`office-a`)
+	r.tunnelsMatch(`(?m)^a\s+1001\s+office-a\s+198\.51\.100\.2\s+up\s+[1-9]\d*\s+[1-9]\d*\s+[1-9]\d*\s+[1-9]\d*\s+kernel$`)
 	out, err := r.exec(r.gw, "curl", "-sk", "-H", "Authorization: Bearer e2e-admin-token", "https://127.0.0.1:9443/api/v1/site/tunnels")
 	if err != nil {
 		t.Fatalf("GET /api/v1/site/tunnels: %v\n%s", err, out)
@@ -154,5 +155,25 @@ func TestSiteKernelTenantsOverlap(t *testing.T) {
 	r.stop(r.gwProc)
 	if out, err := r.exec(r.comp["a"], "ip", "link", "show", "dwk3e9"); err == nil {
 		t.Fatalf("the gateway stopped and its veth is still in tenant a's namespace:\n%s", out)
+	}
+}
+
+// TestSiteKernelPathMTU: with the kernel datapath, a packet bigger than
+// the tunnel's MTU that may not be fragmented is answered by the
+// tenant's namespace's kernel at the veth, whose MTU is the tunnel's,
+// so the desktop's kernel lowers its path MTU to 1400 with no drop of
+// deskway's.
+func TestSiteKernelPathMTU(t *testing.T) {
+	t.Parallel()
+	r := newKernelSiteRig(t)
+	for _, c := range []struct{ from, to, v string }{{"10.0.0.10", "192.168.1.10", "-4"}, {"fd00:10::10", "fd00:192::10", "-6"}} {
+		out, _ := r.exec(r.desk["a"], "busybox", "ping", "-c", "1", "-W", "2", "-s", "1400", "-I", c.from, c.to)
+		eventually(t, 10*time.Second, "the desktop's path MTU to "+c.to, func() (bool, string) {
+			got, _ := r.exec(r.desk["a"], "ip", c.v, "route", "get", c.to)
+			return strings.Contains(got, "mtu 1400"), got + "\nping: " + out
+		})
+	}
+	if got := r.metric(`deskway_site_drops_total{cause="too_big",tenant="a"}`); got != 0 {
+		t.Fatalf("too_big drops of tenant a = %v, want 0: deskway saw what the veth's MTU stops", got)
 	}
 }

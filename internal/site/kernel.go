@@ -37,9 +37,11 @@ type kernelPath struct {
 	carried map[[2]string]bool
 	// attached are the underlay interfaces with the decapsulating program.
 	underlays map[int]bool
-	// read is each tunnel's counters as last added to the site's.
-	read   map[uint32]kernelgre.Counters
-	active bool
+	// read is each tunnel's counters as last added to the site's, and
+	// readNoRoute each tenant's drops.
+	read        map[uint32]kernelgre.Counters
+	readNoRoute map[uint32]uint64
+	active      bool
 }
 
 // vethGateway is the next hop a tenant's namespace routes GRE sites'
@@ -50,6 +52,10 @@ var (
 	vethGateway4 = net.IPv4(169, 254, 0, 1)
 	vethGateway6 = net.ParseIP("fe80::1")
 )
+
+// greOverhead is what the programs put before an inner packet: an IPv4
+// header and GRE with a key.
+const greOverhead = 20 + 8
 
 // vethName is tenant t's veth, the same name at both ends.
 func vethName(t *tenant) string { return fmt.Sprintf("dwk%x", t.key) }
@@ -70,7 +76,7 @@ func (s *Server) startKernel() error {
 		return nil
 	}
 	s.kp = &kernelPath{log: s.log, dp: dp, tenants: map[string]uint32{}, tunnels: map[[2]string]uint32{},
-		veths: map[string]kernelgre.Tenant{}, underlays: map[int]bool{}, read: map[uint32]kernelgre.Counters{}}
+		veths: map[string]kernelgre.Tenant{}, underlays: map[int]bool{}, read: map[uint32]kernelgre.Counters{}, readNoRoute: map[uint32]uint64{}}
 	if err := s.kernelSync(); err != nil {
 		return err
 	}
@@ -142,6 +148,13 @@ func (s *Server) kernelSync() error {
 			rs, err := netlink.RouteGet(st.peer.AsSlice())
 			if err != nil || len(rs) == 0 {
 				kp.log.Warn("no route to the site's peer: its GRE runs in userspace", "tenant", t.name, "site", st.name, "error", err)
+				continue
+			}
+			// The programs cannot fragment: a tunnel packet must fit the
+			// underlay whole, or its site stays with the userspace
+			// datapath, whose raw socket lets the kernel fragment.
+			if ul, err := netlink.LinkByIndex(rs[0].LinkIndex); err != nil || tc.mtu+greOverhead > ul.Attrs().MTU {
+				kp.log.Info("the tunnel's MTU and GRE do not fit the underlay's MTU: the site's GRE runs in userspace", "tenant", t.name, "site", st.name, "mtu", tc.mtu)
 				continue
 			}
 			key := [2]string{t.name, st.name}
@@ -298,6 +311,12 @@ func (s *Server) kernelCounters() {
 	defer kp.mu.Unlock()
 	now := time.Now().UnixNano()
 	for _, t := range s.set.Load().list {
+		if ti, ok := kp.tenants[t.name]; ok {
+			if n, err := kp.dp.NoRoute(ti); err == nil {
+				t.m.dropN(dropNoRoute, n-kp.readNoRoute[ti])
+				kp.readNoRoute[ti] = n
+			}
+		}
 		for _, st := range t.c().sites {
 			ti, ok := kp.tunnels[[2]string{t.name, st.name}]
 			if !ok {

@@ -43,7 +43,7 @@ func paperPoints() []report.Point {
 }
 
 // short names the systems in summary keys.
-var short = map[string]string{sysGRE: "gre", sysWG: "wg", sysWGGo: "wggo", sysVXLAN: "vxlan", sysDirect: "direct"}
+var short = map[string]string{sysGRE: "gre", sysKernel: "grek", sysWG: "wg", sysWGGo: "wggo", sysVXLAN: "vxlan", sysDirect: "direct"}
 
 // summarize fills sum from every run's samples (keyed by key()). A
 // ratio is taken within each run, where the systems shared the
@@ -85,31 +85,34 @@ func summarize(sum map[string]float64, runs []map[string]sample) {
 				return s.gbps, ok
 			})
 		}
-		per("gre_"+l+"_ratio_wggo", ratio(sysGRE, sysWGGo, conns))
 		per("wg_"+l+"_ratio_wggo", ratio(sysWG, sysWGGo, conns))
-		per("gre_"+l+"_ratio_vxlan", ratio(sysGRE, sysVXLAN, conns))
-		per("gre_"+l+"_ratio_direct", ratio(sysGRE, sysDirect, conns))
-		perCore := "gre_gbps_per_core"
-		if conns == 1 {
-			perCore = "gre_single_gbps_per_core"
+		for _, sys := range []string{sysGRE, sysKernel} {
+			g := short[sys]
+			per(g+"_"+l+"_ratio_wggo", ratio(sys, sysWGGo, conns))
+			per(g+"_"+l+"_ratio_vxlan", ratio(sys, sysVXLAN, conns))
+			per(g+"_"+l+"_ratio_direct", ratio(sys, sysDirect, conns))
+			perCore := g + "_gbps_per_core"
+			if conns == 1 {
+				perCore = g + "_single_gbps_per_core"
+			}
+			// Per core of the whole machine: the sender, the receiver, both
+			// tunnel ends and the kernel's forwarding all count against it.
+			per(perCore, func(r map[string]sample) (float64, bool) {
+				s, ok := r[key(sys, conns)]
+				if !ok || s.machineCores <= 0 {
+					return 0, false
+				}
+				return s.gbps / s.machineCores, true
+			})
+			// Per core of the gateway process alone, for comparison.
+			per(perCore[:len(perCore)-len("core")]+"gateway_core", func(r map[string]sample) (float64, bool) {
+				s, ok := r[key(sys, conns)]
+				if !ok || s.gatewayCores <= 0 {
+					return 0, false
+				}
+				return s.gbps / s.gatewayCores, true
+			})
 		}
-		// Per core of the whole machine: the sender, the receiver, both
-		// tunnel ends and the kernel's forwarding all count against it.
-		per(perCore, func(r map[string]sample) (float64, bool) {
-			s, ok := r[key(sysGRE, conns)]
-			if !ok || s.machineCores <= 0 {
-				return 0, false
-			}
-			return s.gbps / s.machineCores, true
-		})
-		// Per core of the gateway process alone, for comparison.
-		per(perCore[:len(perCore)-len("core")]+"gateway_core", func(r map[string]sample) (float64, bool) {
-			s, ok := r[key(sysGRE, conns)]
-			if !ok || s.gatewayCores <= 0 {
-				return 0, false
-			}
-			return s.gbps / s.gatewayCores, true
-		})
 	}
 }
 

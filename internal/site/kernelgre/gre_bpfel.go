@@ -57,6 +57,7 @@ type greTunnelOut struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	greMapNoRoute        = "no_route"
 	greMapRoutes         = "routes"
 	greMapSiteSources    = "site_sources"
 	greMapTenants        = "tenants"
@@ -116,6 +117,7 @@ type greProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type greMapSpecs struct {
+	NoRoute        *ebpf.MapSpec `ebpf:"no_route"`
 	Routes         *ebpf.MapSpec `ebpf:"routes"`
 	SiteSources    *ebpf.MapSpec `ebpf:"site_sources"`
 	Tenants        *ebpf.MapSpec `ebpf:"tenants"`
@@ -149,6 +151,7 @@ func (o *greObjects) Close() error {
 //
 // It can be passed to loadGreObjects or ebpf.CollectionSpec.LoadAndAssign.
 type greMaps struct {
+	NoRoute        *ebpf.Map `ebpf:"no_route"`
 	Routes         *ebpf.Map `ebpf:"routes"`
 	SiteSources    *ebpf.Map `ebpf:"site_sources"`
 	Tenants        *ebpf.Map `ebpf:"tenants"`
@@ -158,6 +161,7 @@ type greMaps struct {
 
 func (m *greMaps) Close() error {
 	return _GreClose(
+		m.NoRoute,
 		m.Routes,
 		m.SiteSources,
 		m.Tenants,

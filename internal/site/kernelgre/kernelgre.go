@@ -137,6 +137,20 @@ func (d *Datapath) DetachAll() error {
 	return errors.Join(errs...)
 }
 
+// NoRoute sums over the CPUs what tenant index sent to no site
+// (dropped).
+func (d *Datapath) NoRoute(index uint32) (uint64, error) {
+	var per []uint64
+	if err := d.objs.NoRoute.Lookup(index, &per); err != nil {
+		return 0, fmt.Errorf("drops of tenant %d: %w", index, err)
+	}
+	var n uint64
+	for _, p := range per {
+		n += p
+	}
+	return n, nil
+}
+
 // Counters sums tunnel index's counters over the CPUs.
 func (d *Datapath) Counters(index uint32) (Counters, error) {
 	var per []greCounters

@@ -5,9 +5,12 @@
 // tenant routed to a site as GRE, segmented once by the kernel (GSO);
 // decap runs at the ingress of an underlay interface and hands GRE whose
 // peer, key and inner source it knows straight to the tenant's namespace.
-// Anything else is left to the stack (TC_ACT_OK): deskway's userspace
+// Any GRE else is left to the stack (TC_ACT_OK): deskway's userspace
 // datapath reads it on its raw socket and forwards, answers or drops and
-// counts it as it does without this program.
+// counts it as it does without this program. What a tenant sends is
+// never left to the underlay namespace's stack, which would route it
+// among the underlay's networks: what goes to no site is dropped and
+// counted.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -109,6 +112,14 @@ struct {
 	__type(value, struct counters);
 } tunnel_counters SEC(".maps");
 
+// no_route counts, per tenant and CPU, what a tenant sent to no site.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+} no_route SEC(".maps");
+
 struct outer {
 	struct iphdr ip;
 	__be16 flags, proto;
@@ -160,13 +171,18 @@ int encap(struct __sk_buff *skb)
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		proto = ETH_P_IPV6;
 	else
-		return TC_ACT_OK; // ARP, the neighbour discovery's multicast: the stack's
+		return TC_ACT_SHOT; // the tenant's end resolves nothing (its neighbours are permanent)
 	struct prefix_key k = {.index = *tenant};
 	if (inner(skb, ETH_HLEN, 0, &k))
 		return TC_ACT_SHOT;
 	struct tunnel_out *t = bpf_map_lookup_elem(&routes, &k);
-	if (!t)
-		return TC_ACT_OK; // to no site: the stack's, as to the veth's own address
+	if (!t) {
+		__u32 ti = *tenant;
+		__u64 *n = bpf_map_lookup_elem(&no_route, &ti);
+		if (n)
+			*n += 1;
+		return TC_ACT_SHOT;
+	}
 	__u8 tos = 0;
 	if (proto == ETH_P_IP)
 		bpf_skb_load_bytes(skb, ETH_HLEN + 1, &tos, 1);
@@ -186,10 +202,10 @@ int encap(struct __sk_buff *skb)
 		c += w[i];
 	h.ip.check = fold(c);
 	__u32 ul = t->ifindex, tunnel = t->tunnel;
-	// Not FIXED_GSO: the kernel lowers a superpacket's segment size by
-	// the outer headers, so each segment fits the underlay's MTU.
+	// FIXED_GSO: a superpacket's segments are cut to the veth's MTU,
+	// the tunnel's, which deskway keeps 24 bytes under the underlay's.
 	if (bpf_skb_adjust_room(skb, sizeof(h), BPF_ADJ_ROOM_MAC,
-				BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_GRE))
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_GRE))
 		return TC_ACT_SHOT;
 	__be16 ethp = bpf_htons(ETH_P_IP);
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) ||
