@@ -68,6 +68,16 @@ func (s *Server) startKernel() error {
 		return nil
 	}
 	dp, err := kernelgre.Load()
+	if err == nil {
+		// tcx came with Linux 6.6: try it on the loopback device before
+		// anything is made.
+		if err = dp.AttachUnderlay(1); err == nil {
+			err = dp.Detach(1)
+		}
+		if err != nil {
+			_ = dp.Close()
+		}
+	}
 	if err != nil {
 		if mode == "kernel" {
 			return fmt.Errorf("site: datapath kernel: this kernel does not take deskway's GRE programs (BPF, tc): %w", err)
