@@ -190,14 +190,15 @@ func (s *Server) kernelSync() error {
 			}
 			kp.underlays[rs[0].LinkIndex] = true
 		}
-		if kp.active {
-			if err := kp.dp.AttachTenant(v.Ifindex); err != nil {
-				errs = append(errs, fmt.Errorf("site: %w", err))
-			}
-		}
 	}
 	if err := kp.dp.Sync(tenants, tunnels); err != nil {
 		errs = append(errs, fmt.Errorf("site: the kernel datapath's maps: %w", err))
+	}
+	// Attached once the maps know the veths.
+	for _, v := range tenants {
+		if err := kp.dp.AttachTenant(v.Ifindex); err != nil {
+			errs = append(errs, fmt.Errorf("site: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -275,22 +276,22 @@ func routeVeth(t *tenant, v kernelgre.Tenant, prefixes []netip.Prefix) error {
 	return nil
 }
 
-// setActive attaches the programs (the gateway is the active one, or
-// alone) or detaches them (passive): a passive gateway forwards
-// nothing.
+// setActive attaches decapsulation to the underlay (the gateway is
+// the active one, or alone) or detaches it (passive). Encapsulation stays
+// attached to the tenants' veths throughout: what a tenant sends is
+// never left to the underlay namespace's stack, and a passive gateway
+// sends what reaches it as the userspace datapath does.
 func (kp *kernelPath) setActive(on bool) error {
 	kp.mu.Lock()
 	defer kp.mu.Unlock()
 	kp.active = on
-	if !on {
-		return kp.dp.DetachAll()
-	}
 	var errs []error
 	for i := range kp.underlays {
-		errs = append(errs, kp.dp.AttachUnderlay(i))
-	}
-	for _, v := range kp.veths {
-		errs = append(errs, kp.dp.AttachTenant(v.Ifindex))
+		if on {
+			errs = append(errs, kp.dp.AttachUnderlay(i))
+		} else {
+			errs = append(errs, kp.dp.Detach(i))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -389,8 +390,8 @@ func (s *Server) kernelCountersLoop(stop <-chan struct{}) {
 	}
 }
 
-// kernelCarries is "kernel" while the programs carry site st of t,
-// else "userspace".
+// kernelCarries is "kernel" while the programs carry site st of t
+// (its traffic in once the gateway is active), else "userspace".
 func (s *Server) kernelCarries(t *tenant, st *peerSite) string {
 	kp := s.kp
 	if kp == nil {
@@ -398,7 +399,7 @@ func (s *Server) kernelCarries(t *tenant, st *peerSite) string {
 	}
 	kp.mu.Lock()
 	defer kp.mu.Unlock()
-	if kp.active && kp.carried[[2]string{t.name, st.name}] {
+	if kp.carried[[2]string{t.name, st.name}] {
 		return "kernel"
 	}
 	return "userspace"

@@ -5,10 +5,12 @@
 // Each tenant is a network namespace of its own (its compartment), so two
 // tenants may use the same addresses. In the namespace a TUN device
 // (wireguard-go's tun package, with its GSO/GRO offloads) is the tunnel's
-// inside, and routes send the sites' prefixes to it. The datapath is in
-// userspace, because the kernels it targets have no ip_gre: GRE over raw
-// IP sockets (protocol 47), read and written in batches (recvmmsg and
-// sendmmsg). On the way in the GRE key names the tenant, the outer source
+// inside, and routes send the sites' prefixes to it. The kernels it
+// targets have no ip_gre, so the datapath is deskway's: where the kernel
+// takes them, tc programs (package kernelgre, kernel.go) carry IPv4 GRE
+// through a veth into each tenant's namespace; the userspace datapath
+// carries the rest, GRE over raw IP sockets (protocol 47), read and
+// written in batches (recvmmsg and sendmmsg). On the way in the GRE key names the tenant, the outer source
 // must be one of the tenant's sites and the inner source one of that
 // site's prefixes; on the way out the inner destination picks the site.
 package site
