@@ -68,7 +68,7 @@ func write(res *report.Result, dir string, o Options) error {
 		Head: []string{"system", "seconds to the first probe answered through the passive", "connections reset or ended by an error", "connections whose bytes did not go on", "least any connection delivered after"}, Rows: failoverRows(res)}.Markdown())
 	var info [][]string
 	for _, k := range []string{"gre_single_ratio_vxlan", "gre_single_ratio_direct", "gre_multi_ratio_direct", "gre_gbps_per_gateway_core", "gre_single_gbps_per_gateway_core",
-		"grek_single_ratio_vxlan", "grek_single_ratio_direct", "grek_multi_ratio_direct", "grek_gbps_per_gateway_core", "grek_single_gbps_per_gateway_core"} {
+		"grek_single_ratio_vxlan", "grek_single_ratio_direct", "grek_multi_ratio_direct"} {
 		if has(k) {
 			info = append(info, []string{"`" + k + "`", fmt.Sprintf("%.2f", s[k]), fmt.Sprintf("%.2f", s[k+"_worst"])})
 		}

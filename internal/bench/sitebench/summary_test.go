@@ -61,4 +61,8 @@ func TestSummarizeKernel(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
 		}
 	}
+	// The kernel forwards in softirq: no gateway process's core to count.
+	if v, ok := sum["grek_gbps_per_gateway_core"]; ok {
+		t.Errorf("grek_gbps_per_gateway_core = %v for a gateway whose process does not forward", v)
+	}
 }
