@@ -175,6 +175,12 @@ int encap(struct __sk_buff *skb)
 	struct prefix_key k = {.index = *tenant};
 	if (inner(skb, ETH_HLEN, 0, &k))
 		return TC_ACT_SHOT;
+	// Multicast, broadcast and link-local destinations (the tenant's end
+	// soliciting routers, reporting its groups) go to no site and are
+	// not counted as the tenant's to none.
+	if ((k.family == 4 && k.addr[0] >= 224) ||
+	    (k.family == 6 && (k.addr[0] == 0xff || (k.addr[0] == 0xfe && (k.addr[1] & 0xc0) == 0x80))))
+		return TC_ACT_SHOT;
 	struct tunnel_out *t = bpf_map_lookup_elem(&routes, &k);
 	if (!t) {
 		__u32 ti = *tenant;
