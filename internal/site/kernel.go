@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -131,7 +132,9 @@ func (s *Server) kernelSync() error {
 	var tunnels []kernelgre.Tunnel
 	var errs []error
 	kp.carried = map[[2]string]bool{}
+	resync := s.kernelSync
 	for _, t := range s.set.Load().list {
+		t.onLearnt.Store(&resync)
 		tc := t.c()
 		if tc.sequence || tc.checksum || t.ns < 0 {
 			continue // the programs send neither
@@ -179,7 +182,7 @@ func (s *Server) kernelSync() error {
 			}
 			kp.carried[key] = true
 			tunnels = append(tunnels, kernelgre.Tunnel{Index: ti, Tenant: idx, Local: s.local4(), Peer: st.peer, Key: t.key,
-				Underlay: rs[0].LinkIndex, Sources: st.prefixes, Routes: st.prefixes})
+				Underlay: rs[0].LinkIndex, Sources: append(slices.Clone(st.prefixes), *st.learnt.Load()...), Routes: st.prefixes})
 			if err := routeVeth(t, v, st.prefixes); err != nil {
 				errs = append(errs, fmt.Errorf("site: tenant %s: %w", t.name, err))
 			}
