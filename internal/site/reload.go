@@ -65,6 +65,10 @@ func (s *Server) check(next *config.Site) error {
 			return fmt.Errorf("%s.interface of tenant %s changes only at a restart (it is %s)", key, c.Name, t.cfg.Interface)
 		case c.Key != t.cfg.Key:
 			return fmt.Errorf("%s.key of tenant %s changes only at a restart (it is %d): remove the tenant and add it under another name to move it to a new key", key, c.Name, t.cfg.Key)
+		case s.kp != nil && (c.Sequence != t.cfg.Sequence || c.Checksum != t.cfg.Checksum || c.MTU != t.cfg.MTU):
+			// They decide whether the kernel datapath carries the tenant
+			// and size its veth, both made at the start.
+			return fmt.Errorf("%s: sequence, checksum and mtu of tenant %s change only at a restart with the kernel datapath", key, c.Name)
 		}
 		if ow, nw := t.cfg.WireGuard, c.WireGuard; ow != nil && nw != nil {
 			if what := wgFixed(ow.Config, nw.Config); what != "" {

@@ -164,7 +164,7 @@ int encap(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	__u32 *tenant = bpf_map_lookup_elem(&tenants, &ifindex);
 	if (!tenant)
-		return TC_ACT_OK;
+		return TC_ACT_SHOT; // a tenant's veth the maps no longer hold
 	__u16 proto;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		proto = ETH_P_IP;
