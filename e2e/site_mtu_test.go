@@ -12,10 +12,12 @@ import (
 // with 1400, so that the sender's kernel lowers its path MTU. The
 // device's MTU is raised past the tunnel's first, as an administrator
 // might: otherwise the namespace's kernel answers before deskway sees
-// the packet.
+// the packet. The gateway runs the userspace datapath: with the
+// kernel's, the namespace's kernel answers at the veth (see
+// TestSiteKernelPathMTU).
 func TestSitePathMTU(t *testing.T) {
 	t.Parallel()
-	r := newSiteRig(t)
+	r := newSiteRigDatapath(t, 1400, "userspace")
 	r.ip(r.comp["a"], "link", "set", "dw-a", "mtu", "9000")
 	for _, c := range []struct{ from, to, v string }{{"10.0.0.10", "192.168.1.10", "-4"}, {"fd00:10::10", "fd00:192::10", "-6"}} {
 		// 1400 bytes of data make a 1428 (IPv4) or 1448 (IPv6) byte

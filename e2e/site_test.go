@@ -96,7 +96,11 @@ site:
 func newSiteRig(t *testing.T) *siteRig { return newSiteRigMTU(t, 1400) }
 
 // newSiteRigMTU is newSiteRig with every tunnel's MTU mtu.
-func newSiteRigMTU(t *testing.T, mtu int) *siteRig {
+func newSiteRigMTU(t *testing.T, mtu int) *siteRig { return newSiteRigDatapath(t, mtu, "auto") }
+
+// newSiteRigDatapath is newSiteRigMTU with the gateway's site.datapath
+// datapath.
+func newSiteRigDatapath(t *testing.T, mtu int, datapath string) *siteRig {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "busybox", "nsenter", "curl")
 	var b [3]byte
@@ -122,7 +126,8 @@ func newSiteRigMTU(t *testing.T, mtu int) *siteRig {
 	// which gives its command a mount namespace of its own, the
 	// namespaces an office router creates would not be seen outside.
 	r.gwCfg = filepath.Join(dir, "gateway.yaml")
-	writeFile(t, r.gwCfg, fmt.Sprintf(siteGatewayConfig, filepath.Join(dir, "gw-state"), r.comp["a"], r.comp["b"], mtu))
+	body := fmt.Sprintf(siteGatewayConfig, filepath.Join(dir, "gw-state"), r.comp["a"], r.comp["b"], mtu)
+	writeFile(t, r.gwCfg, strings.Replace(body, "site:\n", "site:\n  datapath: "+datapath+"\n", 1))
 	// The gateway starts as docs/site.md says.
 	r.gwProc = testkit.Start(t, nil, "nsenter", append([]string{"--net=/run/netns/" + r.gw}, r.docCommand("site-run")...)...)
 	waitLog(t, r.gwProc, `"msg":"site gateway forwarding"`)

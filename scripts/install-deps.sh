@@ -27,6 +27,7 @@ packages=(
   tshark python3-scapy                                 # the site gateway's GRE on the wire: decoded by tshark, bad frames built by scapy
   podman runc                                          # running the container image (runc: crun refuses hybrid cgroups)
   frr                                                  # the tenant's router for the site gateway's BGP tests (tests start their own bgpd)
+  clang-14 llvm-14 libbpf-dev                          # the site gateway's kernel datapath: bpf2go compiles internal/site/kernelgre/bpf/gre.c (a test checks the committed object)
 )
 
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then

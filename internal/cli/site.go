@@ -57,7 +57,7 @@ func siteTunnelsCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s of pair %s since %s (active: %s)\n", h.Node, h.Role, h.Group, h.Since.Format(time.RFC3339), cmp.Or(h.Holder, "none"))
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TENANT\tKEY\tSITE\tPEER\tSTATE\tPACKETS IN\tBYTES IN\tPACKETS OUT\tBYTES OUT")
+			fmt.Fprintln(tw, "TENANT\tKEY\tSITE\tPEER\tSTATE\tPACKETS IN\tBYTES IN\tPACKETS OUT\tBYTES OUT\tDATAPATH")
 			var drops []string
 			for _, t := range out.Tenants {
 				for _, s := range t.Sites {
@@ -71,7 +71,7 @@ func siteTunnelsCmd() *cobra.Command {
 						fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t-\t%d\t-\t%d\n", t.Name, t.Key, s.Name, peer, s.State, s.BytesIn, s.BytesOut)
 						continue
 					}
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", t.Name, t.Key, s.Name, s.Peer, s.State, s.PacketsIn, s.BytesIn, s.PacketsOut, s.BytesOut)
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", t.Name, t.Key, s.Name, s.Peer, s.State, s.PacketsIn, s.BytesIn, s.PacketsOut, s.BytesOut, s.Datapath)
 				}
 				name := t.Name
 				if name == "" {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/deskway/deskway/internal/site/bgp"
@@ -20,6 +21,11 @@ type Site struct {
 	Tenants  []Tenant     `yaml:"tenants"`
 	// HA makes this gateway one of an active and passive pair.
 	HA *SiteHA `yaml:"ha"`
+	// Datapath is where GRE is encapsulated and decapsulated: "auto"
+	// (default), in the kernel where it takes deskway's tc programs,
+	// else in userspace; "kernel", refusing to start without them; or
+	// "userspace". Restart-only.
+	Datapath string `yaml:"datapath"`
 }
 
 // SiteUnderlay names the local tunnel endpoint addresses.
@@ -99,6 +105,7 @@ var (
 
 func siteDefaults(s *Site) {
 	setDefault(&s.Underlay.Send, "frames")
+	setDefault(&s.Datapath, "auto")
 	for i := range s.Tenants {
 		t := &s.Tenants[i]
 		setDefault(&t.Namespace, "deskway-"+t.Name)
@@ -124,6 +131,12 @@ func validateSite(s *Site, bad func(string, string, ...any)) {
 	}
 	if s.Underlay.Send != "frames" && s.Underlay.Send != "ip" {
 		bad("site.underlay.send", "%q is neither frames (whole frames on a packet socket, the default) nor ip (through the kernel's IP output, where netfilter rules apply)", s.Underlay.Send)
+	}
+	if s.Datapath != "auto" && s.Datapath != "kernel" && s.Datapath != "userspace" {
+		bad("site.datapath", "%q is none of auto (the kernel's where it takes deskway's programs, the default), kernel and userspace", s.Datapath)
+	}
+	if s.Datapath == "kernel" && !slices.ContainsFunc(s.Underlay.Addresses, func(a string) bool { ip, err := netip.ParseAddr(a); return err == nil && ip.Is4() }) {
+		bad("site.datapath", "kernel carries GRE over IPv4: give an IPv4 address in site.underlay.addresses, or use auto or userspace")
 	}
 	for i, a := range s.Underlay.Addresses {
 		key := fmt.Sprintf("site.underlay.addresses[%d]", i)

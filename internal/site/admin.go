@@ -36,6 +36,9 @@ type SiteStatus struct {
 	BytesOut      uint64     `json:"bytes_out"`
 	// Keepalives are the GRE keepalives sent back to the site's router.
 	Keepalives uint64 `json:"keepalives"`
+	// Datapath is a GRE site's: kernel while deskway's tc programs
+	// carry it (the counters add theirs), else userspace.
+	Datapath string `json:"datapath,omitempty"`
 }
 
 // Tunnels is every tenant's tunnels and counters now; the drops that
@@ -47,11 +50,13 @@ func (s *Server) Tunnels() []TenantStatus {
 	// A reload changes the tenants' extras under mu.
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.kernelCounters()
 	for _, t := range s.set.Load().list {
 		ts := TenantStatus{Name: t.name, Key: t.key, Namespace: t.nsName, Interface: t.ifName, Drops: t.m.dropped(), Sites: []SiteStatus{}}
 		for _, st := range t.c().sites {
 			ss := SiteStatus{Kind: "gre", Name: st.name, Peer: st.peer.String(), State: st.state(now),
-				PacketsIn: st.pktsIn.Load(), BytesIn: st.bytesIn.Load(), PacketsOut: st.pktsOut.Load(), BytesOut: st.bytesOut.Load(), Keepalives: st.keepalives.Load()}
+				PacketsIn: st.pktsIn.Load(), BytesIn: st.bytesIn.Load(), PacketsOut: st.pktsOut.Load(), BytesOut: st.bytesOut.Load(), Keepalives: st.keepalives.Load(),
+				Datapath: s.kernelCarries(t, st)}
 			for _, p := range st.prefixes {
 				ss.Prefixes = append(ss.Prefixes, p.String())
 			}

@@ -159,6 +159,11 @@ func (l *learnSink) learn(site string, list []netip.Prefix) {
 	if err := l.t.learn(site, list); err != nil {
 		l.log.Warn("BGP routes not all installed", "tenant", l.t.name, "site", site, "error", err)
 	}
+	if f := l.t.onLearnt.Load(); f != nil {
+		if err := (*f)(); err != nil {
+			l.log.Warn("the kernel datapath did not take the learnt sources", "tenant", l.t.name, "site", site, "error", err)
+		}
+	}
 }
 
 // refuseWG says why p may not be learnt behind a WireGuard site, or "":

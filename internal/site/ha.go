@@ -41,6 +41,9 @@ type haNode struct {
 	mu      sync.Mutex
 	ctx     context.Context
 	running map[*tenant]*bgp.Speaker
+	// kernel attaches the kernel datapath's programs on promotion and
+	// detaches them on demotion; nil with the userspace datapath alone.
+	kernel func(active bool) error
 }
 
 // newHANode builds the node's election; it takes the tenants' speakers
@@ -111,6 +114,11 @@ func (n *haNode) Promote() error {
 		n.dropAddresses()
 		return err
 	}
+	if n.kernel != nil {
+		if err := n.kernel(true); err != nil {
+			n.log.Error("the kernel datapath's programs did not attach: GRE runs in userspace", "error", err)
+		}
+	}
 	for _, a := range n.underlay {
 		if err := gratuitousARP(a); err != nil {
 			n.log.Warn("gratuitous ARP", "address", a.Address, "error", err)
@@ -151,6 +159,11 @@ func (n *haNode) Demote() {
 		delete(n.running, t)
 	}
 	n.mu.Unlock()
+	if n.kernel != nil {
+		if err := n.kernel(false); err != nil {
+			n.log.Error("detaching the kernel datapath's programs", "error", err)
+		}
+	}
 	n.dropAddresses()
 }
 

@@ -95,9 +95,16 @@ func (m *metrics) forget(name string) {
 	}
 }
 
-func (tm *tenantMetrics) drop(c cause) {
-	tm.drops[c].Inc()
-	tm.dropCount[c].Add(1)
+func (tm *tenantMetrics) drop(c cause) { tm.dropN(c, 1) }
+
+// dropN counts n drops of cause c at once (the kernel datapath's,
+// read from its counters).
+func (tm *tenantMetrics) dropN(c cause, n uint64) {
+	if n == 0 {
+		return
+	}
+	tm.drops[c].Add(float64(n))
+	tm.dropCount[c].Add(n)
 }
 
 // dropped is the tenant's drops by cause name, the causes seen only.

@@ -38,6 +38,9 @@ func (s *Server) check(next *config.Site) error {
 	if !slices.Equal(next.Underlay.Addresses, s.cfg.Underlay.Addresses) {
 		return fmt.Errorf("site.underlay.addresses changes only at a restart (the raw sockets are bound to %s)", strings.Join(s.cfg.Underlay.Addresses, ", "))
 	}
+	if next.Datapath != s.cfg.Datapath {
+		return fmt.Errorf("site.datapath changes only at a restart (it is %s now)", s.cfg.Datapath)
+	}
 	if next.Underlay.Send != s.cfg.Underlay.Send {
 		return fmt.Errorf("site.underlay.send changes only at a restart (GRE leaves as %s now)", s.cfg.Underlay.Send)
 	}
@@ -62,6 +65,10 @@ func (s *Server) check(next *config.Site) error {
 			return fmt.Errorf("%s.interface of tenant %s changes only at a restart (it is %s)", key, c.Name, t.cfg.Interface)
 		case c.Key != t.cfg.Key:
 			return fmt.Errorf("%s.key of tenant %s changes only at a restart (it is %d): remove the tenant and add it under another name to move it to a new key", key, c.Name, t.cfg.Key)
+		case s.kp != nil && (c.Sequence != t.cfg.Sequence || c.Checksum != t.cfg.Checksum || c.MTU != t.cfg.MTU):
+			// They decide whether the kernel datapath carries the tenant
+			// and size its veth, both made at the start.
+			return fmt.Errorf("%s: sequence, checksum and mtu of tenant %s change only at a restart with the kernel datapath", key, c.Name)
 		}
 		if ow, nw := t.cfg.WireGuard, c.WireGuard; ow != nil && nw != nil {
 			if what := wgFixed(ow.Config, nw.Config); what != "" {
@@ -162,6 +169,9 @@ func (s *Server) Reload(next *config.Site, actor, source string) error {
 		s.set.Store(old.with(nil, gone...))
 		for _, t := range old.list {
 			if slices.Contains(gone, t.name) {
+				if s.kp != nil {
+					s.kp.forget(t)
+				}
 				s.remove(t)
 				s.m.forget(t.name)
 				done("site: tenant "+t.name+" removed", nil)
@@ -187,6 +197,9 @@ func (s *Server) Reload(next *config.Site, actor, source string) error {
 		}
 	}
 	s.cfg = next
+	if err := s.kernelSync(); err != nil {
+		done("site: the kernel datapath", err)
+	}
 	return errors.Join(errs...)
 }
 

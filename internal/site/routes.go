@@ -20,7 +20,10 @@ import (
 func (s *Server) Learn(tenant, site string, learnt []netip.Prefix) error {
 	for _, t := range s.set.Load().list {
 		if t.name == tenant {
-			return t.learn(site, learnt)
+			err := t.learn(site, learnt)
+			// The kernel datapath takes the learnt sources in too; the
+			// learnt routes stay on the TUN device (docs/site.md).
+			return errors.Join(err, s.kernelSync())
 		}
 	}
 	return fmt.Errorf("site: no tenant %s", tenant)

@@ -5,10 +5,12 @@
 // Each tenant is a network namespace of its own (its compartment), so two
 // tenants may use the same addresses. In the namespace a TUN device
 // (wireguard-go's tun package, with its GSO/GRO offloads) is the tunnel's
-// inside, and routes send the sites' prefixes to it. The datapath is in
-// userspace, because the kernels it targets have no ip_gre: GRE over raw
-// IP sockets (protocol 47), read and written in batches (recvmmsg and
-// sendmmsg). On the way in the GRE key names the tenant, the outer source
+// inside, and routes send the sites' prefixes to it. The kernels it
+// targets have no ip_gre, so the datapath is deskway's: where the kernel
+// takes them, tc programs (package kernelgre, kernel.go) carry IPv4 GRE
+// through a veth into each tenant's namespace; the userspace datapath
+// carries the rest, GRE over raw IP sockets (protocol 47), read and
+// written in batches (recvmmsg and sendmmsg). On the way in the GRE key names the tenant, the outer source
 // must be one of the tenant's sites and the inner source one of that
 // site's prefixes; on the way out the inner destination picks the site.
 package site
@@ -65,6 +67,8 @@ type Server struct {
 	loopErrs []error
 	// ha is the election of a pair of gateways, nil for a gateway alone.
 	ha *haNode
+	// kp is the kernel datapath, nil where the userspace one runs alone.
+	kp *kernelPath
 }
 
 // tenantSet is the tenants in force, by name's order and by key.
@@ -149,6 +153,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		s.unders = append(s.unders, u)
 	}
+	if err := s.startKernel(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
 	for _, t := range s.set.Load().list {
 		s.link(t, t.c())
 	}
@@ -160,8 +168,14 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.forwarding = true
 	names := s.names()
+	datapath := "userspace"
+	stopCounters := make(chan struct{})
+	if s.kp != nil {
+		datapath = "kernel"
+		go s.kernelCountersLoop(stopCounters)
+	}
 	s.mu.Unlock()
-	s.log.Info("site gateway forwarding", "tenants", len(names), "underlay", s.locals)
+	s.log.Info("site gateway forwarding", "tenants", len(names), "underlay", s.locals, "datapath", datapath)
 	s.audit("deskway site", "", "site gateway started, tenants "+strings.Join(names, ", "), http.StatusOK)
 	stopHA := s.startHA(ctx)
 	select {
@@ -170,6 +184,7 @@ func (s *Server) Run(ctx context.Context) error {
 		// A loop ended by itself: the device or socket failed.
 	}
 	stopHA()
+	close(stopCounters)
 	s.mu.Lock()
 	s.forwarding = false
 	for _, u := range s.unders {
@@ -248,6 +263,9 @@ func (s *Server) names() []string {
 func (s *Server) teardown() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.kp != nil {
+		s.kp.close()
+	}
 	for _, t := range s.set.Load().list {
 		s.remove(t)
 	}

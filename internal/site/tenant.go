@@ -39,6 +39,9 @@ type tenant struct {
 	routeMu sync.Mutex
 	m       *tenantMetrics
 	extras  extras
+	// onLearnt, set while the kernel datapath runs, puts what a route
+	// source learnt into its maps.
+	onLearnt atomic.Pointer[func() error]
 
 	ns  netns.NsHandle
 	dev tun.Device

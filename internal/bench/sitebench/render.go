@@ -11,7 +11,8 @@ import (
 
 // names are the systems as result.md names them.
 var names = map[string]string{
-	sysGRE:    "deskway site, GRE",
+	sysGRE:    "deskway site, GRE (userspace datapath)",
+	sysKernel: "deskway site, GRE (kernel datapath, tc eBPF)",
 	sysWG:     "deskway site, WireGuard",
 	sysWGGo:   "wireguard-go (its own program)",
 	sysVXLAN:  "kernel VXLAN (ceiling)",
@@ -52,19 +53,22 @@ func write(res *report.Result, dir string, o Options) error {
 		m := met(k, target)
 		rows = append(rows, []string{what, "`" + k + "`", m[0], m[1], m[2]})
 	}
-	add("GRE ≥ 1.5 × wireguard-go, 1 connection", "gre_single_ratio_wggo", targetGREOverWGGo)
-	add("GRE ≥ 1.5 × wireguard-go, 8 connections", "gre_multi_ratio_wggo", targetGREOverWGGo)
+	for _, g := range []struct{ what, k string }{{"GRE (userspace)", "gre"}, {"GRE (kernel)", "grek"}} {
+		add(g.what+" ≥ 1.5 × wireguard-go, 1 connection", g.k+"_single_ratio_wggo", targetGREOverWGGo)
+		add(g.what+" ≥ 1.5 × wireguard-go, 8 connections", g.k+"_multi_ratio_wggo", targetGREOverWGGo)
+		add(g.what+" ≥ 0.5 × the kernel's VXLAN, 8 connections", g.k+"_multi_ratio_vxlan", targetGREOverVXLAN)
+		add(fmt.Sprintf("%s per core ≥ 5 × the paper's %.1f Gbit/s (whole machine's cores), 8 connections", g.what, paperMultiPerCore), g.k+"_gbps_per_core", targetPerCoreTimes*paperMultiPerCore)
+		add(fmt.Sprintf("%s per core ≥ 5 × the paper's %.2f Gbit/s on one core (whole machine's cores), 1 connection", g.what, paperSinglePerCore), g.k+"_single_gbps_per_core", targetPerCoreTimes*paperSinglePerCore)
+	}
 	add("WireGuard mode ≥ 1.0 × wireguard-go, 1 connection", "wg_single_ratio_wggo", targetWGOverWGGo)
 	add("WireGuard mode ≥ 1.0 × wireguard-go, 8 connections", "wg_multi_ratio_wggo", targetWGOverWGGo)
-	add("GRE ≥ 0.5 × the kernel's VXLAN, 8 connections", "gre_multi_ratio_vxlan", targetGREOverVXLAN)
-	add(fmt.Sprintf("GRE per core ≥ 5 × the paper's %.1f Gbit/s (whole machine's cores), 8 connections", paperMultiPerCore), "gre_gbps_per_core", targetPerCoreTimes*paperMultiPerCore)
-	add(fmt.Sprintf("GRE per core ≥ 5 × the paper's %.2f Gbit/s on one core (whole machine's cores), 1 connection", paperSinglePerCore), "gre_single_gbps_per_core", targetPerCoreTimes*paperSinglePerCore)
 	rows = append(rows, failoverVerdict(s))
 	b.WriteString(report.Table{Title: "Targets (ratios taken within each run)", Head: []string{"target", "summary key", "median run", "worst run", "verdict"}, Rows: rows}.Markdown())
 	b.WriteString(report.Table{Title: "Failover: kill -9 of the active gateway, 8 TCP connections streaming office → desktop, a probe every 50 ms",
 		Head: []string{"system", "seconds to the first probe answered through the passive", "connections reset or ended by an error", "connections whose bytes did not go on", "least any connection delivered after"}, Rows: failoverRows(res)}.Markdown())
 	var info [][]string
-	for _, k := range []string{"gre_single_ratio_vxlan", "gre_single_ratio_direct", "gre_multi_ratio_direct", "gre_gbps_per_gateway_core", "gre_single_gbps_per_gateway_core"} {
+	for _, k := range []string{"gre_single_ratio_vxlan", "gre_single_ratio_direct", "gre_multi_ratio_direct", "gre_gbps_per_gateway_core", "gre_single_gbps_per_gateway_core",
+		"grek_single_ratio_vxlan", "grek_single_ratio_direct", "grek_multi_ratio_direct"} {
 		if has(k) {
 			info = append(info, []string{"`" + k + "`", fmt.Sprintf("%.2f", s[k]), fmt.Sprintf("%.2f", s[k+"_worst"])})
 		}
@@ -94,7 +98,7 @@ func write(res *report.Result, dir string, o Options) error {
 ## How it was measured
 
 - Each system runs in five network namespaces of its own, made with a random suffix and deleted after it (also when the bench fails): the office's LAN (the sender, 192.168.1.10), the office's router, the gateway, the tenant's compartment and the hosted desktop (the receiver, 10.0.0.10). The router and the gateway share an underlay veth (198.51.100.0/24), both of whose ends receive as a NIC does, for every system alike: they coalesce what they receive (GRO, on by default in NICs; on a veth with rx-udp-gro-forwarding too, without which a veth leaves a socket's packets out of GRO) in a NAPI thread of their own (a veth otherwise receives inside the sender's system call, one packet at a time, with nothing to coalesce), behind a queue (pfifo_fast, the kernel's default for NICs; a veth has none and drops what its peer's ring cannot take); the compartment reaches the desktop over a veth.
-- **deskway site, GRE** and **WireGuard**: deskway site is both the gateway and the office's router (this kernel has no ip_gre), its tenants' namespaces being the LAN and the compartment; GRE with the tenant's key, MTU 1400 (the default); WireGuard with one site each way, MTU 1420 (the default).
+- **deskway site, GRE** and **WireGuard**: deskway site is both the gateway and the office's router (this kernel has no ip_gre), its tenants' namespaces being the LAN and the compartment; GRE with the tenant's key, MTU 1400 (the default); WireGuard with one site each way, MTU 1420 (the default). GRE runs twice: with `+"`datapath: userspace`"+` (TUN devices, raw and packet sockets) and with `+"`datapath: kernel`"+` (deskway's tc programs on a veth into each tenant's namespace and on the underlay; the kernel segments each superpacket once). The failover runs with the default datapath, the kernel's where it takes the programs.
 - **wireguard-go**: its own program (version %s, the module proxy's latest, built with go install), one at each end, started in the router's and the gateway's namespaces (their UDP sockets there) with their TUN devices moved into the LAN and the compartment, as deskway places its own; configured over its configuration socket; MTU 1420.
 - **kernel VXLAN**: a VXLAN device at each end, made on the underlay and moved into the LAN and the compartment (MTU 1450): the in-kernel tunnel this kernel has, the ceiling for encapsulation.
 - **routed veths**: the same namespaces joined by veths and routed, no tunnel: what the machine does with no encapsulation at all.

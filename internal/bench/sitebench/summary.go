@@ -43,7 +43,7 @@ func paperPoints() []report.Point {
 }
 
 // short names the systems in summary keys.
-var short = map[string]string{sysGRE: "gre", sysWG: "wg", sysWGGo: "wggo", sysVXLAN: "vxlan", sysDirect: "direct"}
+var short = map[string]string{sysGRE: "gre", sysKernel: "grek", sysWG: "wg", sysWGGo: "wggo", sysVXLAN: "vxlan", sysDirect: "direct"}
 
 // summarize fills sum from every run's samples (keyed by key()). A
 // ratio is taken within each run, where the systems shared the
@@ -85,31 +85,39 @@ func summarize(sum map[string]float64, runs []map[string]sample) {
 				return s.gbps, ok
 			})
 		}
-		per("gre_"+l+"_ratio_wggo", ratio(sysGRE, sysWGGo, conns))
 		per("wg_"+l+"_ratio_wggo", ratio(sysWG, sysWGGo, conns))
-		per("gre_"+l+"_ratio_vxlan", ratio(sysGRE, sysVXLAN, conns))
-		per("gre_"+l+"_ratio_direct", ratio(sysGRE, sysDirect, conns))
-		perCore := "gre_gbps_per_core"
-		if conns == 1 {
-			perCore = "gre_single_gbps_per_core"
+		for _, sys := range []string{sysGRE, sysKernel} {
+			g := short[sys]
+			per(g+"_"+l+"_ratio_wggo", ratio(sys, sysWGGo, conns))
+			per(g+"_"+l+"_ratio_vxlan", ratio(sys, sysVXLAN, conns))
+			per(g+"_"+l+"_ratio_direct", ratio(sys, sysDirect, conns))
+			perCore := g + "_gbps_per_core"
+			if conns == 1 {
+				perCore = g + "_single_gbps_per_core"
+			}
+			// Per core of the whole machine: the sender, the receiver, both
+			// tunnel ends and the kernel's forwarding all count against it.
+			per(perCore, func(r map[string]sample) (float64, bool) {
+				s, ok := r[key(sys, conns)]
+				if !ok || s.machineCores <= 0 {
+					return 0, false
+				}
+				return s.gbps / s.machineCores, true
+			})
+			// Per core of the gateway process alone, for comparison; not
+			// for the kernel datapath, whose forwarding is the kernel's
+			// softirq work, counted in no process.
+			if sys == sysKernel {
+				continue
+			}
+			per(perCore[:len(perCore)-len("core")]+"gateway_core", func(r map[string]sample) (float64, bool) {
+				s, ok := r[key(sys, conns)]
+				if !ok || s.gatewayCores <= 0 {
+					return 0, false
+				}
+				return s.gbps / s.gatewayCores, true
+			})
 		}
-		// Per core of the whole machine: the sender, the receiver, both
-		// tunnel ends and the kernel's forwarding all count against it.
-		per(perCore, func(r map[string]sample) (float64, bool) {
-			s, ok := r[key(sysGRE, conns)]
-			if !ok || s.machineCores <= 0 {
-				return 0, false
-			}
-			return s.gbps / s.machineCores, true
-		})
-		// Per core of the gateway process alone, for comparison.
-		per(perCore[:len(perCore)-len("core")]+"gateway_core", func(r map[string]sample) (float64, bool) {
-			s, ok := r[key(sysGRE, conns)]
-			if !ok || s.gatewayCores <= 0 {
-				return 0, false
-			}
-			return s.gbps / s.gatewayCores, true
-		})
 	}
 }
 
@@ -163,6 +171,10 @@ func summarizeFailover(sum map[string]float64, runs []failoverSample) {
 	sum["failover_conns_reset"] = float64(lost)
 }
 
+// failoverName is the failover's pair: GRE with the default datapath,
+// the kernel's where it takes deskway's programs.
+const failoverName = "deskway site, GRE (datapath auto: the kernel's where it takes the programs)"
+
 // failoverRows are result.md's failover table: the paper's row, then
 // every run's.
 func failoverRows(res *report.Result) [][]string {
@@ -172,10 +184,10 @@ func failoverRows(res *report.Result) [][]string {
 			continue
 		}
 		if p.Skipped != "" {
-			rows = append(rows, []string{names[sysGRE], "–", "–", "–", "skipped: " + p.Skipped})
+			rows = append(rows, []string{failoverName, "–", "–", "–", "skipped: " + p.Skipped})
 			continue
 		}
-		rows = append(rows, []string{fmt.Sprintf("%s, run %v", names[sysGRE], p.Params["run"]), fmt.Sprintf("%.3f", p.Metrics["failover_s"]),
+		rows = append(rows, []string{fmt.Sprintf("%s, run %v", failoverName, p.Params["run"]), fmt.Sprintf("%.3f", p.Metrics["failover_s"]),
 			fmt.Sprintf("%.0f of %d", p.Metrics["conns_reset"], failoverConns), fmt.Sprintf("%.0f of %d", p.Metrics["conns_stalled"], failoverConns),
 			fmt.Sprintf("%.2f MiB", p.Metrics["least_bytes_after"]/(1<<20))})
 	}

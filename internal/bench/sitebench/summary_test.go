@@ -44,3 +44,25 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("gre_single_ratio_wggo = %v from two of three runs", v)
 	}
 }
+
+// TestSummarizeKernel: the kernel datapath's row gets its own ratios
+// and per-core figures beside the userspace GRE's, from its own samples.
+func TestSummarizeKernel(t *testing.T) {
+	runs := []map[string]sample{
+		{key(sysKernel, 8): {gbps: 6, machineCores: 2}, key(sysGRE, 8): {gbps: 1, machineCores: 2}, key(sysWGGo, 8): {gbps: 2}, key(sysVXLAN, 8): {gbps: 8}},
+	}
+	sum := map[string]float64{}
+	summarize(sum, runs)
+	for k, want := range map[string]float64{
+		"grek_multi_ratio_wggo": 3, "grek_multi_ratio_vxlan": 0.75, "grek_gbps_per_core": 3, "grek_multi_gbps": 6,
+		"gre_multi_ratio_wggo": 0.5,
+	} {
+		if got, ok := sum[k]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+	// The kernel forwards in softirq: no gateway process's core to count.
+	if v, ok := sum["grek_gbps_per_gateway_core"]; ok {
+		t.Errorf("grek_gbps_per_gateway_core = %v for a gateway whose process does not forward", v)
+	}
+}

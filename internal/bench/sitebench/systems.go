@@ -20,6 +20,7 @@ import (
 // The systems, by the names their points carry.
 const (
 	sysGRE    = "deskway-gre"
+	sysKernel = "deskway-gre-kernel"
 	sysWG     = "deskway-wireguard"
 	sysWGGo   = "wireguard-go"
 	sysVXLAN  = "vxlan"
@@ -27,7 +28,7 @@ const (
 )
 
 // Systems are every system the bench measures, in the first run's order.
-var Systems = []string{sysGRE, sysWG, sysWGGo, sysVXLAN, sysDirect}
+var Systems = []string{sysGRE, sysKernel, sysWG, sysWGGo, sysVXLAN, sysDirect}
 
 // env is what the systems are started with.
 type env struct {
@@ -95,13 +96,21 @@ func (e *env) start(ctx context.Context, name string, r *rig) (*running, error) 
 			[]string{r.comp, "route", "add", "192.168.1.0/24", "via", "172.16.3.2"},
 		)
 	case sysGRE:
-		return e.startDeskway(ctx, r, greGateway, greOffice)
+		return e.startDeskway(ctx, r, datapath(greGateway, "userspace"), datapath(greOffice, "userspace"))
+	case sysKernel:
+		return e.startDeskway(ctx, r, datapath(greGateway, "kernel"), datapath(greOffice, "kernel"))
 	case sysWG:
 		return e.startDeskwayWG(ctx, r)
 	case sysWGGo:
 		return e.startWireGuardGo(ctx, r)
 	}
 	return nil, fmt.Errorf("no system %q", name)
+}
+
+// datapath is a GRE config with site.datapath set to dp: the same
+// tunnels through deskway's userspace datapath or its tc programs.
+func datapath(cfg, dp string) string {
+	return strings.Replace(cfg, "site:\n", "site:\n  datapath: "+dp+"\n", 1)
 }
 
 // The gateway and the office router for GRE: deskway site at both ends
