@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -61,4 +62,31 @@ func tryLock(t *testing.T, name string) (release func(), ok bool) {
 		return nil, false
 	}
 	return func() { f.Close() }, true
+}
+
+// TestGuestSlotsHoldTwoGuests: tests taking guest slots side by side
+// never hold more than two guests' worth at once, a test taking both
+// counting as two; and they do take turns rather than wait forever.
+func TestGuestSlotsHoldTwoGuests(t *testing.T) {
+	var mu sync.Mutex
+	held, most := 0, 0
+	t.Run("tests", func(t *testing.T) {
+		for i, n := range []int{1, 2, 1, 1, 2, 1, 2, 2} {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				guests(t, n)
+				mu.Lock()
+				held += min(n, guestSlots)
+				most = max(most, held)
+				mu.Unlock()
+				time.Sleep(50 * time.Millisecond) // a guest's boot, in short
+				mu.Lock()
+				held -= min(n, guestSlots)
+				mu.Unlock()
+			})
+		}
+	})
+	if most > guestSlots {
+		t.Errorf("%d guests' worth of slots held at once, want at most %d", most, guestSlots)
+	}
 }
