@@ -228,6 +228,10 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		rep.TrustSessions = g.TrustHostSessions
 	}
 	err = s.applyReport(r.Context(), rep)
+	if errors.Is(err, errUnknownHost) {
+		s.unknownHost(w, r, hb.Host)
+		return
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", hb.Host)
 		return
@@ -346,6 +350,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		e := store.Event{Host: ev.Host, Registration: c.Registration, Users: users, State: ev.Events[i].State, Now: now}
 		changed, err := s.applyEvent(r.Context(), e)
+		if errors.Is(err, errUnknownHost) {
+			s.unknownHost(w, r, ev.Host)
+			return
+		}
 		if errors.Is(err, store.ErrNotFound) {
 			s.fail(w, r, http.StatusNotFound, "host %q of this credential is not registered (removed, or removed and joined again): register it with a join token", ev.Host)
 			return

@@ -37,6 +37,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v1/agent/heartbeat", s.heartbeat)
 	mux.HandleFunc("POST /api/v1/agent/events", s.events)
 	mux.HandleFunc("POST /api/v1/agent/commands/{id}", s.commandResult)
+	mux.HandleFunc("POST /api/v1/peer/sessions", s.peerSessions)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusNotFound, "no such broker API path %s %s (see docs/broker-openapi.yaml)", r.Method, r.URL.Path)

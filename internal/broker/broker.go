@@ -8,6 +8,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -60,6 +61,9 @@ type Deps struct {
 	// StateDir holds the local host cache's journal of launches placed
 	// while the database was unreachable.
 	StateDir string
+	// PeerTLS is how the peer brokers' certificates are checked
+	// (broker.peer_ca); nil means the system roots.
+	PeerTLS *tls.Config
 }
 
 // Server is the broker role.
@@ -83,7 +87,9 @@ type Server struct {
 	sem      chan struct{}
 	m        *metrics
 	cache    *localCache
-	offline  atomic.Bool
+	// peers are the other brokers on the database (broker.peers).
+	peers   []*peer
+	offline atomic.Bool
 	// unsynced is set while the database has not been migrated and given
 	// the delivery groups since the broker started (it was down then).
 	unsynced atomic.Bool
@@ -136,6 +142,8 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
 		now: d.Now, m: newMetrics(d.Registry), space: diskSpace{dir: d.StateDir}}
 	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
+	s.peers = newPeers(cfg.Peers, d.PeerTLS)
+	logPeers(s.log, s.peers)
 	s.configured = cfg.DeliveryGroups
 	s.groups.Store(newGroupSet(cfg.DeliveryGroups, nil))
 	for _, t := range cfg.FrontendTokens {
@@ -435,6 +443,8 @@ type metrics struct {
 	latency    prometheus.Histogram
 	inflight   prometheus.Gauge
 	heartbeats prometheus.Counter
+	// peerQueries counts questions to peer brokers in an outage.
+	peerQueries *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -449,6 +459,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Agent heartbeats accepted."}),
 		busyWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_broker_busy_waits_total",
 			Help: "Times a launch waited inside the broker for a host busy with logons (broker.busy_wait)."}),
+		peerQueries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_broker_peer_questions_total",
+			Help: "Questions to peer brokers, in a database outage, about a user this broker holds no session of, by answer: found (the launch reconnects to it), none, unreachable (no answer within broker.peer_timeout), refused."}, []string{"result"}),
 		offline: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_database_unreachable",
 			Help: "1 while launches are placed from the local host cache because the database does not answer."}),
 	}
@@ -457,8 +469,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"placed", "reconnected", "placed_offline", "reconnected_offline", "no_host", "throttled", "denied", "bad_request", "error"} {
 		m.launches.WithLabelValues(r)
 	}
+	for _, r := range []string{"found", "none", "unreachable", "refused"} {
+		m.peerQueries.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats, m.offline, m.busyWaits)
+		reg.MustRegister(m.launches, m.latency, m.inflight, m.heartbeats, m.offline, m.busyWaits, m.peerQueries)
 	}
 	return m
 }

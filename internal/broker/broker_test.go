@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,19 @@ type rig struct {
 }
 
 func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
+	t.Helper()
+	return newRigOn(t, dsn, rigNet{}, mutate)
+}
+
+// rigNet is where a rig's broker listens and how it checks its peers,
+// for brokers that must know each other's addresses before they start;
+// the zero value is a listener of httptest's own and no peers.
+type rigNet struct {
+	ln      net.Listener
+	peerTLS *tls.Config
+}
+
+func newRigOn(t *testing.T, dsn string, rn rigNet, mutate func(*config.Config)) *rig {
 	t.Helper()
 	if dsn == "" {
 		dsn = filepath.Join(t.TempDir(), "broker.db")
@@ -88,14 +102,19 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 	logs := &testkit.Buffer{}
 	reg := prometheus.NewRegistry()
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewJSONHandler(logs, nil)), Registry: reg,
-		Users: users, Tokens: tokens, Store: st, StateDir: cfg.StateDir})
+		Users: users, Tokens: tokens, Store: st, StateDir: cfg.StateDir, PeerTLS: rn.peerTLS})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewTLSServer(b.Handler())
+	srv := httptest.NewUnstartedServer(b.Handler())
+	if rn.ln != nil {
+		srv.Listener.Close()
+		srv.Listener = rn.ln
+	}
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return &rig{t: t, srv: srv, tokens: tokens, store: st, reg: reg, logs: logs, admin: b.AdminHandler(), b: b,
 		client: &brokerclient.Client{Base: srv.URL, HTTP: srv.Client(), MaxRetries: 50}}

@@ -468,11 +468,22 @@ func (c *localCache) admitLocked(host, registration string) error {
 	if !c.offline.Load() {
 		return errBackOnline
 	}
-	if h, ok := c.hosts[host]; !ok || h.Registration != registration {
+	h, ok := c.hosts[host]
+	if !ok {
+		return errUnknownHost
+	}
+	if h.Registration != registration {
 		return store.ErrNotFound
 	}
 	return nil
 }
+
+// errUnknownHost says a report came, while the database is away, from a
+// host the copy does not hold: one that registered through another
+// broker since the copy's last reload of the hosts. Its credential is
+// good; the host is not removed, so the agent must not be told to
+// register again (the database cannot take it), only to try later.
+var errUnknownHost = errors.New("broker: this broker's local host cache does not hold the host yet")
 
 func (c *localCache) eventLocked(e store.Event) {
 	h, ok := c.hosts[e.Host]

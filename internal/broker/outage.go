@@ -58,6 +58,15 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 		}
 		gaveUp = true
 	}
+	if len(s.peers) > 0 && s.offline.Load() {
+		if ok, host := s.cache.usable(l.User, l.Group, l.Stale); !ok {
+			var hosts []string
+			if host != "" {
+				hosts = []string{host}
+			}
+			s.askPeers(ctx, l.User, hosts)
+		}
+	}
 	p, err = s.cache.place(l)
 	if errors.Is(err, errBackOnline) {
 		return s.place(ctx, l)
@@ -117,8 +126,23 @@ func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
 			}
 		}
 		return err
-	}, func() error { return s.cache.offlineHeartbeat(rep) })
+	}, func() error {
+		return s.admitUnknown(ctx, rep.Host, func() error { return s.cache.offlineHeartbeat(rep) })
+	})
 	return err
+}
+
+// admitUnknown runs journal, an agent's report while the database is
+// away; should the copy not hold the report's host (it registered
+// through another broker since the copy's last reload), it asks the
+// peers for the host first and runs journal again with what they knew.
+func (s *Server) admitUnknown(ctx context.Context, host string, journal func() error) error {
+	err := journal()
+	if !errors.Is(err, errUnknownHost) || len(s.peers) == 0 {
+		return err
+	}
+	s.askPeers(ctx, "", []string{host})
+	return journal()
 }
 
 // learnHost reads into the local host cache what a host's report shows
@@ -166,7 +190,10 @@ func (s *Server) applyEvent(ctx context.Context, e store.Event) (changed bool, e
 			}
 		}
 		return err
-	}, func() error { changed = false; return s.cache.offlineEvent(e) })
+	}, func() error {
+		changed = false
+		return s.admitUnknown(ctx, e.Host, func() error { return s.cache.offlineEvent(e) })
+	})
 	return changed, err
 }
 

@@ -32,9 +32,16 @@ type world struct {
 }
 
 func newWorld(t *testing.T, name, dsn string, hosts []string) *world {
+	return newWorldOn(t, name, dsn, hosts, rigNet{}, nil)
+}
+
+// newWorldOn is newWorld with the broker listening on rn's listener and
+// asking peers in an outage.
+func newWorldOn(t *testing.T, name, dsn string, hosts []string, rn rigNet, peers []string) *world {
 	w := &world{name: name, creds: map[string]string{}, host: map[string]string{}, id: map[string]string{}}
-	w.r = newRig(t, dsn, func(c *config.Config) {
+	w.r = newRigOn(t, dsn, rn, func(c *config.Config) {
 		c.Broker.DeliveryGroups[0].LogonLimit = 100
+		c.Broker.Peers = peers
 		w.journal = filepath.Join(c.StateDir, "broker-offline.journal")
 	})
 	for _, h := range hosts {

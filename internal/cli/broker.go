@@ -114,9 +114,14 @@ func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *p
 		st.Close()
 		return nil, nil, err
 	}
+	peerTLS, err := brokerPeerTLS(cfg)
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: log.With("role", "broker"), Registry: reg, Users: users,
 		Tokens: tokens, Store: st, Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil),
-		StateDir: cfg.StateDir})
+		StateDir: cfg.StateDir, PeerTLS: peerTLS})
 	if err != nil {
 		st.Close()
 		return nil, nil, err
@@ -126,6 +131,30 @@ func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *p
 		return nil, nil, err
 	}
 	return b, st, nil
+}
+
+// brokerPeerTLS is how a broker checks its peers' certificates:
+// against broker.peer_ca, or this deskway's own certificate.
+func brokerPeerTLS(cfg *config.Config) (*tls.Config, error) {
+	if len(cfg.Broker.Peers) == 0 {
+		return nil, nil
+	}
+	ca := cfg.Broker.PeerCA
+	if ca == "" {
+		ca = cfg.TLS.Cert
+		if ca == "" {
+			ca = filepath.Join(cfg.StateDir, "tls.crt") // the certificate deskway made
+		}
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, fmt.Errorf("broker.peer_ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("broker.peer_ca: %s holds no PEM certificate", ca)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
 }
 
 func joinCmd() *cobra.Command {

@@ -55,9 +55,22 @@ type Broker struct {
 	// ProxyProtocolFrom are the TCP load balancers (addresses or CIDR
 	// prefixes) that send a PROXY protocol v2 header first; the broker's
 	// failed-login throttle and logs then see the client's address.
-	ProxyProtocolFrom []string      `yaml:"proxy_protocol_from"`
-	Health            Health        `yaml:"health"`
-	DeliveryGroups    []DeliveryGrp `yaml:"delivery_groups"`
+	ProxyProtocolFrom []string `yaml:"proxy_protocol_from"`
+	// Peers are the other brokers on the same PostgreSQL database, as
+	// https://host:port URLs. While the database is unreachable, a launch
+	// for a user this broker's local host cache has no session of asks
+	// them first whether they hold one, placed or reported to them since
+	// the database went away, and reconnects to it if so.
+	Peers []string `yaml:"peers"`
+	// PeerCA is the PEM file the peers' certificates are checked against;
+	// empty means this deskway's own certificate (brokers behind one
+	// balancer usually share it).
+	PeerCA string `yaml:"peer_ca"`
+	// PeerTimeout bounds the question to the peers: one that does not
+	// answer in time is taken to hold nothing.
+	PeerTimeout    Duration      `yaml:"peer_timeout"`
+	Health         Health        `yaml:"health"`
+	DeliveryGroups []DeliveryGrp `yaml:"delivery_groups"`
 }
 
 // Agent is the session-host agent: it registers this host with a broker
@@ -174,6 +187,7 @@ func (c *Config) brokerDefaults(b *Broker) {
 	setDefault(&b.HeartbeatTimeout, Duration(30*time.Second))
 	setDefault(&b.LogonGrace, Duration(2*time.Minute))
 	setDefault(&b.TokenTTL, Duration(5*time.Minute))
+	setDefault(&b.PeerTimeout, Duration(time.Second))
 	if b.Gateway == "" && c.Gateway != nil {
 		b.Gateway = c.Gateway.PublicName
 	}
@@ -205,6 +219,7 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 	} else {
 		checkHostOptionalPort(bad, "broker.gateway", b.Gateway)
 	}
+	c.checkPeers(b, bad)
 	if b.MaxConcurrentLaunches < 0 {
 		bad("broker.max_concurrent_launches", "must be 0 (no cap) or more")
 	}
@@ -248,6 +263,31 @@ func (c *Config) validateBroker(b *Broker, bad func(string, string, ...any)) {
 		if g.SessionLimit < 1 || g.LogonLimit < 1 {
 			bad(key, "session_limit and logon_limit must be at least 1")
 		}
+	}
+}
+
+// checkPeers checks broker.peers and what goes with it.
+func (c *Config) checkPeers(b *Broker, bad func(string, string, ...any)) {
+	seen := map[string]bool{}
+	for i, p := range b.Peers {
+		key := fmt.Sprintf("broker.peers[%d]", i)
+		u, err := url.Parse(p)
+		if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+			bad(key, "%q is not an https://host:port URL of another broker", p)
+			continue
+		}
+		checkURLHost(bad, key, p)
+		if seen[u.Host] {
+			bad(key, "%q is listed twice", p)
+		}
+		seen[u.Host] = true
+	}
+	if v := b.Database.Value(); len(b.Peers) > 0 && v != "" && !isPostgres(v) {
+		bad("broker.peers", "peers are brokers sharing one PostgreSQL database; broker.database is a SQLite file, which one broker alone may use")
+	}
+	c.checkCAFile(bad, "broker.peer_ca", b.PeerCA)
+	if b.PeerTimeout.D() <= 0 || b.PeerTimeout.D() >= b.LaunchTimeout.D() {
+		bad("broker.peer_timeout", "%s must be more than 0 and shorter than launch_timeout %s", b.PeerTimeout.D(), b.LaunchTimeout.D())
 	}
 }
 

@@ -48,8 +48,9 @@ broker:
   database: "%[6]s"
   gateway: "gateway.faults.test:443"
   heartbeat_interval: 1s
-  heartbeat_timeout: %[12]s
+  heartbeat_timeout: %[13]s
   frontend_tokens: [%[7]s]
+  peers: [%[12]s]
   delivery_groups:
   - {name: %[8]s, groups: [%[8]s], session_limit: %[9]d, logon_limit: %[10]d}
 `
@@ -133,11 +134,21 @@ func startBrokerFarmTimeout(ctx context.Context, env Env, dir, dsn string, n, ho
 			f.close()
 		}
 	}()
-	var bases []string
-	for i := range n {
-		port, err := loopback.FreePort()
-		if err != nil {
+	// Every broker lists the others in broker.peers, so their ports are
+	// chosen before any starts.
+	ports := make([]int, n)
+	for i := range ports {
+		if ports[i], err = loopback.FreePort(); err != nil {
 			return nil, fmt.Errorf("faults: %w", err)
+		}
+	}
+	var bases []string
+	for i, port := range ports {
+		var peers []string
+		for j, p := range ports {
+			if j != i {
+				peers = append(peers, fmt.Sprintf(`"https://127.0.0.1:%d"`, p))
+			}
 		}
 		adminPort, err := loopback.FreePort()
 		if err != nil {
@@ -148,7 +159,7 @@ func startBrokerFarmTimeout(ctx context.Context, env Env, dir, dsn string, n, ho
 			return nil, fmt.Errorf("faults: %w", err)
 		}
 		cfg := filepath.Join(state, "deskway.yaml")
-		text := fmt.Sprintf(brokerNode, state, cert, key, farmTokenKey, port, dsn, farmFrontend, farmGroup, sessionLimit, logonLimit, adminPort, heartbeatTimeout)
+		text := fmt.Sprintf(brokerNode, state, cert, key, farmTokenKey, port, dsn, farmFrontend, farmGroup, sessionLimit, logonLimit, adminPort, strings.Join(peers, ", "), heartbeatTimeout)
 		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 			return nil, fmt.Errorf("faults: %w", err)
 		}

@@ -257,3 +257,63 @@ type DeliveryGroup struct {
 	ConfiguredUsers  []string   `json:"configured_users"`
 	ConfiguredGroups []string   `json:"configured_groups"`
 }
+
+// PeerQuery is one broker asking another of the same database, during an
+// outage of it, which sessions it holds of a user (the user its peer
+// token names).
+type PeerQuery struct {
+	User string `json:"user"`
+	// Hosts are hosts of the user's sessions the asker holds but does
+	// not know, or has not heard from lately: the answer includes them
+	// as the peer knows them.
+	Hosts []string `json:"hosts,omitempty"`
+}
+
+// PeerSessions is a broker's answer to a PeerQuery: the user's live
+// sessions and pending placements in its local host cache, and the hosts
+// they are on as it knows them.
+type PeerSessions struct {
+	Sessions []PeerSession `json:"sessions"`
+	Hosts    []PeerHost    `json:"hosts"`
+}
+
+// PeerSession is one live session or pending placement a peer holds.
+type PeerSession struct {
+	// ID is empty for a session the peer knows only from its host's
+	// report during the outage.
+	ID            string    `json:"id,omitempty"`
+	DeliveryGroup string    `json:"delivery_group"`
+	Host          string    `json:"host"`
+	State         string    `json:"state"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+// PeerHost is a host as a peer's local host cache holds it: a host that
+// registered through the peer shortly before the database went away is
+// in no other broker's copy, and its reports may all go to the peer.
+type PeerHost struct {
+	Name          string    `json:"name"`
+	DeliveryGroup string    `json:"delivery_group"`
+	Zone          string    `json:"zone,omitempty"`
+	Address       string    `json:"address"`
+	Port          int       `json:"port"`
+	Weight        float64   `json:"weight"`
+	SessionLimit  int       `json:"session_limit"`
+	LogonLimit    int       `json:"logon_limit"`
+	Sessions      int       `json:"sessions"`
+	Pending       int       `json:"pending"`
+	CPU           float64   `json:"cpu"`
+	Mem           float64   `json:"mem"`
+	DiskIdle      float64   `json:"disk_idle"`
+	DiskLatency   float64   `json:"disk_latency_ms"`
+	MemPressure   float64   `json:"mem_pressure"`
+	CPUPressure   float64   `json:"cpu_pressure"`
+	Unhealthy     string    `json:"unhealthy,omitempty"`
+	AdminDrain    bool      `json:"admin_drain,omitempty"`
+	AgentDrain    bool      `json:"agent_drain,omitempty"`
+	AssignedUser  string    `json:"assigned_user,omitempty"`
+	Registration  string    `json:"registration"`
+	RegisteredAt  time.Time `json:"registered_at"`
+	LastSeen      time.Time `json:"last_seen"`
+}

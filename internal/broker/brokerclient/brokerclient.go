@@ -193,6 +193,17 @@ func (c *Client) Events(ctx context.Context, credential string, ev brokerapi.Eve
 	return c.do(ctx, "/api/v1/agent/events", Bearer(credential), ev, nil)
 }
 
+// PeerSessions asks a broker sharing this one's database which live
+// sessions or pending placements of req.User its local host cache holds;
+// token is a peer token (auth.Tokens.MintPeer) naming that user.
+func (c *Client) PeerSessions(ctx context.Context, token string, req brokerapi.PeerQuery) (*brokerapi.PeerSessions, error) {
+	var out brokerapi.PeerSessions
+	if err := c.do(ctx, "/api/v1/peer/sessions", Bearer(token), req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // FrontEnd is a portal's view of a broker over HTTPS: a user's calls,
 // made on their behalf with a front-end token.
 type FrontEnd struct {

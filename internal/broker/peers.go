@@ -1,0 +1,256 @@
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/deskway/deskway/internal/broker/brokerclient"
+	"github.com/deskway/deskway/internal/broker/store"
+)
+
+// peerTokenTTL is how long a peer token lives: one question, with room
+// for the clocks of two brokers to differ.
+const peerTokenTTL = 30 * time.Second
+
+// maxPeerHosts bounds the hosts one peer question asks about: those of
+// one user's sessions, one per delivery group.
+const maxPeerHosts = 100
+
+// peer is another broker on the same database (broker.peers).
+type peer struct {
+	client *brokerclient.Client
+	// down is set while the peer does not answer, so that its going
+	// away and coming back are logged once each, not at every launch.
+	down atomic.Bool
+}
+
+// newPeers builds the clients of the brokers in urls, trusting tc.
+func newPeers(urls []string, tc *tls.Config) []*peer {
+	if len(urls) == 0 {
+		return nil
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4}}
+	out := make([]*peer, 0, len(urls))
+	for _, u := range urls {
+		out = append(out, &peer{client: &brokerclient.Client{Base: u, HTTP: hc}})
+	}
+	return out
+}
+
+// askPeers asks the other brokers, while the database is away, which
+// sessions or pending placements of user they hold (none, user empty),
+// with their hosts and the hosts named, and takes what the local host
+// cache lacks into it, so that the placement that follows sends the user
+// back to one rather than placing a second, and a report from a host
+// registered through a peer is taken. In an outage the brokers share
+// nothing else: a session another broker placed, every report of which
+// went to that broker, is in no copy but its own. A peer that does not
+// answer within broker.peer_timeout is taken to hold nothing: the launch
+// or report goes on, and the silence is counted and logged.
+func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
+	tok, err := s.tokens.MintPeer(user, hosts, peerTokenTTL)
+	if err != nil {
+		s.log.Warn("could not sign a question to the peer brokers; placing without it", "user", user, "error", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout.D())
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, p := range s.peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := p.client.PeerSessions(ctx, tok, brokerapi.PeerQuery{User: user, Hosts: hosts})
+			if err != nil {
+				result := "unreachable"
+				if se := (*brokerclient.StatusError)(nil); errors.As(err, &se) {
+					result = "refused" // a different auth.token_key, most likely
+				}
+				s.m.peerQueries.WithLabelValues(result).Inc()
+				if !p.down.Swap(true) {
+					s.log.Warn("a peer broker did not answer whether it holds a user's session; launches in the outage go on without it, and a user it placed may get a second session here",
+						"peer", p.client.Base, "result", result, "error", err)
+				}
+				return
+			}
+			if p.down.Swap(false) {
+				s.log.Info("a peer broker answers again", "peer", p.client.Base)
+			}
+			s.cache.learnPeer(user, res)
+			if len(res.Sessions) == 0 && len(res.Hosts) == 0 {
+				s.m.peerQueries.WithLabelValues("none").Inc()
+				return
+			}
+			s.m.peerQueries.WithLabelValues("found").Inc()
+			if len(res.Sessions) > 0 {
+				s.log.Info("a peer broker holds the user's session: the launch goes back to it", "peer", p.client.Base, "user", user,
+					"host", res.Sessions[0].Host, "session", res.Sessions[0].ID)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// peerSessions answers a peer broker's question: the live sessions and
+// pending placements of one user in this broker's local host cache. The
+// question must carry a peer token, signed with the key the brokers
+// share, naming that user: who has sessions where is told to no one else.
+func (s *Server) peerSessions(w http.ResponseWriter, r *http.Request) {
+	tok := bearer(r)
+	if tok == "" {
+		s.fail(w, r, http.StatusUnauthorized, "peer questions need Authorization: Bearer <peer token>, which only a broker holding this one's auth.token_key can sign")
+		return
+	}
+	claims, err := s.tokens.VerifyPeer(tok)
+	if err != nil {
+		s.fail(w, r, http.StatusUnauthorized, "peer token refused (%v): the brokers on one database must share auth.token_key", err)
+		return
+	}
+	var q brokerapi.PeerQuery
+	if err := decode(w, r, &q); err != nil {
+		s.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if q.User != claims.Subject || !allIn(q.Hosts, claims.Hosts) {
+		s.fail(w, r, http.StatusForbidden, "this peer token asks about another user or other hosts")
+		return
+	}
+	if len(q.Hosts) > maxPeerHosts {
+		s.fail(w, r, http.StatusBadRequest, "a peer question names at most %d hosts", maxPeerHosts)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cache.peerView(q.User, q.Hosts))
+}
+
+// usable reports whether the copy holds a session (or pending
+// placement) of user in group that a launch can be sent back to: on a
+// host the copy knows and has heard from since stale. Otherwise a peer
+// may know more: the session, or its host (returned, to ask about), or a
+// later report of the host.
+func (c *localCache) usable(user, group string, stale time.Time) (ok bool, host string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, held := c.live[liveKey(user, group)]
+	if !held {
+		return false, ""
+	}
+	h, known := c.hosts[s.Host]
+	if known && !h.LastSeen.Before(stale) {
+		return true, ""
+	}
+	return false, s.Host
+}
+
+// peerView is what a peer is told of user: their sessions in the copy,
+// and the hosts they are on, with the hosts of the user's sessions the
+// peer asked about.
+func (c *localCache) peerView(user string, asked []string) brokerapi.PeerSessions {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := brokerapi.PeerSessions{Sessions: []brokerapi.PeerSession{}, Hosts: []brokerapi.PeerHost{}}
+	hosts := map[string]bool{}
+	for _, ss := range c.live {
+		if user == "" || ss.User != user || ss.State == store.Ended {
+			continue
+		}
+		out.Sessions = append(out.Sessions, brokerapi.PeerSession{ID: ss.ID, DeliveryGroup: ss.Group, Host: ss.Host, State: ss.State,
+			CreatedAt: ss.CreatedAt, UpdatedAt: ss.UpdatedAt})
+		hosts[ss.Host] = true
+	}
+	for _, h := range asked {
+		hosts[h] = true
+	}
+	for name := range hosts {
+		if h, ok := c.hosts[name]; ok {
+			out.Hosts = append(out.Hosts, peerHost(h))
+		}
+	}
+	return out
+}
+
+// learnPeer takes into the copy what a peer holds of user that the copy
+// lacks: hosts it does not know (registered through the peer since the
+// copy's last reload), a later report of a host it knows (the host's
+// reports may all have gone to the peer: the user's session on it must
+// still draw the launch), and the user's sessions on hosts it now knows.
+func (c *localCache) learnPeer(user string, res *brokerapi.PeerSessions) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ph := range res.Hosts {
+		h, ok := c.hosts[ph.Name]
+		switch {
+		case !ok:
+			c.hosts[ph.Name] = fromPeerHost(ph)
+		case h.Registration == ph.Registration && ph.LastSeen.After(h.LastSeen):
+			h.LastSeen = ph.LastSeen
+			c.hosts[ph.Name] = h
+		}
+	}
+	for _, p := range res.Sessions {
+		h, ok := c.hosts[p.Host]
+		if !ok || h.Group != p.DeliveryGroup || p.State == store.Ended {
+			continue
+		}
+		k := liveKey(user, p.DeliveryGroup)
+		if _, held := c.live[k]; held {
+			continue
+		}
+		c.live[k] = store.Session{ID: p.ID, User: user, Group: p.DeliveryGroup, Host: p.Host, State: p.State,
+			CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt}
+	}
+}
+
+func peerHost(h store.Host) brokerapi.PeerHost {
+	return brokerapi.PeerHost{Name: h.Name, DeliveryGroup: h.Group, Zone: h.Zone, Address: h.Address, Port: h.Port,
+		Weight: h.Weight, SessionLimit: h.SessionLimit, LogonLimit: h.LogonLimit, Sessions: h.Sessions, Pending: h.Pending,
+		CPU: h.CPU, Mem: h.Mem, DiskIdle: h.DiskIdle, DiskLatency: h.DiskLatency, MemPressure: h.MemPressure,
+		CPUPressure: h.CPUPressure, Unhealthy: h.Unhealthy, AdminDrain: h.AdminDrain, AgentDrain: h.AgentDrain,
+		AssignedUser: h.AssignedUser, Registration: h.Registration, RegisteredAt: h.RegisteredAt, LastSeen: h.LastSeen}
+}
+
+func fromPeerHost(h brokerapi.PeerHost) store.Host {
+	return store.Host{Name: h.Name, Group: h.DeliveryGroup, Zone: h.Zone, Address: h.Address, Port: h.Port,
+		Weight: h.Weight, SessionLimit: h.SessionLimit, LogonLimit: h.LogonLimit, Sessions: h.Sessions, Pending: h.Pending,
+		CPU: h.CPU, Mem: h.Mem, DiskIdle: h.DiskIdle, DiskLatency: h.DiskLatency, MemPressure: h.MemPressure,
+		CPUPressure: h.CPUPressure, Unhealthy: h.Unhealthy, AdminDrain: h.AdminDrain, AgentDrain: h.AgentDrain,
+		AssignedUser: h.AssignedUser, Registration: h.Registration, RegisteredAt: h.RegisteredAt, LastSeen: h.LastSeen}
+}
+
+// unknownHost answers a report from a host this broker's copy does not
+// hold while the database is away: 503, to be sent again, and not 404,
+// which would have the agent give up its credential and register with
+// its join token, which the database cannot take now either.
+func (s *Server) unknownHost(w http.ResponseWriter, r *http.Request, host string) {
+	w.Header().Set("Retry-After", "5")
+	s.fail(w, r, http.StatusServiceUnavailable, "the database is unreachable and this broker does not hold host %q yet (it registered through another broker): report again", host)
+}
+
+// allIn reports whether every one of want is in have.
+func allIn(want, have []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// logPeers says at start which peers a launch in an outage asks.
+func logPeers(log *slog.Logger, peers []*peer) {
+	if len(peers) == 0 {
+		return
+	}
+	urls := make([]string, 0, len(peers))
+	for _, p := range peers {
+		urls = append(urls, p.client.Base)
+	}
+	log.Info("peer brokers: in a database outage, a launch for a user this broker holds no session of asks them first", "peers", urls)
+}
