@@ -71,9 +71,10 @@ lint:
 # share something of the machine take turns). The e2e tests that do
 # mostly wait on protocol timers and their servers (the site tests spend
 # about a fifth of their wall time on CPU, the fault tests that judge no
-# timing about a tenth) or boot one emulated guest at a time, which takes
-# a core, so two at a time on this 2-core machine. Tests that hold a time
-# budget or load both cores run alone, before them.
+# timing about a tenth) or boot emulated guests, which take a core each
+# and share two guest slots machine-wide (a test booting two at once
+# takes both), so two at a time on this 2-core machine. Tests that hold a
+# time budget run alone, before them.
 TEST_PARALLEL ?= 2
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv

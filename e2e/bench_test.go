@@ -199,6 +199,12 @@ func runBench(t *testing.T, out, name string, args ...string) report.Result {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
 	}
+	return readResult(t, out)
+}
+
+// readResult decodes the result.json a bench wrote into out.
+func readResult(t *testing.T, out string) report.Result {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -387,8 +393,8 @@ func TestBrowserBenchSmoke(t *testing.T) {
 // session limit of 2 and refuses the third. It checks that every action
 // ran and passed its own check (the editor's sentence reached the file,
 // the unpacked document matched), that typing took at least its keys'
-// delay (a workload that skipped the editor would report less), and the
-// counters the report is read by.
+// delay (a workload that skipped the editor would report less), the
+// counters the report is read by, and what --suggest-limit printed.
 func TestSessionhostBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
 	testkit.RequireRoot(t)
@@ -398,8 +404,16 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 	// runs other tests beside it, whose waiting is no business of the
 	// host's, so no CPU pressure limit, and no waiting for the pressure
 	// to settle between ramps (up to 40 s each on a busy machine).
-	res := runBench(t, out, "sessionhost", "--users", "3", "--ramps", "2", "--interval", "8s", "--think", "1s", "--session-limit", "2",
-		"--cpu-pressure-max-pct", "100", "--calm-wait", "0")
+	// --suggest-limit with --session-limit runs the broker ramp too: one
+	// run, one rig (a second run for --suggest-limit alone started xrdp,
+	// the users and the gateway again, some 40 s).
+	cmd := exec.Command(build(t), "bench", "sessionhost", "--users", "3", "--ramps", "2", "--interval", "8s", "--think", "1s", "--session-limit", "2",
+		"--cpu-pressure-max-pct", "100", "--calm-wait", "0", "--suggest-limit", "--out", out)
+	printed, runErr := cmd.CombinedOutput()
+	if _, err := os.Stat(filepath.Join(out, "result.json")); err != nil {
+		t.Fatalf("bench: %v, no result: %v\n%s", runErr, err, lastLines(string(printed), 40))
+	}
+	res := readResult(t, out)
 	actions := map[string]int{}
 	steps := map[string]int{}
 	for _, p := range res.Points {
@@ -458,11 +472,22 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 	}
 	// --suggest-limit: three users at a time do not slow this host by a
 	// second, so no limit can be drawn, and the command says so and fails
-	// rather than print one. (The printout itself is unit-tested.)
-	cmd := exec.Command(build(t), "bench", "sessionhost", "--users", "3", "--ramps", "1", "--interval", "8s", "--suggest-limit")
-	b, err := cmd.CombinedOutput()
+	// rather than print one. Should a ramp have degraded on a busy
+	// machine, it prints the limit one below the worst ramp's point,
+	// which result.json names. (The printout itself is unit-tested.)
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || !strings.Contains(string(b), "served 3 users without degrading in every ramp: ramp further (--users)") || strings.Contains(string(b), "session_limit:") {
-		t.Errorf("--suggest-limit with no degradation: %v\n%s", err, lastLines(string(b), 10))
+	switch worst := int(res.Summary["degradation_users_worst"]); worst {
+	case 0:
+		if !errors.As(runErr, &ee) || !strings.Contains(string(printed), "served 3 users without degrading in every ramp: ramp further (--users)") || strings.Contains(string(printed), "session_limit:") {
+			t.Errorf("--suggest-limit with no degradation: %v\n%s", runErr, lastLines(string(printed), 10))
+		}
+	case 1:
+		if !errors.As(runErr, &ee) || !strings.Contains(string(printed), "the first user already passed the degradation threshold") || strings.Contains(string(printed), "session_limit:") {
+			t.Errorf("--suggest-limit with the first user degraded: %v\n%s", runErr, lastLines(string(printed), 10))
+		}
+	default:
+		if runErr != nil || !strings.Contains(string(printed), fmt.Sprintf("\nsession_limit: %d\n", worst-1)) {
+			t.Errorf("--suggest-limit with the worst ramp degraded at %d users: %v\n%s", worst, runErr, lastLines(string(printed), 10))
+		}
 	}
 }

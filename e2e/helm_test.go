@@ -21,6 +21,7 @@ import (
 // existing ones), is one deskway itself accepts, and the brokers the
 // farm and production put on PostgreSQL read it as PostgreSQL.
 func TestHelmChart(t *testing.T) {
+	t.Parallel() // renders and decodes in a folder of its own
 	out := t.TempDir()
 	check := exec.Command("go", "run", ".", "-repo", "../..", "-out", out)
 	check.Dir = "../tools/chartcheck"

@@ -23,6 +23,9 @@ import (
 // times carry the offset of the TZ it is given, read from the image's
 // zoneinfo.
 func TestContainerImageSystemRoots(t *testing.T) {
+	// Its binary and image are its own, its ports the kernel's choice;
+	// it judges no timing.
+	t.Parallel()
 	testkit.RequireRoot(t)
 	testkit.Require(t, "podman", "dpkg-query")
 	dir := t.TempDir()

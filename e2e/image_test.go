@@ -39,6 +39,10 @@ const configGID = 64000
 // installs it, runs as its unprivileged user and carries a tunnel
 // through the gateway to a host outside the container.
 func TestContainerImage(t *testing.T) {
+	// Its gateway is on ports the kernel chose, its container and volume
+	// have names no other test uses, make image writes files of bin/ no
+	// other test writes, and it judges no timing.
+	t.Parallel()
 	testkit.RequireRoot(t)
 	testkit.Require(t, "podman", "dpkg-query")
 	// The README's lines, as written, from the top directory.

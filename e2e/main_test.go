@@ -29,23 +29,35 @@
 //     t.Parallel(); those that hold a budget (the link cut's write
 //     timeout, the link agent's heartbeat timeout, the disk's 5 s, the
 //     gateway node's 10 s) stay serial: TestFaultsLinkCut missed its
-//     write-timeout budget at a load of 38 even alone.
+//     write-timeout budget at a load of 38 even alone. The link agent's
+//     case runs with a heartbeat timeout of 10 s at the test's scale
+//     (30 s in the bench): the broker reads staleness from the last
+//     heartbeat at each request, so a shorter timeout checks the same.
 //   - The bench smokes split the same way: those that check their
 //     result's shape and nothing of its figures, on servers at ports the
 //     kernel chose, and wait more than they compute (the boot storm's,
-//     the broker's) call t.Parallel(); the others drive xrdp or a qemu
-//     guest, or judge a figure beside another system's (the gateway's
-//     tunnels answered in every window), and stay serial.
-//   - The netboot tests that boot one qemu guest at a time, in their own
-//     namespaces, call t.Parallel(), and so do those in namespaces that
-//     boot none: where KVM runs no guest, qemu emulates the CPU and each
-//     guest takes a core, so two such tests load the two cores as one
-//     test booting two guests does, and every wait for a guest is
-//     minutes long. The tests that boot two or more guests at once load
-//     both cores themselves and stay serial: beside another, at a load
-//     of 19, TestNetbootUEFI's two UEFI guests missed its 2-minute wait.
+//     the broker's, the netboot one's, which takes both guest slots)
+//     call t.Parallel(); the others drive xrdp, or judge a figure beside
+//     another system's (the gateway's tunnels answered in every window),
+//     and stay serial. The session host's runs its --suggest-limit
+//     check in the same run as its broker ramp: one rig, started once.
+//   - Tests that boot qemu guests run in parallel, each in namespaces of
+//     its own, and share the guest slots (guests): where KVM runs no
+//     guest, qemu emulates the CPU and each guest takes a core, so the
+//     machine runs two at a time. A test booting one guest at a time
+//     takes one slot; one booting two or more at once (the UEFI and
+//     menu tests, the root-over-NBD and bare-VM tests, the stream's two
+//     VMs) takes both, and so runs beside tests that boot none, never
+//     beside another guest (at a load of 19, beside another guest test,
+//     TestNetbootUEFI's two UEFI guests once missed their 2-minute wait).
 //     (TestNetbootSecureBoot's three machines boot beside each other
 //     within one serial test.)
+//   - The package and image tests (TestDebianPackage, TestContainerImage,
+//     TestContainerImageSystemRoots, TestHelmChart, TestREADMEQuickstart)
+//     judge no timing and call t.Parallel(): each builds into a folder of
+//     its own or holds lockRepoBin while a make target writes the
+//     repository's bin/deskway (make deb, make run), and the service
+//     ports and sesman locks as before.
 //
 // Every test gets the deskway binary from build(t): it is compiled once
 // per run and shared, so a test must not change or remove it.

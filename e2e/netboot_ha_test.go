@@ -82,6 +82,7 @@ poweroff -f
     servers: ["10.77.0.1:10809", "10.77.0.1:10810"]
 `)
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:01", "--name", "pc1", "--vdisk", "golden", "-c", cfg)
+	guests(t, 1)
 	pc1 := ns.bootVM("tap1", "52:54:00:77:00:01")
 	pc1.wait(t, regexp.MustCompile(`deskway: root disk golden/pc1/[0-9a-f]{16} from 10\.77\.0\.1:10809 `), 4*time.Minute)
 	pc1.wait(t, regexp.MustCompile(`DESKWAY writing`), time.Minute)

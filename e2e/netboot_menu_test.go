@@ -21,6 +21,9 @@ import (
 // other vDisk. The kernel command line each VM booted names the vDisk
 // it ended up on.
 func TestNetbootMenu(t *testing.T) {
+	// Beside tests that boot no guest (e2e/main_test.go); its guests take
+	// both slots.
+	t.Parallel()
 	ns := newNetns(t, "tap1", "tap2")
 	kernel, initrd := netbootKit(t)
 	bin := build(t)
@@ -69,6 +72,7 @@ func TestNetbootMenu(t *testing.T) {
 	menu := func(dev string) *regexp.Regexp {
 		return regexp.MustCompile(`deskway: device ` + dev + `, choose what to boot`)
 	}
+	guests(t, 2)
 	pc1, pc2 := ns.bootVM("tap1", "52:54:00:77:00:01"), ns.bootVM("tap2", "52:54:00:77:00:02")
 	pc2.wait(t, menu("pc2"), 3*time.Minute)
 	io.WriteString(pc2.in, "2")

@@ -51,6 +51,7 @@ poweroff -f
 	if out, err := docLine(ns.name, etc, bin, line); err != nil || !strings.Contains(out, "pc1: personality host_name=pc1 role=kiosk site=north") {
 		t.Fatalf("%s: %v\n%s", line, err, out)
 	}
+	guests(t, 1)
 	pc1 := ns.bootVM("tap1", "52:54:00:77:00:01")
 	if got := pc1.wait(t, regexp.MustCompile(`DESKWAY personality file: ([^\r\n]*)[\r\n]`), 4*time.Minute)[1]; strings.TrimSpace(got) != "host_name=pc1 role=kiosk site=north" {
 		t.Fatalf("/etc/deskway/personality on pc1's root disk holds %q", got)

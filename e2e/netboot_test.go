@@ -40,6 +40,9 @@ stream:
 // machine do not boot and their consoles say why; enabling the device
 // lets it boot at its next try, without a power cycle.
 func TestNetbootBareVM(t *testing.T) {
+	// Beside tests that boot no guest (e2e/main_test.go); its guests take
+	// both slots.
+	t.Parallel()
 	ns := newNetns(t, "tap1", "tap2", "tap3")
 	kernel, initrd := netbootKit(t)
 	bin := build(t)
@@ -64,6 +67,7 @@ func TestNetbootBareVM(t *testing.T) {
 	}
 	deskway("device", "add", "--mac", "52:54:00:77:00:02", "--name", "pc2", "--vdisk", "golden", "--disabled")
 
+	guests(t, 2) // three at once, as it ran alone
 	pc1, pc2, stranger := ns.bootVM("tap1", "52:54:00:77:00:01"), ns.bootVM("tap2", "52:54:00:77:00:02"), ns.bootVM("tap3", "52:54:00:77:00:09")
 	booted := regexp.MustCompile(`DESKWAY netboot .*deskway\.device=pc1 deskway\.export=golden/pc1/([0-9a-f]{16}) deskway\.mode=standard deskway\.servers=10\.77\.0\.1:10809`)
 	first := pc1.wait(t, booted, 3*time.Minute)[1]
@@ -135,6 +139,9 @@ stream:
 // other's file; a standard-mode device's file is gone at its next
 // power-on; a private-mode device's file is still there.
 func TestNetbootRootOverNBD(t *testing.T) {
+	// Beside tests that boot no guest (e2e/main_test.go); its guests take
+	// both slots.
+	t.Parallel()
 	ns := newNetns(t, "tap1", "tap2", "tap3")
 	kernel, initrd := netbootRootKit(t)
 	bin := build(t)
@@ -169,6 +176,7 @@ func TestNetbootRootOverNBD(t *testing.T) {
 	}
 	// Two standard-mode devices at once: each has written and synced
 	// before either lists the disk as the server has it.
+	guests(t, 2)
 	pc1, pc2 := ns.bootVM("tap1", "52:54:00:77:00:01"), ns.bootVM("tap2", "52:54:00:77:00:02")
 	written(pc1, "pc1")
 	written(pc2, "pc2")
@@ -224,6 +232,7 @@ func TestNetbootProxyDHCP(t *testing.T) {
 		}
 	}
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:01", "--name", "pc1", "--vdisk", "golden", "-c", cfg)
+	guests(t, 1)
 	pc1 := ns.bootVM("tap1", "52:54:00:77:00:01")
 	pc1.wait(t, regexp.MustCompile(`DESKWAY netboot .*deskway\.device=pc1 deskway\.export=golden/pc1/[0-9a-f]{16} `), 3*time.Minute)
 	if !regexp.MustCompile(`net0: 10\.77\.0\.(5\d|60)/`).MatchString(pc1.out.String()) {
@@ -242,10 +251,15 @@ func TestNetbootProxyDHCP(t *testing.T) {
 // key for deskway and LTSP alike, and every boot names the qemu
 // accelerator it ran on.
 func TestNetbootBenchSmoke(t *testing.T) {
+	// Its figures are only checked to be there, its namespaces are its
+	// own; it boots one guest at a time, then two: both slots.
+	t.Parallel()
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "ss", "qemu-system-x86_64", "busybox", "mkfs.ext4", "dnsmasq", "nbd-server")
 	out := t.TempDir()
-	res := runBench(t, out, "netboot", "--runs", "1", "--at-once", "0", "--at-once-deskway", "2", "--nbdroot", buildNbdroot(t))
+	nbdroot := buildNbdroot(t)
+	guests(t, 2)
+	res := runBench(t, out, "netboot", "--runs", "1", "--at-once", "0", "--at-once-deskway", "2", "--nbdroot", nbdroot)
 	for _, k := range []string{"pxe_boot_s", "ltsp_boot_s", "nbd_boot_s", "pxe_ratio_nbd", "pxe_ratio_ltsp", "pxe2_ratio_pxe1"} {
 		if v, ok := res.Summary[k]; !ok || v <= 0 {
 			t.Errorf("summary %s = %v", k, v)

@@ -76,10 +76,14 @@ func startNetbootServer(t *testing.T, ns *netns, dir string, proxy bool) (bin, c
 // over TFTP, then deskway's iPXE script) and another over UEFI HTTP Boot
 // (ipxe.efi as a URL over HTTP), both to their vDisk's kernel and init.
 func TestNetbootUEFI(t *testing.T) {
+	// Beside tests that boot no guest (e2e/main_test.go); its guests take
+	// both slots.
+	t.Parallel()
 	ns := newNetns(t, "tap1", "tap2")
 	bin, cfg := startNetbootServer(t, ns, t.TempDir(), false)
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:11", "--name", "uefi1", "--vdisk", "golden", "-c", cfg)
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:12", "--name", "http1", "--vdisk", "golden", "-c", cfg)
+	guests(t, 2)
 	pxe, http := ns.bootUEFI("tap1", "52:54:00:77:00:11", false), ns.bootUEFI("tap2", "52:54:00:77:00:12", true)
 	pxe.wait(t, regexp.MustCompile(`DESKWAY netboot .*deskway\.device=uefi1 deskway\.export=golden/uefi1/[0-9a-f]{16} `), 2*time.Minute)
 	http.wait(t, regexp.MustCompile(`DESKWAY netboot .*deskway\.device=http1 deskway\.export=golden/http1/[0-9a-f]{16} `), 2*time.Minute)
@@ -102,6 +106,9 @@ func uefiBootFiles(t *testing.T, pxe, http *vm) {
 // (busybox udhcpd), deskway in proxyDHCP mode gives a UEFI PC its boot
 // file over PXE, and a UEFI HTTP Boot PC its boot file's URL; both boot.
 func TestNetbootUEFIProxyDHCP(t *testing.T) {
+	// Beside tests that boot no guest (e2e/main_test.go); its guests take
+	// both slots.
+	t.Parallel()
 	ns := newNetns(t, "tap1", "tap2")
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "udhcpd.conf")
@@ -111,6 +118,7 @@ func TestNetbootUEFIProxyDHCP(t *testing.T) {
 	bin, cfg := startNetbootServer(t, ns, dir, true)
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:11", "--name", "uefi1", "--vdisk", "golden", "-c", cfg)
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:12", "--name", "http1", "--vdisk", "golden", "-c", cfg)
+	guests(t, 2)
 	pxe, http := ns.bootUEFI("tap1", "52:54:00:77:00:11", false), ns.bootUEFI("tap2", "52:54:00:77:00:12", true)
 	pxe.wait(t, regexp.MustCompile(`DESKWAY netboot .*deskway\.device=uefi1 deskway\.export=golden/uefi1/[0-9a-f]{16} `), 2*time.Minute)
 	http.wait(t, regexp.MustCompile(`DESKWAY netboot .*deskway\.device=http1 deskway\.export=golden/http1/[0-9a-f]{16} `), 2*time.Minute)

@@ -22,6 +22,13 @@ import (
 	"github.com/deskway/deskway/internal/testkit"
 )
 
+// lockRepoBin is held by the tests whose make targets write the
+// repository's bin/deskway (make deb, make run), so that neither links
+// over the binary the other is packaging or running. (make image writes
+// bin/deskway-static and bin/deskway-image.tar, which no other test
+// touches.)
+const lockRepoBin = "e2e-repo-bin"
+
 // packageUnits are the systemd units the package ships, in the order its
 // prerm names them.
 func packageUnits() []string {
@@ -43,9 +50,12 @@ func packageUnits() []string {
 // were running or enabled and keeps the keys; a removal stops every unit.
 // Purging removes everything, or keeps the state with DESKWAY_KEEP_DATA=1.
 func TestDebianPackage(t *testing.T) {
+	// It judges no timing; what it shares with other tests are the
+	// service ports and the repository's bin/, which it holds.
+	t.Parallel()
 	testkit.RequireRoot(t)
 	testkit.Require(t, "dpkg", "systemd-analyze", "setpriv", "adduser", "unshare", "curl")
-	testkit.Lock(t, testkit.LockServicePorts)
+	testkit.Lock(t, testkit.LockServicePorts, lockRepoBin)
 	if exec.Command("dpkg-query", "-W", "deskway").Run() == nil {
 		t.Fatal("a deskway package is already installed on this machine; this test installs and purges its own: dpkg -P deskway first")
 	}

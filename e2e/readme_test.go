@@ -46,9 +46,13 @@ func readmeBlocks(t *testing.T) map[string]string {
 // issue's "from make run to typing é"), and the portal follows the
 // session: running, disconnected, logged off.
 func TestREADMEQuickstart(t *testing.T) {
+	// It judges no timing (its waits are a minute or two long); what it
+	// shares with other tests, xrdp's sesman, the service ports and the
+	// repository's bin/, it holds.
+	t.Parallel()
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
-	testkit.Lock(t, testkit.LockSesman, testkit.LockServicePorts)
+	testkit.Lock(t, testkit.LockSesman, testkit.LockServicePorts, lockRepoBin)
 	blocks := readmeBlocks(t)
 	for _, name := range []string{"run", "portal", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
 		if blocks[name] == "" {

@@ -66,6 +66,9 @@ const bootScript = `
 // ext4 golden image served by deskway stream over qemu's own NBD client:
 // both mount it and write a file, and neither sees the other's file.
 func TestStreamBootTwoVMs(t *testing.T) {
+	// Beside tests that boot no guest (e2e/main_test.go); its guests take
+	// both slots.
+	t.Parallel()
 	testkit.Require(t, "mkfs.ext4")
 	kit := testkit.NewBootKit(t, bootScript)
 	bin := build(t)
@@ -88,6 +91,7 @@ func TestStreamBootTwoVMs(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	guests(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ids := []string{"vm1", "vm2"}

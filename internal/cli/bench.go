@@ -464,8 +464,9 @@ ramp: it must stop at or before that point.
 
 The measuring ramp runs --ramps times (3 by default): the point moves
 from ramp to ramp, and the suggested limit is one below the ramp that
-degraded first. --suggest-limit runs the measuring ramps alone and
-prints the delivery group setting for a host like this one.`,
+degraded first. --suggest-limit prints the delivery group setting for a
+host like this one and runs no broker ramp, unless --session-limit names
+a limit to check beside it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Out, o.Command = out, "deskway "+strings.Join(os.Args[1:], " ")
@@ -496,7 +497,7 @@ prints the delivery group setting for a host like this one.`,
 	c.Flags().Float64Var(&o.AddMS, "threshold-ms", 1000, "how far above the baseline the average action may go")
 	c.Flags().IntVar(&o.Ramps, "ramps", 3, "measuring ramps, one after the other; the suggested limit is one below the one that degraded first")
 	c.Flags().IntVar(&o.Beyond, "beyond", 1, "steps a measuring ramp goes on past its degradation point")
-	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "run the measuring ramps only and print the session limit they suggest")
+	c.Flags().BoolVar(&o.SuggestOnly, "suggest-limit", false, "print the session limit the measuring ramps suggest; no broker ramp without --session-limit")
 	c.Flags().IntVar(&o.SessionLimit, "session-limit", 0, "the broker ramp's session limit, in place of the suggested one (to check a chosen limit)")
 	c.Flags().Float64Var(&o.CPUPressureMaxPct, "cpu-pressure-max-pct", 0, "the broker ramp's broker.health.cpu_pressure_max_pct (0: the broker's default); 100 turns it off")
 	c.Flags().DurationVar(&o.CalmWait, "calm-wait", 40*time.Second, "longest wait before each later ramp for the host's CPU pressure to settle; 0 does not wait")

@@ -29,10 +29,14 @@ const (
 	farmGroup    = "desk"
 	farmFrontend = "faults-portal-token"
 	farmTokenKey = "faults-token-key-0123456789abcdef0123456789"
+	// farmHeartbeatTimeout is the brokers' broker.heartbeat_timeout, the
+	// default's.
+	farmHeartbeatTimeout = 30 * time.Second
 )
 
 // brokerNode is one of the brokers sharing the database: its own state
-// directory (cache, journal), its own process.
+// directory (cache, journal), its own process. Its heartbeat_timeout is
+// farmHeartbeatTimeout but in the link-agent case, which waits it out.
 const brokerNode = `state_dir: %[1]s
 log: {level: info, format: json}
 admin: {listen: "127.0.0.1:%[11]d", tokens: ["faults-admin-token"]}
@@ -44,7 +48,7 @@ broker:
   database: "%[6]s"
   gateway: "gateway.faults.test:443"
   heartbeat_interval: 1s
-  heartbeat_timeout: 30s
+  heartbeat_timeout: %[13]s
   frontend_tokens: [%[7]s]
   peers: [%[12]s]
   delivery_groups:
@@ -109,6 +113,12 @@ type brokerFarm struct {
 // registers hosts session hosts through the balancer and starts their
 // agents.
 func startBrokerFarm(ctx context.Context, env Env, dir, dsn string, n, hosts, sessionLimit, logonLimit int) (*brokerFarm, error) {
+	return startBrokerFarmTimeout(ctx, env, dir, dsn, n, hosts, sessionLimit, logonLimit, farmHeartbeatTimeout)
+}
+
+// startBrokerFarmTimeout is startBrokerFarm with the brokers'
+// broker.heartbeat_timeout.
+func startBrokerFarmTimeout(ctx context.Context, env Env, dir, dsn string, n, hosts, sessionLimit, logonLimit int, heartbeatTimeout time.Duration) (*brokerFarm, error) {
 	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	if err := tlsconf.SelfSigned(cert, key, []string{"127.0.0.1"}); err != nil {
 		return nil, err
@@ -149,7 +159,7 @@ func startBrokerFarm(ctx context.Context, env Env, dir, dsn string, n, hosts, se
 			return nil, fmt.Errorf("faults: %w", err)
 		}
 		cfg := filepath.Join(state, "deskway.yaml")
-		text := fmt.Sprintf(brokerNode, state, cert, key, farmTokenKey, port, dsn, farmFrontend, farmGroup, sessionLimit, logonLimit, adminPort, strings.Join(peers, ", "))
+		text := fmt.Sprintf(brokerNode, state, cert, key, farmTokenKey, port, dsn, farmFrontend, farmGroup, sessionLimit, logonLimit, adminPort, strings.Join(peers, ", "), heartbeatTimeout)
 		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 			return nil, fmt.Errorf("faults: %w", err)
 		}

@@ -53,7 +53,7 @@ func clockStepBroker(ctx context.Context, env Env, users int) (Outcome, error) {
 		return o, err
 	}
 	cfg := filepath.Join(bdir, "deskway.yaml")
-	text := fmt.Sprintf(brokerNode, bdir, cert, key, farmTokenKey, ports[0], filepath.Join(bdir, "broker.db"), farmFrontend, farmGroup, 100, 50, ports[1], "")
+	text := fmt.Sprintf(brokerNode, bdir, cert, key, farmTokenKey, ports[0], filepath.Join(bdir, "broker.db"), farmFrontend, farmGroup, 100, 50, ports[1], "", farmHeartbeatTimeout)
 	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 		return o, fmt.Errorf("faults: %w", err)
 	}

@@ -56,8 +56,8 @@ type Options struct {
 	// degradation point moves from ramp to ramp on a shared machine, and
 	// a session limit must hold for the ramp that degraded first.
 	Ramps int
-	// SuggestOnly runs the measuring ramps alone and suggests a session
-	// limit.
+	// SuggestOnly suggests a session limit from the measuring ramps and
+	// runs the broker ramp only to check a SessionLimit given with it.
 	SuggestOnly bool
 	// SessionLimit, when set, is the broker ramp's session limit in place
 	// of the suggested one: to check a limit an administrator chose.
@@ -131,7 +131,7 @@ type Outcome struct {
 	// Steps, Baseline, Degradation, Crossings and Limiting are the median
 	// ramp's: the run's headline.
 	Steps       []Step
-	BrokerSteps []Step // the broker ramp (none with SuggestOnly)
+	BrokerSteps []Step // the broker ramp (none with SuggestOnly but no SessionLimit)
 	Baseline    float64
 	Degradation Degradation
 	Crossings   []Crossing
@@ -189,7 +189,7 @@ func Run(ctx context.Context, o Options) (*report.Result, *Outcome, error) {
 	if o.SessionLimit > 0 {
 		out.BrokerLimit = o.SessionLimit
 	}
-	if !o.SuggestOnly && out.BrokerLimit > 0 {
+	if (!o.SuggestOnly || o.SessionLimit > 0) && out.BrokerLimit > 0 {
 		// The last ramp's users have only just gone: their waiting is still
 		// in the kernel's 10-second pressure average, and the broker would
 		// take the host for saturated before anyone logged on.

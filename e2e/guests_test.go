@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deskway/deskway/internal/testkit"
+)
+
+// guestSlots is how many emulated guests the tests run at once. Where
+// KVM runs no guest, qemu emulates the CPU and each guest keeps a core
+// busy while it boots: two on this 2-core machine.
+const guestSlots = 2
+
+// guests takes one of the machine's guest slots for the rest of t, or
+// all of them when n is more than one, waiting until they are free. A
+// parallel test calls it before it boots a guest, with the most guests
+// it runs at once, so that the guests of tests running side by side
+// never outnumber the slots. Slots are file locks (testkit.LockFile), so
+// they hold across test processes too, and are released when t ends,
+// after the cleanups registered later (the guests are stopped first).
+// A test taking every slot takes them in order, so two such tests never
+// hold one each and wait for the other's.
+func guests(t *testing.T, n int) {
+	t.Helper()
+	names := make([]string, guestSlots)
+	for i := range names {
+		names[i] = fmt.Sprintf("e2e-guest-%d", i)
+	}
+	if n > 1 {
+		testkit.Lock(t, names...)
+		return
+	}
+	start := time.Now()
+	for {
+		for _, name := range names {
+			if release, ok := tryLock(t, name); ok {
+				if waited := time.Since(start); waited > time.Second {
+					t.Logf("waited %s for a guest slot", waited.Round(time.Second))
+				}
+				t.Cleanup(release)
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// tryLock takes the named lock if no one holds it.
+func tryLock(t *testing.T, name string) (release func(), ok bool) {
+	t.Helper()
+	f, err := os.OpenFile(testkit.LockFile(name), os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		t.Fatalf("lock %s: %v", name, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return func() { f.Close() }, true
+}
+
+// TestGuestSlotsHoldTwoGuests: tests taking guest slots side by side
+// never hold more than two guests' worth at once, a test taking both
+// counting as two; and they do take turns rather than wait forever.
+func TestGuestSlotsHoldTwoGuests(t *testing.T) {
+	var mu sync.Mutex
+	held, most := 0, 0
+	t.Run("tests", func(t *testing.T) {
+		for i, n := range []int{1, 2, 1, 1, 2, 1, 2, 2} {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				guests(t, n)
+				mu.Lock()
+				held += min(n, guestSlots)
+				most = max(most, held)
+				mu.Unlock()
+				time.Sleep(50 * time.Millisecond) // a guest's boot, in short
+				mu.Lock()
+				held -= min(n, guestSlots)
+				mu.Unlock()
+			})
+		}
+	})
+	if most > guestSlots {
+		t.Errorf("%d guests' worth of slots held at once, want at most %d", most, guestSlots)
+	}
+}
