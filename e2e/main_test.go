@@ -20,8 +20,18 @@
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
 //     parallel test starts, so nothing of this package runs beside them.
-//     So do, for now, those that drive xrdp, xfreerdp or chromium, whose
-//     waits were not measured beside other tests.
+//   - The tests that start xrdp (with xfreerdp, chromium or a bench
+//     driving it) are the cases of one parallel test, TestXRDP, run one
+//     after another: each starts its own xrdp-sesman on the machine's
+//     port 3350 under testkit.LockSesman, so as parallel tests of their
+//     own, one waiting for the lock would hold a -parallel slot doing
+//     nothing. They judge no time but their own deadlines for what a
+//     person would see, and spend about a third of their wall time on
+//     CPU, so they run beside the other parallel tests. The chromium
+//     tests without xrdp (the console's vDisk pages, the portal's
+//     identity providers) call t.Parallel() themselves; deskway's boot
+//     services listen on TFTP's fixed port 69, so each of their deskways
+//     boots on a loopback address of its own (bootAddr).
 //   - The fault tests split along that line. Those whose checks hold
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
