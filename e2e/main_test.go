@@ -20,18 +20,6 @@
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
 //     parallel test starts, so nothing of this package runs beside them.
-//   - The tests that start xrdp (with xfreerdp, chromium or a bench
-//     driving it) are the cases of one parallel test, TestXRDP, run one
-//     after another: each starts its own xrdp-sesman on the machine's
-//     port 3350 under testkit.LockSesman, so as parallel tests of their
-//     own, one waiting for the lock would hold a -parallel slot doing
-//     nothing. They judge no time but their own deadlines for what a
-//     person would see, and spend about a third of their wall time on
-//     CPU, so they run beside the other parallel tests. The chromium
-//     tests without xrdp (the console's vDisk pages, the portal's
-//     identity providers) call t.Parallel() themselves; deskway's boot
-//     services listen on TFTP's fixed port 69, so each of their deskways
-//     boots on a loopback address of its own (bootAddr).
 //   - The fault tests split along that line. Those whose checks hold
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
@@ -56,6 +44,20 @@
 //     of 19, TestNetbootUEFI's two UEFI guests missed its 2-minute wait.
 //     (TestNetbootSecureBoot's three machines boot beside each other
 //     within one serial test.)
+//   - The tests that start xrdp (with xfreerdp, chromium or a bench
+//     driving it: the browser and ttff bench smokes too) are the cases
+//     of one parallel test, TestXRDP, run one after another: each starts
+//     its own xrdp-sesman on the machine's port 3350 under
+//     testkit.LockSesman, so as parallel tests of their own, one waiting
+//     for the lock would hold a -parallel slot doing nothing. They judge
+//     no time but their own deadlines for what a person would see, and
+//     mostly wait (alone, a case spends a seventh to a quarter of its
+//     wall time on CPU, chromium and xrdp's sessions included), so they
+//     run beside the other parallel tests. The chromium tests without
+//     xrdp (the console's vDisk pages, the portal's identity providers)
+//     call t.Parallel() themselves; deskway's boot services listen on
+//     TFTP's fixed port 69, so each of their deskways boots on a
+//     loopback address of its own (bootAddr).
 //
 // Every test gets the deskway binary from build(t): it is compiled once
 // per run and shared, so a test must not change or remove it.
