@@ -71,11 +71,15 @@ lint:
 # share something of the machine take turns). The e2e tests that do
 # mostly wait on protocol timers and their servers (the site tests spend
 # about a fifth of their wall time on CPU, the fault tests that judge no
-# timing about a tenth) or boot emulated guests, which take a core each
-# and share two guest slots machine-wide (a test booting two at once
-# takes both), so two at a time on this 2-core machine. Tests that hold a
+# timing about a tenth, the xrdp cases a seventh to a quarter) or boot
+# emulated guests, which take a core each and share two guest slots
+# machine-wide (a test booting two at once takes both). Three at a time:
+# TestXRDP holds one slot for its whole run (its cases take turns on
+# xrdp-sesman's port) and a guest test often another, so a third keeps
+# the remaining waiting tests going beside them; the guest slots, not
+# this number, keep emulated guests to the two cores. Tests that hold a
 # time budget run alone, before them.
-TEST_PARALLEL ?= 2
+TEST_PARALLEL ?= 3
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv
 

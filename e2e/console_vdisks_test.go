@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -33,12 +34,12 @@ broker:
   delivery_groups:
   - {name: desk, groups: [staff]}
 stream:
-  listen: "127.0.0.1:%[6]d"
+  listen: "%[10]s:%[6]d"
   clients: open
   tls: "off"
   vdisks:
   - {name: golden, base: %[7]s, description: the office image}
-  netboot: {interface: lo, address: 127.0.0.1, dhcp: proxy, http_port: %[8]d}
+  netboot: {interface: lo, address: %[10]s, dhcp: proxy, http_port: %[8]d}
 web:
   listen: "127.0.0.1:%[9]d"
   console: {admins: [admins]}
@@ -48,10 +49,17 @@ web:
 // the web console from a consoleVDisksConfig-shaped configuration, with
 // a call of the admin API that fails the test on any error.
 type vdiskConsole struct {
-	srv        *testkit.Process
-	portal     string
-	streamPort int
-	api        func(method, path, body string, out any)
+	srv    *testkit.Process
+	portal string
+	stream string // the stream server's address and port
+	api    func(method, path, body string, out any)
+}
+
+// bootAddr is a loopback address of the test's own for deskway's boot
+// services, which listen on it at TFTP's fixed port 69: on 127.0.0.1, a
+// second deskway booting beside the first could not start.
+func bootAddr() string {
+	return fmt.Sprintf("127.%d.%d.%d", 1+rand.IntN(254), rand.IntN(256), 1+rand.IntN(254))
 }
 
 // startVDiskConsole starts deskway from config (consoleVDisksConfig or
@@ -66,8 +74,9 @@ func startVDiskConsole(t *testing.T, config string) vdiskConsole {
 	os.Truncate(base, 16<<20)
 	_, _, cert, key := testkit.TLS(t)
 	adminPort, streamPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	boot := bootAddr()
 	cfg := filepath.Join(dir, "deskway.yaml")
-	writeFile(t, cfg, fmt.Sprintf(config, filepath.Join(dir, "state"), adminPort, cert, key, testkit.FreePort(t), streamPort, base, testkit.FreePort(t), webPort))
+	writeFile(t, cfg, fmt.Sprintf(config, filepath.Join(dir, "state"), adminPort, cert, key, testkit.FreePort(t), streamPort, base, testkit.FreePort(t), webPort, boot))
 	srv := testkit.Start(t, nil, bin, "run", "-c", cfg)
 	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", webPort), 20*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
@@ -94,7 +103,7 @@ func startVDiskConsole(t *testing.T, config string) vdiskConsole {
 			}
 		}
 	}
-	return vdiskConsole{srv: srv, portal: fmt.Sprintf("https://127.0.0.1:%d", webPort), streamPort: streamPort, api: api}
+	return vdiskConsole{srv: srv, portal: fmt.Sprintf("https://127.0.0.1:%d", webPort), stream: fmt.Sprintf("%s:%d", boot, streamPort), api: api}
 }
 
 // TestConsoleVDiskActions: an admin in Chromium sees on the vDisks page
@@ -106,9 +115,12 @@ func startVDiskConsole(t *testing.T, config string) vdiskConsole {
 // and enabled as one; once the device is gone and the collection
 // boots production again, the version is deleted. No RDP is involved.
 func TestConsoleVDiskActions(t *testing.T) {
+	// Its deskway boots on a loopback address of its own (bootAddr), its
+	// other ports the kernel chose; no RDP, no timing judged.
+	t.Parallel()
 	ctx := newBrowser(t)
 	r := startVDiskConsole(t, consoleVDisksConfig)
-	srv, portal, streamPort, api := r.srv, r.portal, r.streamPort, r.api
+	srv, portal, stream, api := r.srv, r.portal, r.stream, r.api
 	artifacts := filepath.Join("artifacts", t.Name())
 	for n := 1; n <= 2; n++ {
 		api("POST", "/api/v1/stream/vdisks/golden/versions", fmt.Sprintf(`{"note":"release %d"}`, n), nil)
@@ -117,7 +129,7 @@ func TestConsoleVDiskActions(t *testing.T) {
 	}
 	api("POST", "/api/v1/stream/devices", `{"mac":"52:54:00:77:00:01","name":"pc1","collection":"lab","vdisk":"golden"}`, nil)
 	api("POST", "/api/v1/stream/devices", `{"mac":"52:54:00:77:00:02","name":"pc2","collection":"lab","vdisk":"golden","disabled":true}`, nil)
-	pc1, err := nbdclient.Dial(context.Background(), fmt.Sprintf("127.0.0.1:%d", streamPort), "golden/pc1/b1", nbdclient.Options{})
+	pc1, err := nbdclient.Dial(context.Background(), stream, "golden/pc1/b1", nbdclient.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

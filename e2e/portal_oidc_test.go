@@ -20,6 +20,9 @@ import (
 // what to do. Then through a real slapd directory, whose nested group
 // entitles its user.
 func TestPortalProvidersInBrowser(t *testing.T) {
+	// Deskway, the identity provider and slapd on ports the kernel
+	// chose; no RDP.
+	t.Parallel()
 	ctx := newBrowser(t)
 	bin := build(t)
 	dir := t.TempDir()

