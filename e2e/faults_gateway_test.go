@@ -3,6 +3,7 @@ package e2e
 import (
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/deskway/deskway/internal/bench/faults"
@@ -34,6 +35,7 @@ func TestFaultsGatewayNodeDies(t *testing.T) {
 	if sc.Name != "gateway" {
 		t.Fatalf("the scenario is named %q, want gateway", sc.Name)
 	}
+	t.Cleanup(func() { logRigOnFailure(t, env.Work) })
 	outs, err := sc.Run(t.Context(), env, 1)
 	for _, o := range outs {
 		t.Logf("%s: users %d, affected %d, recover %.2f s, %v, held %v: %s", o.Case, o.Users, o.Affected, o.RecoverS, o.Metrics, o.Held, o.Notes)
@@ -64,5 +66,24 @@ func TestFaultsGatewayNodeDies(t *testing.T) {
 	}
 	if stop.Metrics["reconnected"] == 0 {
 		t.Error("stopping the drained node made no client reconnect: the test proves nothing")
+	}
+}
+
+// logRigOnFailure writes the gateway nodes' and HAProxy's logs (a few
+// dozen lines each: every tunnel's open and close, with its bytes and
+// reason) into a failed test's output, where a CI run keeps them: a
+// client that came back without a frame is only told apart from a
+// tunnel that stopped carrying bytes there.
+func logRigOnFailure(t *testing.T, work string) {
+	if !t.Failed() {
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(work, "gateway-*", "*.log"))
+	for _, f := range logs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		t.Logf("%s:\n%s", filepath.Base(filepath.Dir(f))+"/"+filepath.Base(f), b)
 	}
 }
