@@ -139,20 +139,9 @@ func brokerPeerTLS(cfg *config.Config) (*tls.Config, error) {
 	if len(cfg.Broker.Peers) == 0 {
 		return nil, nil
 	}
-	ca := cfg.Broker.PeerCA
-	if ca == "" {
-		ca = cfg.TLS.Cert
-		if ca == "" {
-			ca = filepath.Join(cfg.StateDir, "tls.crt") // the certificate deskway made
-		}
-	}
-	pem, err := os.ReadFile(ca)
+	pool, err := ownCAPool(cfg, cfg.Broker.PeerCA, "broker.peer_ca")
 	if err != nil {
-		return nil, fmt.Errorf("broker.peer_ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("broker.peer_ca: %s holds no PEM certificate", ca)
+		return nil, err
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
 }
@@ -210,4 +199,26 @@ func runCmd() *cobra.Command {
 	}
 	c.Flags().StringVarP(&cfgPath, "config", "c", "/etc/deskway/deskway.yaml", "config file")
 	return c
+}
+
+// ownCAPool loads the certificates in the file path, the value of the
+// setting key (errors name it), or, when it is empty, this deskway's own
+// certificate: tls.cert, else the one deskway made in its state
+// directory. The portal's broker_ca and the broker's peer_ca both mean it.
+func ownCAPool(cfg *config.Config, path, key string) (*x509.CertPool, error) {
+	if path == "" {
+		path = cfg.TLS.Cert
+		if path == "" {
+			path = filepath.Join(cfg.StateDir, "tls.crt") // the certificate deskway made
+		}
+	}
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: %s holds no PEM certificate", key, path)
+	}
+	return pool, nil
 }

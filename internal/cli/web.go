@@ -37,20 +37,9 @@ const portalLaunchRetries = 3
 // portal calls it without TLS or a socket.
 func newWeb(cfg *config.Config, users *auth.Users, log *slog.Logger, reg prometheus.Registerer, local *broker.Local) (*web.Server, error) {
 	w := cfg.Web
-	ca := w.BrokerCA
-	if ca == "" {
-		ca = cfg.TLS.Cert
-		if ca == "" {
-			ca = filepath.Join(cfg.StateDir, "tls.crt") // the certificate deskway made
-		}
-	}
-	pem, err := os.ReadFile(ca)
+	roots, err := ownCAPool(cfg, w.BrokerCA, "web.broker_ca")
 	if err != nil {
-		return nil, fmt.Errorf("web.broker_ca: %w", err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("web.broker_ca: %s holds no PEM certificate", ca)
+		return nil, err
 	}
 	key := []byte(w.CookieKey.Value())
 	if !w.CookieKey.IsSet() {
