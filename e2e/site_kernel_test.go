@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -43,22 +41,9 @@ site:
 // newKernelSiteRig is newSiteRig's world with both offices on IPv4
 // (198.51.100.2 and .3) and every deskway site on the kernel datapath.
 func newKernelSiteRig(t *testing.T) *siteRig {
-	testkit.RequireRoot(t)
-	testkit.Require(t, "ip", "busybox", "nsenter", "curl")
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	sfx := hex.EncodeToString(b[:])
-	r := &siteRig{t: t, bin: build(t), sfx: sfx, ul: "dwku-" + sfx, gw: "dwkg-" + sfx,
-		comp: map[string]string{}, desk: map[string]string{}, office: map[string]string{}, officeLAN: map[string]string{},
-		officeProc: map[string]*testkit.Process{},
-		underlay:   map[string]string{"a": "198.51.100.2", "b": "198.51.100.3"},
-		officeUL:   map[string]string{"a": "198.51.100.2/24", "b": "198.51.100.3/24"}}
-	r.addNS(r.ul, r.gw)
-	r.ip(r.ul, "link", "add", "br0", "type", "bridge")
-	r.ip(r.ul, "link", "set", "br0", "up")
-	r.veth(r.gw, "ul0", r.ul, "gw0")
-	r.ip(r.ul, "link", "set", "gw0", "master", "br0")
-	r.ip(r.gw, "addr", "add", "198.51.100.1/24", "dev", "ul0")
+	r := newSiteWorld(t, "dwk",
+		map[string]string{"a": "198.51.100.2", "b": "198.51.100.3"},
+		map[string]string{"a": "198.51.100.2/24", "b": "198.51.100.3/24"})
 	for _, x := range []string{"a", "b"} {
 		r.addTenantNets(x)
 	}

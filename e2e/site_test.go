@@ -95,28 +95,37 @@ site:
 
 func newSiteRig(t *testing.T) *siteRig { return newSiteRigMTU(t, 1400) }
 
-// newSiteRigMTU is newSiteRig with every tunnel's MTU mtu.
-func newSiteRigMTU(t *testing.T, mtu int) *siteRig { return newSiteRigDatapath(t, mtu, "auto") }
-
-// newSiteRigDatapath is newSiteRigMTU with the gateway's site.datapath
-// datapath.
-func newSiteRigDatapath(t *testing.T, mtu int, datapath string) *siteRig {
+// newSiteWorld makes the namespaces every site rig starts from, named
+// with prefix and a random suffix: the underlay's bridge, the gateway
+// on it at 198.51.100.1/24, and the offices' underlay addresses (bare,
+// and with their prefix length) for tenants a and b.
+func newSiteWorld(t *testing.T, prefix string, underlay, officeUL map[string]string) *siteRig {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "busybox", "nsenter", "curl")
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	sfx := hex.EncodeToString(b[:])
-	r := &siteRig{t: t, bin: build(t), sfx: sfx, ul: "dwsu-" + sfx, gw: "dwsg-" + sfx,
+	r := &siteRig{t: t, bin: build(t), sfx: sfx, ul: prefix + "u-" + sfx, gw: prefix + "g-" + sfx,
 		comp: map[string]string{}, desk: map[string]string{}, office: map[string]string{}, officeLAN: map[string]string{},
-		officeProc: map[string]*testkit.Process{},
-		underlay:   map[string]string{"a": "198.51.100.2", "b": "2001:db8:100::3"},
-		officeUL:   map[string]string{"a": "198.51.100.2/24", "b": "2001:db8:100::3/64"}}
+		officeProc: map[string]*testkit.Process{}, underlay: underlay, officeUL: officeUL}
 	r.addNS(r.ul, r.gw)
 	r.ip(r.ul, "link", "add", "br0", "type", "bridge")
 	r.ip(r.ul, "link", "set", "br0", "up")
 	r.veth(r.gw, "ul0", r.ul, "gw0")
 	r.ip(r.ul, "link", "set", "gw0", "master", "br0")
 	r.ip(r.gw, "addr", "add", "198.51.100.1/24", "dev", "ul0")
+	return r
+}
+
+// newSiteRigMTU is newSiteRig with every tunnel's MTU mtu.
+func newSiteRigMTU(t *testing.T, mtu int) *siteRig { return newSiteRigDatapath(t, mtu, "auto") }
+
+// newSiteRigDatapath is newSiteRigMTU with the gateway's site.datapath
+// datapath.
+func newSiteRigDatapath(t *testing.T, mtu int, datapath string) *siteRig {
+	r := newSiteWorld(t, "dws",
+		map[string]string{"a": "198.51.100.2", "b": "2001:db8:100::3"},
+		map[string]string{"a": "198.51.100.2/24", "b": "2001:db8:100::3/64"})
 	r.ip(r.gw, "addr", "add", "2001:db8:100::1/64", "dev", "ul0", "nodad")
 	for _, x := range []string{"a", "b"} {
 		r.addTenantNets(x)
