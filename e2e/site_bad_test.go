@@ -41,13 +41,7 @@ const goodFrame = `IP(src=A, dst=GW)/GRE(key_present=1, key=1001, proto=0x0800)/
 // its cause in /metrics, and none reaches a compartment.
 func TestSiteBadInput(t *testing.T) {
 	t.Parallel()
-	testkit.Require(t, "/usr/bin/python3")
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import scapy").CombinedOutput(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("python3-scapy is not installed: %v\n%s", err, out)
-		}
-		t.Skip("needs python3-scapy")
-	}
+	requireScapy(t)
 	r := newSiteRig(t)
 	attacker := "dwsx-" + r.sfx
 	r.addNS(attacker)
@@ -91,5 +85,18 @@ func TestSiteBadInput(t *testing.T) {
 	cli, err := r.exec(r.gw, r.bin, "site", "tunnels", "-c", r.gwCfg)
 	if err != nil || !strings.Contains(cli, "no tenant: 1 short") || !strings.Contains(cli, "b: 1 not_peer") {
 		t.Fatalf("deskway site tunnels does not show the drops: %v\n%s", err, cli)
+	}
+}
+
+// requireScapy fails the test in CI, and skips it elsewhere, when
+// python3 cannot import scapy, which builds the frames these tests send.
+func requireScapy(t *testing.T) {
+	t.Helper()
+	testkit.Require(t, "/usr/bin/python3")
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import scapy").CombinedOutput(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("python3-scapy is not installed: %v\n%s", err, out)
+		}
+		t.Skip("needs python3-scapy")
 	}
 }

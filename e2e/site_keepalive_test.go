@@ -2,13 +2,9 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/deskway/deskway/internal/testkit"
 )
 
 // keepaliveScript sends, from an office router's underlay address, a
@@ -36,13 +32,7 @@ for p in sn.results or []:
 // keep keepalives on), counted, and the site shows up.
 func TestSiteKeepalive(t *testing.T) {
 	t.Parallel()
-	testkit.Require(t, "/usr/bin/python3")
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import scapy").CombinedOutput(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("python3-scapy is not installed: %v\n%s", err, out)
-		}
-		t.Skip("needs python3-scapy")
-	}
+	requireScapy(t)
 	r := newSiteRig(t)
 	for _, c := range []struct {
 		x, router, gw, l3, proto, next string

@@ -2,13 +2,9 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/deskway/deskway/internal/testkit"
 )
 
 // TestSiteKernelSpoofing: with the gateway on the kernel datapath
@@ -20,13 +16,7 @@ import (
 // tenant a, and nothing reaches b, whose prefixes are the same.
 func TestSiteKernelSpoofing(t *testing.T) {
 	t.Parallel()
-	testkit.Require(t, "/usr/bin/python3")
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import scapy").CombinedOutput(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("python3-scapy is not installed: %v\n%s", err, out)
-		}
-		t.Skip("needs python3-scapy")
-	}
+	requireScapy(t)
 	r := newKernelSiteRig(t)
 	waitLog(t, r.gwProc, `"datapath":"kernel"`)
 	attacker := "dwkx-" + r.sfx
