@@ -143,6 +143,21 @@ func RemoveStaleX(first, last int) {
 	}
 }
 
+// PrepareXRDPSocketDir makes dir (xrdp's /var/run/xrdp/sockdir) as
+// xrdp-sesman would, world-writable and sticky, whatever the umask: the
+// session's X server runs as the user and binds its socket there, and in
+// a directory made with the umask's 0755 every logon hangs with no frame
+// (xorgxrdp logs "g_tcp_local_bind failed").
+func PrepareXRDPSocketDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("xrdp socket directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("xrdp socket directory: %w", err)
+	}
+	return nil
+}
+
 // StartXvfb starts an X server for clients to draw into, on the first
 // free display from :150, and returns it with its display (":150").
 func StartXvfb() (*Proc, string, error) {

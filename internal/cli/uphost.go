@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/deskway/deskway/internal/childproc"
 	"github.com/deskway/deskway/internal/config"
 )
 
@@ -186,9 +187,9 @@ func startXRDP(ctx context.Context, out io.Writer, stateDir, xrdpAddr string) (f
 	if err := os.WriteFile(path, loop, 0o644); err != nil {
 		return func() {}, fmt.Errorf("session host: %w", err)
 	}
-	// What a stopped xrdp may leave behind keeps a new one from starting.
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Chmod("/var/run/xrdp/sockdir", 0o3777|os.ModeSticky)
+	if err := childproc.PrepareXRDPSocketDir("/var/run/xrdp/sockdir"); err != nil {
+		return func() {}, fmt.Errorf("session host: %w", err)
+	}
 	var procs []*exec.Cmd
 	start := func(name string, args ...string) error {
 		_ = os.Remove("/var/run/xrdp/" + name + ".pid")

@@ -248,8 +248,9 @@ func StartXRDP(t testing.TB, port int) *XRDP {
 	// Leftovers of an earlier run would be reconnected to; start clean.
 	_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
 	childproc.RemoveStaleX(xrdpDisplays[0], xrdpDisplays[1])
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
-	_ = os.Chmod("/var/run/xrdp/sockdir", 0o3777|os.ModeSticky)
+	if err := childproc.PrepareXRDPSocketDir("/var/run/xrdp/sockdir"); err != nil {
+		t.Fatal(err)
+	}
 	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
 	_ = os.Remove("/var/run/xrdp/xrdp.pid")
 	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")

@@ -100,7 +100,9 @@ func StartXRDP(dir string, port int, sesmanArgs ...string) ([]*childproc.Proc, e
 	}
 	// Left by an xrdp killed earlier, a pid file stops the next from
 	// starting.
-	_ = os.MkdirAll("/var/run/xrdp/sockdir", 0o3777)
+	if err := childproc.PrepareXRDPSocketDir("/var/run/xrdp/sockdir"); err != nil {
+		return nil, err
+	}
 	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
 	_ = os.Remove("/var/run/xrdp/xrdp.pid")
 	var procs []*childproc.Proc
