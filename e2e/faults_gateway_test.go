@@ -69,11 +69,13 @@ func TestFaultsGatewayNodeDies(t *testing.T) {
 	}
 }
 
-// logRigOnFailure writes the gateway nodes' and HAProxy's logs (a few
-// dozen lines each: every tunnel's open and close, with its bytes and
-// reason) into a failed test's output, where a CI run keeps them: a
-// client that came back without a frame is only told apart from a
-// tunnel that stopped carrying bytes there.
+// logRigOnFailure writes the gateway nodes' logs (a few dozen lines
+// each: every tunnel's open and close, with its bytes and reason; a
+// killed node's too), HAProxy's (each connection with the node it
+// reached) and xrdp's (each connection's process) into a failed test's
+// output, where a CI run keeps them: a client that came back without a
+// frame is only told apart from a tunnel that stopped carrying bytes
+// there.
 func logRigOnFailure(t *testing.T, work string) {
 	if !t.Failed() {
 		return

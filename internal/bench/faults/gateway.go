@@ -253,6 +253,16 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []int, min time
 		time.Sleep(100 * time.Millisecond)
 	}
 	after, err := r.sessions()
+	var lost []string
+	for i, c := range r.clients {
+		if res[i].affected && !res[i].back {
+			lost = append(lost, c.user)
+		}
+	}
+	var relay map[string]string
+	if len(lost) > 0 {
+		relay = r.relayed(ctx, lost)
+	}
 	for i, c := range r.clients {
 		res[i].sameSession = err == nil && slices.Equal(before[c.user], after[c.user])
 		if !res[i].sameSession {
@@ -264,7 +274,7 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []int, min time
 				shot = err.Error()
 			}
 			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "xfreerdp", c.proc.Tail(12),
-				"gateway_refusals", r.refusals(c.user), "screen", shot)
+				"gateway_refusals", r.refusals(c.user), "relay", relay[c.user], "screen", shot)
 		}
 	}
 	return res

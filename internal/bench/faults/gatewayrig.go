@@ -1,8 +1,6 @@
 package faults
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -74,10 +72,11 @@ gateway:
 // haproxyCfg is deploy/haproxy/gateway-farm.cfg with the bench's
 // addresses: round robin without persistence, TLS passed through, PROXY
 // v2 headers, health checks every 2 s, a dead server's connections
-// redispatched.
+// redispatched. It logs at info, not notice, so that each connection's
+// line (which node it reached, how long it lasted) is in the rig's log.
 const haproxyCfg = `global
   maxconn 2000
-  log stderr format raw local0 notice
+  log stderr format raw local0 info
   stats socket %[1]s mode 600 level admin
   stats timeout 30s
 
@@ -216,6 +215,11 @@ func (r *gwRig) setUp(n int) error {
 // startNode starts node i and waits for its port.
 func (r *gwRig) startNode(i int) error {
 	nd := r.nodes[i]
+	if nd.proc != nil {
+		// The killed node's log holds what its tunnels did when it died:
+		// it stays beside the log of the node started in its place.
+		_ = os.WriteFile(filepath.Join(r.dir, nd.name+"-killed.log"), []byte(nd.proc.Output()), 0o644)
+	}
 	p, err := childproc.Start(nil, r.env.Bin, "gateway", "-c", nd.cfg)
 	if err != nil {
 		return err
@@ -276,36 +280,6 @@ func (r *gwRig) sessions() (map[string][]string, error) {
 		slices.Sort(s)
 	}
 	return out, nil
-}
-
-// tunnelsOn is the users with a tunnel on node i, from its admin API.
-func (r *gwRig) tunnelsOn(ctx context.Context, i int) (map[string]bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+r.nodes[i].admin+"/api/v1/gateway/tunnels", nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+r.adminToken)
-	resp, err := r.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("faults: %s's tunnels: %w", r.nodes[i].name, err)
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Tunnels []struct {
-			User string `json:"user"`
-			Open bool   `json:"channel_open"`
-		} `json:"tunnels"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&body); err != nil {
-		return nil, fmt.Errorf("faults: %s's tunnels: %s: %w", r.nodes[i].name, resp.Status, err)
-	}
-	on := map[string]bool{}
-	for _, t := range body.Tunnels {
-		if t.Open {
-			on[t.User] = true
-		}
-	}
-	return on, nil
 }
 
 // haproxy sends one command to HAProxy's stats socket and returns the

@@ -82,11 +82,12 @@ func Secret(n int) string {
 }
 
 // StartXRDP starts xrdp's session manager and xrdp from the system's
-// configuration, xrdp on 127.0.0.1:port (its xrdp.ini written into dir),
-// and waits up to 10 s for xrdp to listen. sesmanArgs are added to the
-// session manager's command line (a configuration of the bench's). The
-// two are returned in the order they started, to be stopped in reverse;
-// on an error, those started are stopped.
+// configuration, xrdp on 127.0.0.1:port (its xrdp.ini written into dir,
+// where it keeps its log, xrdp.log), and waits up to 10 s for xrdp to
+// listen. sesmanArgs are added to the session manager's command line (a
+// configuration of the bench's). The two are returned in the order they
+// started, to be stopped in reverse; on an error, those started are
+// stopped.
 func StartXRDP(dir string, port int, sesmanArgs ...string) ([]*childproc.Proc, error) {
 	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
 	if err != nil {
@@ -94,6 +95,12 @@ func StartXRDP(dir string, port int, sesmanArgs ...string) ([]*childproc.Proc, e
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+addr)
+	// Its log goes into dir, each line with the process that wrote it
+	// (xrdp forks one per connection): the system's log is shared with
+	// every other xrdp on the machine, and a bench's failure is told
+	// from its own connections' lines.
+	cfg = regexp.MustCompile(`(?m)^LogFile=.*$`).ReplaceAllString(cfg, "LogFile="+filepath.Join(dir, "xrdp.log"))
+	cfg = regexp.MustCompile(`(?m)^#?EnableProcessId=.*$`).ReplaceAllString(cfg, "EnableProcessId=true")
 	iniPath := filepath.Join(dir, "xrdp.ini")
 	if err := os.WriteFile(iniPath, []byte(cfg), 0o644); err != nil {
 		return nil, err

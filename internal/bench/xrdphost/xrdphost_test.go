@@ -50,7 +50,8 @@ func TestSecretIsFreshHexOfTheLengthAsked(t *testing.T) {
 }
 
 // TestStartXRDPListensOnTheBenchsPort: xrdp comes up on the port asked
-// for, not the system's 3389, and is gone once its programs are stopped.
+// for, not the system's 3389, logs into the bench's folder, and is gone
+// once its programs are stopped.
 func TestStartXRDPListensOnTheBenchsPort(t *testing.T) {
 	testkit.RequireRoot(t)
 	testkit.Require(t, "xrdp", "xrdp-sesman")
@@ -76,6 +77,16 @@ func TestStartXRDPListensOnTheBenchsPort(t *testing.T) {
 	ini, err := os.ReadFile(filepath.Join(dir, "xrdp.ini"))
 	if err != nil || !strings.Contains(string(ini), "port=tcp://"+addr) {
 		t.Fatalf("xrdp.ini in the bench's folder does not name %s: %v", addr, err)
+	}
+	// xrdp logs the connection above into the bench's folder.
+	var log []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if log, _ = os.ReadFile(filepath.Join(dir, "xrdp.log")); strings.Contains(string(log), "connection") {
+			break
+		}
+	}
+	if !strings.Contains(string(log), "connection") {
+		t.Errorf("xrdp logged no connection into the bench's folder: %q", log)
 	}
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].Stop()
