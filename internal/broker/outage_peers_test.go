@@ -121,7 +121,9 @@ func twoBrokers(t *testing.T, dsn string) (a, b *world) {
 // updated at that millisecond. B's replayed heartbeat, made a fraction
 // of that millisecond earlier, passed for newer than the record, which
 // keeps milliseconds, and ended the session u1 was logged on to; the
-// host's next report stored it again as one no broker placed.
+// host's next report stored it again as one no broker placed. Nor may
+// such a report bring back u2, who logged off in that millisecond, as a
+// session no broker placed.
 func TestOutageStaleReportInTheLogonsMillisecond(t *testing.T) {
 	pg := testkit.StartPostgres(t)
 	dsn := pg.NewDB(t)
@@ -134,27 +136,37 @@ func TestOutageStaleReportInTheLogonsMillisecond(t *testing.T) {
 		b.creds[h] = cred
 	}
 	placed := b.launch(t, "u1")
+	left := b.launch(t, "u2")
+	b.event(t, "u2", store.Active)
+	b.host["u2"] = left.Host // B's model keeps u2 on its host: the reports below are from before the logoff
 	if err := pg.Kill(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	at := time.Now().Truncate(time.Millisecond).Add(200 * time.Microsecond)
 	clock.pin(at)
-	b.beat(t, placed.Host, map[string]string{"u1": store.Launching}) // the reading from before the logon
+	// The readings from before u1's logon and u2's logoff.
+	for _, h := range []string{placed.Host, left.Host} {
+		b.beat(t, h, map[string]string{"u1": store.Launching, "u2": store.Active})
+	}
 	clock.pin(at.Add(600 * time.Microsecond))
 	a.host["u1"], a.id["u1"] = placed.Host, placed.SessionID
+	a.host["u2"], a.id["u2"] = left.Host, left.SessionID
 	a.event(t, "u1", store.Active)
+	a.event(t, "u2", store.Ended)
 	clock.unpin()
+	delete(b.host, "u2")
+	delete(b.id, "u2")
 	if err := pg.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	// A writes back first; B, still offline, after.
 	maintain(t, ctx, a.r.b)
-	if got := a.settled(t); got["u1"] != store.Active {
-		t.Fatalf("after A's write-back u1's live sessions are %v, want one, active", got)
+	if got := a.settled(t); got["u1"] != store.Active || got["u2"] != "" {
+		t.Fatalf("after A's write-back the live sessions are %v, want u1's, active, and none of u2", got)
 	}
 	maintain(t, ctx, b.r.b)
-	if got := b.settled(t); got["u1"] != store.Active {
-		t.Errorf("after B's write-back u1's live sessions are %v, want one, active", got)
+	if got := b.settled(t); got["u1"] != store.Active || got["u2"] != "" {
+		t.Errorf("after B's write-back the live sessions are %v, want u1's, active, and none of u2", got)
 	}
 	all, err := a.r.store.Sessions(context.Background(), "u1", true, 10)
 	if err != nil {
