@@ -49,11 +49,13 @@ func newRig(t *testing.T, dsn string, mutate func(*config.Config)) *rig {
 }
 
 // rigNet is where a rig's broker listens and how it checks its peers,
-// for brokers that must know each other's addresses before they start;
-// the zero value is a listener of httptest's own and no peers.
+// for brokers that must know each other's addresses before they start,
+// and the clock it reads; the zero value is a listener of httptest's
+// own, no peers and time.Now.
 type rigNet struct {
 	ln      net.Listener
 	peerTLS *tls.Config
+	now     func() time.Time
 }
 
 func newRigOn(t *testing.T, dsn string, rn rigNet, mutate func(*config.Config)) *rig {
@@ -102,7 +104,7 @@ func newRigOn(t *testing.T, dsn string, rn rigNet, mutate func(*config.Config)) 
 	logs := &testkit.Buffer{}
 	reg := prometheus.NewRegistry()
 	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewJSONHandler(logs, nil)), Registry: reg,
-		Users: users, Tokens: tokens, Store: st, StateDir: cfg.StateDir, PeerTLS: rn.peerTLS})
+		Users: users, Tokens: tokens, Store: st, StateDir: cfg.StateDir, PeerTLS: rn.peerTLS, Now: rn.now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,9 @@ package broker_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/deskway/deskway/internal/broker/store"
 	"github.com/deskway/deskway/internal/testkit"
@@ -109,3 +111,83 @@ func twoBrokers(t *testing.T, dsn string) (a, b *world) {
 	}
 	return a, b
 }
+
+// TestOutageStaleReportInTheLogonsMillisecond is how `deskway bench
+// faults --scenario link` lost a launch: broker B placed u1 just before
+// the link to PostgreSQL was cut. The host's agent, held by a heartbeat
+// the cut stalled, then sent B a heartbeat with its reading from before
+// u1's logon, and A the logon right after, both stamped within one
+// millisecond. A's journal was written back first: u1's session active,
+// updated at that millisecond. B's replayed heartbeat, made a fraction
+// of that millisecond earlier, passed for newer than the record, which
+// keeps milliseconds, and ended the session u1 was logged on to; the
+// host's next report stored it again as one no broker placed. Nor may
+// such a report bring back u2, who logged off in that millisecond, as a
+// session no broker placed.
+func TestOutageStaleReportInTheLogonsMillisecond(t *testing.T) {
+	pg := testkit.StartPostgres(t)
+	dsn := pg.NewDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	clock := &pinClock{}
+	a := newWorldOn(t, "broker A", dsn, []string{"h1", "h2"}, rigNet{now: clock.now}, nil)
+	b := newWorldOn(t, "broker B", dsn, nil, rigNet{now: clock.now}, nil)
+	for h, cred := range a.creds {
+		b.creds[h] = cred
+	}
+	placed := b.launch(t, "u1")
+	left := b.launch(t, "u2")
+	b.event(t, "u2", store.Active)
+	b.host["u2"] = left.Host // B's model keeps u2 on its host: the reports below are from before the logoff
+	if err := pg.Kill(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Truncate(time.Millisecond).Add(200 * time.Microsecond)
+	clock.pin(at)
+	// The readings from before u1's logon and u2's logoff.
+	for _, h := range []string{placed.Host, left.Host} {
+		b.beat(t, h, map[string]string{"u1": store.Launching, "u2": store.Active})
+	}
+	clock.pin(at.Add(600 * time.Microsecond))
+	a.host["u1"], a.id["u1"] = placed.Host, placed.SessionID
+	a.host["u2"], a.id["u2"] = left.Host, left.SessionID
+	a.event(t, "u1", store.Active)
+	a.event(t, "u2", store.Ended)
+	clock.unpin()
+	delete(b.host, "u2")
+	delete(b.id, "u2")
+	if err := pg.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// A writes back first; B, still offline, after.
+	maintain(t, ctx, a.r.b)
+	if got := a.settled(t); got["u1"] != store.Active || got["u2"] != "" {
+		t.Fatalf("after A's write-back the live sessions are %v, want u1's, active, and none of u2", got)
+	}
+	maintain(t, ctx, b.r.b)
+	if got := b.settled(t); got["u1"] != store.Active || got["u2"] != "" {
+		t.Errorf("after B's write-back the live sessions are %v, want u1's, active, and none of u2", got)
+	}
+	all, err := a.r.store.Sessions(context.Background(), "u1", true, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 || all[0].ID != placed.SessionID || all[0].State != store.Active {
+		t.Errorf("u1's sessions after both write-backs: %+v, want only %s, active", all, placed.SessionID)
+	}
+}
+
+// pinClock is the brokers' clock: the time, or the instant a test pins
+// it to.
+type pinClock struct{ pinned atomic.Pointer[time.Time] }
+
+func (c *pinClock) now() time.Time {
+	if p := c.pinned.Load(); p != nil {
+		return *p
+	}
+	return time.Now()
+}
+
+func (c *pinClock) pin(at time.Time) { c.pinned.Store(&at) }
+
+func (c *pinClock) unpin() { c.pinned.Store(nil) }

@@ -95,11 +95,15 @@ func (s *Store) reconcile(ctx context.Context, r Report) error {
 	seen := map[string]bool{}
 	for _, ss := range live {
 		seen[ss.User] = true
-		if ss.UpdatedAt.After(r.Now) {
+		if ss.UpdatedAt.UnixMilli() >= now {
 			// The record changed after the report was made: the report
 			// comes from an outage's journal, written back after another
 			// broker wrote back later news of this session. Replayed over
 			// it, the older report would end a session that had logged on.
+			// A change in the report's own millisecond counts as later:
+			// the record keeps no finer time, and an agent's heartbeat
+			// and its next logon event can both fall in one (the bench's
+			// link cut lost a launch so).
 			continue
 		}
 		st, ok := r.Sessions[ss.User]
@@ -119,9 +123,9 @@ func (s *Store) reconcile(ctx context.Context, r Report) error {
 			continue
 		}
 		// Nor does an older report bring back a session that has ended
-		// since it was made.
+		// since it was made (or in its millisecond, as above).
 		var newer int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND host_name = $3 AND updated_at > $4`,
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = $1 AND group_name = $2 AND host_name = $3 AND updated_at >= $4`,
 			user, group, r.Host, now).Scan(&newer); err != nil {
 			return fmt.Errorf("store: reconcile %s: %w", r.Host, err)
 		}
