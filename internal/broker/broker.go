@@ -88,8 +88,13 @@ type Server struct {
 	m        *metrics
 	cache    *localCache
 	// peers are the other brokers on the database (broker.peers).
-	peers   []*peer
-	offline atomic.Bool
+	peers []*peer
+	// settleBy is when (Unix ms) a peer that does not answer stops being
+	// waited for (settleUser); settleMax is how long after the database
+	// returns that is (peerSettleMax).
+	settleBy  atomic.Int64
+	settleMax time.Duration
+	offline   atomic.Bool
 	// unsynced is set while the database has not been migrated and given
 	// the delivery groups since the broker started (it was down then).
 	unsynced atomic.Bool
@@ -140,7 +145,7 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 		d.Throttle = auth.NewThrottle(5, 20, 5*time.Minute, d.Now)
 	}
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
-		now: d.Now, m: newMetrics(d.Registry), space: diskSpace{dir: d.StateDir}}
+		now: d.Now, m: newMetrics(d.Registry), space: diskSpace{dir: d.StateDir}, settleMax: peerSettleMax}
 	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
 	s.peers = newPeers(cfg.Peers, d.PeerTLS)
 	logPeers(s.log, s.peers)
@@ -163,6 +168,7 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 func (s *Server) Start(ctx context.Context) error {
 	err := s.sync(ctx)
 	if err == nil {
+		s.settleAll()
 		return s.refresh(ctx, true)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -405,6 +411,9 @@ func (s *Server) Maintain(ctx context.Context) {
 			s.log.Warn("write-back of offline launches failed; retrying", "error", err)
 			continue
 		}
+		if s.offline.Load() {
+			s.waitForPeers()
+		}
 		recovered, err := s.cache.goOnline()
 		if err != nil {
 			continue // journaled meanwhile: written back on the next tick
@@ -460,7 +469,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		busyWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "deskway_broker_busy_waits_total",
 			Help: "Times a launch waited inside the broker for a host busy with logons (broker.busy_wait)."}),
 		peerQueries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "deskway_broker_peer_questions_total",
-			Help: "Questions to peer brokers, in a database outage, about a user this broker holds no session of, by answer: found (the launch reconnects to it), none, unreachable (no answer within broker.peer_timeout), refused."}, []string{"result"}),
+			Help: "Questions to peer brokers about a user, in a database outage (a user this broker holds no session of) or, back on the database, to a peer that has not said it has written back what it placed in the outage, by answer: found (the launch reconnects to it), none, unreachable (no answer within broker.peer_timeout), refused."}, []string{"result"}),
 		offline: prometheus.NewGauge(prometheus.GaugeOpts{Name: "deskway_broker_database_unreachable",
 			Help: "1 while launches are placed from the local host cache because the database does not answer."}),
 	}

@@ -21,6 +21,7 @@ func (s *Server) dbDown(cause error) bool {
 		return false
 	}
 	if !s.offline.Swap(true) {
+		s.unsettle()
 		s.m.offline.Set(1)
 		s.log.Warn("database unreachable: placing launches from the local host cache until it returns", "error", cause)
 	}
@@ -37,9 +38,13 @@ func (s *Server) dbDown(cause error) bool {
 // told; a launch the cache answers otherwise (the user's session it
 // knows, no host) journals the id as void, and the write-back deletes
 // what the late statement stored before anything else.
+//
+// Back on the database, the launch first asks the peers that may still
+// hold placements they made while it was away (settleUser).
 func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, offline bool, err error) {
 	gaveUp := false
 	if !s.offline.Load() {
+		s.settleUser(ctx, l)
 		dctx, cancel := context.WithTimeout(ctx, dbTimeout)
 		p, err = s.store.Place(dctx, l)
 		cancel()

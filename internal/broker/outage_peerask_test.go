@@ -335,6 +335,13 @@ func TestOutageLaunchWithAPeerThatDoesNotAnswer(t *testing.T) {
 // holding their credentials too.
 func peerBrokers(t *testing.T, dsn string) (a, b *world) {
 	t.Helper()
+	return peerBrokersOn(t, dsn, dsn)
+}
+
+// peerBrokersOn is peerBrokers with each broker reaching the database
+// through a DSN of its own.
+func peerBrokersOn(t *testing.T, dsnA, dsnB string) (a, b *world) {
+	t.Helper()
 	la, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -347,8 +354,8 @@ func peerBrokers(t *testing.T, dsn string) (a, b *world) {
 	probe := httptest.NewTLSServer(http.NotFoundHandler())
 	tc := probe.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
 	probe.Close()
-	a = newWorldOn(t, "broker A", dsn, []string{"h1", "h2"}, rigNet{ln: la, peerTLS: tc}, []string{"https://" + lb.Addr().String()})
-	b = newWorldOn(t, "broker B", dsn, nil, rigNet{ln: lb, peerTLS: tc}, []string{"https://" + la.Addr().String()})
+	a = newWorldOn(t, "broker A", dsnA, []string{"h1", "h2"}, rigNet{ln: la, peerTLS: tc}, []string{"https://" + lb.Addr().String()})
+	b = newWorldOn(t, "broker B", dsnB, nil, rigNet{ln: lb, peerTLS: tc}, []string{"https://" + la.Addr().String()})
 	for h, cred := range a.creds {
 		b.creds[h] = cred
 	}

@@ -30,6 +30,13 @@ type peer struct {
 	// down is set while the peer does not answer, so that its going
 	// away and coming back are logged once each, not at every launch.
 	down atomic.Bool
+	// settle is whether this broker, on the database, asks the peer
+	// before placing a user (settleUser): unsettled (the zero value, at
+	// start with the database away, and from when this broker loses it
+	// or the peer says it is away from it) until the peer says it has
+	// written back what it placed meanwhile (settled) or has been silent
+	// too long (givenUp).
+	settle atomic.Int32
 }
 
 // newPeers builds the clients of the brokers in urls, trusting tc.
@@ -68,21 +75,9 @@ func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := p.client.PeerSessions(ctx, tok, brokerapi.PeerQuery{User: user, Hosts: hosts})
-			if err != nil {
-				result := "unreachable"
-				if se := (*brokerclient.StatusError)(nil); errors.As(err, &se) {
-					result = "refused" // a different auth.token_key, most likely
-				}
-				s.m.peerQueries.WithLabelValues(result).Inc()
-				if !p.down.Swap(true) {
-					s.log.Warn("a peer broker did not answer whether it holds a user's session; launches in the outage go on without it, and a user it placed may get a second session here",
-						"peer", p.client.Base, "result", result, "error", err)
-				}
+			res := s.question(ctx, p, tok, brokerapi.PeerQuery{User: user, Hosts: hosts, JournalPending: s.offline.Load()})
+			if res == nil {
 				return
-			}
-			if p.down.Swap(false) {
-				s.log.Info("a peer broker answers again", "peer", p.client.Base)
 			}
 			s.cache.learnPeer(user, res)
 			if len(res.Sessions) == 0 && len(res.Hosts) == 0 {
@@ -97,6 +92,29 @@ func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
 		}()
 	}
 	wg.Wait()
+}
+
+// question asks one peer about the user and hosts of q with tok, and
+// returns its answer, or nil when it gave none within ctx: that is
+// counted, and logged once until the peer answers again.
+func (s *Server) question(ctx context.Context, p *peer, tok string, q brokerapi.PeerQuery) *brokerapi.PeerSessions {
+	res, err := p.client.PeerSessions(ctx, tok, q)
+	if err != nil {
+		result := "unreachable"
+		if se := (*brokerclient.StatusError)(nil); errors.As(err, &se) {
+			result = "refused" // a different auth.token_key, most likely
+		}
+		s.m.peerQueries.WithLabelValues(result).Inc()
+		if !p.down.Swap(true) {
+			s.log.Warn("a peer broker did not answer whether it holds a user's session; launches go on without it, and a user it placed while the database was away may get a second session here",
+				"peer", p.client.Base, "result", result, "error", err)
+		}
+		return nil
+	}
+	if p.down.Swap(false) {
+		s.log.Info("a peer broker answers again", "peer", p.client.Base)
+	}
+	return res
 }
 
 // peerSessions answers a peer broker's question: the live sessions and
@@ -127,7 +145,16 @@ func (s *Server) peerSessions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadRequest, "a peer question names at most %d hosts", maxPeerHosts)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.cache.peerView(q.User, q.Hosts))
+	if q.JournalPending {
+		s.peerAway()
+	}
+	// Read before the copy: a broker goes back to the database only with
+	// its journal written back, so an answer that says nothing is
+	// pending holds nothing the database lacks.
+	pending := s.offline.Load()
+	res := s.cache.peerView(q.User, q.Hosts)
+	res.JournalPending = pending
+	writeJSON(w, http.StatusOK, res)
 }
 
 // usable reports whether the copy holds a session (or pending

@@ -259,14 +259,19 @@ type DeliveryGroup struct {
 }
 
 // PeerQuery is one broker asking another of the same database, during an
-// outage of it, which sessions it holds of a user (the user its peer
-// token names).
+// outage of it or while settling after one, which sessions it holds of a
+// user (the user its peer token names).
 type PeerQuery struct {
 	User string `json:"user"`
 	// Hosts are hosts of the user's sessions the asker holds but does
 	// not know, or has not heard from lately: the answer includes them
 	// as the peer knows them.
 	Hosts []string `json:"hosts,omitempty"`
+	// JournalPending says the asker is away from the database: what it
+	// places meanwhile is in its journal alone, so the peer, on the
+	// database, asks it in turn before placing a user until it has
+	// written back (PeerSessions.JournalPending).
+	JournalPending bool `json:"journal_pending,omitempty"`
 }
 
 // PeerSessions is a broker's answer to a PeerQuery: the user's live
@@ -275,6 +280,11 @@ type PeerQuery struct {
 type PeerSessions struct {
 	Sessions []PeerSession `json:"sessions"`
 	Hosts    []PeerHost    `json:"hosts"`
+	// JournalPending is true while the peer is away from the database
+	// or has not yet written back what it did meanwhile: a session it
+	// placed then may be in no row of the database yet, so a broker
+	// back on the database asks it before placing a user anew.
+	JournalPending bool `json:"journal_pending"`
 }
 
 // PeerSession is one live session or pending placement a peer holds.
