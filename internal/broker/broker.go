@@ -62,7 +62,8 @@ type Deps struct {
 	// while the database was unreachable.
 	StateDir string
 	// PeerTLS is how the peer brokers' certificates are checked
-	// (broker.peer_ca); nil means the system roots.
+	// (broker.peer_ca, broker.peer_server_name); nil means the system
+	// roots, for each peer URL's host.
 	PeerTLS *tls.Config
 }
 
@@ -87,8 +88,9 @@ type Server struct {
 	sem      chan struct{}
 	m        *metrics
 	cache    *localCache
-	// peers are the other brokers on the database (broker.peers).
-	peers []*peer
+	// peers are the other brokers on the database (broker.peers), as
+	// a reload leaves them.
+	peers atomic.Pointer[peerSet]
 	// settleBy is when (Unix ms) a peer that does not answer stops being
 	// waited for (settleUser); settleMax is how long after the database
 	// returns that is (peerSettleMax).
@@ -147,8 +149,8 @@ func New(cfg *config.Broker, d Deps) (*Server, error) {
 	s := &Server{cfg: cfg, log: d.Logger, users: d.Users, tokens: d.Tokens, store: d.Store, throttle: d.Throttle,
 		now: d.Now, m: newMetrics(d.Registry), space: diskSpace{dir: d.StateDir}, settleMax: peerSettleMax}
 	s.cache = newLocalCache(filepath.Join(d.StateDir, "broker-offline.journal"), filepath.Join(d.StateDir, "broker-cache.json"), &s.offline)
-	s.peers = newPeers(cfg.Peers, d.PeerTLS)
-	logPeers(s.log, s.peers)
+	s.peers.Store(newPeerSet(cfg, d.PeerTLS))
+	logPeers(s.log, s.peers.Load())
 	s.configured = cfg.DeliveryGroups
 	s.groups.Store(newGroupSet(cfg.DeliveryGroups, nil))
 	for _, t := range cfg.FrontendTokens {

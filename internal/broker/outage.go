@@ -63,7 +63,7 @@ func (s *Server) place(ctx context.Context, l store.Launch) (p store.Placement, 
 		}
 		gaveUp = true
 	}
-	if len(s.peers) > 0 && s.offline.Load() {
+	if len(s.peers.Load().list) > 0 && s.offline.Load() {
 		if ok, host := s.cache.usable(l.User, l.Group, l.Stale); !ok {
 			var hosts []string
 			if host != "" {
@@ -143,7 +143,7 @@ func (s *Server) applyReport(ctx context.Context, rep store.Report) error {
 // peers for the host first and runs journal again with what they knew.
 func (s *Server) admitUnknown(ctx context.Context, host string, journal func() error) error {
 	err := journal()
-	if !errors.Is(err, errUnknownHost) || len(s.peers) == 0 {
+	if !errors.Is(err, errUnknownHost) || len(s.peers.Load().list) == 0 {
 		return err
 	}
 	s.askPeers(ctx, "", []string{host})

@@ -3,10 +3,13 @@ package broker
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/deskway/deskway/internal/broker/brokerapi"
 	"github.com/deskway/deskway/internal/broker/brokerclient"
 	"github.com/deskway/deskway/internal/broker/store"
+	"github.com/deskway/deskway/internal/config"
 )
 
 // peerTokenTTL is how long a peer token lives: one question, with room
@@ -39,17 +43,101 @@ type peer struct {
 	settle atomic.Int32
 }
 
-// newPeers builds the clients of the brokers in urls, trusting tc.
-func newPeers(urls []string, tc *tls.Config) []*peer {
+// peerSet is broker.peers, broker.peer_timeout and how the peers'
+// certificates are checked, as in force: built at start, replaced whole
+// by a reload that changes any of them, so that a question in flight
+// finishes with the set it began with.
+type peerSet struct {
+	list    []*peer
+	urls    []string
+	timeout time.Duration
+	tls     *tls.Config
+	hc      *http.Client
+}
+
+// newPeerSet builds the clients of the brokers in cfg.Peers, trusting tc.
+func newPeerSet(cfg *config.Broker, tc *tls.Config) *peerSet {
+	ps := &peerSet{urls: slices.Clone(cfg.Peers), timeout: cfg.PeerTimeout.D(), tls: tc}
+	if len(cfg.Peers) == 0 {
+		return ps
+	}
+	ps.hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4}}
+	for _, u := range cfg.Peers {
+		ps.list = append(ps.list, &peer{client: &brokerclient.Client{Base: u, HTTP: ps.hc}})
+	}
+	return ps
+}
+
+// changes says, in words, how next differs from ps; empty when it does
+// not.
+func (ps *peerSet) changes(next *peerSet) string {
+	var out []string
+	if !slices.Equal(ps.urls, next.urls) {
+		out = append(out, fmt.Sprintf("broker.peers %s → %s", listed(ps.urls), listed(next.urls)))
+	}
+	if ps.timeout != next.timeout {
+		out = append(out, fmt.Sprintf("broker.peer_timeout %s → %s", ps.timeout, next.timeout))
+	}
+	// Without peers before or after, how their certificates are
+	// checked is moot: the list's change says it all.
+	if len(ps.urls) > 0 && len(next.urls) > 0 {
+		var name, nextName string
+		var roots, nextRoots *x509.CertPool
+		if ps.tls != nil {
+			name, roots = ps.tls.ServerName, ps.tls.RootCAs
+		}
+		if next.tls != nil {
+			nextName, nextRoots = next.tls.ServerName, next.tls.RootCAs
+		}
+		if name != nextName {
+			out = append(out, fmt.Sprintf("broker.peer_server_name %q → %q", name, nextName))
+		}
+		if !roots.Equal(nextRoots) {
+			out = append(out, "broker.peer_ca holds other certificates")
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// listed is urls as a reader sees them, none included.
+func listed(urls []string) string {
 	if len(urls) == 0 {
-		return nil
+		return "none"
 	}
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4}}
-	out := make([]*peer, 0, len(urls))
-	for _, u := range urls {
-		out = append(out, &peer{client: &brokerclient.Client{Base: u, HTTP: hc}})
+	return "[" + strings.Join(urls, ", ") + "]"
+}
+
+// SetPeers puts broker.peers, broker.peer_timeout and the peers' TLS
+// check (tc: broker.peer_ca and broker.peer_server_name, loaded) of a
+// validated configuration in force, without a restart: the launches and
+// reports that ask the peers from now on ask these. It returns what
+// changed, in words, or "" when nothing did.
+func (s *Server) SetPeers(cfg *config.Broker, tc *tls.Config) string {
+	next := newPeerSet(cfg, tc)
+	old := s.peers.Load()
+	what := old.changes(next)
+	if what == "" {
+		return ""
 	}
-	return out
+	// A peer kept from the old set keeps whether it has written back
+	// (settle); one added is asked at the next launch, and settles at
+	// its first answer.
+	for _, p := range next.list {
+		for _, o := range old.list {
+			if o.client.Base == p.client.Base {
+				p.settle.Store(o.settle.Load())
+			}
+		}
+	}
+	s.peers.Store(next)
+	if old.hc != nil {
+		// Questions in flight keep their connections; idle ones to
+		// peers no longer asked would otherwise stay open.
+		old.hc.CloseIdleConnections()
+	}
+	s.log.Info("peer brokers reloaded: in a database outage, launches and reports ask these from now on", "peers", next.urls,
+		"peer_timeout", next.timeout.String(), "changed", what)
+	return what
 }
 
 // askPeers asks the other brokers, while the database is away, which
@@ -68,10 +156,11 @@ func (s *Server) askPeers(ctx context.Context, user string, hosts []string) {
 		s.log.Warn("could not sign a question to the peer brokers; placing without it", "user", user, "error", err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout.D())
+	ps := s.peers.Load()
+	ctx, cancel := context.WithTimeout(ctx, ps.timeout)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, p := range s.peers {
+	for _, p := range ps.list {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -271,13 +360,9 @@ func allIn(want, have []string) bool {
 }
 
 // logPeers says at start which peers a launch in an outage asks.
-func logPeers(log *slog.Logger, peers []*peer) {
-	if len(peers) == 0 {
+func logPeers(log *slog.Logger, ps *peerSet) {
+	if len(ps.urls) == 0 {
 		return
 	}
-	urls := make([]string, 0, len(peers))
-	for _, p := range peers {
-		urls = append(urls, p.client.Base)
-	}
-	log.Info("peer brokers: in a database outage, a launch for a user this broker holds no session of asks them first", "peers", urls)
+	log.Info("peer brokers: in a database outage, a launch for a user this broker holds no session of asks them first", "peers", ps.urls)
 }

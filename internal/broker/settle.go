@@ -38,7 +38,7 @@ const (
 // peer again once it is back: each may place users meanwhile that only
 // it knows of until it writes them back.
 func (s *Server) unsettle() {
-	for _, p := range s.peers {
+	for _, p := range s.peers.Load().list {
 		p.settle.Store(unsettled)
 	}
 }
@@ -46,7 +46,7 @@ func (s *Server) unsettle() {
 // settleAll is a start on the database: no peer is asked until one is
 // known to be away from it.
 func (s *Server) settleAll() {
-	for _, p := range s.peers {
+	for _, p := range s.peers.Load().list {
 		p.settle.Store(settled)
 	}
 }
@@ -57,7 +57,7 @@ func (s *Server) settleAll() {
 // had settled is asked again before a user is placed here.
 func (s *Server) peerAway() {
 	again := false
-	for _, p := range s.peers {
+	for _, p := range s.peers.Load().list {
 		again = p.settle.CompareAndSwap(settled, unsettled) || again
 	}
 	if again {
@@ -88,7 +88,7 @@ func (s *Server) waitForPeers() {
 // answer is given up on once peerSettleMax has passed since then.
 func (s *Server) settleUser(ctx context.Context, l store.Launch) {
 	var open []*peer
-	for _, p := range s.peers {
+	for _, p := range s.peers.Load().list {
 		if p.settle.Load() == unsettled {
 			open = append(open, p)
 		}
@@ -101,7 +101,7 @@ func (s *Server) settleUser(ctx context.Context, l store.Launch) {
 		s.log.Warn("could not sign a question to the peer brokers; placing without it", "user", l.User, "error", err)
 		return
 	}
-	qctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout.D())
+	qctx, cancel := context.WithTimeout(ctx, s.peers.Load().timeout)
 	defer cancel()
 	var (
 		mu   sync.Mutex

@@ -134,7 +134,8 @@ func newBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, reg *p
 }
 
 // brokerPeerTLS is how a broker checks its peers' certificates:
-// against broker.peer_ca, or this deskway's own certificate.
+// against broker.peer_ca, or this deskway's own certificate, for
+// broker.peer_server_name, or each peer URL's host.
 func brokerPeerTLS(cfg *config.Config) (*tls.Config, error) {
 	if len(cfg.Broker.Peers) == 0 {
 		return nil, nil
@@ -143,7 +144,7 @@ func brokerPeerTLS(cfg *config.Config) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: cfg.Broker.PeerServerName}, nil
 }
 
 func joinCmd() *cobra.Command {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/deskway/deskway/internal/auth"
 	"github.com/deskway/deskway/internal/broker"
@@ -23,13 +25,18 @@ import (
 )
 
 // reloader re-reads the configuration file and puts its users, gateway
-// policies and broker delivery groups in force without a restart. The
-// whole file is validated and every part built before anything changes:
-// a file with a mistake changes nothing, and the log and the answer say
-// why. Everything else in the file takes effect at the next start.
+// policies, broker delivery groups and peer brokers in force without a
+// restart. The whole file is validated and every part built before
+// anything changes: a file with a mistake changes nothing, and the log
+// and the answer say why. Everything else in the file takes effect at
+// the next start.
 type reloader struct {
-	path    string
-	log     *slog.Logger
+	path string
+	log  *slog.Logger
+	// audit is the admin API's audit trail, where a change to the peer
+	// brokers is written as the site gateway's changes are; nil without
+	// a broker or site role.
+	audit   obs.AuditLog
 	gateway *gateway.Server // nil when the role does not run
 	broker  *broker.Server
 	site    *site.Server
@@ -57,6 +64,9 @@ func (r *reloader) reload(ctx context.Context) error {
 		return err
 	}
 	what := "users, gateway policies and delivery groups"
+	if r.broker != nil {
+		what += ", peer brokers"
+	}
 	if r.site != nil {
 		what += ", site tenants and sites"
 	}
@@ -108,10 +118,19 @@ func (r *reloader) apply(ctx context.Context) error {
 			return err
 		}
 	}
+	var peerTLS *tls.Config
+	if r.broker != nil {
+		if peerTLS, err = brokerPeerTLS(next); err != nil {
+			return err
+		}
+	}
 	// The broker first: writing its groups is the one step that can fail.
 	if r.broker != nil {
 		if err := r.broker.Reload(ctx, next.Broker, users); err != nil {
 			return err
+		}
+		if what := r.broker.SetPeers(next.Broker, peerTLS); what != "" {
+			r.audited(ctx, "broker peers reloaded: "+what)
 		}
 	}
 	if r.gateway != nil {
@@ -128,6 +147,23 @@ func (r *reloader) apply(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// audited writes a change a reload made to the audit trail, as the
+// reload's asker's (an admin's token, or SIGHUP), in the form of the
+// administrators' own actions. The log line of the change keeps it
+// should the trail not take it (its database away).
+func (r *reloader) audited(ctx context.Context, action string) {
+	if r.audit == nil {
+		return
+	}
+	actor, source := reloadActor(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	e := obs.AuditEntry{Time: time.Now().UTC(), Actor: actor, Action: action, Source: source, Status: http.StatusOK}
+	if err := r.audit.Record(ctx, e); err != nil {
+		r.log.Warn("could not write a reload's change to the audit trail; the log line of the change keeps it", "action", action, "error", err)
+	}
 }
 
 // errPartial is a reload the site gateway applied in part: each change

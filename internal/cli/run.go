@@ -247,6 +247,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 	for _, t := range cfg.Admin.Tokens {
 		adminTokens = append(adminTokens, t.Value())
 	}
+	rl.audit = audit
 	api = append(api, rl.adminHandler())
 	admin := &obs.Admin{Log: log.With("role", "admin"), Registry: reg, Tokens: adminTokens, ConsoleTokens: consoleTokens, API: api, Audit: audit,
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil)}

@@ -66,6 +66,11 @@ type Broker struct {
 	// empty means this deskway's own certificate (brokers behind one
 	// balancer usually share it).
 	PeerCA string `yaml:"peer_ca"`
+	// PeerServerName is the name the peers' certificates must hold, in
+	// place of each peer URL's host: brokers that share one certificate,
+	// made for the name their balancer or Service has, are reached at
+	// addresses of their own it does not name.
+	PeerServerName string `yaml:"peer_server_name"`
 	// PeerTimeout bounds the question to the peers: one that does not
 	// answer in time is taken to hold nothing.
 	PeerTimeout    Duration      `yaml:"peer_timeout"`
@@ -286,6 +291,9 @@ func (c *Config) checkPeers(b *Broker, bad func(string, string, ...any)) {
 		bad("broker.peers", "peers are brokers sharing one PostgreSQL database; broker.database is a SQLite file, which one broker alone may use")
 	}
 	c.checkCAFile(bad, "broker.peer_ca", b.PeerCA)
+	if p := hostProblem(b.PeerServerName); b.PeerServerName != "" && p != "" {
+		bad("broker.peer_server_name", "%s", p)
+	}
 	if b.PeerTimeout.D() <= 0 || b.PeerTimeout.D() >= b.LaunchTimeout.D() {
 		bad("broker.peer_timeout", "%s must be more than 0 and shorter than launch_timeout %s", b.PeerTimeout.D(), b.LaunchTimeout.D())
 	}

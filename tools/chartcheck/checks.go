@@ -27,7 +27,8 @@ import (
 // topology spread, resources, startup, readiness and liveness probes, a
 // metrics port behind a Service, a NetworkPolicy, a checksum of its
 // config, the broker's SQLite on a claim, stream's headless Service,
-// and no secret value in any object but a Secret. existing are the
+// each broker of a StatefulSet naming the others in broker.peers, and
+// no secret value in any object but a Secret. existing are the
 // Secrets the cluster already has, by name, for what the pods mount.
 func productionProblems(r *rendered, inline []string, existing map[string]map[string]string) []string {
 	var problems []string
@@ -138,6 +139,7 @@ func productionProblems(r *rendered, inline []string, existing map[string]map[st
 			}
 		}
 	}
+	problems = append(problems, peerProblems(r)...)
 	if strings.Contains(fmt.Sprint(r.kinds()), "ServiceMonitor") != (monitors > 0) {
 		bad("ServiceMonitor decoded into the wrong type")
 	}
@@ -232,12 +234,10 @@ func brokerOnPostgres(r *rendered, pod *corev1.PodTemplateSpec, existing map[str
 			Database string `json:"database"`
 		} `json:"broker"`
 	}
-	for _, o := range r.objects {
-		c, ok := o.obj.(*corev1.ConfigMap)
-		if ok && c.Labels["app.kubernetes.io/component"] == "broker" {
-			if err := yaml.Unmarshal([]byte(c.Data["deskway.yaml"]), &cfg); err != nil {
-				return false, fmt.Errorf("its deskway.yaml: %w", err)
-			}
+	// Each pod's file, where they have their own, names one database.
+	for _, body := range configFilesOf(r, pod) {
+		if err := yaml.Unmarshal([]byte(body), &cfg); err != nil {
+			return false, fmt.Errorf("its deskway.yaml: %w", err)
 		}
 	}
 	const secretsDir = "/etc/deskway/secrets/"
@@ -289,11 +289,9 @@ var secretRef = regexp.MustCompile(`file:(/etc/deskway/secrets/[A-Za-z0-9._-]+)`
 // that no Secret of its secrets volume is mounted as.
 func unmountedSecretFiles(r *rendered, pod *corev1.PodTemplateSpec) []string {
 	mounted := map[string]bool{}
-	var config string
+	config := configFiles(r, pod)
 	for _, v := range pod.Spec.Volumes {
 		switch {
-		case v.ConfigMap != nil && v.Name == "config":
-			config = r.configMap(v.ConfigMap.Name)["deskway.yaml"]
 		case v.Projected != nil && v.Name == "secrets":
 			for _, src := range v.Projected.Sources {
 				if src.Secret != nil {

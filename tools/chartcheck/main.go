@@ -24,7 +24,9 @@
 // With -out it writes, for each case and role, the files the role's pod
 // would see (its deskway.yaml and every secret file it mounts, taken from
 // the rendered Secrets or from the case's stand-ins for existing ones)
-// under OUT/CASE/ROLE/, for deskway config validate.
+// under OUT/CASE/ROLE/ (OUT/CASE/ROLE-N/ for each broker pod on
+// PostgreSQL, whose file names the others as its peers), for deskway
+// config validate.
 //
 // It is a module of its own, so that the Kubernetes packages stay out of
 // deskway's.
@@ -71,6 +73,7 @@ var refusals = []struct {
 	{"a misspelt section", map[string]any{"gatway": map[string]any{"replicas": 1}}, "gatway"},
 	{"a short token key", map[string]any{"tokenKey": map[string]any{"value": "0123456789"}}, "/tokenKey/value"},
 	{"replicas as words", map[string]any{"gateway": map[string]any{"replicas": "two"}}, "/gateway/replicas"},
+	{"a peer timeout a launch cannot wait for", map[string]any{"broker": map[string]any{"peers": map[string]any{"timeout": "30s"}}}, "/broker/peers/timeout"},
 }
 
 func main() {

@@ -187,9 +187,10 @@ func (c cluster) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableRes
 	return c.client.Resource(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}), true, nil
 }
 
-// writePodFiles writes, under dir/ROLE/, every file each role's
-// container mounts from a ConfigMap or Secret, at its mount path: the
-// deskway.yaml and the secret files it names.
+// writePodFiles writes, under dir/ROLE/ (dir/ROLE-N/ for pod N of a
+// StatefulSet whose pods each mount a file of their own), every file each
+// role's container mounts from a ConfigMap or Secret, at its mount path:
+// the deskway.yaml and the secret files it names.
 func writePodFiles(dir string, r *rendered, existing map[string]map[string]string) error {
 	secrets := r.secrets()
 	for name, data := range existing {
@@ -208,7 +209,8 @@ func writePodFiles(dir string, r *rendered, existing map[string]map[string]strin
 		}
 		return v, nil
 	}
-	for role, pod := range r.pods() {
+	for _, in := range r.instances() {
+		role, pod := in.role, in.pod
 		volumes := map[string]map[string]string{} // volume, path inside it, content
 		for _, v := range pod.Spec.Volumes {
 			files := map[string]string{}
@@ -245,16 +247,26 @@ func writePodFiles(dir string, r *rendered, existing map[string]map[string]strin
 			}
 			volumes[v.Name] = files
 		}
-		for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		c := pod.Spec.Containers[0]
+		for _, m := range c.VolumeMounts {
+			sub, err := subPath(c, m, in.name)
+			if err != nil {
+				return fmt.Errorf("%s: %w", in.dir, err)
+			}
+			if sub != "" {
+				if _, ok := volumes[m.Name][sub]; !ok {
+					return fmt.Errorf("%s mounts %s of volume %s, which has no such file", in.dir, sub, m.Name)
+				}
+			}
 			for p, body := range volumes[m.Name] {
 				target := path.Join(m.MountPath, p)
-				if m.SubPath != "" {
-					if p != m.SubPath {
+				if sub != "" {
+					if p != sub {
 						continue
 					}
 					target = m.MountPath
 				}
-				f := filepath.Join(dir, role, filepath.FromSlash(target))
+				f := filepath.Join(dir, in.dir, filepath.FromSlash(target))
 				if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
 					return err
 				}

@@ -1,7 +1,24 @@
+{{/* The files of a role's ConfigMap, as a YAML map of file name to
+content: deskway.yaml, or, for brokers on PostgreSQL (a StatefulSet),
+one per pod, named after it, each naming the other pods as its peers.
+Called with (dict "root" . "role" NAME). */}}
+{{- define "deskway.configFiles" -}}
+{{- $files := dict -}}
+{{- if and (eq .role "broker") (include "deskway.brokerPostgres" .root) -}}
+{{- range $i := until (int $.root.Values.broker.replicas) -}}
+{{- $_ := set $files (printf "%s-broker-%d.yaml" (include "deskway.fullname" $.root) $i) (include "deskway.roleConfig" (dict "root" $.root "role" "broker" "pod" $i)) -}}
+{{- end -}}
+{{- else -}}
+{{- $_ := set $files "deskway.yaml" (include "deskway.roleConfig" (dict "root" .root "role" .role)) -}}
+{{- end -}}
+{{- toYaml $files -}}
+{{- end -}}
+
 {{/* Each role's deskway.yaml. Secrets are file: references to
 /etc/deskway/secrets, never values; extraConfig (the chart's, then the
 role's) is merged over it at the top level, so any deskway key can be
-set. Called with (dict "root" . "role" NAME). */}}
+set. Called with (dict "root" . "role" NAME), and "pod" N for broker pod
+N of a StatefulSet. */}}
 {{- define "deskway.roleConfig" -}}
 {{- $v := .root.Values -}}
 {{- $base := include (printf "deskway.config.%s" .role) . | fromYaml -}}
@@ -109,6 +126,21 @@ broker:
   {{- end }}
   {{- if $v.web.enabled }}
   frontend_tokens: [file:/etc/deskway/secrets/frontend-token]
+  {{- end }}
+  {{- if and (include "deskway.brokerPeers" .root) (hasKey . "pod") }}
+  {{- $peers := list }}
+  {{- range $i := until (int $b.replicas) }}
+  {{- if ne $i (int $.pod) }}
+  {{- $peers = append $peers (include "deskway.brokerPodURL" (list $.root $i)) }}
+  {{- end }}
+  {{- end }}
+  {{- /* The other brokers, asked in a database outage before a user this
+  one holds no session of is placed. Every broker serves the chart's
+  certificate, which names the broker Service rather than each pod. */}}
+  peers: {{ toJson $peers }}
+  peer_ca: /etc/deskway/tls/tls.crt
+  peer_server_name: "{{ include "deskway.fullname" .root }}-broker"
+  peer_timeout: {{ $b.peers.timeout | quote }}
   {{- end }}
   delivery_groups: {{ toJson $b.deliveryGroups }}
 {{- end -}}

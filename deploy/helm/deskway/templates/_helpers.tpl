@@ -114,6 +114,19 @@ holding the whole URL; empty for SQLite. */}}
 {{- if or .Values.broker.database.url .Values.broker.database.urlKey -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when the brokers ask each other in a database outage
+(broker.peers): more than one on PostgreSQL, with broker.peers.enabled. */}}
+{{- define "deskway.brokerPeers" -}}
+{{- if and .Values.broker.enabled (include "deskway.brokerPostgres" .) .Values.broker.peers.enabled (gt (int .Values.broker.replicas) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The URL of broker pod N of the StatefulSet, by its stable name under
+the governing Service. Called with (list root N). */}}
+{{- define "deskway.brokerPodURL" -}}
+{{- $root := index . 0 -}}{{- $full := include "deskway.fullname" $root -}}
+{{- printf "https://%s-broker-%d.%s-broker-peers:%d" $full (index . 1) $full (int $root.Values.broker.port) -}}
+{{- end -}}
+
 {{/* PGPASSWORD from the Secret that holds the database password: the
 URL in the config names no password, and PostgreSQL's client library
 takes it from the environment. Called with a database block. */}}
@@ -133,7 +146,7 @@ Secret is made from, and the data of every Secret the pods mount, as the
 cluster has it. */}}
 {{- define "deskway.checksum" -}}
 {{- $root := .root -}}
-{{- $parts := list (include "deskway.roleConfig" .) (toJson $root.Values.tokenKey.value) (toJson $root.Values.admin.tokens) (toJson $root.Values.auth.users) (toJson $root.Values.web.cookieKey.value) (toJson $root.Values.broker.database) (toJson $root.Values.gateway.farmDatabase) -}}
+{{- $parts := list (include "deskway.configFiles" .) (toJson $root.Values.tokenKey.value) (toJson $root.Values.admin.tokens) (toJson $root.Values.auth.users) (toJson $root.Values.web.cookieKey.value) (toJson $root.Values.broker.database) (toJson $root.Values.gateway.farmDatabase) -}}
 {{- $names := list (include "deskway.tlsSecret" $root) (include "deskway.secretName" $root) $root.Values.broker.database.existingSecret $root.Values.gateway.farmDatabase.existingSecret -}}
 {{- range (include "deskway.secretFiles" . | fromYamlArray) -}}
 {{- $names = append $names .secret -}}
@@ -146,7 +159,9 @@ cluster has it. */}}
 {{- end -}}
 
 {{/* The pod spec every role shares. Called with
-(dict "root" . "role" NAME "port" PORT "spec" ROLE_VALUES "args" ARGS). */}}
+(dict "root" . "role" NAME "port" PORT "spec" ROLE_VALUES "args" ARGS),
+and "perPod" true where each pod of a StatefulSet has a file of its own
+(deskway.configFiles). */}}
 {{- define "deskway.pod" -}}
 {{- $root := .root -}}{{- $v := .root.Values -}}
 metadata:
@@ -201,9 +216,17 @@ spec:
     imagePullPolicy: {{ $v.image.pullPolicy }}
     args: {{ toJson .args }}
     {{- $env := include "deskway.pgEnv" .db | trim }}
-    {{- if $env }}
+    {{- if or $env .perPod }}
     env:
-    {{- $env | nindent 4 }}
+    {{- if .perPod }}
+    # Each pod reads its own file of the ConfigMap, named after it.
+    - name: DESKWAY_POD
+      valueFrom:
+        fieldRef: {fieldPath: metadata.name}
+    {{- end }}
+    {{- with $env }}
+    {{- . | nindent 4 }}
+    {{- end }}
     {{- end }}
     ports:
     - name: {{ .role }}
@@ -230,7 +253,11 @@ spec:
     volumeMounts:
     - name: config
       mountPath: /etc/deskway/deskway.yaml
+      {{- if .perPod }}
+      subPathExpr: $(DESKWAY_POD).yaml
+      {{- else }}
       subPath: deskway.yaml
+      {{- end }}
       readOnly: true
     - name: secrets
       mountPath: /etc/deskway/secrets
