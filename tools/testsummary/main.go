@@ -1,8 +1,9 @@
 // Command testsummary reads `go test -json` on stdin, prints each package
 // result, the output of every failed test and of every package that did
 // not build, and ends with one line: "N passed, N failed, N skipped",
-// after the ten slowest tests and the run's wall time (the suite's time
-// budget is spent there, so a run says where). It exits 1 if anything
+// after the ten slowest tests, how long parallel tests sat waiting for
+// shared locks (guest slots, xrdp-sesman's port) and the run's wall time
+// (the suite's time budget is spent there, so a run says where). It exits 1 if anything
 // failed, and, when CI is set, if anything was skipped: in CI every real
 // peer must run, and a skipped test would be a check that silently did
 // not happen.
@@ -69,7 +70,8 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 	passed, skipped, buildFailed := 0, 0, false
 	var ended []event           // every test and subtest that ended, with its time
 	paused := map[string]bool{} // tests that called t.Parallel
-	var first, last time.Time   // the run's span: go test stamps every event
+	var waits lockWaits
+	var first, last time.Time // the run's span: go test stamps every event
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -109,6 +111,7 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 			paused[key] = true
 		case "output":
 			if e.Test != "" {
+				waits.add(e)
 				if out[key] == nil {
 					out[key] = &strings.Builder{}
 				}
@@ -150,6 +153,7 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 			fmt.Fprintf(w, "%8.1fs %s %s\n", e.Elapsed, e.Package, e.Test)
 		}
 	}
+	waits.print(w, paused)
 	if !first.IsZero() {
 		fmt.Fprintf(w, "\nwall time %s\n", last.Sub(first).Round(time.Second))
 	}

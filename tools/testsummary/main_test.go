@@ -131,3 +131,27 @@ func TestBuildErrorShown(t *testing.T) {
 		t.Errorf("exit %d, want 1 with the compiler's error; output:\n%s", code, w.String())
 	}
 }
+
+// TestLockWaitsAddedUp: the waits parallel tests log for guest slots and
+// locks are added up by lock, with the longest waiters; a serial test's
+// wait (it holds no slot another test could have) is not counted.
+func TestLockWaitsAddedUp(t *testing.T) {
+	out := func(test, line string) string {
+		return fmt.Sprintf(`{"Action":"output","Package":"p","Test":%q,"Output":%q}`+"\n", test, line)
+	}
+	in := `{"Action":"pause","Package":"p","Test":"TestProxyDHCP"}` + "\n" +
+		`{"Action":"pause","Package":"p","Test":"TestMenu"}` + "\n" +
+		`{"Action":"pause","Package":"p","Test":"TestXRDP"}` + "\n" +
+		out("TestProxyDHCP", "    guests_test.go:43: waited 2m40s for a guest slot\n") +
+		out("TestMenu", "    lock.go:68: waited 1m0.5s for lock e2e-guest-0\n") +
+		out("TestMenu", "    lock.go:68: waited 20s for lock e2e-guest-1\n") +
+		out("TestXRDP/Farm", "    lock.go:68: waited 30.2s for lock xrdp-sesman\n") +
+		out("TestSerial", "    lock.go:68: waited 5m0s for lock xrdp-sesman\n") +
+		`{"Action":"pass","Package":"p","Test":"TestProxyDHCP","Elapsed":185}` + "\n"
+	var w strings.Builder
+	summarize(strings.NewReader(in), &w, false)
+	want := "parallel tests waited 4m31s for shared locks, each holding a -parallel slot (guest slots 4m1s, xrdp-sesman 30s; longest TestProxyDHCP 2m40s, TestMenu 1m21s, TestXRDP 30s)\n"
+	if !strings.Contains(w.String(), want) {
+		t.Errorf("want %q in:\n%s", want, w.String())
+	}
+}
