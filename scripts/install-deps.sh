@@ -38,10 +38,15 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
+# One dpkg-query for all of them: one a package read the status database
+# forty times over.
+declare -A installed=()
+while read -r p status; do
+  [[ $status == "install ok installed" ]] && installed[$p]=1
+done < <(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)
 missing=()
 for p in "${packages[@]}"; do
-  [[ $p == \#* ]] && continue
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  [[ -n ${installed[$p]:-} ]] || missing+=("$p")
 done
 if ((${#missing[@]})); then
   if [ "$(id -u)" != 0 ]; then

@@ -1,10 +1,12 @@
 // Command testsummary reads `go test -json` on stdin, prints each package
-// result and the output of every failed test, and ends with one line:
-// "N passed, N failed, N skipped", after the ten slowest top-level tests
-// and the run's wall time (the suite's time budget is spent there, so a
-// run says where). It exits 1 if anything failed, and,
-// when CI is set, if anything was skipped: in CI every real peer must run,
-// and a skipped test would be a check that silently did not happen.
+// result, the output of every failed test and of every package that did
+// not build, and ends with one line: "N passed, N failed, N skipped",
+// after the ten slowest tests, how long parallel tests sat waiting for
+// shared locks (guest slots, xrdp-sesman's port) and the run's wall time
+// (the suite's time budget is spent there, so a run says where). It exits 1 if anything
+// failed, and, when CI is set, if anything was skipped: in CI every real
+// peer must run, and a skipped test would be a check that silently did
+// not happen.
 package main
 
 import (
@@ -24,16 +26,17 @@ import (
 const slowest = 10
 
 type event struct {
-	Action  string
-	Package string
-	Test    string
-	Output  string
-	Elapsed float64
-	Time    time.Time
+	Action     string
+	Package    string
+	ImportPath string // build-output and build-fail events name the package here
+	Test       string
+	Output     string
+	Elapsed    float64
+	Time       time.Time
 }
 
 func main() {
-	times := flag.String("times", "", "also write every top-level test's time to this file (tab-separated, longest first), for planning the suite's budget")
+	times := flag.String("times", "", "also write every test's time to this file (tab-separated, longest first; a test that groups cases run one after another as its cases), for planning the suite's budget")
 	flag.Parse()
 	code, timed := summarize(os.Stdin, os.Stdout, os.Getenv("CI") != "")
 	if *times != "" {
@@ -58,13 +61,16 @@ func writeTimes(path string, timed []event) error {
 }
 
 // summarize reads go test -json from r, writes the summary to w and
-// returns the exit code and every top-level test that ended, longest
-// first.
+// returns the exit code and every test that ended (see timings),
+// longest first.
 func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 	out := map[string]*strings.Builder{}
+	buildOut := map[string]*strings.Builder{} // compiler and vet output, by package, printed if it fails to build
 	var failed []string
 	passed, skipped, buildFailed := 0, 0, false
-	var timed []event         // top-level tests that ended, with their time
+	var ended []event           // every test and subtest that ended, with its time
+	paused := map[string]bool{} // tests that called t.Parallel
+	var waits lockWaits
 	var first, last time.Time // the run's span: go test stamps every event
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -86,12 +92,26 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 			}
 		}
 		key := e.Package + "." + e.Test
-		if (e.Action == "pass" || e.Action == "fail") && e.Test != "" && !strings.Contains(e.Test, "/") {
-			timed = append(timed, e)
+		if (e.Action == "pass" || e.Action == "fail") && e.Test != "" {
+			ended = append(ended, e)
 		}
 		switch e.Action {
+		case "build-output":
+			if buildOut[e.ImportPath] == nil {
+				buildOut[e.ImportPath] = &strings.Builder{}
+			}
+			buildOut[e.ImportPath].WriteString(e.Output)
+		case "build-fail":
+			buildFailed = true
+			if b := buildOut[e.ImportPath]; b != nil {
+				fmt.Fprint(w, b.String())
+			}
+			delete(buildOut, e.ImportPath)
+		case "pause":
+			paused[key] = true
 		case "output":
 			if e.Test != "" {
+				waits.add(e)
 				if out[key] == nil {
 					out[key] = &strings.Builder{}
 				}
@@ -125,7 +145,7 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 			fmt.Fprint(w, b.String())
 		}
 	}
-	sort.SliceStable(timed, func(i, j int) bool { return timed[i].Elapsed > timed[j].Elapsed })
+	timed := timings(ended, paused)
 	top := timed[:min(len(timed), slowest)]
 	if len(top) > 0 {
 		fmt.Fprintln(w, "\nslowest tests:")
@@ -133,6 +153,7 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 			fmt.Fprintf(w, "%8.1fs %s %s\n", e.Elapsed, e.Package, e.Test)
 		}
 	}
+	waits.print(w, paused)
 	if !first.IsZero() {
 		fmt.Fprintf(w, "\nwall time %s\n", last.Sub(first).Round(time.Second))
 	}
@@ -145,4 +166,60 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 		return 1, timed
 	}
 	return 0, timed
+}
+
+// A top-level test whose subtests (two or more, run one after another)
+// take at least groupShare of its time, and that takes at least
+// groupMin, is a group of cases (TestXRDP's twenty xrdp tests): its cases
+// are timed in its place, so the slowest list names the slow case. A
+// test with parallel subtests, or with time of its own outside them, is
+// timed whole; and a quicker one is too, as go test times to 0.01 s and
+// so short a test does not move the suite's budget.
+const (
+	groupShare = 0.9
+	groupMin   = 1.0 // seconds
+)
+
+// timings returns the entries the summary times from every test that
+// ended, longest first: each top-level test, or a group's cases in its
+// place. Their times add up to the top-level tests' (within a tenth for
+// a group), so the times file plans the budget with no test counted
+// twice. paused holds the tests that called t.Parallel.
+func timings(ended []event, paused map[string]bool) []event {
+	cases := map[string][]event{} // direct subtests, by their parent's key
+	for _, e := range ended {
+		if parent, _, ok := strings.Cut(e.Test, "/"); ok && !strings.Contains(e.Test[len(parent)+1:], "/") {
+			k := e.Package + "." + parent
+			cases[k] = append(cases[k], e)
+		}
+	}
+	var timed []event
+	for _, e := range ended {
+		if strings.Contains(e.Test, "/") {
+			continue
+		}
+		if cs := cases[e.Package+"."+e.Test]; isGroup(e, cs, paused) {
+			timed = append(timed, cs...)
+		} else {
+			timed = append(timed, e)
+		}
+	}
+	sort.SliceStable(timed, func(i, j int) bool { return timed[i].Elapsed > timed[j].Elapsed })
+	return timed
+}
+
+// isGroup says whether test t, with its direct subtests cs, is a group of
+// cases run one after another (see groupShare).
+func isGroup(t event, cs []event, paused map[string]bool) bool {
+	if len(cs) < 2 || t.Elapsed < groupMin {
+		return false
+	}
+	sum := 0.0
+	for _, c := range cs {
+		if paused[c.Package+"."+c.Test] {
+			return false
+		}
+		sum += c.Elapsed
+	}
+	return sum >= groupShare*t.Elapsed
 }

@@ -73,3 +73,85 @@ func TestTenSlowestAndWallTime(t *testing.T) {
 		t.Errorf("want a wall time of 11m0s (18:01 to 18:12):\n%s", got)
 	}
 }
+
+// TestGroupCasesTimed: a test that runs its cases one after another
+// (TestXRDP) is timed as its cases, so the slowest list names the slow
+// case; a test with parallel subtests, with most of its time outside its
+// subtests, with one subtest or under a second is timed whole.
+func TestGroupCasesTimed(t *testing.T) {
+	ev := func(action, test string, elapsed float64) string {
+		return fmt.Sprintf(`{"Action":%q,"Package":"p","Test":%q,"Elapsed":%g}`+"\n", action, test, elapsed)
+	}
+	in := ev("pause", "TestXRDP", 0) + ev("cont", "TestXRDP", 0) +
+		ev("pass", "TestXRDP/Farm", 300) + ev("pass", "TestXRDP/Browser", 200) + ev("pass", "TestXRDP/Console", 40) +
+		ev("pass", "TestXRDP", 541) +
+		ev("pause", "TestPar/a", 0) + ev("pause", "TestPar/b", 0) + ev("pass", "TestPar/a", 50) + ev("pass", "TestPar/b", 55) +
+		ev("pass", "TestPar", 60) +
+		ev("pass", "TestSetup/a", 20) + ev("pass", "TestSetup/b", 10) + ev("pass", "TestSetup", 100) +
+		ev("pass", "TestOne/only", 90) + ev("pass", "TestOne", 91) +
+		ev("pass", "TestQuick/a", 0.25) + ev("pass", "TestQuick/b", 0.25) + ev("pass", "TestQuick", 0.5)
+	var w strings.Builder
+	_, timed := summarize(strings.NewReader(in), &w, false)
+	want := []string{
+		"300.0s p TestXRDP/Farm", "200.0s p TestXRDP/Browser", "100.0s p TestSetup", "91.0s p TestOne",
+		"60.0s p TestPar", "40.0s p TestXRDP/Console", "0.5s p TestQuick",
+	}
+	_, list, _ := strings.Cut(w.String(), "slowest tests:\n")
+	list, _, _ = strings.Cut(list, "\n\n")
+	var got []string
+	for _, l := range strings.Split(list, "\n") {
+		got = append(got, strings.TrimSpace(l))
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("slowest tests:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	path := filepath.Join(t.TempDir(), "test-times.tsv")
+	if err := writeTimes(path, timed); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if wantTSV := "300.0\tp\tTestXRDP/Farm\n200.0\tp\tTestXRDP/Browser\n100.0\tp\tTestSetup\n91.0\tp\tTestOne\n" +
+		"60.0\tp\tTestPar\n40.0\tp\tTestXRDP/Console\n0.5\tp\tTestQuick\n"; string(b) != wantTSV {
+		t.Errorf("times file %q, want %q", b, wantTSV)
+	}
+}
+
+// TestBuildErrorShown: go test -json reports a package that does not
+// build (or fails vet) as build-output events; the summary prints them,
+// and fails.
+func TestBuildErrorShown(t *testing.T) {
+	in := `{"ImportPath":"p [p.test]","Action":"build-output","Output":"# p [p.test]\n"}` + "\n" +
+		`{"ImportPath":"p [p.test]","Action":"build-output","Output":"./x.go:1:2: undefined: y\n"}` + "\n" +
+		`{"ImportPath":"p [p.test]","Action":"build-fail"}` + "\n" +
+		`{"Action":"start","Package":"p"}` + "\n" +
+		`{"Action":"output","Package":"p","Output":"FAIL\tp [build failed]\n"}` + "\n" +
+		`{"Action":"fail","Package":"p","Elapsed":0,"FailedBuild":"p [p.test]"}` + "\n"
+	var w strings.Builder
+	if code, _ := summarize(strings.NewReader(in), &w, false); code != 1 || !strings.Contains(w.String(), "./x.go:1:2: undefined: y\n") {
+		t.Errorf("exit %d, want 1 with the compiler's error; output:\n%s", code, w.String())
+	}
+}
+
+// TestLockWaitsAddedUp: the waits parallel tests log for guest slots and
+// locks are added up by lock, with the longest waiters; a serial test's
+// wait (it holds no slot another test could have) is not counted.
+func TestLockWaitsAddedUp(t *testing.T) {
+	out := func(test, line string) string {
+		return fmt.Sprintf(`{"Action":"output","Package":"p","Test":%q,"Output":%q}`+"\n", test, line)
+	}
+	in := `{"Action":"pause","Package":"p","Test":"TestProxyDHCP"}` + "\n" +
+		`{"Action":"pause","Package":"p","Test":"TestMenu"}` + "\n" +
+		`{"Action":"pause","Package":"p","Test":"TestXRDP"}` + "\n" +
+		out("TestProxyDHCP", "    guests_test.go:43: waited 2m40s for a guest slot\n") +
+		out("TestMenu", "    lock.go:68: waited 1m0.5s for lock e2e-guest-0\n") +
+		out("TestMenu", "    lock.go:68: waited 20s for lock e2e-guest-1\n") +
+		out("TestXRDP/Farm", "    lock.go:68: waited 30.2s for lock xrdp-sesman\n") +
+		out("TestSerial", "    lock.go:68: waited 5m0s for lock xrdp-sesman\n") +
+		`{"Action":"pass","Package":"p","Test":"TestProxyDHCP","Elapsed":185}` + "\n"
+	var w strings.Builder
+	summarize(strings.NewReader(in), &w, false)
+	want := "parallel tests waited 4m31s for shared locks, each holding a -parallel slot (guest slots 4m1s, xrdp-sesman 30s; longest TestProxyDHCP 2m40s, TestMenu 1m21s, TestXRDP 30s)\n"
+	if !strings.Contains(w.String(), want) {
+		t.Errorf("want %q in:\n%s", want, w.String())
+	}
+}
