@@ -111,6 +111,7 @@ type benchFlags struct {
 	scenario, out, steps, cpuLoads string
 	warmup, window, tput           time.Duration
 	relayLoops, runs               int
+	compareExe                     string
 }
 
 func (f *benchFlags) register(c *cobra.Command, scenario string) {
@@ -123,6 +124,7 @@ func (f *benchFlags) register(c *cobra.Command, scenario string) {
 	c.Flags().IntVar(&f.relayLoops, "relay-loops", -1, "the gateway's relay_loops (default: its own, two event loops per CPU; 0: goroutines)")
 	c.Flags().IntVar(&f.runs, "runs", 3, "runs of the KW v1 and v2 ramps and the throughput test for every system, interleaved")
 	c.Flags().StringVar(&f.cpuLoads, "cpu-loads", "1000,2000", "KW v1 tunnel counts where CPU per round trip and memory per tunnel are compared")
+	c.Flags().StringVar(&f.compareExe, "compare-exe", "", "another deskway binary whose gateway runs as a fourth system, \"deskway-compare\", beside deskway in every run (a change measured side by side)")
 }
 
 func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string) error {
@@ -131,7 +133,7 @@ func (f *benchFlags) run(ctx context.Context, cmd *cobra.Command, args []string)
 		return err
 	}
 	o := gwbench.Options{Exe: exe, Out: f.out, Warmup: f.warmup, Window: f.window, ThroughputD: f.tput, RelayLoops: f.relayLoops,
-		Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
+		CompareExe: f.compareExe, Command: "deskway " + strings.Join(os.Args[1:], " "), Log: obs.NewLogger(cmd.ErrOrStderr(), "info", "auto")}
 	if f.scenario == "all" {
 		o.Scenarios = gwbench.AllScenarios
 	} else {

@@ -60,6 +60,8 @@ type Loop struct {
 	handlers []Handler // by file descriptor
 	again    []Handler
 	spare    []Handler
+	atEnd    []Handler
+	ring     *ring // nil where io_uring is not offered: SendAll writes
 }
 
 // New creates a loop; Run must then be called to serve it.
@@ -93,6 +95,8 @@ func New() (*Loop, error) {
 		l.closeFDs()
 		return nil, fmt.Errorf("evloop: Go's poller does not take the epoll descriptor: %w", err)
 	}
+	// Without io_uring the loop still works, one write call per send.
+	l.ring, _ = newRing(256)
 	return l, nil
 }
 
@@ -104,6 +108,10 @@ func (l *Loop) closePipe() {
 func (l *Loop) closeFDs() {
 	_ = l.file.Close()
 	l.closePipe()
+	if l.ring != nil {
+		l.ring.close()
+		l.ring = nil
+	}
 }
 
 // Add registers fd, edge-triggered for reading and writing, with h.
@@ -135,6 +143,22 @@ func (l *Loop) Remove(fd int) {
 // handler that stopped early to let others run, or that has work to do
 // without a new event.
 func (l *Loop) Again(h Handler) { l.again = append(l.again, h) }
+
+// AtEnd calls h.Ready(0) once the handlers of the current round, those
+// asked for with Again included, and the functions posted have run: where
+// a handler that collected sends for many sockets makes them together
+// (SendAll).
+func (l *Loop) AtEnd(h Handler) { l.atEnd = append(l.atEnd, h) }
+
+// runAtEnd calls the handlers AtEnd asked for.
+func (l *Loop) runAtEnd() {
+	for i := 0; i < len(l.atEnd); i++ { // a handler may ask again
+		h := l.atEnd[i]
+		l.atEnd[i] = nil
+		h.Ready(0)
+	}
+	l.atEnd = l.atEnd[:0]
+}
 
 // Post runs f on the loop's goroutine soon.
 func (l *Loop) Post(f func()) error {
@@ -235,9 +259,11 @@ func (l *Loop) Run() error {
 			if wakeup {
 				var closed bool
 				if tasks, closed = l.runTasks(tasks); closed {
+					l.runAtEnd()
 					return true
 				}
 			}
+			l.runAtEnd()
 			// The epoll descriptor reports new events by an edge, so wait
 			// only once a wait returned less than it could hold and no
 			// handler asked to run again.

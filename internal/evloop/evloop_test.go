@@ -317,3 +317,76 @@ func BenchmarkLoopbackSmall(b *testing.B) {
 		}
 	}
 }
+
+// TestSendAll: one batch writes to many sockets, each send reports what
+// its socket took (all of a small send, a short count into a nearly full
+// buffer, 0 into a full one) and a send to a socket whose peer is gone
+// fails with EPIPE instead of killing the process with SIGPIPE; the same
+// through io_uring and, with the ring taken away, one write at a time.
+func TestSendAll(t *testing.T) {
+	for _, withRing := range []bool{true, false} {
+		t.Run(map[bool]string{true: "io_uring", false: "writes"}[withRing], func(t *testing.T) {
+			l, err := New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.closeFDs()
+			if withRing && l.ring == nil {
+				if _, err := newRing(8); err != nil {
+					t.Skipf("no io_uring here: %v", err)
+				}
+				t.Fatal("io_uring works here, but the loop has no ring")
+			}
+			if !withRing && l.ring != nil {
+				l.ring.close()
+				l.ring = nil
+			}
+			const n = 40
+			var sends []Send
+			var peers []int
+			for i := range n {
+				a, b := socketPair(t)
+				sends = append(sends, Send{FD: a, P: bytes.Repeat([]byte{byte(i)}, 90+i)})
+				peers = append(peers, b)
+			}
+			// A full socket, one with less room than its send, and one
+			// whose peer has closed.
+			full, _ := socketPair(t)
+			for {
+				if k, err := Write(full, make([]byte, 1<<16)); err != nil || k == 0 {
+					break
+				}
+			}
+			sends = append(sends, Send{FD: full, P: make([]byte, 100)})
+			part, _ := socketPair(t)
+			sends = append(sends, Send{FD: part, P: make([]byte, 8<<20)})
+			gone, gonePeer := socketPair(t)
+			unix.Close(gonePeer)
+			sends = append(sends, Send{FD: gone, P: []byte("x")})
+
+			l.SendAll(sends)
+			buf := make([]byte, 4096)
+			for i := range n {
+				if s := sends[i]; s.N != len(s.P) || s.Err != nil {
+					t.Fatalf("send %d: %d %v, want %d nil", i, s.N, s.Err, len(s.P))
+				}
+				k, err := Read(peers[i], buf)
+				if err != nil || !bytes.Equal(buf[:max(k, 0)], sends[i].P) {
+					t.Fatalf("socket %d got %d bytes (%v), want its %d", i, k, err, len(sends[i].P))
+				}
+			}
+			if s := sends[n]; s.N != 0 || s.Err != nil {
+				t.Fatalf("send into a full socket: %d %v, want 0 nil", s.N, s.Err)
+			}
+			if s := sends[n+1]; s.N <= 0 || s.N >= len(s.P) || s.Err != nil {
+				t.Fatalf("send into a nearly full socket: %d %v, want a short count", s.N, s.Err)
+			}
+			if s := sends[n+2]; !errors.Is(s.Err, unix.EPIPE) {
+				t.Fatalf("send to a socket whose peer closed: %d %v, want EPIPE", s.N, s.Err)
+			}
+			if withRing && l.ring == nil {
+				t.Fatal("the ring was given up")
+			}
+		})
+	}
+}

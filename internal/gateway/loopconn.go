@@ -46,6 +46,11 @@ type loopConn struct {
 	closing    bool
 	corked     bool   // writes collect in held until uncork sends them at once
 	held       []byte // the loop's buffer while corked
+	// deferred is set while the loop holds bytes of uncork's for the
+	// socket, to send with its other sockets' at the round's end (see
+	// relayLoop.queueSend): until sent says how much the socket took,
+	// every write queues behind them. Written on the loop goroutine only.
+	deferred bool
 }
 
 // loopListener wraps every accepted connection in a loopConn.
@@ -112,7 +117,7 @@ func (c *loopConn) Write(p []byte) (int, error) {
 	if c.fd < 0 {
 		return 0, net.ErrClosed
 	}
-	if len(c.out) > 0 {
+	if len(c.out) > 0 || c.deferred {
 		c.out = append(c.out, p...)
 		c.outLen.Store(int64(len(c.out)))
 		return len(p), nil
@@ -152,17 +157,47 @@ func (c *loopConn) cork(buf []byte) {
 }
 
 // uncork sends what cork collected, queueing what the socket refuses, and
-// returns the buffer (grown, if it had to) for the loop to keep.
-func (c *loopConn) uncork() ([]byte, error) {
+// returns the buffer (grown, if it had to) for the loop to keep. Up to
+// deferMax bytes, with nothing queued before them, are not sent but left
+// to the caller (later), who hands a copy to the loop's sends of the
+// round and reports the outcome to sent.
+func (c *loopConn) uncork(deferMax int) (held []byte, later bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	held := c.held
+	held = c.held
 	c.corked, c.held = false, nil
 	if len(held) == 0 || c.fd < 0 {
-		return held, nil
+		return held, false, nil
 	}
-	_, err := c.send(held)
-	return held, err
+	if len(held) <= deferMax && len(c.out) == 0 && !c.deferred {
+		c.deferred = true
+		return held, true, nil
+	}
+	_, err = c.send(held)
+	return held, false, err
+}
+
+// sent is told how much of p, the bytes uncork left for later, the socket
+// took (n, or err): it queues the rest in front of what was written
+// meanwhile, and sends that when p went whole.
+func (c *loopConn) sent(p []byte, n int, err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deferred = false
+	if c.fd < 0 {
+		return nil
+	}
+	if err != nil {
+		return &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	}
+	if n < len(p) {
+		c.out = append(append(make([]byte, 0, len(p)-n+len(c.out)), p[n:]...), c.out...)
+		c.outLen.Store(int64(len(c.out)))
+		c.stallSince.Store(time.Now().UnixNano())
+		return nil
+	}
+	_, err = c.flushLocked()
+	return err
 }
 
 // flush sends queued bytes; it reports whether the queue is empty.
@@ -172,8 +207,16 @@ func (c *loopConn) flush() (bool, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.flushLocked()
+}
+
+// flushLocked is flush with mu held.
+func (c *loopConn) flushLocked() (bool, error) {
 	if len(c.out) == 0 || c.fd < 0 {
 		return true, nil
+	}
+	if c.deferred {
+		return false, nil // sent sends the queue after the loop's bytes
 	}
 	n, err := evloop.Write(c.fd, c.out)
 	if err != nil {
@@ -201,8 +244,8 @@ const clientQueueMax = 256 << 10
 // full reports whether the queue has reached clientQueueMax.
 func (c *loopConn) full() bool { return c.outLen.Load() >= clientQueueMax }
 
-// queued reports whether bytes wait for the socket.
-func (c *loopConn) queued() bool { return c.outLen.Load() > 0 }
+// queued reports whether bytes wait for the socket; loop goroutine only.
+func (c *loopConn) queued() bool { return c.deferred || c.outLen.Load() > 0 }
 
 // closeFD closes the socket on the loop's goroutine, after one last try to
 // send what is queued.

@@ -22,10 +22,11 @@ import (
 // the loop is working on it.
 type relayLoop struct {
 	*evloop.Loop
-	in    []byte // client reads
-	pkts  []byte // lent to a tunnel's MS-TSGU reader while it drains
-	frame []byte // host reads, with headroom for the framing
-	held  []byte // TLS records of one host read, sent together
+	in        []byte // client reads
+	pkts      []byte // lent to a tunnel's MS-TSGU reader while it drains
+	frame     []byte // host reads, with headroom for the framing
+	held      []byte // TLS records of one host read, sent together
+	sendBatch        // the round's small writes, made together at its end
 
 	// watched are the loop's tunnels, which its watchdog sweeps for
 	// keepalives and timeouts: one timer per loop, where a timer per
@@ -141,6 +142,7 @@ type loopRelay struct {
 	clientIn, hostIn bool   // the socket may hold unread bytes
 	drain            bool   // the framing layers may hold a whole packet
 	upQueue          []byte // for the host, not yet taken by its socket
+	upLater          bool   // the loop's sends of the round hold bytes for the host
 	ended, torn      bool
 	err              error
 	started          sync.WaitGroup // done once relayOnLoop is through
@@ -273,6 +275,9 @@ func (r *loopRelay) teardown() {
 		return
 	}
 	r.torn = true
+	if r.upLater || r.lc.deferred {
+		r.loop.flushSends() // before the descriptors close and may be reused
+	}
 	r.loop.Remove(r.cfd)
 	r.loop.Remove(r.hfd)
 	r.lc.closeFD()
@@ -313,7 +318,7 @@ func (h hostSide) Ready(ev uint32) {
 	if ev&evloop.Readable != 0 {
 		r.hostIn = true
 	}
-	if ev&evloop.Writable != 0 && len(r.upQueue) > 0 && !r.ended {
+	if ev&evloop.Writable != 0 && len(r.upQueue) > 0 && !r.upLater && !r.ended {
 		n, err := evloop.Write(r.hfd, r.upQueue)
 		if err != nil {
 			r.tn.reasonf("host write: %v", err)
@@ -392,8 +397,11 @@ func (r *loopRelay) pump() {
 				start := time.Now()
 				r.lc.cork(r.loop.held)
 				err := tn.t.writeData(frame, n)
-				held, uerr := r.lc.uncork()
+				held, later, uerr := r.lc.uncork(r.loop.room())
 				r.loop.held = held
+				if later {
+					r.loop.queueSend(r.cfd, held, clientSide{r})
+				}
 				if err == nil {
 					err = uerr
 				}
@@ -443,9 +451,21 @@ func (r *loopRelay) drainClient() error {
 }
 
 // writeHost sends p to the host, queueing what its socket does not take.
+// A small p goes with the loop's other sends at the round's end.
 func (r *loopRelay) writeHost(p []byte) error {
 	if len(r.upQueue) > 0 {
 		r.upQueue = append(r.upQueue, p...)
+		return nil
+	}
+	if r.upLater {
+		if !r.loop.extendSend(r.hfd, p) {
+			r.upQueue = append(r.upQueue, p...)
+		}
+		return nil
+	}
+	if len(p) <= r.loop.room() {
+		r.upLater = true
+		r.loop.queueSend(r.hfd, p, hostSide{r})
 		return nil
 	}
 	n, err := evloop.Write(r.hfd, p)

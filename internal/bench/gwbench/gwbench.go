@@ -37,7 +37,10 @@ type Options struct {
 	// round trip and memory per tunnel are compared: each KW v1 ramp goes
 	// on through them even past 40 ms (default 1,000 and 2,000).
 	CPULoads []int
-	Log      *slog.Logger
+	// CompareExe, when set, is another deskway binary whose gateway runs
+	// as the system "deskway-compare" right after deskway in every run.
+	CompareExe string
+	Log        *slog.Logger
 }
 
 // AllScenarios in the order they run.
@@ -331,9 +334,13 @@ func (r *runner) directRamp(ctx context.Context, p load.Pattern) (steps []step, 
 
 // relays are the systems that relay tunnels, in the order of one run:
 // deskway and HAProxy take turns going first, so neither always meets
-// the host in the state the other left it.
+// the host in the state the other left it (a comparison build runs
+// between them, after deskway in one run and before it in the next).
 func (r *runner) relays(scenario string, params map[string]any, run int) []system {
 	systems := []system{r.e.deskway()}
+	if r.o.CompareExe != "" {
+		systems = append(systems, r.e.gatewayFrom("deskway-compare", r.o.CompareExe))
+	}
 	if r.hap == nil {
 		if run == 1 {
 			r.res.Points = append(r.res.Points, report.Point{Scenario: scenario, System: "haproxy", Params: params, Metrics: map[string]float64{}, Skipped: r.hapErr.Error()})
@@ -341,7 +348,8 @@ func (r *runner) relays(scenario string, params map[string]any, run int) []syste
 		return systems
 	}
 	if run%2 == 0 {
-		return []system{*r.hap, systems[0]}
+		slices.Reverse(systems)
+		return append([]system{*r.hap}, systems...)
 	}
 	return append(systems, *r.hap)
 }

@@ -205,17 +205,22 @@ const (
 
 // startGateway runs one deskway gateway node and returns its address.
 func (e *env) startGateway(cpus int, extraYAML ...string) (*proc, string, error) {
+	return e.startGatewayOf(e.exe, cpus, extraYAML...)
+}
+
+// startGatewayOf is startGateway with the gateway of the binary exe.
+func (e *env) startGatewayOf(exe string, cpus int, extraYAML ...string) (*proc, string, error) {
 	// A port found free can be taken before the gateway binds it (by any
 	// process's outgoing connection): then try other ports.
 	for attempt := 1; ; attempt++ {
-		p, addr, err := e.startGatewayOnce(cpus, extraYAML)
+		p, addr, err := e.startGatewayOnce(exe, cpus, extraYAML)
 		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return p, addr, err
 		}
 	}
 }
 
-func (e *env) startGatewayOnce(cpus int, extraYAML []string) (*proc, string, error) {
+func (e *env) startGatewayOnce(exe string, cpus int, extraYAML []string) (*proc, string, error) {
 	gp, err := loopback.FreePort()
 	if err != nil {
 		return nil, "", err
@@ -241,7 +246,7 @@ func (e *env) startGatewayOnce(cpus int, extraYAML []string) (*proc, string, err
 	if cpus > 0 {
 		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", cpus))
 	}
-	p, err := startProc("deskway gateway", cpus, env, e.exe, "gateway", "-c", cfg)
+	p, err := startProc("deskway gateway", cpus, env, exe, "gateway", "-c", cfg)
 	if err != nil {
 		return nil, "", err
 	}
@@ -266,9 +271,12 @@ func (e *env) gatewayDialer(addrs func() string) (load.Dialer, error) {
 	}, nil
 }
 
-func (e *env) deskway() system {
-	return system{name: "deskway", start: func(cpus int) (*proc, load.Dialer, string, error) {
-		p, addr, err := e.startGateway(cpus)
+func (e *env) deskway() system { return e.gatewayFrom("deskway", e.exe) }
+
+// gatewayFrom is the system name: the gateway of the deskway binary exe.
+func (e *env) gatewayFrom(name, exe string) system {
+	return system{name: name, start: func(cpus int) (*proc, load.Dialer, string, error) {
+		p, addr, err := e.startGatewayOf(exe, cpus)
 		if err != nil {
 			return nil, nil, "", err
 		}
