@@ -77,18 +77,7 @@ func TestLaunchAtTheBrokerBackFirst(t *testing.T) {
 	b.host["u2"], b.id["u2"] = a.host["u2"], a.id["u2"]
 	b.settled(t)
 	b.beat(t, first.Host, map[string]string{"u1": store.Active, "u2": store.Launching, "u3": store.Launching})
-	for _, w := range []*world{a, b} {
-		if got := w.settled(t); got["u1"] != store.Active {
-			t.Errorf("%s: live sessions after B's write-back: %v, want u1 active", w.name, got)
-		}
-	}
-	all, err := a.r.store.Sessions(ctx, "u1", true, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(all) != 1 || all[0].ID != first.SessionID || all[0].Unverified {
-		t.Errorf("u1's records after B's write-back: %+v, want only %s, verified", all, first.SessionID)
-	}
+	wantOneLiveU1(t, ctx, first.SessionID, a, b)
 
 	// B has written back: A asks it once more, then no more.
 	a.launch(t, "u4")
@@ -131,18 +120,7 @@ func TestLaunchAtTheBrokerThatKeptTheDatabase(t *testing.T) {
 	}
 	link.set(true)
 	maintain(t, ctx, b.r.b)
-	for _, w := range []*world{b, a} {
-		if got := w.settled(t); got["u1"] != store.Active {
-			t.Errorf("%s: live sessions after B's write-back: %v, want u1 active", w.name, got)
-		}
-	}
-	all, err := a.r.store.Sessions(ctx, "u1", true, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(all) != 1 || all[0].ID != first.SessionID || all[0].Unverified {
-		t.Errorf("u1's records after B's write-back: %+v, want only %s, verified", all, first.SessionID)
-	}
+	wantOneLiveU1(t, ctx, first.SessionID, a, b)
 }
 
 // dbLink is a TCP relay to PostgreSQL that a test cuts and mends: one
@@ -291,4 +269,22 @@ func backOnDatabase(t *testing.T, w *world) {
 func peerQuestions(t *testing.T, r *rig, result string) float64 {
 	t.Helper()
 	return testutil.ToFloat64(mustCounter(t, r.reg, "deskway_broker_peer_questions_total", "result", result))
+}
+
+// wantOneLiveU1 checks, after B's write-back, that every world sees u1
+// active and the database holds one record of u1: id, verified.
+func wantOneLiveU1(t *testing.T, ctx context.Context, id string, worlds ...*world) {
+	t.Helper()
+	for _, w := range worlds {
+		if got := w.settled(t); got["u1"] != store.Active {
+			t.Errorf("%s: live sessions after B's write-back: %v, want u1 active", w.name, got)
+		}
+	}
+	all, err := worlds[0].r.store.Sessions(ctx, "u1", true, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 || all[0].ID != id || all[0].Unverified {
+		t.Errorf("u1's records after B's write-back: %+v, want only %s, verified", all, id)
+	}
 }
