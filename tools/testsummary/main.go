@@ -37,10 +37,17 @@ type event struct {
 
 func main() {
 	times := flag.String("times", "", "also write every test's time to this file (tab-separated, longest first; a test that groups cases run one after another as its cases), for planning the suite's budget")
+	timeline := flag.String("timeline", "", "also write when each of those tests started and ended, in seconds from the run's first event, to this file (tab-separated, by start): what ran beside what")
 	flag.Parse()
 	code, timed := summarize(os.Stdin, os.Stdout, os.Getenv("CI") != "")
-	if *times != "" {
-		if err := writeTimes(*times, timed); err != nil {
+	for _, out := range []struct {
+		path  string
+		write func(string, []event) error
+	}{{*times, writeTimes}, {*timeline, writeTimeline}} {
+		if out.path == "" {
+			continue
+		}
+		if err := out.write(out.path, timed); err != nil {
 			fmt.Fprintln(os.Stderr, "testsummary:", err)
 			code = 1
 		}
@@ -48,16 +55,51 @@ func main() {
 	os.Exit(code)
 }
 
-// writeTimes writes one line per test: seconds, package, test.
-func writeTimes(path string, timed []event) error {
+// writeTimeline writes one line per test that go test stamped: start
+// and end in seconds from the earliest start, package, test, by start.
+// A test's end is its pass or fail event's time; its start that less its
+// elapsed time (a parallel test's includes its wait for a slot after
+// t.Parallel, the part of the run it held nothing).
+func writeTimeline(path string, timed []event) error {
+	var stamped []event
+	var origin time.Time
+	for _, e := range timed {
+		if e.Time.IsZero() {
+			continue
+		}
+		stamped = append(stamped, e)
+		if start := startOf(e); origin.IsZero() || start.Before(origin) {
+			origin = start
+		}
+	}
+	sort.SliceStable(stamped, func(i, j int) bool { return startOf(stamped[i]).Before(startOf(stamped[j])) })
+	var b strings.Builder
+	for _, e := range stamped {
+		fmt.Fprintf(&b, "%.1f\t%.1f\t%s\t%s\n", startOf(e).Sub(origin).Seconds(), e.Time.Sub(origin).Seconds(), e.Package, e.Test)
+	}
+	return writeFile(path, b.String())
+}
+
+// startOf is when test e started: its end less its elapsed time.
+func startOf(e event) time.Time {
+	return e.Time.Add(-time.Duration(e.Elapsed * float64(time.Second)))
+}
+
+// writeFile writes s to path, making its directory.
+func writeFile(path, s string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// writeTimes writes one line per test: seconds, package, test.
+func writeTimes(path string, timed []event) error {
 	var b strings.Builder
 	for _, e := range timed {
 		fmt.Fprintf(&b, "%.1f\t%s\t%s\n", e.Elapsed, e.Package, e.Test)
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return writeFile(path, b.String())
 }
 
 // summarize reads go test -json from r, writes the summary to w and

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,5 +154,24 @@ func TestLockWaitsAddedUp(t *testing.T) {
 	want := "parallel tests waited 4m31s for shared locks, each holding a -parallel slot (guest slots 4m1s, xrdp-sesman 30s; longest TestProxyDHCP 2m40s, TestMenu 1m21s, TestXRDP 30s)\n"
 	if !strings.Contains(w.String(), want) {
 		t.Errorf("want %q in:\n%s", want, w.String())
+	}
+}
+
+// TestTimelineByStart: each test's start is its end less its elapsed
+// time, counted from the earliest start; lines are in order of start,
+// and a test go test did not stamp is left out.
+func TestTimelineByStart(t *testing.T) {
+	in := `{"Time":"2026-11-27T18:00:30Z","Action":"pass","Package":"p","Test":"TestSerial","Elapsed":30}` + "\n" +
+		`{"Time":"2026-11-27T18:02:00Z","Action":"pass","Package":"p","Test":"TestLong","Elapsed":80}` + "\n" +
+		`{"Time":"2026-11-27T18:01:00Z","Action":"fail","Package":"p","Test":"TestShort","Elapsed":20.5}` + "\n" +
+		`{"Action":"pass","Package":"q","Test":"TestUnstamped","Elapsed":1}` + "\n"
+	_, timed := summarize(strings.NewReader(in), io.Discard, false)
+	path := filepath.Join(t.TempDir(), "artifacts", "test-timeline.tsv")
+	if err := writeTimeline(path, timed); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if want := "0.0\t30.0\tp\tTestSerial\n39.5\t60.0\tp\tTestShort\n40.0\t120.0\tp\tTestLong\n"; string(b) != want {
+		t.Errorf("timeline %q, want %q", b, want)
 	}
 }
