@@ -139,6 +139,10 @@ func summaryRules() []summaryRule {
 		// second is the node killed.
 		{key: "rdp_reconnected_pct", scenario: "gateway", caseN: 1, metric: "back_within_10s_pct", worst: "min"},
 		{key: "rdp_recover_s", scenario: "gateway", caseN: 1, metric: "recover_s", worst: "max"},
+		// The part of it before the session host's: the fault to the RDP
+		// connection up again through the other node.
+		{key: "rdp_connected_pct", scenario: "gateway", caseN: 1, metric: "connected_within_10s_pct", worst: "min"},
+		{key: "rdp_connected_s", scenario: "gateway", caseN: 1, metric: "connected_worst_s", worst: "max"},
 		{key: "stream_clients_io_errors_ha", scenario: "stream", caseN: 0, metric: "io_errors", sum: true},
 	}
 }

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -53,8 +54,14 @@ type clientResult struct {
 	// backAfter runs from the fault to the first frame after the stall;
 	// stall is the stall's own length.
 	backAfter, stall time.Duration
-	reconnects       int
-	sameSession      bool
+	// connectedAfter runs from the fault to when the client's log first
+	// showed its RDP connection up again after a reconnect attempt (read
+	// every 100 ms): the part the gateway farm and the client own. The
+	// rest, to backAfter, is the session host logging the user back on
+	// and drawing the desktop.
+	connectedAfter time.Duration
+	reconnects     int
+	sameSession    bool
 }
 
 func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
@@ -212,28 +219,37 @@ func (r *gwRig) restartLost(ctx context.Context) error {
 	return nil
 }
 
-// mark is each client's count of reconnect attempts, taken before a
-// fault: xfreerdp starts its first within milliseconds of the fault.
-func (r *gwRig) mark() []int {
-	m := make([]int, len(r.clients))
+// clientMark is where a client's log stood before a fault: its count of
+// reconnect attempts and its length.
+type clientMark struct{ reconnects, logLen int }
+
+// mark is each client's mark, taken before a fault: xfreerdp starts its
+// first reconnect attempt within milliseconds of the fault.
+func (r *gwRig) mark() []clientMark {
+	m := make([]clientMark, len(r.clients))
 	for i, c := range r.clients {
-		m[i] = c.reconnects()
+		m[i] = clientMark{c.reconnects(), len(c.proc.Output())}
 	}
 	return m
 }
 
 // observe watches every client from the fault at t0 for at least min,
 // until each is back or plainly unaffected, or giveUp has passed, then
-// compares each user's xrdp sessions with before; start is mark's count
-// from before the fault.
-func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []int, min time.Duration, before map[string][]string) []clientResult {
+// compares each user's xrdp sessions with before; start is mark's from
+// before the fault.
+func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []clientMark, min time.Duration, before map[string][]string) []clientResult {
 	res := make([]clientResult, len(r.clients))
+	connected := make([]time.Duration, len(r.clients))
 	for {
 		now := time.Now()
 		settled := true
 		for i, c := range r.clients {
+			if connected[i] == 0 && reconnectedIn(c.proc.Output(), start[i].logLen) {
+				connected[i] = now.Sub(t0)
+			}
 			res[i] = c.judge(t0, now)
-			res[i].reconnects = c.reconnects() - start[i]
+			res[i].connectedAfter = connected[i]
+			res[i].reconnects = c.reconnects() - start[i].reconnects
 			if res[i].reconnects > 0 {
 				res[i].affected = true
 			}
@@ -311,7 +327,7 @@ func (c *gwClient) judge(t0, now time.Time) clientResult {
 // many had their tunnel on the node the fault struck.
 func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) Outcome {
 	o.Case = name
-	var backs, stalls []float64
+	var backs, stalls, connects, hostParts []float64
 	lost, back, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0, 0
 	for _, cr := range res {
 		attempts += cr.reconnects
@@ -332,6 +348,10 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 			back++
 			stalls = append(stalls, cr.stall.Seconds())
 			backs = append(backs, cr.backAfter.Seconds())
+			if cr.connectedAfter > 0 {
+				connects = append(connects, cr.connectedAfter.Seconds())
+				hostParts = append(hostParts, (cr.backAfter - cr.connectedAfter).Seconds())
+			}
 			if cr.backAfter <= backTarget {
 				within++
 			}
@@ -365,12 +385,34 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 		o.Metrics["stall_median_s"] = round2(stalls[len(stalls)/2])
 		o.Metrics["stall_worst_s"] = round2(stalls[len(stalls)-1])
 	}
+	// Of those that came back by reconnecting: the fault to the RDP
+	// connection up again through the other node, and from there to the
+	// desktop back (the session host's part).
+	if len(connects) > 0 {
+		slices.Sort(connects)
+		slices.Sort(hostParts)
+		o.Metrics["connected_median_s"] = round2(connects[len(connects)/2])
+		o.Metrics["connected_worst_s"] = round2(connects[len(connects)-1])
+		o.Metrics["connected_within_10s_pct"] = round2(100 * float64(countAtMost(connects, backTarget.Seconds())) / float64(len(connects)))
+		o.Metrics["host_part_median_s"] = round2(hostParts[len(hostParts)/2])
+		o.Metrics["host_part_worst_s"] = round2(hostParts[len(hostParts)-1])
+	}
 	if lost > 0 {
 		o.RecoverS = giveUp.Seconds()
 	}
 	o.Notes = fmt.Sprintf("%d of %d clients had their tunnel on the node; %d noticed (a stall over 1 s or a reconnect: %d stalled, %d reconnect attempts); %d came back by themselves to their own xrdp session, %d of them by reconnecting; %d were lost.",
 		onNode, len(res), o.Affected, stalled, attempts, back, reconnected, lost)
+	if len(connects) > 0 {
+		o.Notes += fmt.Sprintf(" Their RDP connections were up again through the farm %.1f s after the fault (median; worst %.1f s); the session host then took %.1f s (median; worst %.1f s) to log them back on to their desktops.",
+			o.Metrics["connected_median_s"], o.Metrics["connected_worst_s"], o.Metrics["host_part_median_s"], o.Metrics["host_part_worst_s"])
+	}
 	return o
+}
+
+// countAtMost counts the values of sorted vs at most limit.
+func countAtMost(vs []float64, limit float64) int {
+	n, _ := slices.BinarySearch(vs, math.Nextafter(limit, math.Inf(1)))
+	return n
 }
 
 func round2(v float64) float64 { return float64(int(v*100+0.5)) / 100 }

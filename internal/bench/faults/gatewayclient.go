@@ -212,3 +212,16 @@ func (c *gwClient) close() {
 	}
 	c.xvfb.Stop()
 }
+
+// reconnectedIn says whether the log FreeRDP wrote after the first from
+// bytes shows a reconnect attempt followed by a dynamic channel loaded:
+// FreeRDP loads its channels once the connection sequence through the
+// gateway to the session host is done, before the host's session
+// manager logs the user back on to their desktop.
+func reconnectedIn(log string, from int) bool {
+	if from > len(log) {
+		return false
+	}
+	_, after, ok := strings.Cut(log[from:], "Attempting reconnect")
+	return ok && strings.Contains(after, "Loading Dynamic Virtual Channel")
+}

@@ -60,6 +60,11 @@ func notes(scenarios []Scenario) []string {
 				"broker, the killed broker stays dead to the end of the storm; PostgreSQL is stopped with `pg_ctl stop -m immediate` (open connections break, new ones are refused) and started again on the same port.",
 			)
 		}
+		if s.Name == "gateway" {
+			out = append(out,
+				"gateway, node killed: a client is back at its first frame after the stall. The outcome's notes split that time in two for the clients that reconnected: from the fault to the client's RDP connection up again through the other node (FreeRDP loads its dynamic channels once the connection sequence through the gateway to the session host is done; the bench reads the client's log every 100 ms), and from there to the desktop back, which is the session host's part: xrdp hands each reconnection to xrdp-sesman, which authenticates the user and reattaches the session one at a time (its log shows them about half a second apart on this machine).",
+			)
+		}
 		if s.Name == "link" {
 			out = append(out,
 				"link: the link is cut by a fault proxy of the bench's own on loopback between the two sides: while cut it reads nothing from either side and forwards nothing, so bytes wait in the senders' socket buffers as behind a firewall dropping every packet (no reset, no FIN reaches either side); when the link returns, what waited is delivered in order. (A connection opened during the cut is accepted and held, where a dropped SYN would not be; no case opens one then.)",
