@@ -67,18 +67,21 @@ lint:
 # "N passed, N failed, N skipped".
 #
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
-# a package (e2e/main_test.go says which e2e tests do, and how those that
-# share something of the machine take turns). The e2e tests that do
-# mostly wait on protocol timers and their servers (the site tests spend
-# about a fifth of their wall time on CPU, the fault tests that judge no
-# timing about a tenth, the xrdp cases a seventh to a quarter) or boot
-# emulated guests, which take a core each and share two guest slots
-# machine-wide (a test booting two at once takes both). Three at a time:
-# TestXRDP holds one slot for its whole run (its cases take turns on
-# xrdp-sesman's port) and a guest test often another, so a third keeps
-# the remaining waiting tests going beside them; the guest slots, not
-# this number, keep emulated guests to the two cores. Tests that hold a
-# time budget run alone, before them.
+# a package; in e2e it is how many work slots its parallel tests share
+# (e2e/main_test.go says which e2e tests are parallel, and how those that
+# share something of the machine take turns), with TestXRDP, the longest
+# (its cases one after another), beside them on a slot of its own from
+# the start of the parallel part: go test wakes paused tests in no fixed
+# order, and once started TestXRDP 7 minutes in and ran alone for the
+# last 9 (e2e/slots_test.go). The e2e tests mostly wait on protocol
+# timers and their servers (the site tests spend about a fifth of their
+# wall time on CPU, the fault tests that judge no timing about a tenth,
+# the xrdp cases a seventh to a quarter) or boot emulated guests, which
+# take a core each and share two guest slots machine-wide (a test
+# booting two at once takes both). Three work slots: a guest test often
+# holds one, so the other two keep the remaining tests going beside it;
+# the guest slots, not this number, keep emulated guests to the two
+# cores. Tests that hold a time budget run alone, before them.
 TEST_PARALLEL ?= 3
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv -timeline e2e/artifacts/test-timeline.tsv

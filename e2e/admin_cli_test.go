@@ -24,7 +24,7 @@ import (
 func TestHostAndSessionCommands(t *testing.T) {
 	// Ports the kernel chose; the host it lists is a record, not a
 	// listener.
-	t.Parallel()
+	parallel(t)
 	bin := build(t)
 	dir := t.TempDir()
 	adminPort, gwPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)

@@ -116,7 +116,7 @@ func TestBootstormBenchSmoke(t *testing.T) {
 	// Its servers are on ports the kernel chose, and it judges no timing:
 	// it waits on its clients more than it computes (some 20 CPU-seconds
 	// besides the deskway link; it took 26 s alone).
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "nbd-server", "nbdkit", "qemu-nbd")
 	out := t.TempDir()
 	res := runBench(t, out, "bootstorm", "--clients", "1,3", "--readers", "2", "--read-duration", "500ms",
@@ -172,7 +172,7 @@ func TestBootstormBenchSmoke(t *testing.T) {
 // drop read data in the kernel: every client finishes and the bytes the
 // servers sent are counted.
 func TestBootstormBenchDiscardSmoke(t *testing.T) {
-	t.Parallel() // as TestBootstormBenchSmoke
+	parallel(t) // as TestBootstormBenchSmoke
 	testkit.Require(t, "qemu-nbd")
 	out := t.TempDir()
 	res := runBench(t, out, "bootstorm", "--discard-reads", "--systems", "deskway,qemu-nbd", "--clients", "2",
@@ -224,7 +224,7 @@ func TestBrokerBenchSmoke(t *testing.T) {
 	// judges no timing but the injected round trip's floor: it waits on
 	// them (a few CPU-seconds besides the deskway link; it took 19 s
 	// alone).
-	t.Parallel()
+	parallel(t)
 	out := t.TempDir()
 	res := runBench(t, out, "broker", "--mode", "placement", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
 	if res.Bench != "broker" || res.Command == "" {
@@ -274,7 +274,7 @@ func TestBrokerBenchSmoke(t *testing.T) {
 func TestBrokerBenchEndToEnd(t *testing.T) {
 	// As TestBrokerBenchSmoke; its bottleneck is the hosts' 1 s logons,
 	// which no neighbour's load shortens.
-	t.Parallel()
+	parallel(t)
 	out := t.TempDir()
 	res := runBench(t, out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
 		"--e2e-rtt", "10ms", "--logon-median", "1s", "--relaunch-share", "0.2", "--logoff-share", "0.1")
@@ -322,7 +322,7 @@ func TestBrokerBenchEndToEnd(t *testing.T) {
 func TestPortalBenchSmoke(t *testing.T) {
 	// Its servers run in the bench's process on ports the kernel chose,
 	// and it checks the result's shape, none of its figures.
-	t.Parallel()
+	parallel(t)
 	out := t.TempDir()
 	res := runBench(t, out, "portal", "--users", "30", "--sessions", "80", "--runs", "2", "--console-requests", "5", "--concurrency", "4")
 	for _, k := range []string{"portal_launches_per_s", "api_launches_per_s", "portal_ratio_api", "console_p99_ms_10k_sessions"} {

@@ -18,7 +18,7 @@ import (
 // the page showed.
 func TestConsoleBootMenu(t *testing.T) {
 	// As TestConsoleVDiskActions: a boot address of its own, no RDP.
-	t.Parallel()
+	parallel(t)
 	ctx := newBrowser(t)
 	two := strings.Replace(consoleVDisksConfig, "  netboot:", "  - {name: other, base: %[7]s}\n  netboot:", 1)
 	r := startVDiskConsole(t, two)

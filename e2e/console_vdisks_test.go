@@ -117,7 +117,7 @@ func startVDiskConsole(t *testing.T, config string) vdiskConsole {
 func TestConsoleVDiskActions(t *testing.T) {
 	// Its deskway boots on a loopback address of its own (bootAddr), its
 	// other ports the kernel chose; no RDP, no timing judged.
-	t.Parallel()
+	parallel(t)
 	ctx := newBrowser(t)
 	r := startVDiskConsole(t, consoleVDisksConfig)
 	srv, portal, stream, api := r.srv, r.portal, r.stream, r.api

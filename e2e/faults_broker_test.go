@@ -23,7 +23,7 @@ import (
 // other, broker.peers). The timings are the bench's business, not this
 // test's.
 func TestFaultsBroker(t *testing.T) {
-	t.Parallel() // asserts no timing; its brokers and PostgreSQL are on ports the kernel chose
+	parallel(t) // asserts no timing; its brokers and PostgreSQL are on ports the kernel chose
 	testkit.RequirePostgres(t)
 	out := t.TempDir()
 	res := runBench(t, out, "faults", "--scenario", "broker", "--runs", "1", "--small")

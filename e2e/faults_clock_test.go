@@ -17,7 +17,7 @@ import (
 // after the wrong cause); one 20 seconds off either way, within the
 // documented allowance, opens every tunnel.
 func TestFaultsClockStep(t *testing.T) {
-	t.Parallel() // moves only its own gateway's token clock (a flag), on ports the kernel chose
+	parallel(t) // moves only its own gateway's token clock (a flag), on ports the kernel chose
 	outs := runFaults(t, faults.Clock(), 2*time.Minute, 4)
 	for i, o := range outs {
 		m := o.Metrics

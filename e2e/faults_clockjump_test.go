@@ -17,7 +17,7 @@ import (
 // opened before go on, the broker still hears its host, and set right
 // its next token opens a tunnel.
 func TestFaultsClockJump(t *testing.T) {
-	t.Parallel() // moves only its own processes' token clocks (a flag), on ports the kernel chose
+	parallel(t) // moves only its own processes' token clocks (a flag), on ports the kernel chose
 	outs := runFaults(t, faults.ClockJump(), 3*time.Minute, 2)
 	for _, o := range outs {
 		m := o.Metrics

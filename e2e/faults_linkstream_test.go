@@ -16,7 +16,7 @@ import (
 // reads back and no read returns other bytes than the last write; the
 // longer cut makes each machine replace its connection.
 func TestFaultsLinkStream(t *testing.T) {
-	t.Parallel() // asserts no timing; its server and proxy are on ports the kernel chose
+	parallel(t) // asserts no timing; its server and proxy are on ports the kernel chose
 	outs := runFaults(t, faults.LinkStream(), 4*time.Minute, 2)
 	for _, o := range outs {
 		m := o.Metrics

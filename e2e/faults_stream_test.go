@@ -17,7 +17,7 @@ import (
 // every client goes on without an I/O error, and on a single server
 // every client goes on or is refused with the reason.
 func TestFaultsStream(t *testing.T) {
-	t.Parallel() // asserts no timing; its servers are on ports the kernel chose
+	parallel(t) // asserts no timing; its servers are on ports the kernel chose
 	bin := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

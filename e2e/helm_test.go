@@ -30,7 +30,7 @@ import (
 // the one every broker pod serves, under broker.peer_ca and
 // broker.peer_server_name.
 func TestHelmChart(t *testing.T) {
-	t.Parallel() // renders and decodes in a folder of its own
+	parallel(t) // renders and decodes in a folder of its own
 	out := t.TempDir()
 	check := exec.Command("go", "run", ".", "-repo", "../..", "-out", out)
 	check.Dir = "../tools/chartcheck"

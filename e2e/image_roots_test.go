@@ -25,7 +25,7 @@ import (
 func TestContainerImageSystemRoots(t *testing.T) {
 	// Its binary and image are its own, its ports the kernel's choice;
 	// it judges no timing.
-	t.Parallel()
+	parallel(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "podman", "dpkg-query")
 	dir := t.TempDir()

@@ -42,7 +42,7 @@ func TestContainerImage(t *testing.T) {
 	// Its gateway is on ports the kernel chose, its container and volume
 	// have names no other test uses, make image writes files of bin/ no
 	// other test writes, and it judges no timing.
-	t.Parallel()
+	parallel(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "podman", "dpkg-query")
 	// The README's lines, as written, from the top directory.

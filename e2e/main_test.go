@@ -8,9 +8,11 @@
 //
 //   - A test that only waits on its own servers, on ports the kernel
 //     chose (testkit.FreePort) and namespaces with random names, calls
-//     t.Parallel() first.
+//     parallel(t) first: t.Parallel, then a wait for one of the run's
+//     $(TEST_PARALLEL) work slots (TestMain takes go test's -parallel
+//     over for them; slots_test.go says why).
 //   - A test that needs a resource of the whole machine also calls
-//     testkit.Lock with its name, right after t.Parallel(): xrdp-sesman's
+//     testkit.Lock with its name, right after parallel(t): xrdp-sesman's
 //     port 3350 (testkit.LockSesman; testkit.StartXRDP takes it itself,
 //     a test that starts xrdp another way, such as a bench, takes it
 //     before), the fixed service ports 8443/8444/8446/9443/10809/3389 on
@@ -24,7 +26,7 @@
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
 //     spend about a tenth of their wall time on CPU and call
-//     t.Parallel(); those that hold a budget (the link cut's write
+//     parallel(t); those that hold a budget (the link cut's write
 //     timeout, the link agent's heartbeat timeout, the disk's 5 s, the
 //     gateway node's 10 s) stay serial: TestFaultsLinkCut missed its
 //     write-timeout budget at a load of 38 even alone. The link agent's
@@ -35,7 +37,7 @@
 //     result's shape and nothing of its figures, on servers at ports the
 //     kernel chose, and wait more than they compute (the boot storm's,
 //     the broker's, the netboot one's, which takes both guest slots)
-//     call t.Parallel(); those that drive xrdp (the browser's, the time to
+//     call parallel(t); those that drive xrdp (the browser's, the time to
 //     first frame's) are cases of TestXRDP (below), the session host's
 //     (a ramp of xrdp sessions that loads both cores) and the gateway's
 //     (which judges its tunnels answered in every window beside
@@ -54,7 +56,7 @@
 //     within one serial test.)
 //   - The package and image tests (TestDebianPackage, TestContainerImage,
 //     TestContainerImageSystemRoots, TestHelmChart, TestREADMEQuickstart)
-//     judge no timing and call t.Parallel(): each builds into a folder of
+//     judge no timing and call parallel(t): each builds into a folder of
 //     its own or holds lockRepoBin while a make target writes the
 //     repository's bin/deskway (make deb, make run), and the service
 //     ports and sesman locks as before.
@@ -63,13 +65,15 @@
 //     of one parallel test, TestXRDP, run one after another: each starts
 //     its own xrdp-sesman on the machine's port 3350 under
 //     testkit.LockSesman, so as parallel tests of their own, one waiting
-//     for the lock would hold a -parallel slot doing nothing. They judge
+//     for the lock would hold a -parallel slot doing nothing. TestXRDP
+//     alone calls t.Parallel without taking a work slot: the run's
+//     longest test, it starts with the parallel part. They judge
 //     no time but their own deadlines for what a person would see, and
 //     mostly wait (alone, a case spends a seventh to a quarter of its
 //     wall time on CPU, chromium and xrdp's sessions included), so they
 //     run beside the other parallel tests. The chromium tests without
 //     xrdp (the console's vDisk pages, the portal's identity providers)
-//     call t.Parallel() themselves; deskway's boot services listen on
+//     call parallel(t) themselves; deskway's boot services listen on
 //     TFTP's fixed port 69, so each of their deskways boots on a
 //     loopback address of its own (bootAddr).
 //
@@ -101,9 +105,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
+	slots, err := takeOverParallel(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
-	for _, lock := range buildLocks(dir) {
+	for _, lock := range append(buildLocks(dir), slots...) {
 		_ = os.Remove(testkit.LockFile(lock))
 	}
 	os.Exit(code)

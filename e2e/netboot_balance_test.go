@@ -22,7 +22,7 @@ import (
 // device gets lists B first. B is then killed (kill -9, so its report stays behind and goes stale): the next
 // script lists A first again, B kept last for failover.
 func TestNetbootBalancesStreamServers(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	ns := newNetns(t)
 	testkit.Require(t, "qemu-io")
 	bin := build(t)

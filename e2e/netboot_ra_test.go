@@ -29,7 +29,7 @@ import (
 // The solicitations come from Debian's rdisc6 on the far end of a veth
 // pair on the boot network's bridge.
 func TestNetbootAnswersRouterSolicitations(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "rdisc6")
 	start := func(t *testing.T, mode string) (*netns, *testkit.Process) {
 		ns := newNetns(t)

@@ -52,7 +52,7 @@ func packageUnits() []string {
 func TestDebianPackage(t *testing.T) {
 	// It judges no timing; what it shares with other tests are the
 	// service ports and the repository's bin/, which it holds.
-	t.Parallel()
+	parallel(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "dpkg", "systemd-analyze", "setpriv", "adduser", "unshare", "curl")
 	testkit.Lock(t, testkit.LockServicePorts, lockRepoBin)

@@ -22,7 +22,7 @@ import (
 func TestPortalProvidersInBrowser(t *testing.T) {
 	// Deskway, the identity provider and slapd on ports the kernel
 	// chose; no RDP.
-	t.Parallel()
+	parallel(t)
 	ctx := newBrowser(t)
 	bin := build(t)
 	dir := t.TempDir()

@@ -49,7 +49,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	// It judges no timing (its waits are a minute or two long); what it
 	// shares with other tests, xrdp's sesman, the service ports and the
 	// repository's bin/, it holds.
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
 	testkit.Lock(t, testkit.LockSesman, testkit.LockServicePorts, lockRepoBin)

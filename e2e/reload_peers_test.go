@@ -45,7 +45,7 @@ broker:
 // back to B's session rather than placing a second one. Before peers
 // were reloaded, A asked nobody until restarted, and placed a second.
 func TestReloadAddsAPeerBroker(t *testing.T) {
-	t.Parallel() // its own PostgreSQL, brokers and admin ports, all free ones
+	parallel(t) // its own PostgreSQL, brokers and admin ports, all free ones
 	bin := build(t)
 	pg := testkit.StartPostgres(t)
 	dsn := pg.NewDB(t)

@@ -40,7 +40,7 @@ const goodFrame = `IP(src=A, dst=GW)/GRE(key_present=1, key=1001, proto=0x0800)/
 // non-peers and spoofed inner sources are dropped, each counted under
 // its cause in /metrics, and none reaches a compartment.
 func TestSiteBadInput(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requireScapy(t)
 	r := newSiteRig(t)
 	attacker := "dwsx-" + r.sfx

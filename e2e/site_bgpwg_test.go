@@ -29,7 +29,7 @@ const siteBGPOverWireGuard = `    bgp:
 // it through the tenant's WireGuard interface and accepts it among the
 // office's allowed IPs, so the desktop and a host there reach each other.
 func TestSiteBGPOverWireGuard(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "wg")
 	r := newSmallSiteRig(t)
 	office := r.office["a"]

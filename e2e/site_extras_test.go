@@ -61,7 +61,7 @@ site:
 // deskway site over WireGuard, and the desktop reaches back; stopping
 // the gateway removes the interface from the tenant's namespace.
 func TestSiteWireGuardOffice(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "wg")
 	r := newSmallSiteRig(t)
 	dir := t.TempDir()
@@ -182,7 +182,7 @@ router bgp 65001
 // configuration routes; the desktop then reaches a host there through
 // the tunnel, and the route goes when the gateway stops.
 func TestSiteBGPLearnt(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newSmallSiteRig(t)
 	lan := r.officeLAN["a"]
 	r.addNS(lan)

@@ -31,7 +31,7 @@ for p in sn.results or []:
 // over IPv4 and over IPv6, comes back to the router (so routers can
 // keep keepalives on), counted, and the site shows up.
 func TestSiteKeepalive(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requireScapy(t)
 	r := newSiteRig(t)
 	for _, c := range []struct {

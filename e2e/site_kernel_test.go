@@ -86,7 +86,7 @@ func (r *siteRig) vethBytes(ns, dev string) (rx, tx uint64) {
 // veths, not the TUN devices, and the admin API counts them under the
 // kernel datapath.
 func TestSiteKernelTenantsOverlap(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newKernelSiteRig(t)
 	waitLog(t, r.gwProc, `"datapath":"kernel"`)
 	for _, x := range []string{"a", "b"} {
@@ -149,7 +149,7 @@ func TestSiteKernelTenantsOverlap(t *testing.T) {
 // so the desktop's kernel lowers its path MTU to 1400 with no drop of
 // deskway's.
 func TestSiteKernelPathMTU(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newKernelSiteRig(t)
 	for _, c := range []struct{ from, to, v string }{{"10.0.0.10", "192.168.1.10", "-4"}, {"fd00:10::10", "fd00:192::10", "-6"}} {
 		out, _ := r.exec(r.desk["a"], "busybox", "ping", "-c", "1", "-W", "2", "-s", "1400", "-I", c.from, c.to)

@@ -15,7 +15,7 @@ import (
 // drops and counts each under its cause; only the control reaches
 // tenant a, and nothing reaches b, whose prefixes are the same.
 func TestSiteKernelSpoofing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requireScapy(t)
 	r := newKernelSiteRig(t)
 	waitLog(t, r.gwProc, `"datapath":"kernel"`)

@@ -16,7 +16,7 @@ import (
 // kernel's, the namespace's kernel answers at the veth (see
 // TestSiteKernelPathMTU).
 func TestSitePathMTU(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newSiteRigDatapath(t, 1400, "userspace")
 	r.ip(r.comp["a"], "link", "set", "dw-a", "mtu", "9000")
 	for _, c := range []struct{ from, to, v string }{{"10.0.0.10", "192.168.1.10", "-4"}, {"fd00:10::10", "fd00:192::10", "-6"}} {
@@ -39,7 +39,7 @@ func TestSitePathMTU(t *testing.T) {
 // fragmented by the sending kernel (IPv4 and IPv6 underlays alike) and
 // reassembled by the receiving one before its raw socket sees them.
 func TestSiteOuterFragments(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newSiteRigMTU(t, 1500)
 	serveLetter(t, r.desk["a"], "10.0.0.10:7000", "A")
 	serveLetter(t, r.desk["b"], "10.0.0.10:7000", "B")

@@ -122,7 +122,7 @@ func (r *siteRig) reload(body, want string, n int) {
 // one changing what takes a restart, change nothing and say why. Every
 // change is in the audit trail.
 func TestSiteReload(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newSiteRig(t)
 	base, err := os.ReadFile(r.gwCfg)
 	if err != nil {

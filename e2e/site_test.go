@@ -350,7 +350,7 @@ func askLetter(t *testing.T, ns, addr string) (string, error) {
 // 10.0.0.0/24 and the same office network 192.168.1.0/24; each office
 // reaches its own tenant's desktop and never the other's.
 func TestSiteTenantsOverlap(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := newSiteRig(t)
 	serveLetter(t, r.desk["a"], "10.0.0.10:7000", "A")
 	serveLetter(t, r.desk["b"], "10.0.0.10:7000", "B")

@@ -19,7 +19,7 @@ import (
 // its TUN device, a GRE raw socket and a WireGuard interface, forwards,
 // and removes the namespace on SIGTERM.
 func TestSiteUnitCapabilities(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "setpriv", "wg")
 	u := readUnit(t, "../deploy/systemd/deskway-site.service")
 	if u.user != "deskway" || len(u.ambient) == 0 || strings.Join(u.ambient, ",") != strings.Join(u.bounding, ",") {

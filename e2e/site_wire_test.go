@@ -38,7 +38,7 @@ func (r *siteRig) metric(series string) float64 {
 // (tenant a on the kernel datapath, b, with sequence numbers, on the
 // userspace one).
 func TestSiteWire(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "tshark")
 	r := newSiteRig(t)
 	pcap := filepath.Join(t.TempDir(), "underlay.pcap")

@@ -77,7 +77,7 @@ func blockMap(t *testing.T, uri string, cmds ...string) string {
 // image and on a version whose delta changed blocks; zeroes written
 // read as zero.
 func TestStreamBlockStatusByLayer(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "nbdkit")
 	r := startStream(t, "off", "1m")
 	port := testkit.FreePort(t)

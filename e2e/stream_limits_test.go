@@ -20,7 +20,7 @@ import (
 // what they asked for: over TLS (served by goroutines) and on plain TCP
 // (served on event loops, from a write cache so no sendfile applies).
 func TestStreamGreedyReadersAreBounded(t *testing.T) {
-	t.Parallel() // its servers' own memory, on ports the kernel chose
+	parallel(t) // its servers' own memory, on ports the kernel chose
 	_, clientTLS, cert, key := testkit.TLS(t)
 	for _, tc := range []struct {
 		name  string
@@ -299,7 +299,7 @@ func greets(addr string) bool {
 func TestStreamUnauthenticatedFloodCannotEndBoots(t *testing.T) {
 	// Its server is on a port the kernel chose; the descriptor limit it
 	// lowers is that server's own.
-	t.Parallel()
+	parallel(t)
 	_, _, cert, key := testkit.TLS(t)
 	r := startStreamWith(t, "off", "5m", cert, key, "open", "  max_unauthenticated: 24\n  max_unauthenticated_per_address: 8\n")
 	a := r.uri + "/golden/vmF/boot1"

@@ -207,7 +207,7 @@ func askRead(t *testing.T, c net.Conn, n uint32) {
 // client of its own, in namespaces of their own: they run beside each
 // other and beside other tests.
 func TestStreamVanishedClientReleasesItsImages(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	t.Run("network gone with a reply in a shut window", func(t *testing.T) {
 		t.Parallel()
 		n := startNSStream(t)

@@ -13,7 +13,7 @@ import (
 // boot (deskway stream forget-lost) lets its next connection start
 // afresh, and the forgetting outlives a restart of the server.
 func TestStreamFixedNameClientGetsBack(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := startStream(t, "off", "1s")
 	a := r.uri + "/golden/vmFixed"
 	killedAfterWrite(t, a, "write -P 0x77 0 4096")

@@ -21,7 +21,7 @@ import (
 // (RSS 2.24 GB for 1 GiB of buffers); deskway stream bounds the process
 // with a Go memory limit derived from max_buffer_mb.
 func TestStreamMemoryBoundUnderChurn(t *testing.T) {
-	t.Parallel() // its server's own memory, on a port the kernel chose
+	parallel(t) // its server's own memory, on a port the kernel chose
 	_, clientTLS, cert, key := testkit.TLS(t)
 	r := startStreamWith(t, "on", "1m", cert, key, "open", "")
 	pid := r.log.Cmd.Process.Pid

@@ -36,7 +36,7 @@ stream:
 // (hundreds of MB) in the store. The next start removes it, but leaves a
 // copy another server on the shared store is still making.
 func TestStreamPartialCopiesRemovedAtStart(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testkit.Require(t, "qemu-io")
 	bin := build(t)
 	dir := t.TempDir()
@@ -131,7 +131,7 @@ func TestStreamPartialCopiesRemovedAtStart(t *testing.T) {
 // without anything made on disk for it (each used to leave a lock file,
 // without bound).
 func TestStreamMadeUpPrivateNamesLeaveNothing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := startStream(t, "off", "1m")
 	files := func() map[string]bool {
 		m := map[string]bool{}

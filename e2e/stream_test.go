@@ -16,7 +16,7 @@ import (
 )
 
 func TestStreamRealClients(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := startStream(t, "on", "1m")
 
 	t.Run("nbdinfo", func(t *testing.T) {
@@ -207,7 +207,7 @@ func TestStreamRealClients(t *testing.T) {
 }
 
 func TestStreamTLSRequired(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := startStream(t, "require", "1m")
 	plain := exec.Command("nbdinfo", r.uri+"/golden")
 	plain.Env = append(os.Environ(), "LIBNBD_DEBUG=1")
@@ -228,7 +228,7 @@ func TestStreamTLSRequired(t *testing.T) {
 // verifying the server's chain and address) write and read a boot's cache
 // over TLS, and shows that without tls-creds the server refuses it.
 func TestStreamQemuTLS(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	caDir, cert, key := testkit.CA(t)
 	r := startStreamCert(t, "require", "1m", cert, key)
 	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
@@ -255,7 +255,7 @@ func TestStreamQemuTLS(t *testing.T) {
 }
 
 func TestStreamBootEndsAfterReconnectWindow(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := startStream(t, "off", "1s")
 	a := r.uri + "/golden/vmD/boot1"
 	killedAfterWrite(t, a, "write -P 0x77 0 4096")
@@ -274,7 +274,7 @@ func TestStreamBootEndsAfterReconnectWindow(t *testing.T) {
 // be refused with the reason, never handed the base disk as if nothing
 // had been written; a new boot of the same client starts clean.
 func TestStreamRestartRefusesALostBoot(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			r := startStream(t, "off", "1m")
@@ -319,7 +319,7 @@ func TestStreamRestartRefusesALostBoot(t *testing.T) {
 // private image that does not exist yet, at once. One is the writer, the
 // other is refused, and the writer's flushed write is in the image.
 func TestStreamPrivateFirstUseRace(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	r := startStream(t, "off", "1m")
 	for round := range 3 {
 		name := fmt.Sprintf("personal/racer%d", round)
@@ -360,7 +360,7 @@ func TestStreamPrivateFirstUseRace(t *testing.T) {
 // and libnbd's tls-certificates; it opens its own boots and private
 // image only, and maintenance needs the role.
 func TestStreamClientCertificates(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	// No tls.cert: the server shows a certificate deskway's CA issued.
 	r := startStreamClients(t, "on", "1m", "", "", "certificate")
 	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")

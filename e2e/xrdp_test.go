@@ -4,12 +4,13 @@ import "testing"
 
 // TestXRDP runs, one after another, every case that starts xrdp: each
 // case's own xrdp-sesman listens on the machine's port 3350, so one runs
-// at a time (testkit.LockSesman). As one parallel test they take one of
-// the -parallel slots for their whole run while the package's other
-// parallel tests take the rest; as parallel tests of their own, one
-// waiting for the lock held a slot and did nothing. Each case is what
-// was a test of its own, with its own rig, checks and deadlines; run one
-// with -run 'TestXRDP/BrowserDesktop$'.
+// at a time (testkit.LockSesman); as parallel tests of their own, one
+// waiting for the lock held a slot and did nothing. As one parallel test
+// it is the run's longest, so it takes no work slot (see parallel): it
+// starts as the serial tests end and runs beside the tests sharing the
+// -parallel work slots. Each case is what was a test of its own, with
+// its own rig, checks and deadlines; run one with
+// -run 'TestXRDP/BrowserDesktop$'.
 func TestXRDP(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
