@@ -6,7 +6,9 @@
 // (the suite's time budget is spent there, so a run says where). It exits 1 if anything
 // failed, and, when CI is set, if anything was skipped: in CI every real
 // peer must run, and a skipped test would be a check that silently did
-// not happen.
+// not happen. An e2e test's wait for one of its run's work slots comes
+// before it starts, as go test's own wait for a -parallel slot does, and
+// is not counted in its time.
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -102,6 +105,10 @@ func writeTimes(path string, timed []event) error {
 	return writeFile(path, b.String())
 }
 
+// slotWaitLine is what an e2e test logs when it waited for one of the
+// run's work slots (e2e's parallel): time before the test started.
+var slotWaitLine = regexp.MustCompile(`waited (\S+) for a work slot`)
+
 // summarize reads go test -json from r, writes the summary to w and
 // returns the exit code and every test that ended (see timings),
 // longest first.
@@ -113,7 +120,8 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 	var ended []event           // every test and subtest that ended, with its time
 	paused := map[string]bool{} // tests that called t.Parallel
 	var waits lockWaits
-	var first, last time.Time // the run's span: go test stamps every event
+	slotWaits := map[string]time.Duration{} // by test: waits for an e2e work slot
+	var first, last time.Time               // the run's span: go test stamps every event
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -135,6 +143,9 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 		}
 		key := e.Package + "." + e.Test
 		if (e.Action == "pass" || e.Action == "fail") && e.Test != "" {
+			// A test's time starts when it has a work slot, as go test's
+			// own starts when a parallel test has a -parallel slot.
+			e.Elapsed = max(0, e.Elapsed-slotWaits[key].Seconds())
 			ended = append(ended, e)
 		}
 		switch e.Action {
@@ -154,6 +165,11 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 		case "output":
 			if e.Test != "" {
 				waits.add(e)
+				if m := slotWaitLine.FindStringSubmatch(e.Output); m != nil {
+					if d, err := time.ParseDuration(m[1]); err == nil {
+						slotWaits[key] += d
+					}
+				}
 				if out[key] == nil {
 					out[key] = &strings.Builder{}
 				}

@@ -175,3 +175,24 @@ func TestTimelineByStart(t *testing.T) {
 		t.Errorf("timeline %q, want %q", b, want)
 	}
 }
+
+// TestWorkSlotWaitNotTimed: an e2e test's wait for a work slot comes
+// before it starts, as go test's wait for a -parallel slot does: it is
+// taken off the test's time, and so off its start in the timeline.
+func TestWorkSlotWaitNotTimed(t *testing.T) {
+	in := `{"Time":"2026-11-27T18:00:00Z","Action":"output","Package":"p","Test":"TestPar","Output":"    slots_test.go:80: waited 1m40s for a work slot\n"}` + "\n" +
+		`{"Time":"2026-11-27T18:02:00Z","Action":"pass","Package":"p","Test":"TestPar","Elapsed":120}` + "\n" +
+		`{"Time":"2026-11-27T18:02:00Z","Action":"pass","Package":"p","Test":"TestAlone","Elapsed":120}` + "\n"
+	var w strings.Builder
+	_, timed := summarize(strings.NewReader(in), &w, false)
+	if !strings.Contains(w.String(), "  20.0s p TestPar\n") || !strings.Contains(w.String(), " 120.0s p TestAlone\n") {
+		t.Errorf("want TestPar timed from its slot (20 s), TestAlone whole:\n%s", w.String())
+	}
+	path := filepath.Join(t.TempDir(), "test-timeline.tsv")
+	if err := writeTimeline(path, timed); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "0.0\t120.0\tp\tTestAlone\n100.0\t120.0\tp\tTestPar\n" {
+		t.Errorf("timeline %q", b)
+	}
+}

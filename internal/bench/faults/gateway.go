@@ -144,11 +144,13 @@ func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
 		return nil, err
 	}
 	m = r.mark()
+	survivorLog := len(r.nodes[1].proc.Output())
 	t0 = time.Now()
 	_ = syscall.Kill(r.nodes[0].proc.Pid(), syscall.SIGKILL)
 	<-r.nodes[0].proc.Exited()
 	res = r.observe(ctx, t0, m, 5*time.Second, before)
 	o = r.outcome(base, "kill -9 one node", res, len(on))
+	addOpenShares(&o, openShares(r.nodes[1].proc.Output(), survivorLog))
 	o.Held = o.Metrics["sessions_lost"] == 0 && o.Metrics["back_within_10s_pct"] >= 95
 	outs = append(outs, o)
 	env.Log.Info("gateway scenario: node killed", "run", run, "affected", o.Affected, "lost", o.Metrics["sessions_lost"], "worst_s", o.RecoverS)
@@ -407,6 +409,20 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 			o.Metrics["connected_median_s"], o.Metrics["connected_worst_s"], o.Metrics["host_part_median_s"], o.Metrics["host_part_worst_s"])
 	}
 	return o
+}
+
+// addOpenShares adds to o the gateway's own share of the reconnections:
+// the open_ms of the tunnels the surviving node opened after the kill.
+func addOpenShares(o *Outcome, shares []float64) {
+	if len(shares) == 0 {
+		return
+	}
+	slices.Sort(shares)
+	o.Metrics["gateway_tunnels_opened"] = float64(len(shares))
+	o.Metrics["gateway_open_ms_median"] = round2(shares[len(shares)/2])
+	o.Metrics["gateway_open_ms_worst"] = round2(shares[len(shares)-1])
+	o.Notes += fmt.Sprintf(" The surviving node opened %d tunnels after the kill; its own share of each (from accepting the tunnel's first connection to its channel open) was %.0f ms in the median, %.0f ms at worst.",
+		len(shares), o.Metrics["gateway_open_ms_median"], o.Metrics["gateway_open_ms_worst"])
 }
 
 // countAtMost counts the values of sorted vs at most limit.

@@ -48,3 +48,21 @@ func TestOutcomeSplitsTheReconnect(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenSharesAfterTheMark: only the "tunnel open" lines written after
+// the mark count, each by its open_ms.
+func TestOpenSharesAfterTheMark(t *testing.T) {
+	before := `{"time":"t","level":"INFO","msg":"tunnel open","open_ms":900}` + "\n"
+	after := `{"time":"t","level":"INFO","msg":"tunnel closed","open_ms":5}` + "\n" +
+		`{"time":"t","level":"INFO","msg":"tunnel open","target":"127.0.0.1:3389","open_ms":41.5}` + "\n" +
+		`{"time":"t","level":"INFO","msg":"tunnel open","open_ms":12}` + "\n"
+	got := openShares(before+after, len(before))
+	if len(got) != 2 || got[0] != 41.5 || got[1] != 12 {
+		t.Errorf("openShares = %v, want [41.5 12]", got)
+	}
+	o := Outcome{Metrics: map[string]float64{}}
+	addOpenShares(&o, got)
+	if o.Metrics["gateway_open_ms_median"] != 41.5 || o.Metrics["gateway_open_ms_worst"] != 41.5 || o.Metrics["gateway_tunnels_opened"] != 2 {
+		t.Errorf("metrics %v", o.Metrics)
+	}
+}

@@ -111,3 +111,26 @@ func (r *gwRig) relayed(ctx context.Context, users []string) map[string]string {
 	}
 	return out
 }
+
+// openShares reads the open_ms of every "tunnel open" line a node's JSON
+// log gained after its first from bytes: the gateway's own share of each
+// client's wait, from accepting the tunnel's first connection to its
+// channel open.
+func openShares(log string, from int) []float64 {
+	if from > len(log) {
+		return nil
+	}
+	var shares []float64
+	for _, line := range strings.Split(log[from:], "\n") {
+		if !strings.Contains(line, `"msg":"tunnel open"`) {
+			continue
+		}
+		var rec struct {
+			OpenMS *float64 `json:"open_ms"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.OpenMS != nil {
+			shares = append(shares, *rec.OpenMS)
+		}
+	}
+	return shares
+}

@@ -62,7 +62,7 @@ func notes(scenarios []Scenario) []string {
 		}
 		if s.Name == "gateway" {
 			out = append(out,
-				"gateway, node killed: a client is back at its first frame after the stall. The outcome's notes split that time in two for the clients that reconnected: from the fault to the client's RDP connection up again through the other node (FreeRDP loads its dynamic channels once the connection sequence through the gateway to the session host is done; the bench reads the client's log every 100 ms), and from there to the desktop back, which is the session host's part: xrdp hands each reconnection to xrdp-sesman, which authenticates the user and reattaches the session one at a time (its log shows them about half a second apart on this machine).",
+				"gateway, node killed: a client is back at its first frame after the stall. The outcome's notes split that time in two for the clients that reconnected: from the fault to the client's RDP connection up again through the other node (FreeRDP loads its dynamic channels once the connection sequence through the gateway to the session host is done; the bench reads the client's log every 100 ms), and from there to the desktop back, which is the session host's part: xrdp hands each reconnection to xrdp-sesman, which authenticates the user and reattaches the session one at a time (its log shows them about half a second apart on this machine). Of the first part, the gateway's own share is read from the surviving node's log: each tunnel it opened after the kill logs `open_ms`, from accepting the tunnel's first connection (before TLS) to its channel open.",
 			)
 		}
 		if s.Name == "link" {
