@@ -127,3 +127,40 @@ func TestRoleCommandsWithTheWholeConfig(t *testing.T) {
 		t.Errorf("the refusal of an added broker section does not say why:\n%s", run.Log.String())
 	}
 }
+
+// TestReloadAskedWhileStarting: a SIGHUP that arrives while deskway is
+// still opening its roles (a unit's ExecReload, or systemctl reload as
+// soon as a port answers) is applied once every role serves, instead of
+// ending the process, SIGHUP's default. It is sent as soon as the start
+// line is logged, before the broker has opened its database and
+// listened.
+func TestReloadAskedWhileStarting(t *testing.T) {
+	parallel(t)
+	bin := build(t)
+	dir := t.TempDir()
+	adminPort, gwPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	cfg := filepath.Join(dir, "deskway.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(wholeConfig, filepath.Join(dir, "state"), adminPort, gwPort, brokerPort, webPort)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, role := range []string{"broker", "gateway", "run"} {
+		p := testkit.Start(t, nil, bin, role, "-c", cfg)
+		for deadline := time.Now().Add(15 * time.Second); !strings.Contains(p.Log.String(), `"msg":"deskway starting"`); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("deskway %s logged no start line:\n%s", role, p.Log.String())
+			}
+		}
+		if err := syscall.Kill(p.Cmd.Process.Pid, syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(15 * time.Second); !strings.Contains(p.Log.String(), "configuration reloaded"); time.Sleep(50 * time.Millisecond) {
+			if err := syscall.Kill(p.Cmd.Process.Pid, 0); err != nil || time.Now().After(deadline) {
+				t.Fatalf("deskway %s did not reload after a SIGHUP at its start (alive: %v):\n%s", role, err == nil, p.Log.String())
+			}
+		}
+		if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", adminPort), 10*time.Second); err != nil {
+			t.Fatalf("deskway %s: %v\n%s", role, err, p.Log.String())
+		}
+		stopProcess(t, p)
+	}
+}

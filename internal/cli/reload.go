@@ -206,12 +206,15 @@ func changedSecrets(a, b *config.Config) string {
 }
 
 // watchSIGHUP starts taking SIGHUP now (its default is to end the
-// process), and returns the loop that reloads on each until ctx ends.
-func (r *reloader) watchSIGHUP() func(context.Context) error {
+// process), and returns the loop that reloads on each until ctx ends and
+// the stop that gives SIGHUP back. One that arrives before the loop runs
+// waits for it.
+func (r *reloader) watchSIGHUP() (loop func(context.Context) error, stop func()) {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGHUP)
+	stop = func() { signal.Stop(ch) }
 	return func(ctx context.Context) error {
-		defer signal.Stop(ch)
+		defer stop()
 		for {
 			select {
 			case <-ctx.Done():
@@ -220,7 +223,7 @@ func (r *reloader) watchSIGHUP() func(context.Context) error {
 				_ = r.reload(ctx)
 			}
 		}
-	}
+	}, stop
 }
 
 // adminHandler serves POST /api/v1/reload on the admin API.

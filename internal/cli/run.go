@@ -41,6 +41,12 @@ type listeners struct {
 func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Writer, ready func(listeners)) error {
 	log := obs.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
 	rl := &reloader{path: path, log: log, running: cfg}
+	// SIGHUP is taken from here on: its default ends the process, and the
+	// roles listen one by one before they serve (a reload asked for as
+	// soon as a port answers, as a unit's ExecReload may, killed it).
+	// One that arrives meanwhile is applied once every role serves.
+	hup, stopHUP := rl.watchSIGHUP()
+	defer stopHUP()
 	// cfg may hold fewer roles than the file (deskway gateway): which
 	// sections the file itself has tells an added role from another's.
 	rl.fileGateway, rl.fileBroker = cfg.Gateway != nil, cfg.Broker != nil
@@ -253,7 +259,7 @@ func runRoles(ctx context.Context, path string, cfg *config.Config, stderr io.Wr
 		Throttle: auth.NewThrottle(cfg.Auth.MaxFailures, cfg.Auth.MaxFailuresPerAddress, cfg.Auth.FailureWindow.D(), nil)}
 	serve = append(serve, func(ctx context.Context) error { return admin.Serve(ctx, aln, tc) })
 	closeAll = func() {} // the servers own their listeners from here
-	serve = append(serve, rl.watchSIGHUP())
+	serve = append(serve, hup)
 	if ready != nil {
 		ready(lns)
 	}
