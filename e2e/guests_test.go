@@ -35,18 +35,26 @@ func guests(t *testing.T, n int) {
 		testkit.Lock(t, names...)
 		return
 	}
+	takeOne(t, names, "a guest slot")
+}
+
+// takeOne waits until it holds one of the named locks, for the rest of
+// t, trying each in turn; a wait of over a second is logged as "waited
+// D for what" (testsummary reads it).
+func takeOne(t *testing.T, names []string, what string) {
+	t.Helper()
 	start := time.Now()
 	for {
 		for _, name := range names {
 			if release, ok := tryLock(t, name); ok {
 				if waited := time.Since(start); waited > time.Second {
-					t.Logf("waited %s for a guest slot", waited.Round(time.Second))
+					t.Logf("waited %s for %s", waited.Round(time.Second), what)
 				}
 				t.Cleanup(release)
 				return
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

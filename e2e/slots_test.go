@@ -69,20 +69,7 @@ func parallel(t *testing.T) {
 	if err != nil || bin == "" {
 		t.Fatal(slotsEnv + " or " + binEnv + " is unset: TestMain did not run")
 	}
-	names := slotLocks(filepath.Dir(bin), n)
-	start := time.Now()
-	for {
-		for _, name := range names {
-			if release, ok := tryLock(t, name); ok {
-				if waited := time.Since(start); waited > time.Second {
-					t.Logf("waited %s for a work slot", waited.Round(time.Second))
-				}
-				t.Cleanup(release)
-				return
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	takeOne(t, slotLocks(filepath.Dir(bin), n), "a work slot")
 }
 
 // TestWorkSlotsHoldTheLimit: tests calling parallel never run more than
