@@ -36,6 +36,20 @@ web:
   listen: "127.0.0.1:%[5]d"
 `
 
+// writeWholeConfig writes wholeConfig, its state in a folder of t's, on
+// ports the kernel chose, and returns its path and the admin, gateway,
+// broker and portal ports.
+func writeWholeConfig(t *testing.T) (cfg string, adminPort, gwPort, brokerPort, webPort int) {
+	t.Helper()
+	dir := t.TempDir()
+	adminPort, gwPort, brokerPort, webPort = testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	cfg = filepath.Join(dir, "deskway.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(wholeConfig, filepath.Join(dir, "state"), adminPort, gwPort, brokerPort, webPort)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, adminPort, gwPort, brokerPort, webPort
+}
+
 // TestRoleCommandsWithTheWholeConfig: deskway-gateway.service and
 // deskway-broker.service run deskway gateway and deskway broker on the
 // package's /etc/deskway/deskway.yaml, which has every role. deskway
@@ -46,12 +60,7 @@ web:
 // added after it started.
 func TestRoleCommandsWithTheWholeConfig(t *testing.T) {
 	bin := build(t)
-	dir := t.TempDir()
-	adminPort, gwPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
-	cfg := filepath.Join(dir, "deskway.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(wholeConfig, filepath.Join(dir, "state"), adminPort, gwPort, brokerPort, webPort)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg, adminPort, gwPort, brokerPort, webPort := writeWholeConfig(t)
 	waitLog := func(p *testkit.Process, what string) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.Log.String(), what); time.Sleep(50 * time.Millisecond) {
@@ -137,12 +146,7 @@ func TestRoleCommandsWithTheWholeConfig(t *testing.T) {
 func TestReloadAskedWhileStarting(t *testing.T) {
 	parallel(t)
 	bin := build(t)
-	dir := t.TempDir()
-	adminPort, gwPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
-	cfg := filepath.Join(dir, "deskway.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(wholeConfig, filepath.Join(dir, "state"), adminPort, gwPort, brokerPort, webPort)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg, adminPort, _, _, _ := writeWholeConfig(t)
 	for _, role := range []string{"broker", "gateway", "run"} {
 		p := testkit.Start(t, nil, bin, role, "-c", cfg)
 		for deadline := time.Now().Add(15 * time.Second); !strings.Contains(p.Log.String(), `"msg":"deskway starting"`); time.Sleep(time.Millisecond) {
