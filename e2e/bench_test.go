@@ -195,11 +195,48 @@ func TestBootstormBenchDiscardSmoke(t *testing.T) {
 // runBench runs `deskway bench NAME ARGS --out out` and decodes its result.json.
 func runBench(t *testing.T, out, name string, args ...string) report.Result {
 	t.Helper()
+	return runBenchIn(t, "", out, name, args...)
+}
+
+// runBenchIn is runBench with the bench's temporary files (its
+// databases among them) in tmp, when tmp is not empty. If the test fails
+// after the bench ran, the bench's last lines are logged: its own log
+// names what it measured and what went wrong.
+func runBenchIn(t *testing.T, tmp, out, name string, args ...string) report.Result {
+	t.Helper()
 	cmd := exec.Command(build(t), append(append([]string{"bench", name}, args...), "--out", out)...)
-	if b, err := cmd.CombinedOutput(); err != nil {
+	if tmp != "" {
+		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	}
+	b, err := cmd.CombinedOutput()
+	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, lastLines(string(b), 40))
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the bench's last lines:\n%s", lastLines(string(b), 30))
+		}
+	})
 	return readResult(t, out)
+}
+
+// memoryDir is a temporary folder in memory (/dev/shm). A smoke test of
+// a bench that runs a durable PostgreSQL keeps its database there: on
+// disk, its commits' fsyncs wait behind whatever the rest of the run has
+// written (the qemu guests' disks), and a stall of tens of seconds then
+// turns a shape check into a timing one.
+func memoryDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/dev/shm", "deskway-e2e-")
+	if err == nil {
+		// Open to all as /tmp is: PostgreSQL runs as its own user.
+		err = os.Chmod(d, 0o1777)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }
 
 // readResult decodes the result.json a bench wrote into out.
@@ -226,7 +263,7 @@ func TestBrokerBenchSmoke(t *testing.T) {
 	// alone).
 	parallel(t)
 	out := t.TempDir()
-	res := runBench(t, out, "broker", "--mode", "placement", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
+	res := runBenchIn(t, memoryDir(t), out, "broker", "--mode", "placement", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
 	if res.Bench != "broker" || res.Command == "" {
 		t.Fatalf("header: %+v", res)
 	}
@@ -276,7 +313,7 @@ func TestBrokerBenchEndToEnd(t *testing.T) {
 	// which no neighbour's load shortens.
 	parallel(t)
 	out := t.TempDir()
-	res := runBench(t, out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
+	res := runBenchIn(t, memoryDir(t), out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
 		"--e2e-rtt", "10ms", "--logon-median", "1s", "--relaunch-share", "0.2", "--logoff-share", "0.1")
 	for _, k := range []string{"e2e_rtt10_c60_launches_per_s", "e2e_median_ms"} {
 		if res.Summary[k] <= 0 {
