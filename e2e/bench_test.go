@@ -195,18 +195,30 @@ func TestBootstormBenchDiscardSmoke(t *testing.T) {
 // runBench runs `deskway bench NAME ARGS --out out` and decodes its result.json.
 func runBench(t *testing.T, out, name string, args ...string) report.Result {
 	t.Helper()
-	return runBenchIn(t, "", out, name, args...)
+	return runBenchIn(t, benchPlace{}, out, name, args...)
 }
 
-// runBenchIn is runBench with the bench's temporary files (its
-// databases among them) in tmp, when tmp is not empty. If the test fails
-// after the bench ran, the bench's last lines are logged: its own log
-// names what it measured and what went wrong.
-func runBenchIn(t *testing.T, tmp, out, name string, args ...string) report.Result {
+// benchPlace is where a bench runs, when not where the test does.
+type benchPlace struct {
+	// tmp holds the bench's temporary files (its databases among them).
+	tmp string
+	// ns is the xrdp setup's namespace: a bench that starts xrdp, whose
+	// sessions only an agent in ns then reads.
+	ns *testkit.XRDPNamespace
+}
+
+// runBenchIn is runBench with the bench run at. If the test fails after
+// the bench ran, the bench's last lines are logged: its own log names
+// what it measured and what went wrong.
+func runBenchIn(t *testing.T, at benchPlace, out, name string, args ...string) report.Result {
 	t.Helper()
-	cmd := exec.Command(build(t), append(append([]string{"bench", name}, args...), "--out", out)...)
-	if tmp != "" {
-		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	argv := append(append([]string{build(t), "bench", name}, args...), "--out", out)
+	if at.ns != nil {
+		argv = at.ns.Command(argv[0], argv[1:]...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if at.tmp != "" {
+		cmd.Env = append(os.Environ(), "TMPDIR="+at.tmp)
 	}
 	b, err := cmd.CombinedOutput()
 	if err != nil {
@@ -263,7 +275,7 @@ func TestBrokerBenchSmoke(t *testing.T) {
 	// alone).
 	parallel(t)
 	out := t.TempDir()
-	res := runBenchIn(t, memoryDir(t), out, "broker", "--mode", "placement", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
+	res := runBenchIn(t, benchPlace{tmp: memoryDir(t)}, out, "broker", "--mode", "placement", "--hosts", "6", "--launches", "150", "--concurrency", "4,12", "--rtt", "20ms")
 	if res.Bench != "broker" || res.Command == "" {
 		t.Fatalf("header: %+v", res)
 	}
@@ -313,7 +325,7 @@ func TestBrokerBenchEndToEnd(t *testing.T) {
 	// which no neighbour's load shortens.
 	parallel(t)
 	out := t.TempDir()
-	res := runBenchIn(t, memoryDir(t), out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
+	res := runBenchIn(t, benchPlace{tmp: memoryDir(t)}, out, "broker", "--mode", "e2e", "--hosts", "4", "--e2e-launches", "160", "--e2e-concurrency", "60",
 		"--e2e-rtt", "10ms", "--logon-median", "1s", "--relaunch-share", "0.2", "--logoff-share", "0.1")
 	for _, k := range []string{"e2e_rtt10_c60_launches_per_s", "e2e_median_ms"} {
 		if res.Summary[k] <= 0 {
@@ -386,12 +398,14 @@ func TestPortalBenchSmoke(t *testing.T) {
 // summary keys docs/benchmarks/browser is read by, and that chromium,
 // which negotiates permessage-deflate, is sent fewer bytes with
 // compression on than off in every run while its frames keep coming.
-func testBrowserBenchSmoke(t *testing.T) {
+// It runs in a namespace of xs, the machine's setup (MachineXRDP): the
+// bench starts xrdp from /etc/xrdp, and not while a session manager
+// listens on port 3350.
+func testBrowserBenchSmoke(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "chromium", "import")
-	testkit.RequireRoot(t)
-	testkit.Lock(t, testkit.LockSesman)
+	ns := testkit.NewXRDPNamespace(t, xs)
 	out := t.TempDir()
-	res := runBench(t, out, "browser", "--runs", "2", "--window", "2s")
+	res := runBenchIn(t, benchPlace{ns: ns}, out, "browser", "--runs", "2", "--window", "2s")
 	for _, k := range []string{"browser_first_frame_s", "xfreerdp_first_frame_s", "first_frame_ratio", "gateway_cpu_ratio_tsgu", "browser_fps", "xfreerdp_fps",
 		"bytes_ratio_tsgu", "bytes_ratio_tsgu_worst", "gateway_cpu_ratio_tsgu_off", "bytes_ratio_tsgu_off", "bytes_ratio_tsgu_no_context_takeover"} {
 		if v, ok := res.Summary[k]; !ok || v <= 0 {
@@ -438,7 +452,8 @@ func testBrowserBenchSmoke(t *testing.T) {
 func TestSessionhostBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
 	testkit.RequireRoot(t)
-	testkit.Lock(t, testkit.LockSesman)
+	// Its broker's agent reads every xrdp session on the machine.
+	testkit.Lock(t, testkit.LockSesman, testkit.LockSesmanSecond)
 	out := t.TempDir()
 	// The broker ramp checks the stop at the session limit; the machine
 	// runs other tests beside it, whose waiting is no business of the

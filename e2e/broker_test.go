@@ -58,8 +58,8 @@ agent:
 // an .rdp file, xfreerdp opens it through the gateway with the token in
 // it, the agent reports the logon, then the disconnect, and a relaunch
 // returns the same session on the same host, which xfreerdp reconnects to.
-func testBrokerLaunchThroughGatewayToXRDP(t *testing.T) {
-	b := newBrokerRig(t)
+func testBrokerLaunchThroughGatewayToXRDP(t *testing.T, xs testkit.XRDPSetup) {
+	b := newBrokerRig(t, xs)
 	r, dir, rdpPort := b.rig, b.dir, b.rdpPort
 	launch, sessionState, waitState := b.launch, b.sessionState, b.waitState
 	first := launch()
@@ -112,11 +112,11 @@ type brokerRig struct {
 	hc                             *http.Client
 }
 
-func newBrokerRig(t *testing.T) *brokerRig { return newBrokerRigWith(t, nil) }
+func newBrokerRig(t *testing.T, xs testkit.XRDPSetup) *brokerRig { return newBrokerRigWith(t, xs, nil) }
 
 // newBrokerRigWith is newBrokerRig with its config changed by edit.
-func newBrokerRigWith(t *testing.T, edit func(string) string) *brokerRig {
-	r, rdpPort := newRDPRig(t)
+func newBrokerRigWith(t *testing.T, xs testkit.XRDPSetup, edit func(string) string) *brokerRig {
+	r, rdpPort := newRDPRig(t, xs)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
 	ports := testkit.FreePorts(t, 3)
@@ -138,7 +138,9 @@ func newBrokerRigWith(t *testing.T, edit func(string) string) *brokerRig {
 		t.Fatalf("deskway token join: %v %s", err, out)
 	}
 	write(strings.TrimSpace(string(out)))
-	r.gwLog = testkit.Start(t, nil, r.bin, "run", "-c", r.cfg)
+	// In xrdp's namespace, where its agent reads the sessions of this
+	// test's xrdp only.
+	r.gwLog = r.xrdp.NS.Start(t, nil, r.bin, "run", "-c", r.cfg)
 	// The gateway listens before the broker has migrated its store: wait for both.
 	for _, addr := range []string{r.gw, fmt.Sprintf("127.0.0.1:%d", brokerPort)} {
 		if err := testkit.WaitPort(addr, 20*time.Second); err != nil {

@@ -45,10 +45,10 @@ const slowClipboardAnswer = `(async () => {
 // testBrowserDesktopClipboardResizeKeys, whose copy comes right after
 // the session's clipboard starts. The page's answer is slowed here so
 // that the copy always lands in that moment.
-func testBrowserClipboardOfferAtConnect(t *testing.T) {
+func testBrowserClipboardOfferAtConnect(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "xclip", "xlsatoms")
 	ctx := newBrowser(t)
-	b := newBrowserRigRedirecting(t, "clipboard")
+	b := newBrowserRigRedirecting(t, xs, "clipboard")
 	b.signIn(t, ctx)
 	tab := b.openInBrowser(t, ctx)
 	allowClipboard(t, tab, b.portal)

@@ -105,9 +105,9 @@ func (b *browserRig) endSession(t *testing.T) {
 // keyboard event. Before, the client sent layout 0, xrdp mapped the keys
 // as US English (ö came out as ;, z as y) and dropped characters with no
 // key.
-func testBrowserKeyboardLayouts(t *testing.T) {
+func testBrowserKeyboardLayouts(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowserWith(t, chromedp.Flag("lang", "de-DE"), chromedp.Flag("accept-lang", "de-DE,de"))
-	b := newBrowserRig(t)
+	b := newBrowserRig(t, xs)
 	// A UTF-8 locale, so that the xterm writes what it gets as UTF-8.
 	wm := "#!/bin/sh\nexport LANG=C.UTF-8 LC_ALL=C.UTF-8\nexec xterm -u8 -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; cat > $HOME/typed.txt'\n"
 	if err := os.WriteFile("/home/"+b.xrdp.User+"/startwm.sh", []byte(wm), 0o755); err != nil {
@@ -171,9 +171,9 @@ func testBrowserKeyboardLayouts(t *testing.T) {
 // than guess the portal's name, which xrdp refuses with its own login
 // dialog inside the desktop once the one-time pass is spent; and it is
 // laid out as a column, each label above its field.
-func testBrowserLogonForm(t *testing.T) {
+func testBrowserLogonForm(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
-	b := newBrowserRigWith(t, "drives", func(cfg string) string {
+	b := newBrowserRigWith(t, xs, "drives", func(cfg string) string {
 		return strings.Replace(cfg, "{name: desk, groups: [staff]}", "{name: desk, groups: [staff], host_username: none}", 1)
 	})
 	b.signIn(t, ctx)
@@ -201,9 +201,9 @@ func testBrowserLogonForm(t *testing.T) {
 // physical keys (2, Q, 9, AltGr+E on the client's US keyboard) reach the
 // session's xterm as the same characters. xfreerdp has no key without a
 // physical key, so the Unicode character is left out.
-func testXfreerdpKeyboardLayout(t *testing.T) {
+func testXfreerdpKeyboardLayout(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "xfreerdp", "xdotool")
-	b := newBrowserRig(t)
+	b := newBrowserRig(t, xs)
 	wm := "#!/bin/sh\nexport LANG=C.UTF-8 LC_ALL=C.UTF-8\nexec xterm -u8 -geometry 80x24+10+10 -bg navy -fg white -e 'echo DESKWAY-E2E; cat > $HOME/typed.txt'\n"
 	if err := os.WriteFile("/home/"+b.xrdp.User+"/startwm.sh", []byte(wm), 0o755); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/deskway/deskway/internal/testkit"
 )
 
 // refusedWords is what the browser desktop page says when the desktop
@@ -21,9 +22,9 @@ const refusedWords = "The desktop refused that user name or password. Try again.
 // session's channel server to speak on the clipboard channel
 // (gateway.browser_logon_timeout, 10s here) and otherwise ends the
 // session with a close code the page reads.
-func testBrowserWrongPassword(t *testing.T) {
+func testBrowserWrongPassword(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
-	b := newBrowserRigWith(t, "clipboard", func(cfg string) string {
+	b := newBrowserRigWith(t, xs, "clipboard", func(cfg string) string {
 		return strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_logon_timeout: 10s\n", 1)
 	})
 	b.signIn(t, ctx)

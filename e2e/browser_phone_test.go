@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
+	"github.com/deskway/deskway/internal/testkit"
 )
 
 // phone makes the tab a phone's: 375 by 667 CSS pixels at twice the
@@ -163,12 +164,12 @@ func abs(n int) int {
 // console's tables scrolling inside their own box. Before, the desktop
 // was a 640-pixel session shrunk to 58 %, there was no keyboard button,
 // a long press did nothing and the hosts page was 1,068 pixels wide.
-func testBrowserDesktopOnPhone(t *testing.T) {
+func testBrowserDesktopOnPhone(t *testing.T, xs testkit.XRDPSetup) {
 	// A French phone: the page picks the French layout from its language,
 	// which the session needs for é (xrdp types a Unicode character by
 	// the keys of the session's layout that make it).
 	ctx := newBrowserWith(t, chromedp.Flag("lang", "fr-FR"), chromedp.Flag("accept-lang", "fr-FR,fr"))
-	b := newBrowserRigWith(t, "drives", func(cfg string) string {
+	b := newBrowserRigWith(t, xs, "drives", func(cfg string) string {
 		cfg = strings.Replace(cfg, "  users:\n", "  users:\n  - {name: ada, password: \"Ada-Admin-1\", groups: [admins]}\n", 1)
 		return cfg + "  console: {admins: [admins]}\n"
 	})

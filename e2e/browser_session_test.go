@@ -29,10 +29,10 @@ import (
 // text copied in the browser is on the session's; the on-screen
 // Ctrl+Alt+Del and Windows-key buttons press those keys in the session;
 // and a smaller window resizes the session's screen to it.
-func testBrowserDesktopClipboardResizeKeys(t *testing.T) {
+func testBrowserDesktopClipboardResizeKeys(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "xclip", "xinput", "xdpyinfo")
 	ctx := newBrowser(t)
-	b := newBrowserRigRedirecting(t, "clipboard")
+	b := newBrowserRigRedirecting(t, xs, "clipboard")
 	b.signIn(t, ctx)
 	tab := b.openInBrowser(t, ctx)
 	allowClipboard(t, tab, b.portal)

@@ -53,25 +53,25 @@ type browserRig struct {
 	portal string
 }
 
-func newBrowserRig(t *testing.T) *browserRig {
+func newBrowserRig(t *testing.T, xs testkit.XRDPSetup) *browserRig {
 	// The clipboard is withheld: the gateway renames the browser's
 	// clipboard channel, and the session must work regardless.
-	return newBrowserRigRedirecting(t, "drives")
+	return newBrowserRigRedirecting(t, xs, "drives")
 }
 
 // newBrowserRigRedirecting is the browser rig whose connection policy
 // allows the redirection classes in redirection (a YAML list's items).
-func newBrowserRigRedirecting(t *testing.T, redirection string) *browserRig {
-	return newBrowserRigWith(t, redirection, nil)
+func newBrowserRigRedirecting(t *testing.T, xs testkit.XRDPSetup, redirection string) *browserRig {
+	return newBrowserRigWith(t, xs, redirection, nil)
 }
 
 // newBrowserRigWith is newBrowserRigRedirecting with edit applied to the
 // configuration last.
-func newBrowserRigWith(t *testing.T, redirection string, edit func(string) string) *browserRig {
+func newBrowserRigWith(t *testing.T, xs testkit.XRDPSetup, redirection string, edit func(string) string) *browserRig {
 	webPort := testkit.FreePort(t)
 	portal := fmt.Sprintf("https://127.0.0.1:%d", webPort)
 	pin := xrdpCertSHA256(t)
-	b := newBrokerRigWith(t, func(cfg string) string {
+	b := newBrokerRigWith(t, xs, func(cfg string) string {
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "gateway:\n", "gateway:\n  browser_origins: [\""+portal+"\"]\n", 1)
 		cfg = strings.Replace(cfg, "hosts: [127.0.0.1], ports:", "hosts: [127.0.0.1], host_certificate_sha256: ["+pin+"], ports:", 1)
@@ -232,9 +232,9 @@ func canvasPNG(t *testing.T, ctx context.Context) image.Image {
 // drawn in the tab through the gateway's /rdp, typing that reaches the
 // session's xterm, and the canvas compared pixel by pixel with the
 // session's own screen.
-func testBrowserDesktop(t *testing.T) {
+func testBrowserDesktop(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
-	b := newBrowserRig(t)
+	b := newBrowserRig(t, xs)
 	b.signIn(t, ctx)
 	shot(t, ctx, b.artifacts, "browser-1-desktops")
 	mark := b.logMark()
@@ -448,9 +448,9 @@ func far(a, b uint32) bool {
 // reads the page's message: a pass that is not valid, a pass that has
 // expired, a pass for another host, a host no resource policy allows,
 // and the portal reached at an origin the gateway does not list.
-func testBrowserRefusalsShown(t *testing.T) {
+func testBrowserRefusalsShown(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
-	b := newBrowserRig(t)
+	b := newBrowserRig(t, xs)
 	b.signIn(t, ctx)
 	mint := func(host string, port int, ttl string) string {
 		out, err := exec.Command(b.bin, "token", "-c", b.cfg, "--user", b.xrdp.User, "--host", host, "--port", fmt.Sprint(port), "--ttl", ttl).CombinedOutput()

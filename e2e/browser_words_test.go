@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
+	"github.com/deskway/deskway/internal/testkit"
 )
 
 // internalText is what text written for programs looks like: source
@@ -27,9 +28,9 @@ var internalText = regexp.MustCompile(`crates/|@ |: EOF|read frame|not enough by
 // administrator's disconnect, the user's own logoff (Ctrl+D ends the
 // session's only program, as exit ends a shell), and signing out. Each
 // says what happened in a sentence and none shows an internal string.
-func testBrowserEndsInWords(t *testing.T) {
+func testBrowserEndsInWords(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
-	b := newBrowserRig(t)
+	b := newBrowserRig(t, xs)
 	b.signIn(t, ctx)
 	admin := func(method, path, body string, out any) {
 		t.Helper()

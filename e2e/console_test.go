@@ -25,7 +25,7 @@ import (
 // disconnects the tunnel (both visible in the admin API and in the audit
 // trail under the admin's name), and the helpdesk agent sees no drain
 // and is refused one.
-func testConsoleInBrowser(t *testing.T) {
+func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
 	webPort, streamPort := testkit.FreePort(t), testkit.FreePort(t)
 	base := filepath.Join(t.TempDir(), "golden.img")
@@ -36,7 +36,7 @@ func testConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	boot := bootAddr()
-	b := newBrokerRigWith(t, func(cfg string) string {
+	b := newBrokerRigWith(t, xs, func(cfg string) string {
 		// Network boot on loopback, for the devices list (the boot tests
 		// run it for real in a network namespace).
 		cfg += fmt.Sprintf("stream:\n  listen: \"%[1]s:%[2]d\"\n  clients: open\n  tls: \"off\"\n  vdisks:\n  - {name: golden, base: %[3]s, description: the office image}\n"+

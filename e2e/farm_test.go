@@ -46,9 +46,9 @@ gateway:
 // HAProxy answers show info, and a node drained as docs/operations.md's
 // upgrade steps say gets no new tunnel. Then one node is killed, and new
 // connections still reach the desktop through the other.
-func testGatewayFarmBehindHAProxy(t *testing.T) {
+func testGatewayFarmBehindHAProxy(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "haproxy")
-	r, rdpPort := newRDPRig(t)
+	r, rdpPort := newRDPRig(t, xs)
 	_, _, cert, key := testkit.TLS(t)
 	ports := []int{testkit.FreePort(t), testkit.FreePort(t)}
 	var nodes []*testkit.Process

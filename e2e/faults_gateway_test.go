@@ -24,7 +24,9 @@ import (
 func TestFaultsGatewayNodeDies(t *testing.T) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "xrdp", "xrdp-sesman", "xterm", "haproxy")
 	testkit.RequireRoot(t)
-	testkit.Lock(t, testkit.LockSesman)
+	// It reads the users' sessions from the machine's /proc, beside
+	// which no other setup's sessions run.
+	testkit.Lock(t, testkit.LockSesman, testkit.LockSesmanSecond)
 	env := faults.Env{
 		Log:   slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Bin:   build(t),

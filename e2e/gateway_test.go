@@ -44,19 +44,19 @@ gateway:
 
 // newRDPRig starts xrdp and Xvfb for a test that drives xfreerdp, and
 // returns the rig and xrdp's port.
-func newRDPRig(t *testing.T) (*rig, int) {
+func newRDPRig(t *testing.T, xs testkit.XRDPSetup) (*rig, int) {
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp")
 	testkit.RequireRoot(t)
 	r := &rig{bin: build(t), artifacts: filepath.Join("artifacts", t.Name()), consent: "y\n"}
 	_ = os.RemoveAll(r.artifacts)
 	rdpPort := testkit.FreePort(t)
-	r.xrdp = testkit.StartXRDP(t, rdpPort)
+	r.xrdp = testkit.StartXRDP(t, xs, rdpPort)
 	r.display = testkit.Xvfb(t)
 	return r, rdpPort
 }
 
-func setup(t *testing.T) *rig {
-	r, rdpPort := newRDPRig(t)
+func setup(t *testing.T, xs testkit.XRDPSetup) *rig {
+	r, rdpPort := newRDPRig(t, xs)
 	dir := t.TempDir()
 	_, _, cert, key := testkit.TLS(t)
 	ports := testkit.FreePorts(t, 2)
@@ -200,8 +200,8 @@ func (r *rig) gatewayLogHas(t *testing.T, mark int, parts ...string) {
 	t.Fatalf("gateway log has no line with %q since the subtest began\n%s", parts, lastLines(r.gwLog.Log.String()[mark:], 20))
 }
 
-func testXFreeRDPThroughGateway(t *testing.T) {
-	r := setup(t)
+func testXFreeRDPThroughGateway(t *testing.T, xs testkit.XRDPSetup) {
+	r := setup(t, xs)
 	_, rdpPort, _ := strings.Cut(r.xrdp.Addr, ":")
 	target := "/v:" + r.xrdp.Addr
 	ntlm := []string{"/g:" + r.gw, "/gu:gwuser", "/gp:Gw-Pass-123"}

@@ -12,12 +12,15 @@
 //     $(TEST_PARALLEL) work slots (TestMain takes go test's -parallel
 //     over for them; slots_test.go says why).
 //   - A test that needs a resource of the whole machine also calls
-//     testkit.Lock with its name, right after parallel(t): xrdp-sesman's
-//     port 3350 (testkit.LockSesman; testkit.StartXRDP takes it itself,
-//     a test that starts xrdp another way, such as a bench, takes it
-//     before), the fixed service ports 8443/8444/8446/9443/10809/3389 on
-//     the host (testkit.LockServicePorts). Locks are files under
-//     os.TempDir(), so they hold across test processes too.
+//     testkit.Lock with its name, right after parallel(t): an xrdp
+//     setup (testkit.LockSesman for the machine's own, sesman on port
+//     3350; testkit.StartXRDP and testkit.NewXRDPNamespace take a
+//     setup's lock themselves; a test whose deskway agent reads every
+//     xrdp session on the machine, such as make run's or a bench's,
+//     takes every setup's), the fixed service ports
+//     8443/8444/8446/9443/10809/3389 on the host
+//     (testkit.LockServicePorts). Locks are files under os.TempDir(), so
+//     they hold across test processes too.
 //   - A test that measures time against a budget (a failover within 3 s,
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
@@ -62,16 +65,27 @@
 //     ports and sesman locks as before.
 //   - The tests that start xrdp (with xfreerdp, chromium or a bench
 //     driving it: the browser and ttff bench smokes too) are the cases
-//     of one parallel test, TestXRDP, run one after another: each starts
-//     its own xrdp-sesman on the machine's port 3350 under
-//     testkit.LockSesman, so as parallel tests of their own, one waiting
-//     for the lock would hold a -parallel slot doing nothing. TestXRDP
-//     alone calls t.Parallel without taking a work slot: the run's
-//     longest test, it starts with the parallel part. They judge
-//     no time but their own deadlines for what a person would see, and
-//     mostly wait (alone, a case spends a seventh to a quarter of its
-//     wall time on CPU, chromium and xrdp's sessions included), so they
-//     run beside the other parallel tests. The chromium tests without
+//     of two parallel tests, TestXRDP and TestXRDPBeside, each running
+//     its cases one after another on an xrdp setup of its own
+//     (testkit.XRDPSetup), and neither takes a work slot: the run's
+//     longest tests, they start with the parallel part. TestXRDP's
+//     setup is the machine's configuration (sesman on port 3350),
+//     TestXRDPBeside's a copy of it with sesman on port 3351, X displays
+//     from :200 and the account dwtest2.
+//     A case's xrdp, sesman, sessions and deskway agent run in a mount
+//     and PID namespace of the case's (testkit.XRDPNamespace): xrdp
+//     reads sesman's port from /etc/xrdp/sesman.ini, a path compiled
+//     in, which the second setup's namespace binds its copy over, and
+//     the agent counts every X server an xrdp-sesman started as a
+//     session of its host, which in its namespace are its own case's.
+//     As parallel tests of their own, one waiting for its setup's lock
+//     would hold a -parallel slot doing nothing. They judge no time but
+//     their own deadlines for what a person would see, and mostly wait
+//     (alone, a case spends a seventh to a quarter of its wall time on
+//     CPU, chromium and xrdp's sessions included), so the two run beside
+//     each other and the other parallel tests. Select a case by its
+//     name in either: -run 'TestXRDP/BrowserDesktop$' matches both
+//     tests' names. The chromium tests without
 //     xrdp (the console's vDisk pages, the portal's identity providers)
 //     call parallel(t) themselves; deskway's boot services listen on
 //     TFTP's fixed port 69, so each of their deskways boots on a

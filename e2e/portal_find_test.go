@@ -58,10 +58,10 @@ func waitShown(t *testing.T, ctx context.Context, what string, want ...string) {
 // type, and after they launch one, lists it first with when it was used;
 // with script off, the same search goes to the portal as ?q= and the page
 // comes back narrowed.
-func testPortalFindAndRecentFirst(t *testing.T) {
+func testPortalFindAndRecentFirst(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
 	webPort := testkit.FreePort(t)
-	b := newBrokerRigWith(t, func(cfg string) string {
+	b := newBrokerRigWith(t, xs, func(cfg string) string {
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "  - {name: desk, groups: [staff]}\n", findGroups, 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)

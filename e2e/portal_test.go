@@ -82,10 +82,10 @@ func shot(t *testing.T, ctx context.Context, dir, name string) {
 // through the gateway to the xrdp desktop, the desktop shown as
 // disconnected afterwards, and sign-out. A cross-site form post to the
 // portal is refused.
-func testPortalSignInLaunchAndConnect(t *testing.T) {
+func testPortalSignInLaunchAndConnect(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
 	webPort := testkit.FreePort(t)
-	b := newBrokerRigWith(t, func(cfg string) string {
+	b := newBrokerRigWith(t, xs, func(cfg string) string {
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  title: Deskway test portal\n", webPort)
 	})

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/deskway/deskway/internal/testkit"
 )
 
 // testRDPServiceDownTurnsHostUnhealthy stops a real xrdp under a
@@ -17,8 +19,8 @@ import (
 // unhealthy saying why, and a launch is refused rather than placed on a
 // host nobody can reach; xrdp started again makes it healthy and a
 // launch lands there again.
-func testRDPServiceDownTurnsHostUnhealthy(t *testing.T) {
-	b := newBrokerRig(t)
+func testRDPServiceDownTurnsHostUnhealthy(t *testing.T, xs testkit.XRDPSetup) {
+	b := newBrokerRig(t, xs)
 	b.waitHost(func(h map[string]any) bool { return h != nil && h["unhealthy"] == "" }, "registered and healthy")
 	why := fmt.Sprintf("RDP service not answering on port %d", b.rdpPort)
 	b.xrdp.Stop()

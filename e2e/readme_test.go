@@ -48,11 +48,12 @@ func readmeBlocks(t *testing.T) map[string]string {
 func TestREADMEQuickstart(t *testing.T) {
 	// It judges no timing (its waits are a minute or two long); what it
 	// shares with other tests, xrdp's sesman, the service ports and the
-	// repository's bin/, it holds.
+	// repository's bin/, it holds. It holds the other xrdp setup's lock
+	// too: make run's agent reads every xrdp session on the machine.
 	parallel(t)
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
-	testkit.Lock(t, testkit.LockSesman, testkit.LockServicePorts, lockRepoBin)
+	testkit.Lock(t, testkit.LockSesman, testkit.LockSesmanSecond, testkit.LockServicePorts, lockRepoBin)
 	blocks := readmeBlocks(t)
 	for _, name := range []string{"run", "portal", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
 		if blocks[name] == "" {

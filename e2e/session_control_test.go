@@ -20,9 +20,9 @@ import (
 // user's screen, through xfreerdp), the disconnect drops the client and
 // keeps the session, and the logoff leaves no process of the user on the
 // host and ends the broker's record.
-func testSessionControlOnXRDP(t *testing.T) {
+func testSessionControlOnXRDP(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "xmessage", "xwininfo", "xrdp-dis")
-	b := newBrokerRig(t)
+	b := newBrokerRig(t, xs)
 	lr := b.launch()
 	rdp := filepath.Join(b.dir, "desk.rdp")
 	if err := os.WriteFile(rdp, []byte(lr.RDP), 0o600); err != nil {

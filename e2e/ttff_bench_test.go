@@ -16,12 +16,14 @@ import (
 // tunnel opened by the gateway (its open_ms read from its log), the
 // legacy transport's two connections to the gateway and the others'
 // one, and the summary keys docs/benchmarks/gateway/ttff is read by.
-func testTTFFBenchSmoke(t *testing.T) {
+// It runs in a namespace of xs, the machine's setup (MachineXRDP): the
+// bench starts xrdp from /etc/xrdp, and not while a session manager
+// listens on port 3350.
+func testTTFFBenchSmoke(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "strace", "haproxy")
-	testkit.RequireRoot(t)
-	testkit.Lock(t, testkit.LockSesman)
+	ns := testkit.NewXRDPNamespace(t, xs)
 	out := t.TempDir()
-	res := runBench(t, out, "ttff", "--runs", "1")
+	res := runBenchIn(t, benchPlace{ns: ns}, out, "ttff", "--runs", "1")
 	if res.Bench != "ttff" || res.Command == "" {
 		t.Fatalf("header: %+v", res)
 	}

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -127,15 +128,35 @@ func (p *Proc) Tail(n int) string {
 // busy: after as many killed sessions as sesman has displays, it
 // refuses every login ("no display in range is available").
 func RemoveStaleX(first, last int) {
+	removeX(first, last, func(lock, _ string) bool {
+		b, err := os.ReadFile(lock)
+		if err != nil {
+			return !os.IsNotExist(err) // unreadable: leave it be
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0 && syscall.Kill(pid, 0) == nil
+	})
+}
+
+// RemoveUnansweringX is RemoveStaleX for displays whose servers ran in
+// another PID namespace, whose lock files name pids of that namespace:
+// a display is alive while its socket takes connections.
+func RemoveUnansweringX(first, last int) {
+	removeX(first, last, func(_, sock string) bool {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+}
+
+func removeX(first, last int, alive func(lock, sock string) bool) {
 	for n := first; n <= last; n++ {
 		lock := fmt.Sprintf("/tmp/.X%d-lock", n)
 		sock := fmt.Sprintf("/tmp/.X11-unix/X%d", n)
-		if b, err := os.ReadFile(lock); err == nil {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
-				continue // its server is running
-			}
-		} else if !os.IsNotExist(err) {
+		if alive(lock, sock) {
 			continue
 		}
 		_ = os.Remove(lock)

@@ -13,9 +13,14 @@ import (
 // uses one of them, directly or through a command it starts, takes its
 // lock; tests that take none may run beside anything.
 const (
-	// LockSesman: xrdp-sesman listens on port 3350 on every address, so
-	// one xrdp (with its sesman) runs on the machine at a time.
+	// LockSesman is MachineXRDP's: xrdp-sesman on port 3350, from the
+	// machine's /etc/xrdp, so one such xrdp (a test's, make run's, a
+	// bench's) runs at a time.
 	LockSesman = "xrdp-sesman"
+	// LockSesmanSecond is SecondXRDP's. A test whose programs read every
+	// xrdp session on the machine (a deskway agent outside an
+	// XRDPNamespace: make run's, a bench's) holds it with LockSesman.
+	LockSesmanSecond = "xrdp-sesman-3351"
 	// LockServicePorts: the ports the embedded defaults and the shipped
 	// units listen on (8443, 8444, 8446, 9443, 10809, 3389).
 	LockServicePorts = "service-ports"

@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -133,16 +134,37 @@ func Xvfb(t testing.TB) string {
 			continue
 		}
 		disp := fmt.Sprintf(":%d", n)
-		Start(t, nil, "Xvfb", disp, "-screen", "0", "1280x800x24", "-nolisten", "tcp")
-		for i := 0; i < 100; i++ {
-			if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
-				return disp
-			}
-			time.Sleep(50 * time.Millisecond)
+		p := Start(t, nil, "Xvfb", disp, "-screen", "0", "1280x800x24", "-nolisten", "tcp")
+		switch xvfbServes(p, n) {
+		case "ours":
+			return disp
+		case "another":
+			// Another test's X server took n first (ours exits:
+			// "server already active"): try the next.
+			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+			continue
 		}
 		t.Fatalf("Xvfb %s did not start", disp)
 	}
 	t.Fatal("no free X display number")
+	return ""
+}
+
+// xvfbServes waits up to 5 s for display n's socket and says whose
+// server has it: "ours" if the lock file, which the one server that gets
+// the display writes, names p (the Xvfb started on n), "another" if it
+// names another, "" if no server came.
+func xvfbServes(p *Process, n int) string {
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(fmt.Sprintf("/tmp/.X11-unix/X%d", n)); err == nil {
+			b, _ := os.ReadFile(fmt.Sprintf("/tmp/.X%d-lock", n))
+			if strings.TrimSpace(string(b)) == strconv.Itoa(p.Cmd.Process.Pid) {
+				return "ours"
+			}
+			return "another"
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return ""
 }
 
@@ -183,6 +205,9 @@ func CountColor(img image.Image, r, g, b uint8) int {
 // whose desktop is a navy xterm (a color nothing else on screen has).
 type XRDP struct {
 	Addr, User, Password string
+	// NS is the namespace xrdp, sesman and the sessions run in; a deskway
+	// agent that reads them runs there too (NS.Start).
+	NS *XRDPNamespace
 	// xrdp is the listener's process and cfg its xrdp.ini, for Stop and
 	// Restart.
 	xrdp *Process
@@ -197,7 +222,6 @@ func (x *XRDP) Stop() {
 	x.t.Helper()
 	_ = syscall.Kill(-x.xrdp.Cmd.Process.Pid, syscall.SIGKILL)
 	_ = x.xrdp.Cmd.Wait()
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
 	for deadline := time.Now().Add(10 * time.Second); WaitPort(x.Addr, 50*time.Millisecond) == nil; {
 		if time.Now().After(deadline) {
 			x.t.Fatalf("%s still accepts connections after xrdp was stopped", x.Addr)
@@ -209,7 +233,7 @@ func (x *XRDP) Stop() {
 // Restart starts the listener Stop ended and waits for its port.
 func (x *XRDP) Restart() {
 	x.t.Helper()
-	x.xrdp = Start(x.t, nil, "xrdp", "--nodaemon", "--config", x.cfg)
+	x.xrdp = x.NS.Start(x.t, nil, "xrdp", "--nodaemon", "--config", x.cfg)
 	if err := WaitPort(x.Addr, 10*time.Second); err != nil {
 		x.t.Fatal(err)
 	}
@@ -218,19 +242,14 @@ func (x *XRDP) Restart() {
 // DesktopColor is the xterm background the test desktop shows: navy.
 var DesktopColor = [3]uint8{0, 0, 128}
 
-// xrdpDisplays is the range of X displays xrdp-sesman gives sessions
-// (X11DisplayOffset 10 and MaxSessions 50 in Debian's sesman.ini).
-var xrdpDisplays = [2]int{10, 60}
-
-// StartXRDP starts xrdp-sesman and xrdp on 127.0.0.1:port with a test user,
-// holding LockSesman for the rest of t (sesman's port, its pid files, the
-// test user and the X displays are the machine's).
-func StartXRDP(t testing.TB, port int) *XRDP {
+// StartXRDP starts xrdp-sesman and xrdp of setup, xrdp on
+// 127.0.0.1:port, with the setup's test user, in a namespace of the
+// setup's (NewXRDPNamespace: its lock is held for the rest of t).
+func StartXRDP(t testing.TB, setup XRDPSetup, port int) *XRDP {
 	t.Helper()
-	RequireRoot(t)
 	Require(t, "xrdp", "xrdp-sesman", "xterm", "useradd", "chpasswd")
-	Lock(t, LockSesman)
-	x := &XRDP{Addr: fmt.Sprintf("127.0.0.1:%d", port), User: "dwtest", Password: "Xrdp-Pass1"}
+	ns := NewXRDPNamespace(t, setup)
+	x := &XRDP{Addr: fmt.Sprintf("127.0.0.1:%d", port), User: setup.User, Password: "Xrdp-Pass1", NS: ns}
 	if _, err := user.Lookup(x.User); err != nil {
 		run(t, "useradd", "-m", "-s", "/bin/bash", x.User)
 	}
@@ -247,41 +266,53 @@ func StartXRDP(t testing.TB, port int) *XRDP {
 	run(t, "chown", x.User, home+"/startwm.sh")
 	// Leftovers of an earlier run would be reconnected to; start clean.
 	_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
-	childproc.RemoveStaleX(xrdpDisplays[0], xrdpDisplays[1])
-	if err := childproc.PrepareXRDPSocketDir("/var/run/xrdp/sockdir"); err != nil {
-		t.Fatal(err)
+	if !setup.private {
+		// Left by an xrdp killed earlier, a pid file stops the next
+		// from starting (a private setup's /run/xrdp is new).
+		if err := childproc.PrepareXRDPSocketDir("/var/run/xrdp/sockdir"); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
+		_ = os.Remove("/var/run/xrdp/xrdp.pid")
 	}
-	_ = os.Remove("/var/run/xrdp/xrdp-sesman.pid")
-	_ = os.Remove("/var/run/xrdp/xrdp.pid")
 	ini, err := os.ReadFile("/etc/xrdp/xrdp.ini")
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := t.TempDir()
 	cfg := regexp.MustCompile(`(?m)^port=3389\s*$`).ReplaceAllString(string(ini), "port=tcp://"+x.Addr)
-	cfgPath := filepath.Join(t.TempDir(), "xrdp.ini")
+	if setup.private {
+		cfg = regexp.MustCompile(`(?m)^LogFile=.*$`).ReplaceAllLiteralString(cfg, "LogFile="+filepath.Join(dir, "xrdp.log"))
+		t.Cleanup(func() {
+			if t.Failed() {
+				b, _ := os.ReadFile(filepath.Join(dir, "xrdp.log"))
+				t.Logf("--- xrdp.log of the setup on port %d:\n%s", setup.SesmanPort, tail(string(b), 4000))
+			}
+		})
+	}
+	cfgPath := filepath.Join(dir, "xrdp.ini")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// sesman binds its default port on 127.0.0.1 or ::1 depending on the build.
-	sesman := []string{"127.0.0.1:3350", "[::1]:3350"}
+	// sesman binds its port on 127.0.0.1 or ::1 depending on the build.
+	sesman := []string{fmt.Sprintf("127.0.0.1:%d", setup.SesmanPort), fmt.Sprintf("[::1]:%d", setup.SesmanPort)}
 	for _, a := range sesman {
 		if err := WaitPort(a, 100*time.Millisecond); err == nil {
 			t.Fatalf("a session manager already listens on %s; stop it first", a)
 		}
 	}
-	Start(t, nil, "xrdp-sesman", "--nodaemon")
+	ns.Start(t, nil, "xrdp-sesman", "--nodaemon")
 	x.t, x.cfg = t, cfgPath
-	x.xrdp = Start(t, nil, "xrdp", "--nodaemon", "--config", cfgPath)
+	x.xrdp = ns.Start(t, nil, "xrdp", "--nodaemon", "--config", cfgPath)
 	t.Cleanup(func() {
 		_ = exec.Command("pkill", "-KILL", "-u", x.User).Run()
-		childproc.RemoveStaleX(xrdpDisplays[0], xrdpDisplays[1])
 	})
 	if err := WaitPort(x.Addr, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := WaitPort(sesman[0], 5*time.Second); err != nil {
 		if err := WaitPort(sesman[1], 5*time.Second); err != nil {
-			t.Fatal("xrdp-sesman did not open port 3350")
+			t.Fatalf("xrdp-sesman did not open port %d", setup.SesmanPort)
 		}
 	}
 	return x

@@ -2,7 +2,7 @@
 // loopback: certificates, an echo host, waiting for ports, and named
 // machine-wide locks (Lock, LockDuring) through which tests that run in
 // parallel take turns at what the machine has one of, such as
-// xrdp-sesman's port 3350 (StartXRDP takes LockSesman itself). It is only
+// an xrdp setup (StartXRDP and NewXRDPNamespace take its lock). It is only
 // imported from _test files and e2e tests.
 package testkit
 
