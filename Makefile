@@ -79,10 +79,10 @@ lint:
 # wall time on CPU, the fault tests that judge no timing about a tenth,
 # the xrdp cases a seventh to a quarter) or boot emulated guests, which
 # take a core each and share two guest slots machine-wide (a test
-# booting two at once takes both). Three work slots: a guest test often
-# holds one, so the other two keep the remaining tests going beside it;
-# the guest slots, not this number, keep emulated guests to the two
-# cores. Tests that hold a time budget run alone, before them.
+# booting two at once takes both) and no work slot: the guest slots, not
+# this number, keep emulated guests to the two cores, and the three work
+# slots keep the tests that boot none going beside them. Tests that hold
+# a time budget run alone, before them.
 TEST_PARALLEL ?= 3
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv -timeline e2e/artifacts/test-timeline.tsv

@@ -20,6 +20,8 @@ import (
 // time is logged, not judged. It also checks the bench's namespaces are
 // gone after it.
 func TestSiteBenchSmoke(t *testing.T) {
+	// Its systems run in namespaces of its own, and it judges no speed.
+	parallel(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "nsenter")
 	testkit.RequirePostgres(t) // the bench starts its own for the failover's lease

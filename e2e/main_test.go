@@ -39,15 +39,17 @@
 //   - The bench smokes split the same way: those that check their
 //     result's shape and nothing of its figures, on servers at ports the
 //     kernel chose, and wait more than they compute (the boot storm's,
-//     the broker's, the netboot one's, which takes both guest slots)
-//     call parallel(t); those that drive xrdp (the browser's, the time to
+//     the broker's, the site's in its own namespaces) call parallel(t),
+//     the netboot one's guestTest(t); those that drive xrdp (the browser's, the time to
 //     first frame's) are cases of TestXRDP (below), the session host's
 //     (a ramp of xrdp sessions that loads both cores) and the gateway's
 //     (which judges its tunnels answered in every window beside
 //     HAProxy's) stay serial. The session host's runs its --suggest-limit
 //     check in the same run as its broker ramp: one rig, started once.
 //   - Tests that boot qemu guests run in parallel, each in namespaces of
-//     its own, and share the guest slots (guests): where KVM runs no
+//     its own, and share the guest slots (guests); they call
+//     guestTest(t), which takes no work slot, in place of parallel(t),
+//     since the guest slots bound them already: where KVM runs no
 //     guest, qemu emulates the CPU and each guest takes a core, so the
 //     machine runs two at a time. A test booting one guest at a time
 //     takes one slot; one booting two or more at once (the UEFI and
@@ -56,7 +58,7 @@
 //     beside another guest (at a load of 19, beside another guest test,
 //     TestNetbootUEFI's two UEFI guests once missed their 2-minute wait).
 //     (TestNetbootSecureBoot's three machines boot beside each other
-//     within one serial test.)
+//     on its two slots.)
 //   - The package and image tests (TestDebianPackage, TestContainerImage,
 //     TestContainerImageSystemRoots, TestHelmChart, TestREADMEQuickstart)
 //     judge no timing and call parallel(t): each builds into a folder of

@@ -36,7 +36,7 @@ stream:
 // the first server still down, the machine's next power-on boots from the
 // second.
 func TestNetbootRootSurvivesServerLoss(t *testing.T) {
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1")
 	kernel, initrd := netbootRootKit(t)
 	bin := build(t)

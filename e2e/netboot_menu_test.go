@@ -23,7 +23,7 @@ import (
 func TestNetbootMenu(t *testing.T) {
 	// Beside tests that boot no guest (e2e/main_test.go); its guests take
 	// both slots.
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1", "tap2")
 	kernel, initrd := netbootKit(t)
 	bin := build(t)

@@ -18,7 +18,7 @@ import (
 // /etc/deskway/personality, which deskway's initramfs wrote, and on the
 // kernel command line.
 func TestNetbootPersonality(t *testing.T) {
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1")
 	kernel, initrd := netbootRootKit(t)
 	bin := build(t)

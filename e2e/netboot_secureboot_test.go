@@ -100,11 +100,13 @@ func startSecureBootServer(t *testing.T, ns *netns, conf string) (bin, cfg strin
 // variables are Debian's as shipped. The same firmware refuses the
 // iPXE deskway sends without secure_boot.
 //
-// The test itself is serial, as guest-booting tests are (e2e/main_test.go);
-// its three machines boot beside each other only: 209 s for the three
-// (their own times add up to 556 s), all emulated (TCG); they passed so
-// at a load average of 25 on two cores.
+// Its three machines boot beside each other, holding both guest slots
+// (e2e/main_test.go): 209 s for the three (their own times add up to
+// 556 s), all emulated (TCG); they passed so at a load average of 25 on
+// two cores.
 func TestNetbootSecureBoot(t *testing.T) {
+	guestTest(t)
+	guests(t, 2) // released once its three cases have ended
 	t.Run("full", func(t *testing.T) {
 		t.Parallel()
 		ns := newNetns(t, "tap1")

@@ -42,7 +42,7 @@ stream:
 func TestNetbootBareVM(t *testing.T) {
 	// Beside tests that boot no guest (e2e/main_test.go); its guests take
 	// both slots.
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1", "tap2", "tap3")
 	kernel, initrd := netbootKit(t)
 	bin := build(t)
@@ -141,7 +141,7 @@ stream:
 func TestNetbootRootOverNBD(t *testing.T) {
 	// Beside tests that boot no guest (e2e/main_test.go); its guests take
 	// both slots.
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1", "tap2", "tap3")
 	kernel, initrd := netbootRootKit(t)
 	bin := build(t)
@@ -210,7 +210,7 @@ func TestNetbootRootOverNBD(t *testing.T) {
 // only the boot options: the machine takes its address from udhcpd and
 // its boot file from deskway, and boots.
 func TestNetbootProxyDHCP(t *testing.T) {
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1")
 	kernel, initrd := netbootKit(t)
 	bin := build(t)
@@ -253,7 +253,7 @@ func TestNetbootProxyDHCP(t *testing.T) {
 func TestNetbootBenchSmoke(t *testing.T) {
 	// Its figures are only checked to be there, its namespaces are its
 	// own; it boots one guest at a time, then two: both slots.
-	parallel(t)
+	guestTest(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "ss", "qemu-system-x86_64", "busybox", "mkfs.ext4", "dnsmasq", "nbd-server")
 	out := t.TempDir()

@@ -78,7 +78,7 @@ func startNetbootServer(t *testing.T, ns *netns, dir string, proxy bool) (bin, c
 func TestNetbootUEFI(t *testing.T) {
 	// Beside tests that boot no guest (e2e/main_test.go); its guests take
 	// both slots.
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1", "tap2")
 	bin, cfg := startNetbootServer(t, ns, t.TempDir(), false)
 	ns.run(bin, "device", "add", "--mac", "52:54:00:77:00:11", "--name", "uefi1", "--vdisk", "golden", "-c", cfg)
@@ -108,7 +108,7 @@ func uefiBootFiles(t *testing.T, pxe, http *vm) {
 func TestNetbootUEFIProxyDHCP(t *testing.T) {
 	// Beside tests that boot no guest (e2e/main_test.go); its guests take
 	// both slots.
-	parallel(t)
+	guestTest(t)
 	ns := newNetns(t, "tap1", "tap2")
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "udhcpd.conf")

@@ -68,7 +68,7 @@ const bootScript = `
 func TestStreamBootTwoVMs(t *testing.T) {
 	// Beside tests that boot no guest (e2e/main_test.go); its guests take
 	// both slots.
-	parallel(t)
+	guestTest(t)
 	testkit.Require(t, "mkfs.ext4")
 	kit := testkit.NewBootKit(t, bootScript)
 	bin := build(t)
