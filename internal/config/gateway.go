@@ -27,7 +27,10 @@ type Gateway struct {
 	// WriteTimeout bounds every write to a client or a host: a peer that
 	// takes no bytes for this long ends its tunnel.
 	WriteTimeout Duration `yaml:"write_timeout"`
-	DialTimeout  Duration `yaml:"dial_timeout"`
+	// DialTimeout bounds a connection to a session host. A host that has
+	// not answered within a quarter second is sent another attempt beside
+	// the first, and so on, until one connects or this runs out.
+	DialTimeout Duration `yaml:"dial_timeout"`
 	// ShutdownGrace is how long open tunnels may run after SIGTERM.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	// MaxTunnels caps authorized tunnels; connections still

@@ -107,7 +107,7 @@ func New(cfg *config.Gateway, d Deps) (*Server, error) {
 	}
 	if d.Dial == nil {
 		nd := &net.Dialer{Timeout: cfg.DialTimeout.D(), KeepAlive: 30 * time.Second}
-		d.Dial = nd.DialContext
+		d.Dial = staggeredDialer{d: nd, stagger: hostDialStagger, attempts: hostDialAttempts}.DialContext
 	}
 	if d.TokenUses == nil {
 		n := 1

@@ -411,18 +411,21 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 	return o
 }
 
-// addOpenShares adds to o the gateway's own share of the reconnections:
-// the open_ms of the tunnels the surviving node opened after the kill.
-func addOpenShares(o *Outcome, shares []float64) {
-	if len(shares) == 0 {
+// addOpenShares adds to o the gateway's share of the reconnections: the
+// open_ms of the tunnels the surviving node opened after the kill, and
+// the served_ms within it that was the node's own work.
+func addOpenShares(o *Outcome, sh tunnelShares) {
+	if len(sh.open) == 0 {
 		return
 	}
-	slices.Sort(shares)
-	o.Metrics["gateway_tunnels_opened"] = float64(len(shares))
-	o.Metrics["gateway_open_ms_median"] = round2(shares[len(shares)/2])
-	o.Metrics["gateway_open_ms_worst"] = round2(shares[len(shares)-1])
-	o.Notes += fmt.Sprintf(" The surviving node opened %d tunnels after the kill; its own share of each (from accepting the tunnel's first connection to its channel open) was %.0f ms in the median, %.0f ms at worst.",
-		len(shares), o.Metrics["gateway_open_ms_median"], o.Metrics["gateway_open_ms_worst"])
+	open, served := slices.Sorted(slices.Values(sh.open)), slices.Sorted(slices.Values(sh.served))
+	o.Metrics["gateway_tunnels_opened"] = float64(len(open))
+	o.Metrics["gateway_open_ms_median"] = round2(open[len(open)/2])
+	o.Metrics["gateway_open_ms_worst"] = round2(open[len(open)-1])
+	o.Metrics["gateway_served_ms_median"] = round2(served[len(served)/2])
+	o.Metrics["gateway_served_ms_worst"] = round2(served[len(served)-1])
+	o.Notes += fmt.Sprintf(" The surviving node opened %d tunnels after the kill: from accepting each tunnel's first connection to its channel open took %.0f ms in the median, %.0f ms at worst, of which the node's own work (each request held until its reply was written, the dial to the host included; the rest is the client's and the network's) was %.0f ms in the median, %.0f ms at worst.",
+		len(open), o.Metrics["gateway_open_ms_median"], o.Metrics["gateway_open_ms_worst"], o.Metrics["gateway_served_ms_median"], o.Metrics["gateway_served_ms_worst"])
 }
 
 // countAtMost counts the values of sorted vs at most limit.

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -50,19 +51,21 @@ func TestOutcomeSplitsTheReconnect(t *testing.T) {
 }
 
 // TestOpenSharesAfterTheMark: only the "tunnel open" lines written after
-// the mark count, each by its open_ms.
+// the mark count, each by its open_ms and served_ms.
 func TestOpenSharesAfterTheMark(t *testing.T) {
-	before := `{"time":"t","level":"INFO","msg":"tunnel open","open_ms":900}` + "\n"
+	before := `{"time":"t","level":"INFO","msg":"tunnel open","open_ms":900,"served_ms":800}` + "\n"
 	after := `{"time":"t","level":"INFO","msg":"tunnel closed","open_ms":5}` + "\n" +
-		`{"time":"t","level":"INFO","msg":"tunnel open","target":"127.0.0.1:3389","open_ms":41.5}` + "\n" +
-		`{"time":"t","level":"INFO","msg":"tunnel open","open_ms":12}` + "\n"
+		`{"time":"t","level":"INFO","msg":"tunnel open","target":"127.0.0.1:3389","open_ms":41.5,"served_ms":3.5}` + "\n" +
+		`{"time":"t","level":"INFO","msg":"tunnel open","open_ms":12,"served_ms":2}` + "\n"
 	got := openShares(before+after, len(before))
-	if len(got) != 2 || got[0] != 41.5 || got[1] != 12 {
-		t.Errorf("openShares = %v, want [41.5 12]", got)
+	if !slices.Equal(got.open, []float64{41.5, 12}) || !slices.Equal(got.served, []float64{3.5, 2}) {
+		t.Errorf("openShares = %+v, want open [41.5 12], served [3.5 2]", got)
 	}
 	o := Outcome{Metrics: map[string]float64{}}
 	addOpenShares(&o, got)
-	if o.Metrics["gateway_open_ms_median"] != 41.5 || o.Metrics["gateway_open_ms_worst"] != 41.5 || o.Metrics["gateway_tunnels_opened"] != 2 {
-		t.Errorf("metrics %v", o.Metrics)
+	m := o.Metrics
+	if m["gateway_open_ms_median"] != 41.5 || m["gateway_open_ms_worst"] != 41.5 || m["gateway_tunnels_opened"] != 2 ||
+		m["gateway_served_ms_median"] != 3.5 || m["gateway_served_ms_worst"] != 3.5 {
+		t.Errorf("metrics %v", m)
 	}
 }

@@ -112,25 +112,38 @@ func (r *gwRig) relayed(ctx context.Context, users []string) map[string]string {
 	return out
 }
 
-// openShares reads the open_ms of every "tunnel open" line a node's JSON
-// log gained after its first from bytes: the gateway's own share of each
-// client's wait, from accepting the tunnel's first connection to its
-// channel open.
-func openShares(log string, from int) []float64 {
+// tunnelShares are the "tunnel open" lines of a node's log, each tunnel
+// at the same index in both.
+type tunnelShares struct {
+	// open is open_ms: from accepting the tunnel's first connection
+	// (before TLS) to its channel open, the client's pauses between its
+	// requests included.
+	open []float64
+	// served is served_ms: the gateway's own working time within it,
+	// from holding each of the tunnel's requests to having written its
+	// reply, the dial to the host included.
+	served []float64
+}
+
+// openShares reads the "tunnel open" lines a node's JSON log gained
+// after its first from bytes: the gateway's share of each client's wait.
+func openShares(log string, from int) tunnelShares {
+	var sh tunnelShares
 	if from > len(log) {
-		return nil
+		return sh
 	}
-	var shares []float64
 	for _, line := range strings.Split(log[from:], "\n") {
 		if !strings.Contains(line, `"msg":"tunnel open"`) {
 			continue
 		}
 		var rec struct {
-			OpenMS *float64 `json:"open_ms"`
+			OpenMS   *float64 `json:"open_ms"`
+			ServedMS float64  `json:"served_ms"`
 		}
 		if json.Unmarshal([]byte(line), &rec) == nil && rec.OpenMS != nil {
-			shares = append(shares, *rec.OpenMS)
+			sh.open = append(sh.open, *rec.OpenMS)
+			sh.served = append(sh.served, rec.ServedMS)
 		}
 	}
-	return shares
+	return sh
 }
