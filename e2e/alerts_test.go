@@ -69,12 +69,13 @@ func TestAlertSeriesExistBeforeTheirFirstEvent(t *testing.T) {
 	if err := os.WriteFile(base, make([]byte, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	adminPort := testkit.FreePort(t)
+	ports := testkit.FreePorts(t, 4) // FreePort twice may give the same
+	adminPort := ports[0]
 	cfg := filepath.Join(dir, "deskway.yaml")
 	// A farm node, so that the farm's alerts are there too.
 	farmDB := testkit.StartPostgres(t).NewDB(t)
-	body := fmt.Sprintf(alertsConfig, filepath.Join(dir, "state"), adminPort, testkit.FreePort(t), testkit.FreePort(t),
-		farmDB, testkit.FreePort(t), base)
+	body := fmt.Sprintf(alertsConfig, filepath.Join(dir, "state"), adminPort, ports[1], ports[2],
+		farmDB, ports[3], base)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}

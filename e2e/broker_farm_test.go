@@ -53,13 +53,16 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 	pg := testkit.StartPostgres(t)
 	dsn := pg.NewDB(t)
 	_, _, cert, key := testkit.TLS(t)
-	ports := []int{testkit.FreePort(t), testkit.FreePort(t)}
+	// The nodes' listeners, their admin listeners and the balancer's: all
+	// different (FreePort twice may give the same).
+	free := testkit.FreePorts(t, 5)
+	ports, admins := free[:2], free[2:4]
 	var nodes []*testkit.Process
 	var cfg0 string
-	for _, port := range ports {
+	for i, port := range ports {
 		dir := t.TempDir()
 		cfg := filepath.Join(dir, "deskway.yaml")
-		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(brokerFarmNode, dir, testkit.FreePort(t), cert, key, port, dsn)), 0o600); err != nil {
+		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(brokerFarmNode, dir, admins[i], cert, key, port, dsn)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if cfg0 == "" {
@@ -73,7 +76,7 @@ func TestBrokersBehindHAProxy(t *testing.T) {
 	}
 	// The shipped file with only its addresses changed: HAProxy reaches
 	// the brokers from 127.0.0.1, the address they trust for PROXY headers.
-	lbAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+	lbAddr := fmt.Sprintf("127.0.0.1:%d", free[4])
 	_, sock := shippedHAProxy(t, "broker-farm.cfg", lbAddr, "bind :8444", "bind "+lbAddr,
 		"10.0.0.21:8444", fmt.Sprintf("127.0.0.1:%d", ports[0]), "10.0.0.22:8444", fmt.Sprintf("127.0.0.1:%d", ports[1]))
 	if info := haproxyCommand(t, sock, "show info"); !strings.Contains(info, "Name: HAProxy") {

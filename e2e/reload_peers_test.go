@@ -72,8 +72,11 @@ func TestReloadAddsAPeerBroker(t *testing.T) {
 			t.Fatalf("%v\n%s", err, n.p.Log.String())
 		}
 	}
-	a := &node{cfg: filepath.Join(t.TempDir(), "deskway.yaml"), listen: fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)), admin: testkit.FreePort(t)}
-	b := &node{cfg: filepath.Join(t.TempDir(), "deskway.yaml"), listen: fmt.Sprintf("127.0.0.2:%d", testkit.FreePort(t)), admin: testkit.FreePort(t)}
+	// Four different ports: FreePort twice may give the same (in CI, both
+	// admin listeners got one port, and A could not start).
+	ports := testkit.FreePorts(t, 4)
+	a := &node{cfg: filepath.Join(t.TempDir(), "deskway.yaml"), listen: fmt.Sprintf("127.0.0.1:%d", ports[0]), admin: ports[1]}
+	b := &node{cfg: filepath.Join(t.TempDir(), "deskway.yaml"), listen: fmt.Sprintf("127.0.0.2:%d", ports[2]), admin: ports[3]}
 	write(b, "")
 	start(b) // first: it migrates the database
 	insecure := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
