@@ -48,6 +48,18 @@ func (s staggeredDialer) DialContext(ctx context.Context, network, addr string) 
 			results <- result{c, err}
 		}()
 	}
+	// closeLate closes the attempts still waiting as they end: any that
+	// connects after the dial has returned is no one's.
+	closeLate := func() {
+		cancel()
+		go func(n int) {
+			for ; n > 0; n-- {
+				if late := <-results; late.conn != nil {
+					_ = late.conn.Close()
+				}
+			}
+		}(waiting)
+	}
 	attempt()
 	tick := time.NewTicker(s.stagger)
 	defer tick.Stop()
@@ -57,14 +69,7 @@ func (s staggeredDialer) DialContext(ctx context.Context, network, addr string) 
 		case r := <-results:
 			waiting--
 			if r.err == nil {
-				cancel()
-				go func(n int) { // close the attempts that connect too late
-					for ; n > 0; n-- {
-						if late := <-results; late.conn != nil {
-							_ = late.conn.Close()
-						}
-					}
-				}(waiting)
+				closeLate()
 				return r.conn, nil
 			}
 			if firstErr == nil {
@@ -74,6 +79,7 @@ func (s staggeredDialer) DialContext(ctx context.Context, network, addr string) 
 			// which another attempt would only repeat.
 			var ne net.Error
 			if waiting == 0 || !(errors.As(r.err, &ne) && ne.Timeout()) {
+				closeLate()
 				return nil, firstErr
 			}
 		case <-tick.C:
