@@ -27,7 +27,8 @@ import (
 // and is refused one.
 func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 	ctx := newBrowser(t)
-	webPort, streamPort := testkit.FreePort(t), testkit.FreePort(t)
+	ports := testkit.FreePorts(t, 3) // FreePort twice may give the same
+	webPort, streamPort := ports[0], ports[1]
 	base := filepath.Join(t.TempDir(), "golden.img")
 	if err := os.WriteFile(base, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -40,7 +41,7 @@ func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 		// Network boot on loopback, for the devices list (the boot tests
 		// run it for real in a network namespace).
 		cfg += fmt.Sprintf("stream:\n  listen: \"%[1]s:%[2]d\"\n  clients: open\n  tls: \"off\"\n  vdisks:\n  - {name: golden, base: %[3]s, description: the office image}\n"+
-			"  netboot: {interface: lo, address: %[1]s, dhcp: proxy, http_port: %[4]d}\n", boot, streamPort, base, testkit.FreePort(t))
+			"  netboot: {interface: lo, address: %[1]s, dhcp: proxy, http_port: %[4]d}\n", boot, streamPort, base, ports[2])
 		cfg = strings.Replace(cfg, "broker:\n", "broker:\n  frontend_tokens: [e2e-portal-token]\n", 1)
 		cfg = strings.Replace(cfg, "  users:\n", "  users:\n  - {name: ada, password: \"Ada-Admin-1\", groups: [admins]}\n  - {name: hal, password: \"Hal-Help-1\", groups: [helpdesk]}\n", 1)
 		return cfg + fmt.Sprintf("web:\n  listen: \"127.0.0.1:%d\"\n  console: {admins: [admins], helpdesk: [helpdesk]}\n", webPort)

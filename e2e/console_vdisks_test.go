@@ -73,10 +73,11 @@ func startVDiskConsole(t *testing.T, config string) vdiskConsole {
 	os.WriteFile(base, nil, 0o600)
 	os.Truncate(base, 16<<20)
 	_, _, cert, key := testkit.TLS(t)
-	adminPort, streamPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
+	ports := testkit.FreePorts(t, 5) // FreePort twice may give the same
+	adminPort, streamPort, webPort := ports[0], ports[1], ports[2]
 	boot := bootAddr()
 	cfg := filepath.Join(dir, "deskway.yaml")
-	writeFile(t, cfg, fmt.Sprintf(config, filepath.Join(dir, "state"), adminPort, cert, key, testkit.FreePort(t), streamPort, base, testkit.FreePort(t), webPort, boot))
+	writeFile(t, cfg, fmt.Sprintf(config, filepath.Join(dir, "state"), adminPort, cert, key, ports[3], streamPort, base, ports[4], webPort, boot))
 	srv := testkit.Start(t, nil, bin, "run", "-c", cfg)
 	if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", webPort), 20*time.Second); err != nil {
 		t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
