@@ -129,8 +129,7 @@ func FreePort(t testing.TB) int {
 	return p
 }
 
-// FreePorts returns n different free ports, for one server's listeners:
-// FreePort twice may give the same port.
+// FreePorts returns n different free ports, for one server's listeners.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	p, err := loopback.FreePorts(n)
