@@ -62,9 +62,10 @@ func (n *netns) run(args ...string) string {
 // booting from the network; its serial console (where the firmware,
 // iPXE and the kernel write with -nographic) is out.
 type vm struct {
-	cmd *exec.Cmd
-	out *lockedBuffer
-	in  io.WriteCloser
+	cmd     *exec.Cmd
+	out     *lockedBuffer
+	in      io.WriteCloser
+	started time.Time
 }
 
 // bootVM starts a BIOS machine (SeaBIOS) whose NIC has mac and qemu's
@@ -83,7 +84,7 @@ func (n *netns) startVM(args ...string) *vm {
 	args = append(append([]string{"netns", "exec", n.name, "qemu-system-x86_64"}, accel.Args()...),
 		append([]string{"-smp", "1", "-nographic", "-monitor", "none", "-no-reboot"}, args...)...)
 	cmd := exec.Command("ip", args...)
-	v := &vm{cmd: cmd, out: &lockedBuffer{}}
+	v := &vm{cmd: cmd, out: &lockedBuffer{}, started: time.Now()}
 	cmd.Stdout, cmd.Stderr = v.out, v.out
 	var err error
 	if v.in, err = cmd.StdinPipe(); err != nil {
@@ -120,6 +121,8 @@ func (v *vm) wait(t *testing.T, re *regexp.Regexp, d time.Duration) []string {
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		out := v.out.String()
 		if m := re.FindStringSubmatch(out); m != nil {
+			// Where a guest's boot spends its time, for the run's log.
+			t.Logf("guest %d: console showed %.40q %.1f s after qemu started", v.cmd.Process.Pid, m[0], time.Since(v.started).Seconds())
 			return m
 		}
 		if gone || strings.Contains(out, "reboot: Power down") || strings.Contains(out, "BdsDxe: failed to load") {
