@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +67,7 @@ type vm struct {
 	out     *lockedBuffer
 	in      io.WriteCloser
 	started time.Time
+	lastCPU time.Duration // the last CPU time read from /proc
 }
 
 // bootVM starts a BIOS machine (SeaBIOS) whose NIC has mac and qemu's
@@ -94,6 +96,7 @@ func (n *netns) startVM(args ...string) *vm {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	guestsLowWhileQuiet(n.t, cmd.Process.Pid)
 	return v
 }
 
@@ -114,15 +117,24 @@ var vmAccel = sync.OnceValue(func() netbootbench.Accelerator {
 	return netbootbench.ProbeAccelerator(context.Background(), kernels[0])
 })
 
-// wait returns the first match of re on the console within d.
+// wait returns the first match of re on the console once the guest has
+// had d of CPU time at most (qemu's user and system time since the
+// wait began), or fails. A budget of CPU, not of wall time, holds
+// whatever else the machine runs: an emulated guest on a busy machine
+// gets a fraction of a core, and a boot that takes 40 s alone took over
+// 2 minutes beside the rest of the run. A guest waiting on the network
+// spends almost no CPU, so the wait also ends after guestWallFactor × d
+// of wall time.
 func (v *vm) wait(t *testing.T, re *regexp.Regexp, d time.Duration) []string {
 	t.Helper()
 	gone := false
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	cpu0, began := v.cpu(), time.Now()
+	for ; v.cpu()-cpu0 < d && time.Since(began) < guestWallFactor*d; time.Sleep(200 * time.Millisecond) {
 		out := v.out.String()
 		if m := re.FindStringSubmatch(out); m != nil {
 			// Where a guest's boot spends its time, for the run's log.
-			t.Logf("guest %d: console showed %.40q %.1f s after qemu started", v.cmd.Process.Pid, m[0], time.Since(v.started).Seconds())
+			t.Logf("guest %d: console showed %.40q %.1f s after qemu started (%.1f s of CPU in this wait)",
+				v.cmd.Process.Pid, m[0], time.Since(v.started).Seconds(), (v.cpu() - cpu0).Seconds())
 			return m
 		}
 		if gone || strings.Contains(out, "reboot: Power down") || strings.Contains(out, "BdsDxe: failed to load") {
@@ -131,8 +143,41 @@ func (v *vm) wait(t *testing.T, re *regexp.Regexp, d time.Duration) []string {
 		// qemu gone: its last output is read at the next look.
 		gone = v.exited()
 	}
-	t.Fatalf("the VM's console never showed %q:\n%s", re, lastLines(strings.ReplaceAll(v.out.String(), "\r", ""), 40))
+	t.Fatalf("the VM's console never showed %q (%.1f s of CPU, %.1f s of wall time in this wait):\n%s", re,
+		(v.cpu() - cpu0).Seconds(), time.Since(began).Seconds(), lastLines(strings.ReplaceAll(v.out.String(), "\r", ""), 40))
 	return nil
+}
+
+// guestWallFactor bounds a wait in wall time, as a multiple of its CPU
+// budget.
+const guestWallFactor = 4
+
+// cpu is the CPU time qemu has had so far, all its threads (ip netns
+// exec runs qemu in its own process), or what it had when it ended.
+func (v *vm) cpu() time.Duration {
+	if c, ok := procCPU(v.cmd.Process.Pid); ok {
+		v.lastCPU = c
+	}
+	return v.lastCPU
+}
+
+// procCPU is the user and system time process pid has had, all its
+// threads, from /proc/pid/stat.
+func procCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the command's closing parenthesis: state is the
+	// first, utime and stime the 12th and 13th.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	// The kernel counts in USER_HZ, 100 a second on Linux.
+	return time.Duration(ut+st) * 10 * time.Millisecond, true
 }
 
 // netbootKit is Debian's kernel and an initramfs whose /init prints the
