@@ -11,13 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/deskway/deskway/internal/bench/netbootbench"
+	"github.com/deskway/deskway/internal/bench/procstat"
 	"github.com/deskway/deskway/internal/testkit"
 )
 
@@ -162,22 +162,10 @@ func (v *vm) cpu() time.Duration {
 }
 
 // procCPU is the user and system time process pid has had, all its
-// threads, from /proc/pid/stat.
+// threads.
 func procCPU(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// Fields after the command's closing parenthesis: state is the
-	// first, utime and stime the 12th and 13th.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(f) < 13 {
-		return 0, false
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	// The kernel counts in USER_HZ, 100 a second on Linux.
-	return time.Duration(ut+st) * 10 * time.Millisecond, true
+	s, err := procstat.Read(pid)
+	return s.CPU, err == nil
 }
 
 // netbootKit is Debian's kernel and an initramfs whose /init prints the
