@@ -82,8 +82,7 @@ lint:
 # booting two at once takes both) and no work slot: the guest slots, not
 # this number, keep emulated guests to the two cores, and the three work
 # slots keep the tests that boot none going beside them. Tests that hold
-# a time budget run one by one first, alone but for the guests, which
-# boot from the start at nice 19 meanwhile (e2e/quiet_test.go).
+# a time budget run alone, before them.
 TEST_PARALLEL ?= 3
 test: deps assets lint fuzz
 	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv -timeline e2e/artifacts/test-timeline.tsv

@@ -46,7 +46,6 @@ stream:
 // started and seen no traffic, so that rate() sees the first failure and
 // an alert reads 0, not "no data".
 func TestAlertSeriesExistBeforeTheirFirstEvent(t *testing.T) {
-	quiet(t)
 	doc, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)

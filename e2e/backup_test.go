@@ -41,7 +41,6 @@ broker:
 // deleted, then restored; the broker starts again as its user, the host
 // and its drain are back, and the broker can write (undrain).
 func TestBrokerBackupAndRestore(t *testing.T) {
-	quiet(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "setpriv")
 	r := newNobodysBroker(t, "deskway-backup-")

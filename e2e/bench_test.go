@@ -25,7 +25,6 @@ import (
 // round trips) passed 40 ms in both runs at a load of 33, and its kw1
 // ratio went missing.
 func TestGatewayBenchSmoke(t *testing.T) {
-	quiet(t)
 	testkit.Require(t, "haproxy", "taskset")
 	out := t.TempDir()
 	res := runBench(t, out, "gateway", "--scenario", "kw1,kw2,cpus,farm,throughput", "--steps", "10",
@@ -451,7 +450,6 @@ func testBrowserBenchSmoke(t *testing.T, xs testkit.XRDPSetup) {
 // delay (a workload that skipped the editor would report less), the
 // counters the report is read by, and what --suggest-limit printed.
 func TestSessionhostBenchSmoke(t *testing.T) {
-	quiet(t)
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
 	testkit.RequireRoot(t)
 	// Its broker's agent reads every xrdp session on the machine.

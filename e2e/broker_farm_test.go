@@ -48,7 +48,6 @@ broker:
 // the 12 places there are (4 hosts, 3 sessions each) are given, no host
 // gets more than 3, and the other launches are told there is no room.
 func TestBrokersBehindHAProxy(t *testing.T) {
-	quiet(t)
 	testkit.Require(t, "haproxy")
 	bin := build(t)
 	pg := testkit.StartPostgres(t)

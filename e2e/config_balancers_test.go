@@ -33,7 +33,6 @@ broker:
 // node without one. deskway config validate refuses it and names the
 // key; the balancer's address and network pass.
 func TestConfigRefusesTrustingEveryAddressForProxyHeaders(t *testing.T) {
-	quiet(t)
 	bin := build(t)
 	dir := t.TempDir()
 	validate := func(gw, br string) (string, error) {

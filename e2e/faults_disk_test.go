@@ -24,7 +24,6 @@ import (
 // acknowledged may be missing, and service must come back without a
 // restart.
 func TestFaultsDisk(t *testing.T) {
-	quiet(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "mount", "umount")
 	outs := runFaults(t, faults.DiskFull(), 3*time.Minute, 3)

@@ -22,7 +22,6 @@ import (
 // loaded machine causes by itself) are the bench's to report, not the
 // test's to hold.
 func TestFaultsGatewayNodeDies(t *testing.T) {
-	quiet(t)
 	testkit.Require(t, "xfreerdp", "Xvfb", "xrdp", "xrdp-sesman", "xterm", "haproxy")
 	testkit.RequireRoot(t)
 	// It reads the users' sessions from the machine's /proc, beside

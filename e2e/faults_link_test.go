@@ -23,7 +23,6 @@ import (
 // database's link is cut for 15 s, longer than the storm's client waits
 // (10 s) and than the brokers' 5 s before they answer from their caches.
 func TestFaultsLinkCut(t *testing.T) {
-	quiet(t)
 	testkit.RequirePostgres(t)
 	outs := runFaults(t, faults.Link(), 4*time.Minute, 3)
 	for _, o := range outs {

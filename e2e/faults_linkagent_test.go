@@ -15,7 +15,6 @@ import (
 // launch is refused rather than placed on it), takes it back once its reports
 // return, and every session the hosts hold has its record on its host.
 func TestFaultsLinkAgent(t *testing.T) {
-	quiet(t)
 	outs := runFaults(t, faults.LinkAgent(), 3*time.Minute, 1)
 	o := outs[0]
 	m := o.Metrics

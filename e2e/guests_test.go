@@ -39,16 +39,9 @@ func guestTest(t *testing.T) {
 // hold one each and wait for the other's.
 func guests(t *testing.T, n int) {
 	t.Helper()
-	takeSlots(t, "e2e-guest", n)
-}
-
-// takeSlots takes n of the guestSlots locks named prefix-0, prefix-1, ...
-// as guests describes.
-func takeSlots(t *testing.T, prefix string, n int) {
-	t.Helper()
 	names := make([]string, guestSlots)
 	for i := range names {
-		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		names[i] = fmt.Sprintf("e2e-guest-%d", i)
 	}
 	if n > 1 {
 		testkit.Lock(t, names...)
@@ -94,24 +87,14 @@ func tryLock(t *testing.T, name string) (release func(), ok bool) {
 // TestGuestSlotsHoldTwoGuests: tests taking guest slots side by side
 // never hold more than two guests' worth at once, a test taking both
 // counting as two; and they do take turns rather than wait forever.
-//
-// Its slots are its own, named after the process: the guest tests
-// running beside it hold the run's.
 func TestGuestSlotsHoldTwoGuests(t *testing.T) {
-	parallel(t)
-	prefix := fmt.Sprintf("e2e-guest-slots-test-%d", os.Getpid())
-	t.Cleanup(func() {
-		for i := range guestSlots {
-			_ = os.Remove(testkit.LockFile(fmt.Sprintf("%s-%d", prefix, i)))
-		}
-	})
 	var mu sync.Mutex
 	held, most := 0, 0
 	t.Run("tests", func(t *testing.T) {
 		for i, n := range []int{1, 2, 1, 1, 2, 1, 2, 2} {
 			t.Run(fmt.Sprint(i), func(t *testing.T) {
 				t.Parallel()
-				takeSlots(t, prefix, n)
+				guests(t, n)
 				mu.Lock()
 				held += min(n, guestSlots)
 				most = max(most, held)

@@ -22,23 +22,16 @@
 //     (testkit.LockServicePorts). Locks are files under os.TempDir(), so
 //     they hold across test processes too.
 //   - A test that measures time against a budget (a failover within 3 s,
-//     a bench's figures) or loads both CPUs for long calls quiet(t)
-//     first (quiet_test.go): such tests run one by one, and no other
-//     test of this package runs beside them but the guests of the guest
-//     tests, whose emulators the quiet gate holds at nice 19 meanwhile
-//     (they then take the CPU the quiet tests leave idle, over half of
-//     it, and a few per cent when a quiet test wants it). Every other
-//     parallel test waits for them all to end (parallel calls
-//     afterQuiet). They used to run serially, before any parallel test:
-//     for six minutes the machine was less than half busy while the
-//     guest tests, the run's longest, waited to start.
+//     a bench's figures) or loads both CPUs for long does not call
+//     t.Parallel(): go test runs such tests one by one before any
+//     parallel test starts, so nothing of this package runs beside them.
 //   - The fault tests split along that line. Those whose checks hold
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
 //     spend about a tenth of their wall time on CPU and call
 //     parallel(t); those that hold a budget (the link cut's write
 //     timeout, the link agent's heartbeat timeout, the disk's 5 s, the
-//     gateway node's 10 s) are quiet: TestFaultsLinkCut missed its
+//     gateway node's 10 s) stay serial: TestFaultsLinkCut missed its
 //     write-timeout budget at a load of 38 even alone. The link agent's
 //     case runs with a heartbeat timeout of 10 s at the test's scale
 //     (30 s in the bench): the broker reads staleness from the last
@@ -51,15 +44,12 @@
 //     first frame's) are cases of TestXRDP (below), the session host's
 //     (a ramp of xrdp sessions that loads both cores) and the gateway's
 //     (which judges its tunnels answered in every window beside
-//     HAProxy's) are quiet. The session host's runs its --suggest-limit
+//     HAProxy's) stay serial. The session host's runs its --suggest-limit
 //     check in the same run as its broker ramp: one rig, started once.
-//   - Tests that boot qemu guests run in parallel from the start of the
-//     run, beside the quiet tests, each in namespaces of its own, and
-//     share the guest slots (guests); they call guestTest(t), which
-//     takes no work slot, in place of parallel(t), since the guest slots
-//     bound them already. A guest's waits count the CPU time its
-//     emulator had, not the wall clock's (vm.wait), so a guest held
-//     back by the quiet tests or a busy machine keeps its budget: where KVM runs no
+//   - Tests that boot qemu guests run in parallel, each in namespaces of
+//     its own, and share the guest slots (guests); they call
+//     guestTest(t), which takes no work slot, in place of parallel(t),
+//     since the guest slots bound them already: where KVM runs no
 //     guest, qemu emulates the CPU and each guest takes a core, so the
 //     machine runs two at a time. A test booting one guest at a time
 //     takes one slot; one booting two or more at once (the UEFI and

@@ -42,7 +42,6 @@ stream:
 // refused before its image is made and booting after, and the audit
 // trail's record of each change.
 func TestNetbootOpsDocs(t *testing.T) {
-	quiet(t)
 	ns := newNetns(t)
 	bin := build(t)
 	dir := t.TempDir()

@@ -96,7 +96,6 @@ func (n *netns) startVM(args ...string) *vm {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	guestsLowWhileQuiet(n.t, cmd.Process.Pid)
 	return v
 }
 

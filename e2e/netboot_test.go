@@ -258,9 +258,6 @@ func TestNetbootBenchSmoke(t *testing.T) {
 	testkit.Require(t, "ip", "ss", "qemu-system-x86_64", "busybox", "mkfs.ext4", "dnsmasq", "nbd-server")
 	out := t.TempDir()
 	nbdroot := buildNbdroot(t)
-	// The bench starts its guests itself, at full priority and timed by
-	// the wall clock: it waits for the quiet tests to end.
-	afterQuiet(t)
 	guests(t, 2)
 	res := runBench(t, out, "netboot", "--runs", "1", "--at-once", "0", "--at-once-deskway", "2", "--nbdroot", nbdroot)
 	for _, k := range []string{"pxe_boot_s", "ltsp_boot_s", "nbd_boot_s", "pxe_ratio_nbd", "pxe_ratio_ltsp", "pxe2_ratio_pxe1"} {

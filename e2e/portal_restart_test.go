@@ -24,7 +24,6 @@ import (
 // is audited as the token, while the console's own actions name the
 // person.
 func TestPortalSignOutAndAuditAcrossRestart(t *testing.T) {
-	quiet(t)
 	bin := build(t)
 	dir := t.TempDir()
 	adminPort, gwPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)

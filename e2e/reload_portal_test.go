@@ -39,7 +39,6 @@ web:
 // of that process must sign in the user added, and no longer the user
 // removed, without a restart.
 func TestReloadPutsUsersInForceAtThePortal(t *testing.T) {
-	quiet(t)
 	bin := build(t)
 	dir := t.TempDir()
 	adminPort, brokerPort, webPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)

@@ -39,7 +39,6 @@ broker:
 // changed user list in force in the running process; a file with a
 // mistake changes nothing and the log and the answer say what is wrong.
 func TestReloadWithoutRestart(t *testing.T) {
-	quiet(t)
 	bin := build(t)
 	dir := t.TempDir()
 	adminPort, gwPort, brokerPort := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)

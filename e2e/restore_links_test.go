@@ -23,7 +23,6 @@ import (
 // moment it appears, must not make root create, write, chmod or chown
 // the file it points to.
 func TestRestoreFollowsNoLinkInTheStateDirectory(t *testing.T) {
-	quiet(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "setpriv")
 	r := newNobodysBroker(t, "deskway-restore-links-")

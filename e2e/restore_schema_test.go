@@ -20,7 +20,6 @@ import (
 // refused by deskway restore, and the database stays as it was. A
 // broker's migrations make no trigger or view.
 func TestRestoreRefusesATrigger(t *testing.T) {
-	quiet(t)
 	bin, cfg, state := stoppedBroker(t)
 	dir := filepath.Dir(cfg)
 	backup := filepath.Join(dir, "backup.db")
@@ -57,7 +56,6 @@ func TestRestoreRefusesATrigger(t *testing.T) {
 // /backup/broker.db; where there is no /backup, deskway backup says so
 // in a sentence and how to make it.
 func TestBackupIntoAMissingDirectory(t *testing.T) {
-	quiet(t)
 	bin, cfg, _ := stoppedBroker(t)
 	missing := filepath.Join(t.TempDir(), "backup")
 	out, err := exec.Command(bin, "backup", "-c", cfg, filepath.Join(missing, "broker.db")).CombinedOutput()

@@ -59,7 +59,6 @@ func writeWholeConfig(t *testing.T) (cfg string, adminPort, gwPort, brokerPort, 
 // of roles it does not run; deskway run still refuses a broker section
 // added after it started.
 func TestRoleCommandsWithTheWholeConfig(t *testing.T) {
-	quiet(t)
 	bin := build(t)
 	cfg, adminPort, gwPort, brokerPort, webPort := writeWholeConfig(t)
 	waitLog := func(p *testkit.Process, what string) {

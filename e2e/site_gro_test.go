@@ -21,7 +21,6 @@ import (
 // tenant's namespace could not send them on to a desktop behind a
 // 1500-byte link.
 func TestSiteCoalescingUnderlay(t *testing.T) {
-	quiet(t)
 	testkit.RequireRoot(t)
 	testkit.Require(t, "ip", "tc", "busybox", "nsenter", "curl")
 	var b [3]byte

@@ -229,7 +229,6 @@ func stream(t *testing.T, ns, addr string, d time.Duration, midway chan<- struct
 // stopped with SIGTERM and the restarted first gateway takes back over,
 // told by the lease's release rather than its expiry.
 func TestSiteHAFailover(t *testing.T) {
-	quiet(t)
 	r := newHARig(t)
 	serveLetter(t, r.desk, "10.0.0.10:7000", "D")
 	if v, i := r.holds("gw-1"); !v || !i {

@@ -23,7 +23,7 @@ const slotsEnv = "DESKWAY_E2E_SLOTS"
 // far (its cases run one after another, 9 to 14 minutes), began 7
 // minutes into the parallel part and ran alone for the last 9. TestXRDP
 // and TestXRDPBeside take no work slot, so they start as soon as the
-// quiet tests end and run beside the tests sharing the slots. Parallel subtests, which
+// serial tests end and run beside the tests sharing the slots. Parallel subtests, which
 // take no work slot, are few and small (three Secure Boot machines, two
 // stream liveness cases). It returns the run's slot lock names.
 func takeOverParallel(dir string) ([]string, error) {
@@ -64,13 +64,6 @@ func slotLocks(dir string, n int) []string {
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()
-	afterQuiet(t)
-	takeWorkSlot(t)
-}
-
-// takeWorkSlot waits for one of the run's work slots, held until t ends.
-func takeWorkSlot(t *testing.T) {
-	t.Helper()
 	n, err := strconv.Atoi(os.Getenv(slotsEnv))
 	bin := os.Getenv(binEnv)
 	if err != nil || bin == "" {
@@ -84,7 +77,6 @@ func takeWorkSlot(t *testing.T) {
 // limit lifted so that a test taking no slot (TestXRDP) need not wait
 // for theirs.
 func TestWorkSlotsHoldTheLimit(t *testing.T) {
-	quiet(t)
 	n, err := strconv.Atoi(os.Getenv(slotsEnv))
 	if err != nil {
 		t.Fatal(slotsEnv + " is unset: TestMain did not run")
@@ -97,10 +89,7 @@ func TestWorkSlotsHoldTheLimit(t *testing.T) {
 	t.Run("tests", func(t *testing.T) {
 		for i := range n + 4 {
 			t.Run(fmt.Sprint(i), func(t *testing.T) {
-				// A quiet test's subtests run while it holds the machine:
-				// no other test holds a work slot meanwhile.
-				t.Parallel()
-				takeWorkSlot(t)
+				parallel(t)
 				mu.Lock()
 				running++
 				most = max(most, running)

@@ -92,12 +92,8 @@ func TestStreamBootTwoVMs(t *testing.T) {
 	}
 
 	guests(t, 2)
-	// Each VM may have 4 minutes of CPU (as e2e/netboot_rig_test.go's
-	// waits count), within four times that of wall time.
-	const cpuBudget = 4 * time.Minute
-	ctx, cancel := context.WithTimeout(context.Background(), guestWallFactor*cpuBudget)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	var pids []int
 	ids := []string{"vm1", "vm2"}
 	outs := make([]*lockedBuffer, len(ids))
 	stdins := make([]io.WriteCloser, len(ids))
@@ -114,8 +110,6 @@ func TestStreamBootTwoVMs(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		guestsLowWhileQuiet(t, cmd.Process.Pid)
-		pids = append(pids, cmd.Process.Pid)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -140,12 +134,6 @@ func TestStreamBootTwoVMs(t *testing.T) {
 		}
 		if ctx.Err() != nil {
 			break
-		}
-		for _, pid := range pids {
-			if c, ok := procCPU(pid); ok && c > cpuBudget {
-				t.Errorf("a VM had %s of CPU and had not written its file", c)
-				cancel()
-			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -84,7 +84,6 @@ func (h *haPair) kill(t *testing.T, i int) {
 // a client is writing through, and checks on the other that every write
 // the first acknowledged is there, read by the Go client and by qemu-io.
 func TestStreamFailover(t *testing.T) {
-	quiet(t)
 	testkit.Require(t, "nbdcopy", "strace")
 	h := startHAPair(t, "1m")
 	base, store, addrs, procs := h.base, h.store, h.addrs, h.procs
@@ -253,7 +252,6 @@ func TestStreamFailover(t *testing.T) {
 // 1 reaches production; the boot's server dies. On the other server the
 // client must go on reading version 0 under its writes, not version 1.
 func TestStreamFailoverKeepsTheVersion(t *testing.T) {
-	quiet(t)
 	h := startHAPair(t, "1m")
 	uri, admins := h.uri, h.admins
 	// The boot writes one block on server 0 and its connection drops.
@@ -295,7 +293,6 @@ func TestStreamFailoverKeepsTheVersion(t *testing.T) {
 // reconnect window, and the client, if it does come back, is refused with
 // the reason; a boot a live server serves is never swept, however long.
 func TestStreamSweepsOrphanedCaches(t *testing.T) {
-	quiet(t)
 	h := startHAPair(t, "2s")
 	uri, store, procs := h.uri, h.store, h.procs
 	// A long-lived boot on server 1, connected the whole time.
@@ -332,7 +329,6 @@ func TestStreamSweepsOrphanedCaches(t *testing.T) {
 // window for the boot ends, it must leave the cache alone: server 1 owns
 // it now, and the client's writes live there.
 func TestStreamTakeoverOutlivesTheFirstWindow(t *testing.T) {
-	quiet(t)
 	h := startHAPair(t, "2s")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

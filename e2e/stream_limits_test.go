@@ -87,7 +87,6 @@ func TestStreamGreedyReadersAreBounded(t *testing.T) {
 // TestStreamOddRequests: requests a client may legally send get the
 // answers nbdkit gives, and the connection carries on.
 func TestStreamOddRequests(t *testing.T) {
-	quiet(t)
 	r := startStream(t, "off", "1m")
 	out, err := nbdsh(t, r.uri+"/golden/odd/b1", `
 h.pwrite(b"", 4096)
@@ -124,7 +123,6 @@ print("still connected")
 // TestStreamBootCapInAll: many client names together cannot make the
 // server hold more live boots than stream.max_boots.
 func TestStreamBootCapInAll(t *testing.T) {
-	quiet(t)
 	_, _, cert, key := testkit.TLS(t)
 	r := startStreamWith(t, "off", "1m", cert, key, "open", "  max_boots: 2\n")
 	for _, c := range []string{"pcA", "pcB"} {
@@ -142,7 +140,6 @@ func TestStreamBootCapInAll(t *testing.T) {
 // boot that writes and leaves cleanly while the first is still connected
 // must not end it: the first one's writes stay, and so do the second's.
 func TestStreamSecondConnectionDoesNotEndTheBoot(t *testing.T) {
-	quiet(t)
 	r := startStream(t, "off", "1m")
 	a := r.uri + "/golden/vmS/boot1"
 	port := strings.TrimPrefix(r.uri, "nbd://127.0.0.1:")
@@ -176,7 +173,6 @@ func TestStreamSecondConnectionDoesNotEndTheBoot(t *testing.T) {
 // TestStreamBootCaps: one client name cannot make the server hold boots
 // (each with a write cache) without end.
 func TestStreamBootCaps(t *testing.T) {
-	quiet(t)
 	r := startStream(t, "off", "1m") // stream.max_boots_per_client: 4 by default
 	for i := range 4 {
 		killedAfterWrite(t, fmt.Sprintf("%s/golden/greedy/b%d", r.uri, i), "write -P 0x01 0 512")
@@ -195,7 +191,6 @@ func TestStreamBootCaps(t *testing.T) {
 // wrote before stays, rewriting it and zeroing whole blocks still work,
 // and the bytes come back when a boot ends.
 func TestStreamCacheQuota(t *testing.T) {
-	quiet(t)
 	t.Run("RAM and spill", func(t *testing.T) { testCacheQuota(t, "") })
 	t.Run("shared cache", func(t *testing.T) { testCacheQuota(t, "  shared_cache: true\n") })
 }

@@ -22,7 +22,7 @@ type xrdpCase struct {
 // waiting for the lock held a -parallel slot and did nothing. A case
 // mostly waits (a seventh to a quarter of its wall time on CPU), so two
 // at once nearly halve the time. As the run's longest tests they take
-// no work slot (see parallel): they start as the quiet tests end and
+// no work slot (see parallel): they start as the serial tests end and
 // run beside the tests sharing the work slots. TestXRDP runs on the machine's own
 // configuration (port 3350, /etc/xrdp), and so has the benches, which
 // start xrdp from it; the cases are split between the two by their
@@ -30,7 +30,6 @@ type xrdpCase struct {
 // which matches both tests' names and so finds the case in either.
 func TestXRDP(t *testing.T) {
 	t.Parallel()
-	afterQuiet(t)
 	runXRDPCases(t, testkit.MachineXRDP(), []xrdpCase{
 		{"BrokerLaunchThroughGatewayToXRDP", testBrokerLaunchThroughGatewayToXRDP},
 		{"RDPServiceDownTurnsHostUnhealthy", testRDPServiceDownTurnsHostUnhealthy},
@@ -49,7 +48,6 @@ func TestXRDP(t *testing.T) {
 // setup (testkit.SecondXRDP) beside it.
 func TestXRDPBeside(t *testing.T) {
 	t.Parallel()
-	afterQuiet(t)
 	runXRDPCases(t, testkit.SecondXRDP(), []xrdpCase{
 		{"XFreeRDPThroughGateway", testXFreeRDPThroughGateway},
 		{"GatewayFarmBehindHAProxy", testGatewayFarmBehindHAProxy},
