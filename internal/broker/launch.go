@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -247,7 +248,7 @@ func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req
 				cancel()
 				if herr != nil {
 					s.m.launches.WithLabelValues("no_host").Inc()
-					return nil, refuse(http.StatusServiceUnavailable, "no host of delivery group %q can take a launch (and listing its hosts failed: %v)", g.Name, herr)
+					return nil, s.slowDatabase(who.user, fmt.Errorf("listing the hosts of %q: %w", g.Name, herr), retryAfter)
 				}
 				msg, busy = Explain(g.Name, hosts, stale, g.Kind == "personal", who.user)
 			}
@@ -274,7 +275,7 @@ func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req
 		if s.noSpace(err) {
 			return nil, refuse(http.StatusServiceUnavailable, "%s", noSpaceMsg)
 		}
-		return nil, refuse(http.StatusServiceUnavailable, "placement failed: %v", err)
+		return nil, s.slowDatabase(who.user, err, retryAfter)
 	}
 	tok, err := s.tokens.Mint(who.user, who.groups, p.Address, p.Port, s.cfg.TokenTTL.D())
 	if err != nil {
@@ -305,4 +306,19 @@ func (s *Server) launchFor(ctx context.Context, start time.Time, who caller, req
 	return &brokerapi.LaunchResponse{SessionID: p.SessionID, Host: p.Host, Address: p.Address, Port: p.Port,
 		Reconnect: p.Reconnect, Gateway: s.cfg.Gateway, Token: tok, SingleSignOn: sso,
 		RDP: RDPFile(p.Address, p.Port, s.cfg.Gateway, tok, hostUser)}, nil
+}
+
+// slowDatabase answers a launch whose placement the database did not
+// finish, though it still answers a ping (a statement queued behind a
+// lock, a stall of the machine): busy, not broken. The client is told to
+// try again after retryAfter rather than given up on, and the cause goes
+// to the log, not to the user. The statement was cancelled with its
+// context, so it placed nothing; if it ran to its end all the same, the
+// user's retry finds that placement, and the host's reports end it after
+// broker.logon_grace if nobody comes.
+func (s *Server) slowDatabase(user string, cause error, retryAfter time.Duration) *refusal {
+	s.log.Warn("launch: the database did not finish the placement; the client is told to retry", "user", user, "error", cause)
+	rf := refuse(http.StatusServiceUnavailable, "the session database is slow to answer right now; try again in a moment")
+	rf.retryAfter = retryAfter
+	return rf
 }

@@ -340,6 +340,7 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	var ok, desk []time.Duration
 	errs, noHost, relaunches := 0, 0, 0
 	var firstErr string
+	byMsg := map[string]int{}
 	for _, r := range results {
 		if r.relaunch {
 			relaunches++
@@ -352,10 +353,16 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 			if firstErr == "" {
 				firstErr = r.err.Error()
 			}
+			byMsg[r.err.Error()]++
 			continue
 		}
 		ok = append(ok, r.d)
 		desk = append(desk, r.desktop)
+	}
+	// A failed launch's own words say which limit or fault it met; the
+	// counts alone cannot.
+	for msg, n := range byMsg {
+		o.Log.Warn("launches failed", "count", n, "error", msg)
 	}
 	sortDur(ok)
 	sortDur(desk)
