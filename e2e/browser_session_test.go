@@ -221,7 +221,10 @@ func (s *sessionX) waitClipboardChannel(t *testing.T) {
 }
 
 // copy makes text the session's clipboard: xclip owns the selection
-// until the test ends or another program copies.
+// until the test ends or another program copies. It returns once a paste
+// in the session gets text: xclip takes the selection a moment after it
+// starts (longer on a loaded machine), and a paste before that finds the
+// clipboard empty, which a caller would take for a copy lost.
 func (s *sessionX) copy(t *testing.T, text string) {
 	t.Helper()
 	c := s.command("xclip", "-quiet", "-selection", "clipboard", "-in")
@@ -230,6 +233,10 @@ func (s *sessionX) copy(t *testing.T, text string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	eventually(t, 20*time.Second, "xclip to own the session's clipboard", func() (bool, string) {
+		got, err := s.paste()
+		return err == nil && got == text, fmt.Sprintf("pasted %q (%v)", got, err)
+	})
 }
 
 // paste is the session's clipboard, as a program pasting gets it.

@@ -294,8 +294,8 @@ func testBrowserDesktop(t *testing.T, xs testkit.XRDPSetup) {
 		if got, err := browserClipboard(tab); err != nil || got != "copied in the browser" {
 			t.Fatalf("the browser's clipboard holds %q (%v): the session's copy crossed a policy that withholds the clipboard", got, err)
 		}
-		if got, _ := s.paste(); got != "secret copied in the session" {
-			t.Fatalf("the session's clipboard holds %q: the browser's copy crossed a policy that withholds the clipboard", got)
+		if got, err := s.paste(); got != "secret copied in the session" {
+			t.Fatalf("the session's clipboard holds %q (%v): the browser's copy crossed a policy that withholds the clipboard", got, err)
 		}
 	}
 
