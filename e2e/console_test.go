@@ -91,7 +91,7 @@ func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 	}
 	must := func(steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
+		if err := doLive(ctx, steps...); err != nil {
 			t.Fatalf("%v\n%s", err, lastLines(b.gwLog.Log.String(), 20))
 		}
 	}
@@ -242,11 +242,11 @@ func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 		t.Fatal(err)
 	}
 	shot(t, other, b.artifacts, "console-4-tunnels")
-	if err := chromedp.Do(other, chromedp.Click(chromedp.CSS("tr[data-tunnel] form button")), chromedp.WaitVisible(chromedp.CSS("section.confirm"))); err != nil {
+	if err := doLive(other, chromedp.Click(chromedp.CSS("tr[data-tunnel] form button")), chromedp.WaitVisible(chromedp.CSS("section.confirm"))); err != nil {
 		t.Fatal(err)
 	}
 	shot(t, other, b.artifacts, "console-4a-tunnel-confirm")
-	if err := chromedp.Do(other, chromedp.Click(chromedp.CSS("section.confirm button")), chromedp.WaitVisible(chromedp.CSS(".notice"))); err != nil {
+	if err := doLive(other, chromedp.Click(chromedp.CSS("section.confirm button")), chromedp.WaitVisible(chromedp.CSS(".notice"))); err != nil {
 		t.Fatal(err)
 	}
 	// The .rdp file turns xfreerdp's auto-reconnect on: it tries again,
@@ -456,4 +456,18 @@ func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 	if groups[0]["entitlements_from"] != "configuration" {
 		t.Fatalf("helpdesk changed the entitlements: %v", groups)
 	}
+}
+
+// doLive runs steps on a console page, whose live part the page replaces
+// every few seconds with a fresh copy (static/live.js). A click whose
+// element was found just before a refresh finds it gone ("Could not
+// find node with given id", seen in a clean-clone run), before any mouse
+// event is sent; the steps then run again on the fresh copy, as a person
+// clicks again.
+func doLive(ctx context.Context, steps ...chromedp.Action[chromedp.Void]) error {
+	err := chromedp.Do(ctx, steps...)
+	for try := 0; err != nil && strings.Contains(err.Error(), "Could not find node with given id") && try < 3; try++ {
+		err = chromedp.Do(ctx, steps...)
+	}
+	return err
 }
