@@ -308,10 +308,12 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 			s := &simSession{state: store.Active, showAt: show}
 			if draw() < e.LogoffShare {
 				// 5 to 30 s after a 20 s logon: a quarter to one and a
-				// half median logons, and never within three polls, or
+				// half median logons, and never within three polls plus
+				// the time a report to a stalled database takes to be
+				// refused (the agent reads no sessions meanwhile), or
 				// the agent could miss the session altogether (the
 				// broker then ends its record after broker.logon_grace).
-				s.logoffAt = show.Add(max(time.Duration((0.25+1.25*draw())*float64(e.LogonMedian)), 3*e.SessionPoll))
+				s.logoffAt = show.Add(max(time.Duration((0.25+1.25*draw())*float64(e.LogonMedian)), 3*e.SessionPoll+refusedReport))
 				logoffs.Add(1)
 				later(s.logoffAt)
 			}
@@ -410,9 +412,16 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 		return report.Point{}, ctx.Err()
 	case <-time.After(max(settle, 0)):
 	}
-	if err := agree(ctx, f.st, hosts); err != nil {
+	// Should the database have stalled during the storm, the broker may
+	// have refused events or placed launches from its local host cache;
+	// the hosts' heartbeats, and the write-back once the broker is
+	// back on the database, bring it level. That takes up to two
+	// heartbeats after the broker's next look at the database.
+	agreed, err := f.agreeWithin(ctx, hosts, 2*f.cfg.Broker.HeartbeatInterval.D()+2*brokerRecheck, o.Log)
+	if err != nil {
 		return report.Point{}, err
 	}
+	m["agree_wait_s"] = agreed.Seconds()
 	p := report.Point{Scenario: "launch-storm-e2e", System: "deskway-postgres",
 		Params: map[string]any{"rtt_ms": rtt.Milliseconds(), "concurrency": c, "hosts": o.Hosts, "bottleneck": bottleneck}, Metrics: m}
 	if firstErr != "" {
@@ -420,7 +429,8 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 	}
 	o.Log.Info("end-to-end point", "rtt", rtt, "concurrency", c, "launches_per_s", report.Round(m["launches_per_s"], 2),
 		"median_ms", report.Round(m["median_ms"], 2), "desktop_median_s", report.Round(m["desktop_median_s"], 2), "errors", errs,
-		"relaunches", relaunches, "logoffs", logoffs.Load(), "busy_waits", busyWaits, "bottleneck", bottleneck)
+		"relaunches", relaunches, "logoffs", logoffs.Load(), "busy_waits", busyWaits, "bottleneck", bottleneck,
+		"agree_wait_s", report.Round(m["agree_wait_s"], 2))
 	return p, nil
 }
 
@@ -440,6 +450,35 @@ func bottleneckOf(m map[string]float64) string {
 		name = "CPU"
 	}
 	return name
+}
+
+// refusedReport is how long a broker takes at most to refuse an agent's
+// report while its database stalls: a statement's 3 s, then a 2 s ping.
+const refusedReport = 5 * time.Second
+
+// brokerRecheck is how often a broker on its local host cache tries the
+// database again (broker.cacheRefresh).
+const brokerRecheck = 5 * time.Second
+
+// agreeWithin waits, up to limit, for the database's live sessions to be
+// the hosts' own, and returns how long that took.
+func (f *farm) agreeWithin(ctx context.Context, hosts map[string]*e2eHost, limit time.Duration, log *slog.Logger) (time.Duration, error) {
+	start := time.Now()
+	for {
+		err := agree(ctx, f.st, hosts)
+		if err == nil {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > limit {
+			return 0, fmt.Errorf("%w (%s after the storm)", err, limit)
+		}
+		log.Debug("the database does not yet agree with the hosts", "error", err)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // agree checks that the database's live sessions are the hosts' own.
