@@ -27,14 +27,7 @@ func TestConsoleBootMenu(t *testing.T) {
 	api("POST", "/api/v1/stream/devices", `{"mac":"52:54:00:77:00:01","name":"pc1","collection":"lab","vdisk":"golden"}`, nil)
 	api("POST", "/api/v1/stream/devices", `{"mac":"52:54:00:77:00:02","name":"pc2","collection":"lab","vdisk":"golden"}`, nil)
 
-	must := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(sctx, steps...); err != nil {
-			t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
-		}
-	}
+	must := stepsOf(t, ctx, srv)
 	cell := func(sel string) string {
 		t.Helper()
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)

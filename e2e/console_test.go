@@ -458,15 +458,19 @@ func testConsoleInBrowser(t *testing.T, xs testkit.XRDPSetup) {
 	}
 }
 
-// doLive runs steps on a console page, whose live part the page replaces
-// every few seconds with a fresh copy (static/live.js). A click whose
-// element was found just before a refresh finds it gone ("Could not
-// find node with given id", seen in a clean-clone run), before any mouse
-// event is sent; the steps then run again on the fresh copy, as a person
-// clicks again.
+// doLive runs steps on a console page, whose live part the page brings
+// up to date every few seconds (static/live.js). The refresh keeps the
+// elements that stay, but a row whose session or host changed is a new
+// one: a click whose element was found just before finds it gone ("Could
+// not find node with given id", "No node with given id found"), before
+// any mouse event is sent; the steps then run again on the fresh row, as
+// a person clicks again.
 func doLive(ctx context.Context, steps ...chromedp.Action[chromedp.Void]) error {
+	gone := func(err error) bool {
+		return err != nil && (strings.Contains(err.Error(), "Could not find node with given id") || strings.Contains(err.Error(), "No node with given id found"))
+	}
 	err := chromedp.Do(ctx, steps...)
-	for try := 0; err != nil && strings.Contains(err.Error(), "Could not find node with given id") && try < 3; try++ {
+	for try := 0; gone(err) && try < 3; try++ {
 		err = chromedp.Do(ctx, steps...)
 	}
 	return err

@@ -147,14 +147,7 @@ func TestConsoleVDiskActions(t *testing.T) {
 		}
 		return strings.TrimSpace(v)
 	}
-	must := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(sctx, steps...); err != nil {
-			t.Fatalf("%v\n%s", err, lastLines(srv.Log.String(), 20))
-		}
-	}
+	must := stepsOf(t, ctx, srv)
 	must(chromedp.Navigate(portal+"/signin"), chromedp.WaitVisible(chromedp.ID("user")),
 		chromedp.SendKeys(chromedp.ID("user"), "ada"), chromedp.SendKeys(chromedp.ID("password"), "Ada-Admin-1"),
 		chromedp.Click(chromedp.CSS("form[action='/signin'] button")), chromedp.WaitVisible(chromedp.CSS("header nav")))
