@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"strings"
@@ -143,7 +142,12 @@ func (a *Agent) keep() {
 // credential, which returns a fresh one long before the old expires.
 const renewEvery = 24 * time.Hour
 
-// Run reports until ctx ends.
+// Run reports until ctx ends. Reading the host's sessions never waits on
+// the broker: the readings' changes queue for the reporter (report),
+// which sends them, the heartbeats and the renewals in turn. An agent
+// that read no sessions while a report to a stalled broker waited (3 s
+// and more) could miss a session that came and went meanwhile, and the
+// broker kept its launch as logging on until broker.logon_grace.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.register(ctx); err != nil {
 		return err
@@ -154,46 +158,36 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	prev := newLoadWindow(first)
 	known, _ := a.d.Sessions()
-	// A farm's agents start together after an outage; a tenth of jitter
-	// keeps their heartbeats from arriving in lockstep.
-	heartbeat := time.NewTicker(a.beat + time.Duration(rand.Int64N(int64(a.beat)/10+1)))
-	defer heartbeat.Stop()
-	poll := time.NewTicker(a.cfg.SessionPoll.D())
-	defer poll.Stop()
-	renew := time.NewTicker(renewEvery)
-	defer renew.Stop()
-	send := func() error { return a.heartbeat(ctx, prev, known) }
-	if err := send(); err != nil {
+	if err := a.heartbeat(ctx, prev, known); err != nil {
 		return err
 	}
+	out := NewOutbox(known)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	reported := make(chan error, 1)
+	go func() { reported <- a.report(rctx, out, prev) }()
+	poll := time.NewTicker(a.cfg.SessionPoll.D())
+	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			stop()
+			<-reported
 			return nil
+		case err := <-reported:
+			return err
 		case <-poll.C:
 			cur, err := a.d.Sessions()
 			if err != nil {
 				a.d.Logger.Warn("reading sessions", "error", err)
 				continue
 			}
-			if ev := Diff(known, cur); len(ev) > 0 {
-				for _, e := range ev {
-					a.d.Logger.Info("session event", "user", e.User, "state", e.State)
-				}
-				if err := a.d.Client.Events(ctx, a.cred, brokerapi.Events{Host: a.cfg.Name, Events: ev}); err != nil {
-					// The next heartbeat carries the sessions and reconciles.
-					a.d.Logger.Warn("reporting session events", "error", err)
-				}
+			ev := Diff(known, cur)
+			for _, e := range ev {
+				a.d.Logger.Info("session event", "user", e.User, "state", e.State)
 			}
+			out.Read(cur, ev)
 			known = cur
-		case <-heartbeat.C:
-			if err := send(); err != nil {
-				return err
-			}
-		case <-renew.C:
-			if err := a.register(ctx); err != nil {
-				return err
-			}
 		}
 	}
 }

@@ -28,34 +28,10 @@ const key = "agent-test-token-key-0123456789abcdef0"
 // and drain through the drain file.
 func TestAgentAgainstBroker(t *testing.T) {
 	dir := t.TempDir()
-	cfg := &config.Config{StateDir: dir, Auth: config.Auth{TokenKey: config.NewSecret(key)},
-		Broker: &config.Broker{Database: config.NewDatabaseURL(filepath.Join(dir, "b.db")), Gateway: "gw:443", HeartbeatInterval: config.Duration(200 * time.Millisecond),
-			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Users: []string{"ann"}}},
-			// The counters are this machine's, busy running the tests:
-			// its tasks waiting for a CPU or its disk must not turn the
-			// launch away.
-			Health: config.Health{CPUPressureMaxPct: 100, DiskIdleMinPct: 0, DiskLatencyMaxMS: 100000, MemoryPressureMaxPct: 20}}}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(context.Background(), cfg.Broker.Database.Value(), 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	tokens, _ := auth.NewTokens([]byte(key), nil)
-	users, _ := auth.NewUsers(nil)
-	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Users: users,
-		Tokens: tokens, Store: st, StateDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewTLSServer(b.Handler())
-	defer srv.Close()
+	// The counters are this machine's, busy running the tests: its tasks
+	// waiting for a CPU or its disk must not turn the launch away.
+	st, srv, tokens := startBroker(t, filepath.Join(dir, "b.db"), 200*time.Millisecond, []string{"ann"},
+		config.Health{CPUPressureMaxPct: 100, DiskIdleMinPct: 0, DiskLatencyMaxMS: 100000, MemoryPressureMaxPct: 20})
 	join, _ := tokens.MintJoin("desk", "lab", time.Hour, 0)
 	var mu sync.Mutex
 	sessions := []brokerapi.Session{}
@@ -70,26 +46,11 @@ func TestAgentAgainstBroker(t *testing.T) {
 	drain := filepath.Join(dir, "drain")
 	acfg := &config.Agent{Broker: srv.URL, JoinToken: config.NewSecret(join), Name: "host-a", Address: "10.0.0.5",
 		Port: 3389, Sessions: "none", SessionPoll: config.Duration(50 * time.Millisecond), DrainFile: drain}
-	a, err := agent.New(acfg, agent.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Client: &brokerclient.Client{Base: srv.URL, HTTP: srv.Client()},
-		Sessions: func() ([]brokerapi.Session, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return append([]brokerapi.Session(nil), sessions...), nil
-		},
-		Usage: usage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}()
+	runAgent(t, srv, acfg, agent.Deps{Sessions: func() ([]brokerapi.Session, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]brokerapi.Session(nil), sessions...), nil
+	}, Usage: usage})
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); !ok(); {
@@ -153,4 +114,58 @@ func TestAgentAgainstBroker(t *testing.T) {
 	waitFor("drain", func() bool { return host().AgentDrain })
 	os.Remove(drain)
 	waitFor("undrain", func() bool { return !host().AgentDrain })
+}
+
+// startBroker runs a broker on database (a SQLite file or a PostgreSQL
+// URL) with the delivery group desk for users, behind an HTTPS test
+// server; all stop when the test ends.
+func startBroker(t *testing.T, database string, beat time.Duration, users []string, health config.Health) (*store.Store, *httptest.Server, *auth.Tokens) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := &config.Config{StateDir: dir, Auth: config.Auth{TokenKey: config.NewSecret(key)},
+		Broker: &config.Broker{Database: config.NewDatabaseURL(database), Gateway: "gw:443", HeartbeatInterval: config.Duration(beat),
+			DeliveryGroups: []config.DeliveryGrp{{Name: "desk", Users: users}}, Health: health}}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(context.Background(), database, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	tokens, _ := auth.NewTokens([]byte(key), nil)
+	accounts, _ := auth.NewUsers(nil)
+	b, err := broker.New(cfg.Broker, broker.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Users: accounts,
+		Tokens: tokens, Store: st, StateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewTLSServer(b.Handler())
+	t.Cleanup(srv.Close)
+	return st, srv, tokens
+}
+
+// runAgent runs an agent of cfg against srv, with d's session readers,
+// until the test ends; the agent must then stop without an error.
+func runAgent(t *testing.T, srv *httptest.Server, cfg *config.Agent, d agent.Deps) {
+	t.Helper()
+	d.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d.Client = &brokerclient.Client{Base: srv.URL, HTTP: srv.Client()}
+	a, err := agent.New(cfg, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
 }

@@ -28,24 +28,12 @@ func TestLaunchDuringADatabaseStallIsToldToRetry(t *testing.T) {
 	r := newRig(t, dsn, nil)
 	r.agent("h1", "desk", "")
 
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	release := testkit.LockTable(t, dsn, "sessions", "EXCLUSIVE")
 	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `LOCK TABLE sessions IN EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
 
 	alice := brokerclient.Basic("alice", "Alice-Pass-1")
 	once := &brokerclient.Client{Base: r.client.Base, HTTP: r.client.HTTP}
-	_, _, err = once.Launch(ctx, alice, brokerapi.LaunchRequest{DeliveryGroup: "desk"})
+	_, _, err := once.Launch(ctx, alice, brokerapi.LaunchRequest{DeliveryGroup: "desk"})
 	var se *brokerclient.StatusError
 	if !errors.As(err, &se) || se.Status != http.StatusServiceUnavailable || se.RetryAfter == 0 {
 		t.Fatalf("launch in the stall: %v, want 503 with a Retry-After", err)
@@ -61,8 +49,7 @@ func TestLaunchDuringADatabaseStallIsToldToRetry(t *testing.T) {
 
 	// A client that retries, as brokerclient does, gets through once
 	// the stall ends.
-	release := time.AfterFunc(2*time.Second, func() { _ = tx.Rollback() })
-	defer release.Stop()
+	time.AfterFunc(2*time.Second, release)
 	res, err := r.launch(alice, brokerapi.LaunchRequest{DeliveryGroup: "desk"})
 	if err != nil {
 		t.Fatalf("launch retried through the stall: %v", err)
@@ -70,6 +57,11 @@ func TestLaunchDuringADatabaseStallIsToldToRetry(t *testing.T) {
 	if res.Host != "h1" {
 		t.Fatalf("placed on %q", res.Host)
 	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 	var live int
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE user_name = 'alice' AND state <> 'ended'`).Scan(&live); err != nil {
 		t.Fatal(err)

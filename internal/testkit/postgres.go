@@ -2,7 +2,9 @@ package testkit
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -51,4 +53,32 @@ func (p *Postgres) NewDB(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return dsn
+}
+
+// LockTable takes lock (a LOCK TABLE mode, such as EXCLUSIVE) on table
+// of the database at dsn, in a transaction of its own, as maintenance
+// statements do: statements that need a conflicting lock wait while
+// others, and pings, go on. The lock holds until release, or the end of
+// the test.
+func LockTable(t testing.TB, dsn, table, lock string) (release func()) {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("LOCK TABLE %s IN %s MODE", table, lock)); err != nil {
+		_ = tx.Rollback()
+		db.Close()
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback(); db.Close() }) }
+	t.Cleanup(release)
+	return release
 }

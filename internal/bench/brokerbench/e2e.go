@@ -308,12 +308,10 @@ func (o *Options) e2ePoint(ctx context.Context, tmp, dsn, pgAddr string, rtt tim
 			s := &simSession{state: store.Active, showAt: show}
 			if draw() < e.LogoffShare {
 				// 5 to 30 s after a 20 s logon: a quarter to one and a
-				// half median logons, and never within three polls plus
-				// the time a report to a stalled database takes to be
-				// refused (the agent reads no sessions meanwhile), or
+				// half median logons, and never within three polls, or
 				// the agent could miss the session altogether (the
 				// broker then ends its record after broker.logon_grace).
-				s.logoffAt = show.Add(max(time.Duration((0.25+1.25*draw())*float64(e.LogonMedian)), 3*e.SessionPoll+refusedReport))
+				s.logoffAt = show.Add(max(time.Duration((0.25+1.25*draw())*float64(e.LogonMedian)), 3*e.SessionPoll))
 				logoffs.Add(1)
 				later(s.logoffAt)
 			}
@@ -451,10 +449,6 @@ func bottleneckOf(m map[string]float64) string {
 	}
 	return name
 }
-
-// refusedReport is how long a broker takes at most to refuse an agent's
-// report while its database stalls: a statement's 3 s, then a 2 s ping.
-const refusedReport = 5 * time.Second
 
 // brokerRecheck is how often a broker on its local host cache tries the
 // database again (broker.cacheRefresh).

@@ -9,6 +9,7 @@ package simagent
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/deskway/deskway/internal/agent"
@@ -32,7 +33,10 @@ type Agent struct {
 	Heartbeat func(ctx context.Context, hb brokerapi.Heartbeat)
 }
 
-// Run reports until ctx ends.
+// Run reports until ctx ends. As the real agent does, the polls hand
+// their changes to a reporter (agent.Outbox) and never wait on the
+// broker; the reporter sends events, and heartbeats with the latest
+// reading, one at a time and in order.
 func (a Agent) Run(ctx context.Context) {
 	// Agents that started together do not poll or beat in lockstep.
 	select {
@@ -40,10 +44,13 @@ func (a Agent) Run(ctx context.Context) {
 		return
 	case <-time.After(time.Duration(rand.Int64N(int64(a.Poll)))):
 	}
+	out := agent.NewOutbox(nil)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); a.report(ctx, out) }()
+	defer wg.Wait()
 	pt := time.NewTicker(a.Poll)
 	defer pt.Stop()
-	bt := time.NewTicker(a.Beat)
-	defer bt.Stop()
 	var known []brokerapi.Session
 	for {
 		select {
@@ -51,18 +58,36 @@ func (a Agent) Run(ctx context.Context) {
 			return
 		case <-pt.C:
 			cur := a.View(time.Now())
-			if ev := agent.Diff(known, cur); len(ev) > 0 {
-				a.Events(ctx, brokerapi.Events{Host: a.Host, Events: ev})
-			}
-			// The reading is kept whether or not its events were
+			// The reading is kept whether or not its events are
 			// answered: keeping the old one until they are would make
 			// the next heartbeat say the users are gone when a broker
 			// applied the events and died before answering, and another
 			// broker would end their placed sessions.
+			out.Read(cur, agent.Diff(known, cur))
 			known = cur
+		}
+	}
+}
+
+// report sends what out holds until ctx ends.
+func (a Agent) report(ctx context.Context, out *agent.Outbox) {
+	bt := time.NewTicker(a.Beat)
+	defer bt.Stop()
+	send := func() {
+		if ev, _ := out.Take(); len(ev) > 0 {
+			a.Events(ctx, brokerapi.Events{Host: a.Host, Events: ev})
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-out.Wake():
+			send()
 		case <-bt.C:
+			send()
 			a.Heartbeat(ctx, brokerapi.Heartbeat{Host: a.Host, CPU: 0.3, Memory: 0.4, DiskIdle: 0.9, DiskLatencyMS: 4,
-				Sessions: append([]brokerapi.Session{}, known...)})
+				Sessions: append([]brokerapi.Session{}, out.Latest()...)})
 		}
 	}
 }
