@@ -62,11 +62,10 @@ lint:
 	$(GO) vet ./...
 	$(GO) run ./tools/archcheck
 
-# Every test: unit, loopback integration and real-peer e2e tests, and
-# short fuzzing (scripts/test.sh: the e2e package beside the fuzzing and
-# then the other packages, which run with -race), ending with the ten
-# slowest tests, the wall time and the line "N passed, N failed, N
-# skipped".
+# Every test: short fuzzing, then unit, loopback integration and real-peer
+# e2e tests (scripts/test.sh: the e2e package beside the others, which
+# run with -race), ending with the ten slowest tests, the wall time and
+# the line "N passed, N failed, N skipped".
 #
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
 # a package; in e2e it is how many work slots its parallel tests share
@@ -86,8 +85,8 @@ lint:
 # slots keep the tests that boot none going beside them. Tests that hold
 # a time budget run alone, before them.
 TEST_PARALLEL ?= 3
-test: deps assets lint
-	GO=$(GO) TEST_PARALLEL=$(TEST_PARALLEL) FUZZTIME=$(FUZZTIME) scripts/test.sh
+test: deps assets lint fuzz
+	GO=$(GO) TEST_PARALLEL=$(TEST_PARALLEL) scripts/test.sh
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)

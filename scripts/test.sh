@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
-# Every package's tests and the short fuzzing, as make test runs them
-# (after the deps and lint steps): two go test runs side by side, their
-# JSON events merged line by line into tools/testsummary, which prints
-# the results and the summary line and writes
-# e2e/artifacts/test-times.tsv and test-timeline.tsv.
+# Every package's tests, as make test runs them (after the deps, lint and
+# fuzz steps): two go test runs side by side, their JSON events merged
+# line by line into tools/testsummary, which prints the results and the
+# summary line and writes e2e/artifacts/test-times.tsv and
+# test-timeline.tsv.
 #
 # - Every package but e2e runs with -race, two packages (building or
 #   testing) at a time: with one at a time (-p 1) they ended 9 minutes
 #   later than beside e2e in one go test run, and past the e2e package.
-#   They start once scripts/fuzz.sh (every fuzz target, FUZZTIME inputs
-#   each; about 70 s of both cores) has run: fuzzing before all the
-#   tests made the run that much longer, while these packages end
-#   10 minutes before the e2e package.
 # - The e2e package runs without -race. Its tests drive the deskway
 #   binary, which they build without it (e2e/main_test.go), and real
 #   peers; -race instrumented only the harness (chromedp, log scanning),
@@ -29,15 +25,7 @@ mkfifo "$pipes/unit" "$pipes/e2e"
 # Build the summary first: the runs' pipes wait for it to read them.
 "$GO" build -o "$pipes/testsummary" ./tools/testsummary
 mapfile -t units < <("$GO" list ./... | grep -v '/e2e$')
-{
-  fuzzed=0
-  GO=$GO scripts/fuzz.sh > "$pipes/fuzz.log" 2>&1 || fuzzed=$?
-  echo "$fuzzed" > "$pipes/fuzz.status"
-  # Its outcome goes into the stream, which testsummary prints as it
-  # comes: the whole log if a target failed, else its last line.
-  if [ "$fuzzed" != 0 ]; then cat "$pipes/fuzz.log"; else tail -n 1 "$pipes/fuzz.log"; fi
-  "$GO" test -race -count=1 -p 2 -parallel "$TEST_PARALLEL" -timeout 60m -json "${units[@]}"
-} > "$pipes/unit" 2>&1 &
+"$GO" test -race -count=1 -p 2 -parallel "$TEST_PARALLEL" -timeout 60m -json "${units[@]}" > "$pipes/unit" 2>&1 &
 unit=$!
 "$GO" test -count=1 -parallel "$TEST_PARALLEL" -timeout 60m -json ./e2e/ > "$pipes/e2e" 2>&1 &
 e2e=$!
@@ -45,8 +33,4 @@ status=0
 "$pipes/testsummary" -times e2e/artifacts/test-times.tsv -timeline e2e/artifacts/test-timeline.tsv "$pipes/unit" "$pipes/e2e" || status=$?
 wait "$unit" || status=1
 wait "$e2e" || status=1
-if [ "$(cat "$pipes/fuzz.status" 2>/dev/null)" != 0 ]; then
-  echo "fuzzing failed (its output is above)"
-  status=1
-fi
 exit "$status"
