@@ -40,6 +40,20 @@ func shippedHAProxy(t *testing.T, file, bind string, addrs ...string) (*testkit.
 	if err := testkit.WaitPort(bind, 10*time.Second); err != nil {
 		t.Fatalf("haproxy: %v\n%s", err, lb.Log.String())
 	}
+	// HAProxy binds its stats socket under a temporary name and renames
+	// it into place, so the listener can answer before the socket exists.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("haproxy's stats socket: %v\n%s", err, lb.Log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return lb, sock
 }
 
