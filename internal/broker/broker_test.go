@@ -226,6 +226,22 @@ func mustCounter(t *testing.T, reg *prometheus.Registry, name, label, value stri
 	return nil
 }
 
+// gaugeValue is the value of the unlabelled gauge name in reg.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}
+
 func TestFrontEndLaunchesOnBehalfAndZones(t *testing.T) {
 	r := newRig(t, "", func(c *config.Config) { c.Broker.Zone = "us" })
 	r.agent("eu-1", "desk", "eu")

@@ -258,6 +258,7 @@ func TestOutageModel(t *testing.T) {
 						t.Fatal(err)
 					}
 					down = !down
+					t.Logf("step %d: database down %v", step, down)
 				}
 				u := fmt.Sprint("u", rng.IntN(8))
 				st, has := states[u]
@@ -270,22 +271,27 @@ func TestOutageModel(t *testing.T) {
 					if !has {
 						states[u] = store.Launching
 					}
+					t.Logf("step %d: %s launches on %s (outage broker)", step, u, outage.host[u])
 				case op == 1 && st == store.Active:
 					steady.event(t, u, store.Disconnected)
 					outage.event(t, u, store.Disconnected)
 					states[u] = store.Disconnected
+					t.Logf("step %d: %s disconnects", step, u)
 				case op == 2 && st != store.Active:
 					steady.event(t, u, store.Active)
 					outage.event(t, u, store.Active)
 					states[u] = store.Active
+					t.Logf("step %d: %s active", step, u)
 				case op == 3:
 					steady.event(t, u, store.Ended)
 					outage.event(t, u, store.Ended)
 					delete(states, u)
+					t.Logf("step %d: %s logs off", step, u)
 				default:
 					h := hosts[rng.IntN(len(hosts))]
 					steady.beat(t, h, states)
 					outage.beat(t, h, states)
+					t.Logf("step %d: heartbeat of %s", step, h)
 				}
 			}
 			if down {
@@ -295,7 +301,7 @@ func TestOutageModel(t *testing.T) {
 			}
 			a, b := steady.settled(t), outage.settled(t)
 			if fmt.Sprint(a) != fmt.Sprint(states) || fmt.Sprint(b) != fmt.Sprint(states) {
-				t.Fatalf("live sessions:\nmodel   %v\nsteady  %v\noutage  %v", states, a, b)
+				t.Fatalf("live sessions:\nmodel   %v\nsteady  %v\noutage  %v\noutage broker's log:\n%s", states, a, b, outage.r.logs.String())
 			}
 		})
 	}

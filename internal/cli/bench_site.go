@@ -33,6 +33,6 @@ func benchSiteCmd() *cobra.Command {
 	c.Flags().StringVar(&systems, "systems", "", "only these, comma-separated: "+strings.Join(sitebench.Systems, ", ")+" (default all)")
 	c.Flags().StringVar(&o.WireGuardGo, "wireguard-go", "", "a wireguard-go program to compare with (default: the module proxy's latest, built with go install into the cache)")
 	c.Flags().StringVar(&o.Cache, "cache", "", "where wireguard-go is built (default the user's cache folder, deskway/sitebench)")
-	c.Flags().StringVar(&o.Profile, "profile", "", "folder for CPU profiles of deskway's GRE gateway over the first run's windows (go tool pprof reads them)")
+	c.Flags().StringVar(&o.Profile, "profile", "", "folder for CPU profiles of deskway's GRE and WireGuard gateways and offices over the first run's windows (go tool pprof reads them)")
 	return c
 }

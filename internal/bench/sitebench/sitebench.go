@@ -49,7 +49,8 @@ type Options struct {
 	// Systems limits the systems measured (default all).
 	Systems []string
 	// Profile, if set, is a folder for CPU profiles of deskway's GRE
-	// gateway, taken over the first run's windows.
+	// and WireGuard gateways and offices, taken over the first run's
+	// windows.
 	Profile      string
 	Out, Command string
 	Log          *slog.Logger
@@ -233,13 +234,13 @@ func (e *env) measureSystem(ctx context.Context, o Options, sys string, run int)
 	out := map[int]sample{}
 	for _, conns := range Connections {
 		var prof chan error
-		if o.Profile != "" && sys == sysGRE && run == 1 {
+		if o.Profile != "" && (sys == sysGRE || sys == sysWG) && run == 1 {
 			prof = make(chan error, 2)
 			go func() {
-				prof <- profile(ctx, r.gw, rs.admin, rs.adminCert, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("gre-gateway-%dconn.pprof", conns)))
+				prof <- profile(ctx, r.gw, rs.admin, rs.adminCert, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("%s-gateway-%dconn.pprof", sys, conns)))
 			}()
 			go func() {
-				prof <- profile(ctx, r.ro, rs.admin, rs.officeCert, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("gre-office-%dconn.pprof", conns)))
+				prof <- profile(ctx, r.ro, rs.admin, rs.officeCert, o.Warmup+o.Window, filepath.Join(o.Profile, fmt.Sprintf("%s-office-%dconn.pprof", sys, conns)))
 			}()
 		}
 		s, err := measure(ctx, r, rc, conns, o.Warmup, o.Window, pid)
