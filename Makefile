@@ -63,8 +63,9 @@ lint:
 	$(GO) run ./tools/archcheck
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
-# e2e tests, ending with the ten slowest tests, the wall time and the line
-# "N passed, N failed, N skipped".
+# e2e tests (scripts/test.sh: the e2e package beside the others, which
+# run with -race), ending with the ten slowest tests, the wall time and
+# the line "N passed, N failed, N skipped".
 #
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
 # a package; in e2e it is how many work slots its parallel tests share
@@ -85,7 +86,7 @@ lint:
 # a time budget run alone, before them.
 TEST_PARALLEL ?= 3
 test: deps assets lint fuzz
-	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 60m -json ./... | $(GO) run ./tools/testsummary -times e2e/artifacts/test-times.tsv -timeline e2e/artifacts/test-timeline.tsv
+	GO=$(GO) TEST_PARALLEL=$(TEST_PARALLEL) scripts/test.sh
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)

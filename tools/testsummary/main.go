@@ -1,4 +1,6 @@
-// Command testsummary reads `go test -json` on stdin, prints each package
+// Command testsummary reads `go test -json` on stdin, or from the files
+// named (the named pipes of go test runs side by side, merged line by
+// line), prints each package
 // result, the output of every failed test and of every package that did
 // not build, and ends with one line: "N passed, N failed, N skipped",
 // after the ten slowest tests, how long parallel tests sat waiting for
@@ -41,8 +43,21 @@ type event struct {
 func main() {
 	times := flag.String("times", "", "also write every test's time to this file (tab-separated, longest first; a test that groups cases run one after another as its cases), for planning the suite's budget")
 	timeline := flag.String("timeline", "", "also write when each of those tests started and ended, in seconds from the run's first event, to this file (tab-separated, by start): what ran beside what")
+	flag.Usage = func() {
+		fmt.Fprintln(flag.CommandLine.Output(), "usage: testsummary [flags] [file ...]\nreads go test -json events from stdin, or from the files (named pipes of go test runs side by side) at once\nflags:")
+		flag.PrintDefaults()
+	}
 	flag.Parse()
-	code, timed := summarize(os.Stdin, os.Stdout, os.Getenv("CI") != "")
+	var in io.Reader = os.Stdin
+	inErr := func() error { return nil }
+	if flag.NArg() > 0 {
+		in, inErr = mergeLines(flag.Args())
+	}
+	code, timed := summarize(in, os.Stdout, os.Getenv("CI") != "")
+	if err := inErr(); err != nil {
+		fmt.Fprintln(os.Stderr, "testsummary:", err)
+		code = 1
+	}
 	for _, out := range []struct {
 		path  string
 		write func(string, []event) error

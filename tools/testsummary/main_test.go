@@ -196,3 +196,53 @@ func TestWorkSlotWaitNotTimed(t *testing.T) {
 		t.Errorf("timeline %q", b)
 	}
 }
+
+// TestMergeKeepsLinesWhole: two streams read at once come out as their
+// lines, each whole and in its stream's order, a line longer than the
+// reader's buffer included; a file that cannot be read is reported.
+func TestMergeKeepsLinesWhole(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("x", 200<<10)
+	var a, b strings.Builder
+	for i := range 500 {
+		fmt.Fprintf(&a, "a%d %s\n", i, long[:i*400])
+		fmt.Fprintf(&b, "b%d\n", i)
+	}
+	a.WriteString("a-last-without-newline")
+	pa, pb := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	os.WriteFile(pa, []byte(a.String()), 0o600)
+	os.WriteFile(pb, []byte(b.String()), 0o600)
+	r, errOf := mergeLines([]string{pa, pb})
+	out, err := io.ReadAll(r)
+	if err != nil || errOf() != nil {
+		t.Fatal(err, errOf())
+	}
+	next := map[byte]int{'a': 0, 'b': 0}
+	for _, line := range strings.Split(strings.TrimSuffix(string(out), "\n"), "\n") {
+		if line == "a-last-without-newline" {
+			next['a'] = -1
+			continue
+		}
+		var i int
+		var rest string
+		fmt.Sscanf(line[1:], "%d", &i)
+		if i != next[line[0]] {
+			t.Fatalf("line %.20q comes where %c%d was due", line, line[0], next[line[0]])
+		}
+		if line[0] == 'a' {
+			rest = line[len(fmt.Sprintf("a%d ", i)):]
+			if rest != long[:i*400] {
+				t.Fatalf("line a%d was cut: %d bytes, want %d", i, len(rest), i*400)
+			}
+		}
+		next[line[0]]++
+	}
+	if next['a'] != -1 || next['b'] != 500 {
+		t.Fatalf("lines seen: %v", next)
+	}
+	r, errOf = mergeLines([]string{filepath.Join(dir, "none")})
+	io.ReadAll(r)
+	if errOf() == nil {
+		t.Fatal("a missing file was not reported")
+	}
+}
