@@ -64,8 +64,9 @@ lint:
 
 # Every test: short fuzzing, then unit, loopback integration and real-peer
 # e2e tests (scripts/test.sh: the e2e package beside the others, which
-# run with -race), ending with the ten slowest tests, the wall time and
-# the line "N passed, N failed, N skipped".
+# run with -race, and its tests that boot guests in a process of their
+# own), ending with the ten slowest tests, the wall time and the line
+# "N passed, N failed, N skipped".
 #
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
 # a package; in e2e it is how many work slots its parallel tests share
@@ -83,7 +84,8 @@ lint:
 # booting two at once takes both) and no work slot: the guest slots, not
 # this number, keep emulated guests to the two cores, and the three work
 # slots keep the tests that boot none going beside them. Tests that hold
-# a time budget run alone, before them.
+# a time budget run one at a time, before the other e2e tests (beside
+# the guest tests, which scripts/test.sh starts at once).
 TEST_PARALLEL ?= 3
 test: deps assets lint fuzz
 	GO=$(GO) TEST_PARALLEL=$(TEST_PARALLEL) scripts/test.sh

@@ -2,7 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -39,9 +46,16 @@ func guestTest(t *testing.T) {
 // hold one each and wait for the other's.
 func guests(t *testing.T, n int) {
 	t.Helper()
+	takeGuestSlots(t, "e2e-guest", n)
+}
+
+// takeGuestSlots is guests with the slots' locks named prefix-0,
+// prefix-1...
+func takeGuestSlots(t *testing.T, prefix string, n int) {
+	t.Helper()
 	names := make([]string, guestSlots)
 	for i := range names {
-		names[i] = fmt.Sprintf("e2e-guest-%d", i)
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
 	if n > 1 {
 		testkit.Lock(t, names...)
@@ -86,15 +100,23 @@ func tryLock(t *testing.T, name string) (release func(), ok bool) {
 
 // TestGuestSlotsHoldTwoGuests: tests taking guest slots side by side
 // never hold more than two guests' worth at once, a test taking both
-// counting as two; and they do take turns rather than wait forever.
+// counting as two; and they do take turns rather than wait forever. The
+// slots are its own: the machine's are the guest tests', which run
+// beside it (scripts/test.sh).
 func TestGuestSlotsHoldTwoGuests(t *testing.T) {
+	prefix := fmt.Sprintf("e2e-guest-check-%d", os.Getpid())
+	t.Cleanup(func() {
+		for i := range guestSlots {
+			_ = os.Remove(testkit.LockFile(fmt.Sprintf("%s-%d", prefix, i)))
+		}
+	})
 	var mu sync.Mutex
 	held, most := 0, 0
 	t.Run("tests", func(t *testing.T) {
 		for i, n := range []int{1, 2, 1, 1, 2, 1, 2, 2} {
 			t.Run(fmt.Sprint(i), func(t *testing.T) {
 				t.Parallel()
-				guests(t, n)
+				takeGuestSlots(t, prefix, n)
 				mu.Lock()
 				held += min(n, guestSlots)
 				most = max(most, held)
@@ -108,5 +130,60 @@ func TestGuestSlotsHoldTwoGuests(t *testing.T) {
 	})
 	if most > guestSlots {
 		t.Errorf("%d guests' worth of slots held at once, want at most %d", most, guestSlots)
+	}
+}
+
+// TestGuestTestsRunApart: scripts/test.sh runs the tests that boot
+// guests in a go test process of their own, named in its GUESTS pattern,
+// and the rest of the package in another, which skips them. Every test
+// that calls guestTest matches the pattern, and nothing else does, so
+// no test runs twice, in neither, or boots its guests where the serial
+// tests would hold them back.
+func TestGuestTestsRunApart(t *testing.T) {
+	script, err := os.ReadFile("../scripts/test.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^GUESTS='([^']+)'$`).FindSubmatch(script)
+	if m == nil {
+		t.Fatal("scripts/test.sh sets no GUESTS='...' pattern")
+	}
+	pattern := regexp.MustCompile(string(m[1]))
+	files, err := filepath.Glob("*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	tests := 0
+	for _, f := range files {
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range file.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Test") {
+				continue
+			}
+			tests++
+			boots := slices.ContainsFunc(fn.Body.List, func(s ast.Stmt) bool {
+				e, ok := s.(*ast.ExprStmt)
+				if !ok {
+					return false
+				}
+				c, ok := e.X.(*ast.CallExpr)
+				if !ok {
+					return false
+				}
+				id, ok := c.Fun.(*ast.Ident)
+				return ok && id.Name == "guestTest"
+			})
+			if boots != pattern.MatchString(fn.Name.Name) {
+				t.Errorf("%s (%s): calls guestTest %v, matches scripts/test.sh's GUESTS %v", fn.Name.Name, f, boots, !boots)
+			}
+		}
+	}
+	if tests < 100 {
+		t.Fatalf("found %d tests in the package's files, want them all", tests)
 	}
 }

@@ -24,7 +24,8 @@
 //   - A test that measures time against a budget (a failover within 3 s,
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
-//     parallel test starts, so nothing of this package runs beside them.
+//     parallel test starts, so nothing of this package runs beside them
+//     but the guest tests, in their own process (below).
 //   - The fault tests split along that line. Those whose checks hold
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
@@ -47,7 +48,9 @@
 //     HAProxy's) stay serial. The session host's runs its --suggest-limit
 //     check in the same run as its broker ramp: one rig, started once.
 //   - Tests that boot qemu guests run in parallel, each in namespaces of
-//     its own, and share the guest slots (guests); they call
+//     its own, and share the guest slots (guests); make test runs them
+//     in a go test process of their own from the start, beside the
+//     serial tests of the rest (scripts/test.sh's GUESTS); they call
 //     guestTest(t), which takes no work slot, in place of parallel(t),
 //     since the guest slots bound them already: where KVM runs no
 //     guest, qemu emulates the CPU and each guest takes a core, so the
