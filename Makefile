@@ -71,9 +71,9 @@ lint:
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
 # a package; in e2e it is how many work slots its parallel tests share
 # (e2e/main_test.go says which e2e tests are parallel, and how those that
-# share something of the machine take turns), with TestXRDP,
-# TestXRDPBeside and TestXRDPThird, the longest (each its cases one after
-# another, on an xrdp setup of its own), beside them on slots of their own from the
+# share something of the machine take turns), with TestXRDP and
+# TestXRDPBeside, the longest (each its cases one after another, on an
+# xrdp setup of its own), beside them on slots of their own from the
 # start of the parallel part: go test wakes paused tests in no fixed
 # order, and once started TestXRDP 7 minutes in and ran alone for the
 # last 9 (e2e/slots_test.go). The e2e tests mostly wait on protocol

@@ -453,7 +453,7 @@ func TestSessionhostBenchSmoke(t *testing.T) {
 	testkit.Require(t, "xrdp", "xfreerdp", "Xvfb", "xterm", "xdotool", "vim.tiny")
 	testkit.RequireRoot(t)
 	// Its broker's agent reads every xrdp session on the machine.
-	testkit.Lock(t, testkit.AllXRDP()...)
+	testkit.Lock(t, testkit.LockSesman, testkit.LockSesmanSecond)
 	out := t.TempDir()
 	// The broker ramp checks the stop at the session limit; the machine
 	// runs other tests beside it, whose waiting is no business of the

@@ -26,7 +26,7 @@ func TestFaultsGatewayNodeDies(t *testing.T) {
 	testkit.RequireRoot(t)
 	// It reads the users' sessions from the machine's /proc, beside
 	// which no other setup's sessions run.
-	testkit.Lock(t, testkit.AllXRDP()...)
+	testkit.Lock(t, testkit.LockSesman, testkit.LockSesmanSecond)
 	env := faults.Env{
 		Log:   slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Bin:   build(t),

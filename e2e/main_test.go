@@ -70,18 +70,17 @@
 //     ports and sesman locks as before.
 //   - The tests that start xrdp (with xfreerdp, chromium or a bench
 //     driving it: the browser and ttff bench smokes too) are the cases
-//     of three parallel tests, TestXRDP, TestXRDPBeside and
-//     TestXRDPThird, each running its cases one after another on an
-//     xrdp setup of its own (testkit.XRDPSetup), and none takes a work
-//     slot: the run's longest tests, they start with the parallel part.
-//     TestXRDP's setup is the machine's configuration (sesman on port
-//     3350), TestXRDPBeside's a copy of it with sesman on port 3351, X
-//     displays from :200 and the account dwtest2, TestXRDPThird's
-//     another on port 3352, from :300, as dwtest3.
+//     of two parallel tests, TestXRDP and TestXRDPBeside, each running
+//     its cases one after another on an xrdp setup of its own
+//     (testkit.XRDPSetup), and neither takes a work slot: the run's
+//     longest tests, they start with the parallel part. TestXRDP's
+//     setup is the machine's configuration (sesman on port 3350),
+//     TestXRDPBeside's a copy of it with sesman on port 3351, X displays
+//     from :200 and the account dwtest2.
 //     A case's xrdp, sesman, sessions and deskway agent run in a mount
 //     and PID namespace of the case's (testkit.XRDPNamespace): xrdp
 //     reads sesman's port from /etc/xrdp/sesman.ini, a path compiled
-//     in, which the other setups' namespaces bind their copies over, and
+//     in, which the second setup's namespace binds its copy over, and
 //     the agent counts every X server an xrdp-sesman started as a
 //     session of its host, which in its namespace are its own case's.
 //     As parallel tests of their own, one waiting for its setup's lock

@@ -53,7 +53,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	parallel(t)
 	testkit.Require(t, "xfreerdp", "Xvfb", "import", "xrdp", "curl", "make")
 	testkit.RequireRoot(t)
-	testkit.Lock(t, append(testkit.AllXRDP(), testkit.LockServicePorts, lockRepoBin)...)
+	testkit.Lock(t, testkit.LockSesman, testkit.LockSesmanSecond, testkit.LockServicePorts, lockRepoBin)
 	blocks := readmeBlocks(t)
 	for _, name := range []string{"run", "portal", "gateway-password", "gateway-token", "broker-rdp", "stream-client"} {
 		if blocks[name] == "" {

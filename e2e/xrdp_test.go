@@ -6,30 +6,28 @@ import (
 	"github.com/deskway/deskway/internal/testkit"
 )
 
-// xrdpCase is one case of TestXRDP, TestXRDPBeside or TestXRDPThird:
-// what was a test of its own, with its own rig, checks and deadlines,
-// run on the xrdp setup it is given.
+// xrdpCase is one case of TestXRDP or TestXRDPBeside: what was a test of
+// its own, with its own rig, checks and deadlines, run on the xrdp setup
+// it is given.
 type xrdpCase struct {
 	name string
 	run  func(*testing.T, testkit.XRDPSetup)
 }
 
-// TestXRDP, TestXRDPBeside and TestXRDPThird run the cases that start
-// xrdp, each on an xrdp setup of its own (testkit.XRDPSetup: sesman's
-// port, the X displays, the test account, the lock), so the three run at
-// the same time while each runs its cases one after another: a case's
-// xrdp-sesman takes its setup's port, and as parallel tests of their
-// own, one waiting for the lock held a -parallel slot and did nothing. A
-// case mostly waits (a seventh to a quarter of its wall time on CPU), so
-// several at once shorten the run: with two chains of some 590 s each
-// they were the run's last tests once the guest tests ran apart. As the
-// run's longest tests they take no work slot (see parallel): they start
-// as the serial tests end and run beside the tests sharing the work
-// slots. TestXRDP runs on the machine's own configuration (port 3350,
-// /etc/xrdp), and so has the benches, which start xrdp from it; the
-// cases are split between the three by their measured times. Run one
-// case with -run 'TestXRDP/BrowserDesktop$', which matches the three
-// tests' names and so finds the case in any.
+// TestXRDP and TestXRDPBeside run the cases that start xrdp, each on an
+// xrdp setup of its own (testkit.XRDPSetup: sesman's port, the X
+// displays, the test account, the lock), so the two run at the same time
+// while each runs its cases one after another: a case's xrdp-sesman
+// takes its setup's port, and as parallel tests of their own, one
+// waiting for the lock held a -parallel slot and did nothing. A case
+// mostly waits (a seventh to a quarter of its wall time on CPU), so two
+// at once nearly halve the time. As the run's longest tests they take
+// no work slot (see parallel): they start as the serial tests end and
+// run beside the tests sharing the work slots. TestXRDP runs on the machine's own
+// configuration (port 3350, /etc/xrdp), and so has the benches, which
+// start xrdp from it; the cases are split between the two by their
+// measured times. Run one case with -run 'TestXRDP/BrowserDesktop$',
+// which matches both tests' names and so finds the case in either.
 func TestXRDP(t *testing.T) {
 	t.Parallel()
 	runXRDPCases(t, testkit.MachineXRDP(), []xrdpCase{
@@ -38,34 +36,26 @@ func TestXRDP(t *testing.T) {
 		{"SessionControlOnXRDP", testSessionControlOnXRDP},
 		{"PortalSignInLaunchAndConnect", testPortalSignInLaunchAndConnect},
 		{"BrowserDesktop", testBrowserDesktop},
+		{"BrowserRefusalsShown", testBrowserRefusalsShown},
 		{"BrowserLogonForm", testBrowserLogonForm},
+		{"BrowserDesktopOnPhone", testBrowserDesktopOnPhone},
 		{"BrowserBenchSmoke", testBrowserBenchSmoke},
 		{"TTFFBenchSmoke", testTTFFBenchSmoke},
 	})
 }
 
-// TestXRDPBeside is a second share of the cases, on a second setup
-// (testkit.SecondXRDP) beside TestXRDP's.
+// TestXRDPBeside is the other half of TestXRDP's cases, on a second
+// setup (testkit.SecondXRDP) beside it.
 func TestXRDPBeside(t *testing.T) {
 	t.Parallel()
 	runXRDPCases(t, testkit.SecondXRDP(), []xrdpCase{
 		{"XFreeRDPThroughGateway", testXFreeRDPThroughGateway},
 		{"GatewayFarmBehindHAProxy", testGatewayFarmBehindHAProxy},
 		{"PortalFindAndRecentFirst", testPortalFindAndRecentFirst},
-		{"BrowserWrongPassword", testBrowserWrongPassword},
-		{"BrowserKeyboardLayouts", testBrowserKeyboardLayouts},
-	})
-}
-
-// TestXRDPThird is the third share, on a third setup
-// (testkit.ThirdXRDP).
-func TestXRDPThird(t *testing.T) {
-	t.Parallel()
-	runXRDPCases(t, testkit.ThirdXRDP(), []xrdpCase{
-		{"BrowserRefusalsShown", testBrowserRefusalsShown},
-		{"BrowserDesktopOnPhone", testBrowserDesktopOnPhone},
 		{"ConsoleInBrowser", testConsoleInBrowser},
 		{"BrowserEndsInWords", testBrowserEndsInWords},
+		{"BrowserWrongPassword", testBrowserWrongPassword},
+		{"BrowserKeyboardLayouts", testBrowserKeyboardLayouts},
 		{"XfreerdpKeyboardLayout", testXfreerdpKeyboardLayout},
 		{"BrowserDesktopClipboardResizeKeys", testBrowserDesktopClipboardResizeKeys},
 		{"BrowserClipboardOfferAtConnect", testBrowserClipboardOfferAtConnect},

@@ -11,10 +11,10 @@ import (
 )
 
 // holdXRDP waits for the machine-wide locks of the xrdp setups the
-// project's tests run (the file locks of testkit.AllXRDP: the machine's
-// own on port 3350, and two beside it, whose sessions a bench's agent,
-// reading every xrdp session on the machine, would count as its host's)
-// and returns their release:
+// project's tests run (the file locks of testkit.LockSesman and
+// testkit.LockSesmanSecond: the machine's own on port 3350, and a second
+// beside it, whose sessions a bench's agent, reading every xrdp session
+// on the machine, would count as its host's) and returns their release:
 // a bench that starts xrdp holds them only while its own xrdp runs, so
 // the tests and benches that share the machine take turns.
 func holdXRDP(log *slog.Logger) func(ctx context.Context) (func(), error) {
@@ -26,7 +26,7 @@ func holdXRDP(log *slog.Logger) func(ctx context.Context) (func(), error) {
 				f.Close()
 			}
 		}
-		for _, name := range []string{"deskway-test-xrdp-sesman.lock", "deskway-test-xrdp-sesman-3351.lock", "deskway-test-xrdp-sesman-3352.lock"} {
+		for _, name := range []string{"deskway-test-xrdp-sesman.lock", "deskway-test-xrdp-sesman-3351.lock"} {
 			f, err := waitLock(ctx, log, filepath.Join(os.TempDir(), name))
 			if err != nil {
 				release()

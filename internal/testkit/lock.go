@@ -19,11 +19,8 @@ const (
 	LockSesman = "xrdp-sesman"
 	// LockSesmanSecond is SecondXRDP's. A test whose programs read every
 	// xrdp session on the machine (a deskway agent outside an
-	// XRDPNamespace: make run's, a bench's) holds it with LockSesman and
-	// LockSesmanThird (AllXRDP).
+	// XRDPNamespace: make run's, a bench's) holds it with LockSesman.
 	LockSesmanSecond = "xrdp-sesman-3351"
-	// LockSesmanThird is ThirdXRDP's, held with the other two likewise.
-	LockSesmanThird = "xrdp-sesman-3352"
 	// LockServicePorts: the ports the embedded defaults and the shipped
 	// units listen on (8443, 8444, 8446, 9443, 10809, 3389).
 	LockServicePorts = "service-ports"

@@ -55,19 +55,6 @@ func SecondXRDP() XRDPSetup {
 	return XRDPSetup{Lock: LockSesmanSecond, SesmanPort: 3351, Displays: [2]int{200, 250}, User: "dwtest2", private: true}
 }
 
-// ThirdXRDP is a setup beside the other two: sesman on port 3352,
-// displays 300 to 350, the account dwtest3, and copies of /etc/xrdp and
-// /run/xrdp of its own.
-func ThirdXRDP() XRDPSetup {
-	return XRDPSetup{Lock: LockSesmanThird, SesmanPort: 3352, Displays: [2]int{300, 350}, User: "dwtest3", private: true}
-}
-
-// AllXRDP are the locks of every setup, for a test whose programs read
-// every xrdp session on the machine.
-func AllXRDP() []string {
-	return []string{LockSesman, LockSesmanSecond, LockSesmanThird}
-}
-
 // XRDPNamespace is a mount and PID namespace for one setup's xrdp, its
 // sessions, and the deskway agent that reads them. The agent takes every
 // X server that an xrdp-sesman started as a session of its host, reading
