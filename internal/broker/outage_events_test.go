@@ -272,6 +272,11 @@ func TestOutageModel(t *testing.T) {
 			steady := newWorld(t, "steady", "", hosts)
 			outage := newWorld(t, "outage", pg.NewDB(t), hosts)
 			outage.slow = c.fault == "stall"
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("outage broker's log:\n%s", outage.r.logs.String())
+				}
+			})
 			maintain(t, ctx, outage.r.b)
 			rng := rand.New(rand.NewPCG(c.seed, 7))
 			states := map[string]string{} // user -> state of their live session
@@ -350,7 +355,7 @@ func TestOutageModel(t *testing.T) {
 			}
 			a, b := steady.settled(t), outage.settled(t)
 			if fmt.Sprint(a) != fmt.Sprint(states) || fmt.Sprint(b) != fmt.Sprint(states) {
-				t.Fatalf("live sessions:\nmodel   %v\nsteady  %v\noutage  %v\noutage broker's log:\n%s", states, a, b, outage.r.logs.String())
+				t.Fatalf("live sessions:\nmodel   %v\nsteady  %v\noutage  %v", states, a, b)
 			}
 		})
 	}

@@ -107,11 +107,54 @@ func Start(t testing.TB, env []string, name string, args ...string) *Process {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
+		// The command may end before what it started: make run's shell
+		// exits at once while deskway shuts down, still holding its
+		// ports, and a test taking the ports' lock next found them in use.
+		waitGroupGone(cmd.Process.Pid)
 		if t.Failed() {
 			t.Logf("--- output of %s:\n%s", name, tail(log.String(), 4000))
 		}
 	})
 	return &Process{Cmd: cmd, Log: log}
+}
+
+// waitGroupGone waits until no live process is left in process group
+// pgid, killing what is left after 5 s, and gives up after 10 s (a
+// process may have left the group's session for one of its own).
+// Zombies count as gone: they hold no ports or files.
+func waitGroupGone(pgid int) {
+	begun := time.Now()
+	for groupAlive(pgid) {
+		switch waited := time.Since(begun); {
+		case waited > 10*time.Second:
+			return
+		case waited > 5*time.Second:
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// groupAlive reports whether a process of group pgid is running (not a
+// zombie), from /proc.
+func groupAlive(pgid int) bool {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		// After the command's closing parenthesis: state, parent, group.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
 }
 
 func tail(s string, n int) string {
