@@ -126,16 +126,11 @@ func (x *XRDP) ident(pid int) proc { return proc{pid: pid, start: x.startTime(pi
 
 // startTime is pid's start time in clock ticks since boot, "" if gone.
 func (x *XRDP) startTime(pid int) string {
-	b, err := os.ReadFile(filepath.Join(x.proc(), strconv.Itoa(pid), "stat"))
+	st, err := procStat(x.proc(), pid)
 	if err != nil {
 		return ""
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 20 {
-		return ""
-	}
-	return f[19]
+	return strconv.FormatUint(st.Starttime, 10)
 }
 
 // owned keeps the processes of pids that run as uid.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/broker/brokerapi"
+	"github.com/prometheus/procfs"
 )
 
 // SessionUsage is what one xrdp session's processes use.
@@ -138,23 +139,19 @@ type procUsage struct {
 // the process has ended (gone, or a zombie whose parent has yet to
 // collect it).
 func readProcUsage(root string, pid int) (u procUsage, ok bool, err error) {
-	dir := filepath.Join(root, strconv.Itoa(pid))
-	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	st, err := procStat(root, pid)
 	if err != nil {
 		return u, false, ignoreEnded(err)
 	}
-	state, ticks, err := parseProcStat(stat)
-	if err != nil {
-		return u, false, fmt.Errorf("agent: %s/stat: %w", dir, err)
-	}
-	if state == "Z" || state == "X" {
+	if st.State == "Z" || st.State == "X" {
 		return u, false, nil
 	}
+	dir := filepath.Join(root, strconv.Itoa(pid))
 	rollup, err := os.ReadFile(filepath.Join(dir, "smaps_rollup"))
 	if err != nil {
 		return u, false, ignoreEnded(err)
 	}
-	return procUsage{pss: parsePss(rollup), ticks: ticks}, true, nil
+	return procUsage{pss: parsePss(rollup), ticks: uint64(st.UTime + st.STime)}, true, nil
 }
 
 // ignoreEnded drops the errors of reading a process that has ended:
@@ -166,28 +163,21 @@ func ignoreEnded(err error) error {
 	return fmt.Errorf("agent: %w", err)
 }
 
-// parseProcStat returns the state and utime+stime of a /proc/PID/stat.
-// The command name (field 2, in parentheses) may hold spaces and
-// parentheses itself, so the fields are counted from its last ')'.
-func parseProcStat(b []byte) (state string, ticks uint64, err error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", 0, errors.New("no command name")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return "", 0, fmt.Errorf("%d fields after the command name, want 13 or more", len(f))
-	}
-	utime, err := strconv.ParseUint(f[11], 10, 64)
+// procStat reads /proc/PID/stat below root (the real /proc, or a test's).
+func procStat(root string, pid int) (procfs.ProcStat, error) {
+	fs, err := procfs.NewFS(root)
 	if err != nil {
-		return "", 0, fmt.Errorf("utime: %w", err)
+		return procfs.ProcStat{}, err
 	}
-	stime, err := strconv.ParseUint(f[12], 10, 64)
+	p, err := fs.Proc(pid)
 	if err != nil {
-		return "", 0, fmt.Errorf("stime: %w", err)
+		return procfs.ProcStat{}, err
 	}
-	return f[0], utime + stime, nil
+	st, err := p.Stat()
+	if err != nil {
+		return st, fmt.Errorf("%s/%d/stat: %w", root, pid, err)
+	}
+	return st, nil
 }
 
 // parsePss returns the Pss line of a smaps_rollup in bytes; a process

@@ -42,7 +42,7 @@ func (f fakeProc) proc(pid int, comm, cmdline string, ppid int, uid, state strin
 	}
 	write("cmdline", cmdline)
 	write("status", fmt.Sprintf("Name:\t%s\nState:\t%s\nPPid:\t%d\nUid:\t%s\t%s\t%s\t%s\n", comm, state, ppid, uid, uid, uid, uid))
-	write("stat", fmt.Sprintf("%d (%s) %s %d %d %d 0 -1 4194560 100 0 3 0 %d %d 0 0 20 0 1 0 1000 100000 200 18446744073709551615\n",
+	write("stat", fmt.Sprintf("%d (%s) %s %d %d %d 0 -1 4194560 100 0 3 0 %d %d 0 0 20 0 1 0 1000 100000 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
 		pid, comm, state, ppid, pid, pid, ticks, ticks/2))
 	if pssKB >= 0 {
 		write("smaps_rollup", fmt.Sprintf("55d0a0000000-7ffc00000000 ---p 00000000 00:00 0 [rollup]\nRss:  %d kB\nPss:  %d kB\nPss_Anon:  1 kB\nPss_File:  2 kB\nSwapPss:  9 kB\n", 2*pssKB, pssKB))
@@ -126,16 +126,7 @@ func TestReadSessionUsageFromProc(t *testing.T) {
 	}
 }
 
-func TestParseProcStat(t *testing.T) {
-	state, ticks, err := parseProcStat([]byte("42 (a (b) c) S 1 42 42 0 -1 4194560 10 0 0 0 1234 567 0 0 20 0 1 0 99 0 0\n"))
-	if err != nil || state != "S" || ticks != 1801 {
-		t.Fatalf("parseProcStat = %q %d %v", state, ticks, err)
-	}
-	for _, bad := range []string{"", "42 no parenthesis", "42 (x) S 1 2 3", "42 (x) S 1 42 42 0 -1 0 0 0 0 0 x 5 0"} {
-		if _, _, err := parseProcStat([]byte(bad)); err == nil {
-			t.Errorf("parseProcStat(%q) gave no error", bad)
-		}
-	}
+func TestParsePss(t *testing.T) {
 	if p := parsePss([]byte("Rss: 8 kB\nPss_Anon: 3 kB\nPss: 5 kB\nPss_File: 2 kB\n")); p != 5<<10 {
 		t.Fatalf("parsePss = %d, want %d (the Pss line, not Pss_Anon)", p, 5<<10)
 	}
@@ -331,4 +322,30 @@ func heartbeatSink(t *testing.T, n int) (*httptest.Server, <-chan map[string]any
 	}))
 	t.Cleanup(srv.Close)
 	return srv, got
+}
+
+// TestProcStat reads a process whose command name holds spaces and
+// parentheses, and refuses a stat cut short.
+func TestProcStat(t *testing.T) {
+	root := t.TempDir()
+	write := func(pid, body string) {
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, pid, "stat"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("42", "42 (a (b) c) S 1 42 42 0 -1 4194560 10 0 0 0 1234 567 0 0 20 0 1 0 99 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+	write("43", "43 (x) S 1 43 43 0 -1 0 0 0 0 0\n")
+	st, err := procStat(root, 42)
+	if err != nil || st.State != "S" || st.UTime+st.STime != 1801 || st.Starttime != 99 {
+		t.Fatalf("procStat = %+v, %v", st, err)
+	}
+	if _, err := procStat(root, 43); err == nil || ignoreEnded(err) == nil {
+		t.Errorf("a short stat read as %v, want an error that is not taken for an ended process", err)
+	}
+	if _, err := procStat(root, 44); ignoreEnded(err) != nil {
+		t.Errorf("a process gone read as %v, want it taken for ended", err)
+	}
 }

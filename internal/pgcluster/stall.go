@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // Stall freezes the server for d, as a machine stuck on its disk or a
@@ -49,24 +51,14 @@ func (c *Cluster) serverPIDs() ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: postmaster.pid: %w", err)
 	}
+	procs, err := procfs.AllProcs()
+	if err != nil {
+		return nil, fmt.Errorf("pgcluster: list processes: %w", err)
+	}
 	pids := []int{pm}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue // ended meanwhile
-		}
-		// The command name in parentheses may hold spaces: the fields
-		// after its closing parenthesis are state, then the parent's id.
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pm) {
-			if p, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
-				pids = append(pids, p)
-			}
+	for _, p := range procs {
+		if st, err := p.Stat(); err == nil && st.PPID == pm { // err: ended meanwhile
+			pids = append(pids, p.PID)
 		}
 	}
 	return pids, nil

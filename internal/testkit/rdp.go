@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/deskway/deskway/internal/childproc"
+	"github.com/prometheus/procfs"
 )
 
 // Require stops the test when a program is missing: a skip on a
@@ -138,19 +139,9 @@ func waitGroupGone(pgid int) {
 // groupAlive reports whether a process of group pgid is running (not a
 // zombie), from /proc.
 func groupAlive(pgid int) bool {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		// After the command's closing parenthesis: state, parent, group.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+	procs, _ := procfs.AllProcs()
+	for _, p := range procs {
+		if st, err := p.Stat(); err == nil && st.PGRP == pgid && st.State != "Z" {
 			return true
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // clockTick is USER_HZ, 100 on every Linux the bench runs on.
@@ -22,39 +24,32 @@ type Sample struct {
 
 // Read samples pid (0 means this process).
 func Read(pid int) (Sample, error) {
-	p := "self"
-	if pid > 0 {
-		p = strconv.Itoa(pid)
-	}
 	s := Sample{At: time.Now()}
-	stat, err := os.ReadFile("/proc/" + p + "/stat")
+	p, err := proc(pid)
 	if err != nil {
 		return s, fmt.Errorf("procstat: %w", err)
 	}
-	// Fields after the command name (which may hold spaces) start after ')'.
-	i := strings.LastIndexByte(string(stat), ')')
-	if i < 0 {
-		return s, fmt.Errorf("procstat: malformed /proc/%s/stat", p)
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 22 {
-		return s, fmt.Errorf("procstat: short /proc/%s/stat", p)
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	s.CPU = time.Duration(ut+st) * time.Second / clockTick
-	status, err := os.ReadFile("/proc/" + p + "/status")
+	st, err := p.Stat()
 	if err != nil {
 		return s, fmt.Errorf("procstat: %w", err)
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			s.RSS = kb << 10
-		}
+	s.CPU = ticks(int(st.UTime + st.STime))
+	status, err := p.NewStatus()
+	if err != nil {
+		return s, fmt.Errorf("procstat: %w", err)
 	}
+	s.RSS = int64(status.VmRSS)
 	return s, nil
 }
+
+func proc(pid int) (procfs.Proc, error) {
+	if pid > 0 {
+		return procfs.NewProc(pid)
+	}
+	return procfs.Self()
+}
+
+func ticks(n int) time.Duration { return time.Duration(n) * time.Second / clockTick }
 
 // ReadTree samples pid and every live descendant, for servers that fork
 // per connection: CPU includes children already reaped, RSS sums the
@@ -64,16 +59,17 @@ func ReadTree(pid int) (Sample, error) {
 	if err != nil {
 		return root, err
 	}
-	root.CPU += reapedCPU(pid)
-	ents, _ := os.ReadDir("/proc")
+	procs, _ := procfs.AllProcs()
 	parent := map[int]int{}
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
+	for _, p := range procs {
+		st, err := p.Stat()
 		if err != nil {
-			continue
+			continue // ended meanwhile
 		}
-		if pp := ppid(p); pp > 0 {
-			parent[p] = pp
+		parent[p.PID] = st.PPID
+		if p.PID == pid {
+			// Children it has waited for.
+			root.CPU += ticks(st.CUTime + st.CSTime)
 		}
 	}
 	for p := range parent {
@@ -88,38 +84,6 @@ func ReadTree(pid int) (Sample, error) {
 		}
 	}
 	return root, nil
-}
-
-func statFields(pid int) []string {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return nil
-	}
-	i := strings.LastIndexByte(string(stat), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(stat[i+1:]))
-}
-
-func ppid(pid int) int {
-	f := statFields(pid)
-	if len(f) < 2 {
-		return 0
-	}
-	p, _ := strconv.Atoi(f[1])
-	return p
-}
-
-// reapedCPU is the user and system time of pid's children it has waited for.
-func reapedCPU(pid int) time.Duration {
-	f := statFields(pid)
-	if len(f) < 15 {
-		return 0
-	}
-	cu, _ := strconv.ParseInt(f[13], 10, 64)
-	cs, _ := strconv.ParseInt(f[14], 10, 64)
-	return time.Duration(cu+cs) * time.Second / clockTick
 }
 
 // CPUPercent is the CPU used between a and b as a percentage of one core.

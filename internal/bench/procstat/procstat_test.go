@@ -2,6 +2,7 @@ package procstat
 
 import (
 	"os"
+	"os/exec"
 	"runtime"
 	"testing"
 	"time"
@@ -50,5 +51,40 @@ func TestThreadsCPUCountsWork(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a minute of spinning, schedstat grew %s", b-a)
 		}
+	}
+}
+
+// TestReadTreeCountsChildren checks that a tree's sample holds a live
+// child's memory and the CPU of a child already waited for, as a server
+// forking per connection needs.
+func TestReadTreeCountsChildren(t *testing.T) {
+	burn := exec.Command("sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	if err := burn.Run(); err != nil {
+		t.Fatal(err)
+	}
+	reaped := burn.ProcessState.UserTime() + burn.ProcessState.SystemTime()
+	live := exec.Command("sleep", "30")
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = live.Process.Kill(); _ = live.Wait() }()
+	child, err := Read(live.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := Read(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := ReadTree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree.RSS < self.RSS+child.RSS/2 {
+		t.Errorf("tree RSS %d, want at least this process's %d and most of the child's %d", tree.RSS, self.RSS, child.RSS)
+	}
+	// Ticks are 10 ms: allow two of rounding.
+	if got := tree.CPU - self.CPU; got < reaped-20*time.Millisecond {
+		t.Errorf("tree CPU beyond this process's = %v, want the waited-for child's %v", got, reaped)
 	}
 }
