@@ -245,26 +245,50 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Broker, users *auth.Use
 // every time, the live sessions when sessions is set (they change through
 // this broker's own launches and events in between, and are many).
 func (s *Server) refresh(ctx context.Context, sessions bool) error {
-	hosts, err := s.store.Hosts(ctx, "")
+	r, err := s.readForCache(ctx, sessions)
 	if err != nil {
 		return err
 	}
-	if err := s.loadEntitlements(ctx); err != nil {
-		return err
+	s.applyCacheRead(r)
+	return nil
+}
+
+// cacheRead is what a refresh read from the database, and the copy's
+// change count before it began.
+type cacheRead struct {
+	mark     uint64
+	hosts    []store.Host
+	live     []store.Session
+	sessions bool
+}
+
+// readForCache is refresh's reading half.
+func (s *Server) readForCache(ctx context.Context, sessions bool) (cacheRead, error) {
+	r := cacheRead{mark: s.cache.mark(), sessions: sessions}
+	var err error
+	if r.hosts, err = s.store.Hosts(ctx, ""); err != nil {
+		return r, err
 	}
-	var live []store.Session
+	if err := s.loadEntitlements(ctx); err != nil {
+		return r, err
+	}
 	if sessions {
-		if live, err = s.store.Sessions(ctx, "", false, 1<<30); err != nil {
-			return err
+		if r.live, err = s.store.Sessions(ctx, "", false, 1<<30); err != nil {
+			return r, err
 		}
 	}
+	return r, nil
+}
+
+// applyCacheRead is refresh's other half: the copy takes what was read,
+// but for what this broker changed since, and is saved.
+func (s *Server) applyCacheRead(r cacheRead) {
 	if !s.offline.Load() {
-		s.cache.load(hosts, live, sessions)
+		s.cache.loadSince(r.mark, r.hosts, r.live, r.sessions)
 	}
 	if err := s.cache.save(s.now()); err != nil {
 		s.log.Warn("could not save the local host cache; a restart while the database is down would have none", "error", err)
 	}
-	return nil
 }
 
 // restore writes what the journal of the outage holds back to the

@@ -40,6 +40,13 @@ type localCache struct {
 	// entitlements are those administrators set, saved with the copy.
 	entitlements []store.Entitlement
 	rnd          *rand.Rand
+	// changes counts the changes this broker's own traffic made to the
+	// copy; changedLive and changedHosts hold the count at each user
+	// key's and host's last change, so that a reload read from the
+	// database before a change does not undo it (loadSince).
+	changes      uint64
+	changedLive  map[string]uint64
+	changedHosts map[string]uint64
 }
 
 // journalEntry is one line of the offline journal, which keeps, in the
@@ -73,7 +80,8 @@ var errBackOnline = errors.New("broker: the database is reachable again")
 
 func newLocalCache(journal, snapshot string, offline *atomic.Bool) *localCache {
 	return &localCache{hosts: map[string]store.Host{}, live: map[string]store.Session{}, reported: map[string]string{}, offline: offline, journal: journal, savePath: snapshot,
-		rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed))}
+		rnd:         rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x5eed)),
+		changedLive: map[string]uint64{}, changedHosts: map[string]uint64{}}
 }
 
 // cacheSnapshot is the local host cache as saved in the state directory.
@@ -185,28 +193,8 @@ func (c *localCache) restoreSnapshot() (cacheSnapshot, error) {
 	if err := json.Unmarshal(b, &snap); err != nil {
 		return snap, fmt.Errorf("broker: local host cache %s: %w", c.savePath, err)
 	}
-	c.load(snap.Hosts, snap.Sessions, true)
+	c.loadSince(c.mark(), snap.Hosts, snap.Sessions, true)
 	return snap, nil
-}
-
-// load replaces the copy's hosts, and its sessions too when withSessions
-// is set, with what the database holds.
-func (c *localCache) load(hosts []store.Host, sessions []store.Session, withSessions bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.hosts = make(map[string]store.Host, len(hosts))
-	for _, h := range hosts {
-		c.hosts[h.Name] = h
-	}
-	if !withSessions {
-		return
-	}
-	c.live = make(map[string]store.Session, len(sessions))
-	for _, s := range sessions {
-		if !s.Unverified { // a host's unverified claim never draws a launch
-			c.live[liveKey(s.User, s.Group)] = s
-		}
-	}
 }
 
 // placed records a placement the database made.
@@ -216,6 +204,7 @@ func (c *localCache) placed(l store.Launch, p store.Placement) {
 	if p.Reconnect {
 		return
 	}
+	c.changedLocked(p.Host, liveKey(l.User, l.Group))
 	if h, ok := c.hosts[p.Host]; ok {
 		h.Sessions++
 		h.Pending++
@@ -260,6 +249,7 @@ func (c *localCache) place(l store.Launch) (store.Placement, error) {
 	}
 	c.hosts[h.Name] = h
 	c.live[liveKey(l.User, l.Group)] = s
+	c.changedLocked(h.Name, liveKey(l.User, l.Group))
 	return store.Placement{SessionID: s.ID, Host: h.Name, Address: h.Address, Port: h.Port, HostAlive: true}, nil
 }
 
@@ -336,6 +326,7 @@ func (c *localCache) end(id string) {
 		if s.ID != id {
 			continue
 		}
+		c.changedLocked(s.Host, k)
 		if h, ok := c.hosts[s.Host]; ok {
 			if s.State == store.Launching && h.Pending > 0 {
 				h.Pending--
@@ -376,6 +367,7 @@ func (c *localCache) offlineDrain(host string, drain bool) error {
 }
 
 func (c *localCache) drainLocked(host string, drain bool) {
+	c.changedLocked(host)
 	if h, ok := c.hosts[host]; ok {
 		h.AdminDrain = drain
 		c.hosts[host] = h
@@ -496,6 +488,7 @@ func (c *localCache) eventLocked(e store.Event) {
 		if !ok || s.Host != e.Host || s.State == e.State {
 			continue
 		}
+		c.changedLocked(e.Host, k)
 		if s.State == store.Launching && h.Pending > 0 {
 			h.Pending--
 		}
@@ -516,6 +509,7 @@ func (c *localCache) eventLocked(e store.Event) {
 func (c *localCache) register(h store.Host) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.changedLocked(h.Name)
 	if old, ok := c.hosts[h.Name]; ok {
 		h.Sessions, h.Pending, h.AssignedUser = old.Sessions, old.Pending, old.AssignedUser
 		h.CPU, h.Mem, h.DiskIdle, h.DiskLatency, h.MemPressure = old.CPU, old.Mem, old.DiskIdle, old.DiskLatency, old.MemPressure
@@ -532,6 +526,7 @@ func (c *localCache) register(h store.Host) {
 func (c *localCache) remove(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.changedLocked(name)
 	delete(c.hosts, name)
 }
 

@@ -29,6 +29,7 @@ func (c *localCache) loadLocked(r store.Report) bool {
 	h.MajorFaults, h.SwapIn, h.SwapOut, h.SessionMemory = r.MajorFaults, r.SwapIn, r.SwapOut, r.SessionMemory()
 	h.Unhealthy, h.AgentDrain, h.LastSeen = r.Unhealthy, r.Drain, r.Now
 	c.hosts[r.Host] = h
+	c.changedLocked(r.Host)
 	return true
 }
 
@@ -91,6 +92,7 @@ func (c *localCache) reconcileLocked(r store.Report) {
 			continue
 		}
 		st, ok := r.Sessions[s.User]
+		c.changedLocked("", k)
 		if u, reported := r.Usage[s.User]; reported && ok {
 			s.Memory, s.CPU = u.Memory, u.CPU
 			c.live[k] = s
@@ -132,6 +134,7 @@ func (c *localCache) learnReportedLocked(r store.Report) {
 	for _, u := range slices.Sorted(maps.Keys(r.Sessions)) {
 		k := liveKey(u, h.Group)
 		if _, ok := c.live[k]; !ok {
+			c.changedLocked("", k)
 			c.live[k] = store.Session{User: u, Group: h.Group, Host: r.Host, State: r.Sessions[u], CreatedAt: r.Now, UpdatedAt: r.Now}
 		}
 	}
@@ -162,6 +165,7 @@ func (c *localCache) learn(ss []store.Session) {
 	for _, s := range ss {
 		k := liveKey(s.User, s.Group)
 		if _, ok := c.live[k]; !ok && !s.Unverified && s.State != store.Ended {
+			c.changedLocked("", k)
 			c.live[k] = s
 		}
 	}
@@ -183,6 +187,7 @@ func (c *localCache) learnEventLocked(e store.Event) {
 	for _, u := range e.Users {
 		k := liveKey(u, h.Group)
 		if _, ok := c.live[k]; !ok {
+			c.changedLocked("", k)
 			c.live[k] = store.Session{User: u, Group: h.Group, Host: e.Host, State: e.State, CreatedAt: e.Now, UpdatedAt: e.Now}
 		}
 	}

@@ -63,7 +63,7 @@ func TestPickFollowsTheDatabaseRules(t *testing.T) {
 func TestJournalSurvivesATornLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "j")
 	c := newLocalCache(path, path+".cache", offline())
-	c.load([]store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil, true)
+	c.loadSince(c.mark(), []store.Host{{Name: "h", Group: "g", Weight: 1, SessionLimit: 5, LogonLimit: 5, LastSeen: time.Now()}}, nil, true)
 	p, err := c.place(store.Launch{User: "u", Group: "g", SessionID: "s1", Now: time.Now(), Stale: time.Now().Add(-time.Minute)})
 	if err != nil || p.Host != "h" {
 		t.Fatalf("place = %+v %v", p, err)
@@ -99,13 +99,13 @@ func TestJournalTornThenAppended(t *testing.T) {
 		}
 	}
 	c := newLocalCache(path, path+".cache", offline())
-	c.load(hosts, nil, true)
+	c.loadSince(c.mark(), hosts, nil, true)
 	launch(c, "u", "s1")
 	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	_, _ = f.WriteString(`{"ID":"s2","User":"v","Gro`) // the crash came mid-write
 	f.Close()
 	restarted := newLocalCache(path, path+".cache", offline())
-	restarted.load(hosts, nil, true)
+	restarted.loadSince(restarted.mark(), hosts, nil, true)
 	launch(restarted, "w", "s3")
 	claimed, err := restarted.claim()
 	if err != nil {
@@ -131,7 +131,7 @@ func offline() *atomic.Bool {
 func TestOfflineReportsNeedTheHostsRegistration(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "j")
 	c := newLocalCache(path, path+".cache", offline())
-	c.load([]store.Host{{Name: "h", Group: "g", Registration: "new", Weight: 1, SessionLimit: 5, LogonLimit: 5, DiskIdle: 1, LastSeen: time.Now()}}, nil, true)
+	c.loadSince(c.mark(), []store.Host{{Name: "h", Group: "g", Registration: "new", Weight: 1, SessionLimit: 5, LogonLimit: 5, DiskIdle: 1, LastSeen: time.Now()}}, nil, true)
 	old := store.Report{Host: "h", Registration: "old", Drain: true, DiskIdle: 1, Now: time.Now(), Sessions: map[string]string{"mallory": store.Active}}
 	if err := c.offlineHeartbeat(old); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a removed host's heartbeat: %v, want ErrNotFound", err)

@@ -28,18 +28,25 @@ type receiver struct {
 	mu    sync.Mutex
 	bytes []*atomic.Int64
 	errs  []error
+	conns []net.Conn
 }
 
 // listen starts the receiver in the rig's desktop namespace.
 func listen(r *rig) (*receiver, error) {
-	rc := &receiver{}
+	var ln net.Listener
 	if err := inNS(r.desk, func() error {
 		var err error
-		rc.ln, err = net.Listen("tcp4", receiverAddr)
+		ln, err = net.Listen("tcp4", receiverAddr)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("receiver: %w", err)
 	}
+	return receive(ln), nil
+}
+
+// receive counts the bytes of every connection ln accepts.
+func receive(ln net.Listener) *receiver {
+	rc := &receiver{ln: ln}
 	rc.wg.Add(1)
 	go func() {
 		defer rc.wg.Done()
@@ -52,6 +59,7 @@ func listen(r *rig) (*receiver, error) {
 			i := len(rc.bytes)
 			n := &atomic.Int64{}
 			rc.bytes, rc.errs = append(rc.bytes, n), append(rc.errs, nil)
+			rc.conns = append(rc.conns, c)
 			rc.mu.Unlock()
 			rc.wg.Add(1)
 			go func() {
@@ -73,7 +81,7 @@ func listen(r *rig) (*receiver, error) {
 			}()
 		}
 	}()
-	return rc, nil
+	return rc
 }
 
 // total is the bytes of every connection so far.
@@ -87,8 +95,16 @@ func (rc *receiver) total() int64 {
 	return sum
 }
 
+// close stops the receiver and ends its connections: a sender whose
+// tunnel was torn down mid-measurement (the bench interrupted) never
+// closes its end, and a read would wait for it forever.
 func (rc *receiver) close() {
 	rc.ln.Close()
+	rc.mu.Lock()
+	for _, c := range rc.conns {
+		c.Close()
+	}
+	rc.mu.Unlock()
 	rc.wg.Wait()
 }
 
