@@ -92,19 +92,20 @@ func (c *localCache) reconcileLocked(r store.Report) {
 			continue
 		}
 		st, ok := r.Sessions[s.User]
-		c.changedLocked("", k)
 		if u, reported := r.Usage[s.User]; reported && ok {
 			s.Memory, s.CPU = u.Memory, u.CPU
 			c.live[k] = s
 		}
 		switch {
 		case ok && st != s.State:
+			c.changedLocked("", k)
 			if s.State == store.Launching && h.Pending > 0 {
 				h.Pending--
 			}
 			s.State, s.UpdatedAt = st, r.Now
 			c.live[k] = s
 		case !ok && (s.State != store.Launching || r.Now.Sub(s.CreatedAt) > r.LogonGrace):
+			c.changedLocked("", k)
 			if s.State == store.Launching && h.Pending > 0 {
 				h.Pending--
 			}
