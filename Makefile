@@ -62,21 +62,20 @@ lint:
 	$(GO) vet ./...
 	$(GO) run ./tools/archcheck
 
-# Every test: short fuzzing, then unit, loopback integration and real-peer
-# e2e tests (scripts/test.sh: the e2e package beside the others, which
-# run with -race, and its tests that boot guests in a process of their
-# own), ending with the ten slowest tests, the wall time and the line
-# "N passed, N failed, N skipped".
+# Every test: unit, loopback integration and real-peer e2e tests, and
+# short fuzzing (scripts/test.sh: the e2e package beside the others,
+# which run with -race and then the fuzz targets; its tests that boot
+# guests, and its two chains of xrdp cases, in processes of their own),
+# ending with the ten slowest tests, the wall time and the line "N
+# passed, N failed, N skipped".
 #
 # TEST_PARALLEL is how many tests that call t.Parallel() run at once in
 # a package; in e2e it is how many work slots its parallel tests share
 # (e2e/main_test.go says which e2e tests are parallel, and how those that
 # share something of the machine take turns), with TestXRDP and
 # TestXRDPBeside, the longest (each its cases one after another, on an
-# xrdp setup of its own), beside them on slots of their own from the
-# start of the parallel part: go test wakes paused tests in no fixed
-# order, and once started TestXRDP 7 minutes in and ran alone for the
-# last 9 (e2e/slots_test.go). The e2e tests mostly wait on protocol
+# xrdp setup of its own), in a process of their own from the start, on
+# no slot (e2e/slots_test.go). The e2e tests mostly wait on protocol
 # timers and their servers (the site tests spend about a fifth of their
 # wall time on CPU, the fault tests that judge no timing about a tenth,
 # the xrdp cases a seventh to a quarter) or boot emulated guests, which
@@ -85,9 +84,10 @@ lint:
 # this number, keep emulated guests to the two cores, and the three work
 # slots keep the tests that boot none going beside them. Tests that hold
 # a time budget run one at a time, before the other e2e tests (beside
-# the guest tests, which scripts/test.sh starts at once).
+# the guest tests and the xrdp chains, which scripts/test.sh starts at
+# once).
 TEST_PARALLEL ?= 3
-test: deps assets lint fuzz
+test: deps assets lint
 	GO=$(GO) TEST_PARALLEL=$(TEST_PARALLEL) scripts/test.sh
 
 unit:

@@ -81,12 +81,20 @@ func haproxyCommand(t *testing.T, sock, cmd string) string {
 // HAProxy's "show stat".
 func serverStatus(t *testing.T, sock, backend, server string) string {
 	t.Helper()
+	return serverStat(t, sock, backend, server)[17]
+}
+
+// serverStat is a server's row of HAProxy's "show stat", split into its
+// columns (15 wretr: retries on the same server; 16 wredis: redispatches
+// to another; 17 status).
+func serverStat(t *testing.T, sock, backend, server string) []string {
+	t.Helper()
 	for _, line := range strings.Split(haproxyCommand(t, sock, "show stat"), "\n") {
 		f := strings.Split(line, ",")
 		if len(f) > 17 && f[0] == backend && f[1] == server {
-			return f[17]
+			return f
 		}
 	}
 	t.Fatalf("show stat names no %s/%s", backend, server)
-	return ""
+	return nil
 }

@@ -22,8 +22,9 @@ const slotsEnv = "DESKWAY_E2E_SLOTS"
 // order its scheduler wakes them; in one run TestXRDP, the longest by
 // far (its cases run one after another, 9 to 14 minutes), began 7
 // minutes into the parallel part and ran alone for the last 9. TestXRDP
-// and TestXRDPBeside take no work slot, so they start as soon as the
-// serial tests end and run beside the tests sharing the slots. Parallel subtests, which
+// and TestXRDPBeside take no work slot, so in a run of the whole package
+// they start as soon as the serial tests end and run beside the tests
+// sharing the slots (make test runs them in a process of their own). Parallel subtests, which
 // take no work slot, are few and small (three Secure Boot machines, two
 // stream liveness cases). It returns the run's slot lock names.
 func takeOverParallel(dir string) ([]string, error) {

@@ -4,7 +4,9 @@
 # inputs seeded from testdata and the corpus cache go test -fuzz itself
 # keeps. A crash, or a target that does not run, fails the step and
 # prints the target's output (the crasher is written under the package's
-# testdata/fuzz, as go test -fuzz does).
+# testdata/fuzz, as go test -fuzz does) and a last line starting FAIL,
+# which tools/testsummary counts as a failure when make test runs this
+# beside the tests.
 #
 # Each package's fuzzing test binary is built once and run per target
 # (go test -fuzz links it again for every target). Packages go through
@@ -65,10 +67,10 @@ targets=$(git grep -h '^func Fuzz' -- '*_test.go' | wc -l)
 mod=$($GO list -m)
 for d in $pkgs; do echo "$d $mod/$d"; done |
   xargs -P "$FUZZ_JOBS" -L 1 bash -c 'fuzzpkg "$@"' _ ||
-  { echo "fuzz: failed (see above)"; exit 1; }
+  { echo "FAIL fuzz: a target failed (see above)"; exit 1; }
 ran=$(sort -u "$bin/ran" 2>/dev/null | wc -l)
 if [ "$ran" != "$targets" ]; then
-  echo "fuzz: $ran of the $targets fuzz targets ran: a FuzzXxx the binaries do not list?"
+  echo "FAIL fuzz: $ran of the $targets fuzz targets ran: a FuzzXxx the binaries do not list?"
   exit 1
 fi
 echo "fuzz: each of $targets targets ran $FUZZTIME inputs without a crash, in $(($(date +%s) - start)) s"

@@ -142,8 +142,10 @@ func summarize(r io.Reader, w io.Writer, ci bool) (int, []event) {
 	for sc.Scan() {
 		var e event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			fmt.Fprintln(w, sc.Text()) // build errors and other non-JSON lines
-			if strings.Contains(sc.Text(), "build failed") || strings.HasPrefix(sc.Text(), "#") {
+			fmt.Fprintln(w, sc.Text()) // build errors, the fuzz step's lines and other non-JSON lines
+			// A package that did not build, or a step beside the tests
+			// that failed (scripts/fuzz.sh ends with a line "FAIL fuzz: ...").
+			if strings.Contains(sc.Text(), "build failed") || strings.HasPrefix(sc.Text(), "#") || strings.HasPrefix(sc.Text(), "FAIL") {
 				buildFailed = true
 			}
 			continue

@@ -133,6 +133,27 @@ func TestBuildErrorShown(t *testing.T) {
 	}
 }
 
+// TestFailingStepBesideTheTestsFails: a step that runs beside the tests
+// and writes plain lines into a run's stream (scripts/fuzz.sh after the
+// unit tests) fails the summary with its last line "FAIL ...", which is
+// printed, while its other lines are only printed.
+func TestFailingStepBesideTheTestsFails(t *testing.T) {
+	pass := `{"Action":"pass","Package":"p","Test":"TestA","Elapsed":0.1}` + "\n"
+	for _, c := range []struct {
+		lines string
+		want  int
+	}{
+		{"fuzz internal/x FuzzY: 0.2 s\nfuzz: each of 1 targets ran 10000x inputs without a crash, in 1 s\n", 0},
+		{"fuzz internal/x FuzzY failed:\npanic: boom\nFAIL fuzz: a target failed (see above)\n", 1},
+	} {
+		var w strings.Builder
+		code, _ := summarize(strings.NewReader(pass+c.lines), &w, false)
+		if code != c.want || !strings.Contains(w.String(), "fuzz internal/x FuzzY") {
+			t.Errorf("lines %q: exit %d, want %d; output:\n%s", c.lines, code, c.want, w.String())
+		}
+	}
+}
+
 // TestLockWaitsAddedUp: the waits parallel tests log for guest slots and
 // locks are added up by lock, with the longest waiters; a serial test's
 // wait (it holds no slot another test could have) is not counted.
