@@ -77,7 +77,8 @@ func TestFaultsGatewayNodeDies(t *testing.T) {
 // reached) and xrdp's (each connection's process) into a failed test's
 // output, where a CI run keeps them: a client that came back without a
 // frame is only told apart from a tunnel that stopped carrying bytes
-// there.
+// there. The screens of clients that did not come back go to
+// e2e/artifacts.
 func logRigOnFailure(t *testing.T, work string) {
 	if !t.Failed() {
 		return
@@ -89,5 +90,14 @@ func logRigOnFailure(t *testing.T, work string) {
 			continue
 		}
 		t.Logf("%s:\n%s", filepath.Base(filepath.Dir(f))+"/"+filepath.Base(f), b)
+	}
+	// The screens of clients that did not come back, kept with the run.
+	shots, _ := filepath.Glob(filepath.Join(work, "gateway-*", "lost-*.png"))
+	art := filepath.Join("artifacts", t.Name())
+	for _, f := range shots {
+		b, err := os.ReadFile(f)
+		if err == nil && os.MkdirAll(art, 0o755) == nil && os.WriteFile(filepath.Join(art, filepath.Base(f)), b, 0o644) == nil {
+			t.Logf("screen of a client that did not come back: %s", filepath.Join("e2e", art, filepath.Base(f)))
+		}
 	}
 }

@@ -25,9 +25,8 @@
 //     a bench's figures) or loads both CPUs for long does not call
 //     t.Parallel(): go test runs such tests one by one before any
 //     parallel test starts, so nothing of this package runs beside them
-//     but, in make test, the guest tests and the xrdp tests, each in a
-//     process of their own (below); the xrdp tests' serial two run
-//     there one after the other, beside the serial tests here.
+//     but, in make test, the guest tests and the two chains of xrdp
+//     cases, each in a process of their own (below).
 //   - The fault tests split along that line. Those whose checks hold
 //     whatever the timings (the stream, link-stream, broker and clock
 //     cases: no write lost, no launch doubled, every fresh token refused)
@@ -87,12 +86,13 @@
 //     session of its host, which in its namespace are its own case's.
 //     As parallel tests of their own, one waiting for its setup's lock
 //     would hold a -parallel slot doing nothing. make test runs the
-//     two in a test process of their own from the start, with the two
-//     serial tests that drive xrdp (the session host's bench smoke, the
-//     gateway node's fault: scripts/test.sh's XRDP), which go test runs
-//     there first: as parallel tests of the whole package's run the
-//     chains could only start when all of its serial tests had ended.
-//     They judge no time but
+//     two in a test process of their own from the start
+//     (scripts/test.sh's XRDP): as parallel tests of the whole
+//     package's run they could only start when all of its serial tests
+//     had ended. The serial tests that drive xrdp (the session host's
+//     bench smoke, the gateway node's fault) take both setups' locks,
+//     so each waits for the case at hand on either, and no case runs
+//     beside them. They judge no time but
 //     their own deadlines for what a person would see, and mostly wait
 //     (alone, a case spends a seventh to a quarter of its wall time on
 //     CPU, chromium and xrdp's sessions included), so the two run beside

@@ -56,6 +56,7 @@ type rig struct {
 	rdpPort, gwPort      int
 	adminPort, webPort   int
 	brokerPort           int
+	restAdminPort        int // the broker, agent and portal's admin API
 	display              string
 	gw, rest             *childproc.Proc
 	compression          string // the gateway's browser_compression
@@ -96,8 +97,12 @@ gateway:
   - {name: rdp, groups: [bench], hosts: [127.0.0.1], ports: [%[7]d], host_certificate_sha256: [%[8]s]}
 `
 
+// restYAML is the broker, agent and portal; their admin API listens on a
+// port of the bench's, not the default 9443 that an installed deskway
+// holds.
 const restYAML = `state_dir: %[1]s/rest
 log: {level: info, format: json}
+admin: {listen: "127.0.0.1:%[11]d"}
 tls: {cert: %[1]s/tls.crt, key: %[1]s/tls.key}
 auth:
   token_key: "%[2]s"
@@ -147,13 +152,11 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 	}
 	_ = os.Remove(moveFlag)
 
-	ports := make([]int, 5)
-	for i := range ports {
-		if ports[i], err = loopback.FreePort(); err != nil {
-			return err
-		}
+	ports, err := loopback.FreePorts(6)
+	if err != nil {
+		return err
 	}
-	r.rdpPort, r.gwPort, r.adminPort, r.webPort, r.brokerPort = ports[0], ports[1], ports[2], ports[3], ports[4]
+	r.rdpPort, r.gwPort, r.adminPort, r.webPort, r.brokerPort, r.restAdminPort = ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
 	r.xrdpAddr = fmt.Sprintf("127.0.0.1:%d", r.rdpPort)
 
 	// xrdp on its own port, from the system's configuration.
@@ -187,7 +190,7 @@ func (r *rig) setUp(ctx context.Context, compression string) error {
 	r.gatewayAdminURL = fmt.Sprintf("https://127.0.0.1:%d", r.adminPort)
 	restCfg := filepath.Join(r.dir, "rest.yaml")
 	write := func(join string) error {
-		return os.WriteFile(restCfg, []byte(fmt.Sprintf(restYAML, r.dir, r.tokenKey, benchUser, r.password, r.brokerPort, r.gwPort, r.frontendToken, join, r.rdpPort, r.webPort)), 0o600)
+		return os.WriteFile(restCfg, []byte(fmt.Sprintf(restYAML, r.dir, r.tokenKey, benchUser, r.password, r.brokerPort, r.gwPort, r.frontendToken, join, r.rdpPort, r.webPort, r.restAdminPort)), 0o600)
 	}
 	if err := write("placeholder"); err != nil {
 		return err

@@ -291,7 +291,7 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []clientMark, m
 			if err := c.shot(shot); err != nil {
 				shot = err.Error()
 			}
-			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "xfreerdp", c.proc.Tail(12),
+			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "sampled", c.sampled(), "xfreerdp", c.proc.Tail(12),
 				"gateway_refusals", r.refusals(c.user), "relay", relay[c.user], "screen", shot)
 		}
 	}

@@ -36,6 +36,11 @@ type gwClient struct {
 
 	mu     sync.Mutex
 	frames []time.Time
+	// pixel is the sampled pixel's last value, and watchErr why watch
+	// stopped sampling before its context ended: what a client that did
+	// not come back showed.
+	pixel    [3]byte
+	watchErr error
 }
 
 // connect starts user i's client, half of them on each transport, with
@@ -145,12 +150,18 @@ func (c *gwClient) watch(ctx context.Context) {
 		// Right of the xterm's short lines, so always background.
 		img, err := xproto.GetImage(c.x, xproto.ImageFormatZPixmap, xproto.Drawable(root), screenW-20, screenH/2, 1, 1, 0xffffffff).Reply()
 		if err != nil {
+			c.mu.Lock()
+			c.watchErr = err
+			c.mu.Unlock()
 			return
 		}
-		if d := img.Data; len(d) >= 4 && near(d[2], 0x20) && near(d[1], 0x40) && (last < 0 || absDiff(int(d[0]), last) > 12) {
-			last = int(d[0])
+		if d := img.Data; len(d) >= 4 {
 			c.mu.Lock()
-			c.frames = append(c.frames, time.Now())
+			c.pixel = [3]byte{d[2], d[1], d[0]}
+			if near(d[2], 0x20) && near(d[1], 0x40) && (last < 0 || absDiff(int(d[0]), last) > 12) {
+				last = int(d[0])
+				c.frames = append(c.frames, time.Now())
+			}
 			c.mu.Unlock()
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -196,6 +207,19 @@ func (c *gwClient) shot(path string) error {
 	}
 	defer f.Close()
 	return png.Encode(f, out)
+}
+
+// sampled says what watch last saw of the client's screen, for a client
+// that did not come back: the pixel it samples (the desktop's
+// background is #2040xx), and the error that stopped it, if one did.
+func (c *gwClient) sampled() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := fmt.Sprintf("last pixel #%02x%02x%02x, %d frames in all", c.pixel[0], c.pixel[1], c.pixel[2], len(c.frames))
+	if c.watchErr != nil {
+		s += fmt.Sprintf("; sampling stopped: %v", c.watchErr)
+	}
+	return s
 }
 
 // reconnects counts FreeRDP's reconnect attempts so far.

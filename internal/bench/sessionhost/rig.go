@@ -44,17 +44,19 @@ type rig struct {
 	gwPort     int
 	brokerPort int
 	adminPort  int
-	adminToken string
-	display    string
-	xrdpSHA256 string
-	tokenKey   string
-	frontToken string
-	client     *http.Client
-	xrdp       []*childproc.Proc
-	xvfb       *childproc.Proc
-	gw, rest   *childproc.Proc
-	col        *collector
-	runToken   string
+	// gwAdminPort is the gateway's admin listener, unused but its own.
+	gwAdminPort int
+	adminToken  string
+	display     string
+	xrdpSHA256  string
+	tokenKey    string
+	frontToken  string
+	client      *http.Client
+	xrdp        []*childproc.Proc
+	xvfb        *childproc.Proc
+	gw, rest    *childproc.Proc
+	col         *collector
+	runToken    string
 	// displays are the first and last X display sesman gives sessions.
 	displays [2]int
 }
@@ -96,11 +98,11 @@ func (r *rig) setUp(ctx context.Context) error {
 	// would otherwise show as the first steps' disk latency.
 	syscall.Sync()
 
-	ports, err := loopback.FreePorts(4)
+	ports, err := loopback.FreePorts(5)
 	if err != nil {
 		return err
 	}
-	r.rdpPort, r.gwPort, r.brokerPort, r.adminPort = ports[0], ports[1], ports[2], ports[3]
+	r.rdpPort, r.gwPort, r.brokerPort, r.adminPort, r.gwAdminPort = ports[0], ports[1], ports[2], ports[3], ports[4]
 	if err := r.startXRDP(); err != nil {
 		return err
 	}
@@ -117,7 +119,7 @@ func (r *rig) setUp(ctx context.Context) error {
 	r.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: trust}}
 	r.tokenKey, r.frontToken, r.adminToken = xrdphost.Secret(40), xrdphost.Secret(24), xrdphost.Secret(24)
 	gwCfg := filepath.Join(r.dir, "gateway.yaml")
-	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.tokenKey, r.gwPort, r.rdpPort, r.xrdpSHA256)), 0o600); err != nil {
+	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(gatewayYAML, r.dir, r.tokenKey, r.gwPort, r.rdpPort, r.xrdpSHA256, r.gwAdminPort)), 0o600); err != nil {
 		return err
 	}
 	if r.gw, err = childproc.Start(nil, r.exe, "gateway", "-c", gwCfg); err != nil {
@@ -129,8 +131,11 @@ func (r *rig) setUp(ctx context.Context) error {
 	return nil
 }
 
+// gatewayYAML is the bench's gateway; its admin API listens on a port of
+// the bench's, not the default 9443 that an installed deskway holds.
 const gatewayYAML = `state_dir: %[1]s/gw
 log: {level: warn, format: json}
+admin: {listen: "127.0.0.1:%[6]d"}
 tls: {cert: %[1]s/tls.crt, key: %[1]s/tls.key}
 auth:
   token_key: "%[2]s"

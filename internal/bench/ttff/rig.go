@@ -37,7 +37,7 @@ type rig struct {
 	dir, exe           string
 	hostPass, gwPass   string
 	rdpPort, relayPort int
-	gwPort             int
+	gwPort, adminPort  int
 	display            string
 	// x stays connected for the whole run: Xvfb resets when its last
 	// client leaves, and would refuse the next for a moment.
@@ -58,9 +58,12 @@ func (r *rig) close() {
 }
 
 // gatewayYAML offers both of the gateway's authentications to xfreerdp:
-// NTLM with the gateway's own account, and PAA with a token.
+// NTLM with the gateway's own account, and PAA with a token. Its admin
+// API listens on a port of the bench's, not the default 9443 that an
+// installed deskway holds.
 const gatewayYAML = `state_dir: %[1]s/gw
 log: {level: info, format: json}
+admin: {listen: "127.0.0.1:%[6]d"}
 tls: {cert: %[1]s/tls.crt, key: %[1]s/tls.key}
 auth:
   token_key: "%[2]s"
@@ -102,11 +105,11 @@ func (r *rig) setUp() error {
 	if err := r.hostAccount(); err != nil {
 		return err
 	}
-	ports, err := loopback.FreePorts(3)
+	ports, err := loopback.FreePorts(4)
 	if err != nil {
 		return err
 	}
-	r.rdpPort, r.relayPort, r.gwPort = ports[0], ports[1], ports[2]
+	r.rdpPort, r.relayPort, r.gwPort, r.adminPort = ports[0], ports[1], ports[2], ports[3]
 	if err := r.startXRDP(); err != nil {
 		return err
 	}
@@ -136,7 +139,7 @@ func (r *rig) setUp() error {
 		return err
 	}
 	r.gwPass = "Gw-" + xrdphost.Secret(12)
-	cfg := fmt.Sprintf(gatewayYAML, r.dir, xrdphost.Secret(40), r.gwPass, r.gwPort, r.rdpPort)
+	cfg := fmt.Sprintf(gatewayYAML, r.dir, xrdphost.Secret(40), r.gwPass, r.gwPort, r.rdpPort, r.adminPort)
 	if err := os.WriteFile(r.gatewayConfig(), []byte(cfg), 0o600); err != nil {
 		return err
 	}
