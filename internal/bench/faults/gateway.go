@@ -62,6 +62,13 @@ type clientResult struct {
 	connectedAfter time.Duration
 	reconnects     int
 	sameSession    bool
+	// froze: not back, though its RDP connection was up again through
+	// the farm, to its own xrdp session, and the farm was relaying that
+	// session's updates to it when the wait ended. The client read them
+	// and drew none (xfreerdp 2.11 does this when starved of CPU; see
+	// docs/benchmarks/faults/README.md): its user sees a frozen screen,
+	// so it counts as lost, and apart as the client's.
+	froze bool
 }
 
 func runGateway(ctx context.Context, env Env, run int) ([]Outcome, error) {
@@ -278,11 +285,13 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []clientMark, m
 		}
 	}
 	var relay map[string]string
+	var carrying map[string]bool
 	if len(lost) > 0 {
-		relay = r.relayed(ctx, lost)
+		relay, carrying = r.relayed(ctx, lost)
 	}
 	for i, c := range r.clients {
 		res[i].sameSession = err == nil && slices.Equal(before[c.user], after[c.user])
+		res[i].froze = res[i].affected && !res[i].back && res[i].sameSession && connected[i] > 0 && carrying[c.user] && !c.exited()
 		if !res[i].sameSession {
 			r.env.Log.Warn("gateway scenario: a user's xrdp session changed", "user", c.user, "before", before[c.user], "after", after[c.user], "err", err)
 		}
@@ -291,7 +300,7 @@ func (r *gwRig) observe(ctx context.Context, t0 time.Time, start []clientMark, m
 			if err := c.shot(shot); err != nil {
 				shot = err.Error()
 			}
-			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "sampled", c.sampled(), "xfreerdp", c.proc.Tail(12),
+			r.env.Log.Warn("gateway scenario: a client did not come back", "user", c.user, "transport", c.transport, "froze", res[i].froze, "sampled", c.sampled(), "xfreerdp", c.proc.Tail(12),
 				"gateway_refusals", r.refusals(c.user), "relay", relay[c.user], "screen", shot)
 		}
 	}
@@ -330,8 +339,11 @@ func (c *gwClient) judge(t0, now time.Time) clientResult {
 func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) Outcome {
 	o.Case = name
 	var backs, stalls, connects, hostParts []float64
-	lost, back, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0, 0
+	lost, froze, back, reconnected, within, attempts, stalled := 0, 0, 0, 0, 0, 0, 0
 	for _, cr := range res {
+		if cr.froze {
+			froze++
+		}
 		attempts += cr.reconnects
 		if cr.affected {
 			o.Affected++
@@ -372,6 +384,7 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 		"reconnected":         float64(reconnected),
 		"back_within_10s_pct": round2(pct),
 		"sessions_lost":       float64(lost),
+		"clients_froze":       float64(froze),
 	}
 	o.RecoverS = -1
 	if f := strings.Fields(report.LoadAverage()); len(f) == 3 {
@@ -404,6 +417,9 @@ func (r *gwRig) outcome(o Outcome, name string, res []clientResult, onNode int) 
 	}
 	o.Notes = fmt.Sprintf("%d of %d clients had their tunnel on the node; %d noticed (a stall over 1 s or a reconnect: %d stalled, %d reconnect attempts); %d came back by themselves to their own xrdp session, %d of them by reconnecting; %d were lost.",
 		onNode, len(res), o.Affected, stalled, attempts, back, reconnected, lost)
+	if froze > 0 {
+		o.Notes += fmt.Sprintf(" %d of the lost came back through the farm to their own session, which the farm was still relaying to them, but their screens stayed frozen: the client read the session's updates and drew none.", froze)
+	}
 	if len(connects) > 0 {
 		o.Notes += fmt.Sprintf(" Their RDP connections were up again through the farm %.1f s after the fault (median; worst %.1f s); the session host then took %.1f s (median; worst %.1f s) to log them back on to their desktops.",
 			o.Metrics["connected_median_s"], o.Metrics["connected_worst_s"], o.Metrics["host_part_median_s"], o.Metrics["host_part_worst_s"])

@@ -65,8 +65,8 @@ const relayWindow = 3 * time.Second
 // over relayWindow: whether the gateway still carries the host's bytes
 // to a client whose screen shows no frame (the client or xrdp then holds
 // them up) or carries none (the host sends none, or the gateway holds
-// them).
-func (r *gwRig) relayed(ctx context.Context, users []string) map[string]string {
+// them); and whether an open tunnel of theirs carried bytes to them.
+func (r *gwRig) relayed(ctx context.Context, users []string) (map[string]string, map[string]bool) {
 	type key struct {
 		node int
 		id   uint32
@@ -93,6 +93,7 @@ func (r *gwRig) relayed(ctx context.Context, users []string) map[string]string {
 	}
 	after, errs := sample()
 	out := map[string]string{}
+	carrying := map[string]bool{}
 	for _, u := range users {
 		var lines []string
 		for k, t := range after {
@@ -100,6 +101,9 @@ func (r *gwRig) relayed(ctx context.Context, users []string) map[string]string {
 				continue
 			}
 			b := before[k]
+			if t.Open && t.BytesDown > b.BytesDown {
+				carrying[u] = true
+			}
 			lines = append(lines, fmt.Sprintf("%s tunnel %d (%s, open %v): %d bytes to the client and %d from it in the last %v, %d and %d in all",
 				r.nodes[k.node].name, t.ID, t.Transport, t.Open, t.BytesDown-b.BytesDown, t.BytesUp-b.BytesUp, relayWindow, t.BytesDown, t.BytesUp))
 		}
@@ -109,7 +113,7 @@ func (r *gwRig) relayed(ctx context.Context, users []string) map[string]string {
 		}
 		out[u] = strings.Join(append(lines, errs...), "; ")
 	}
-	return out
+	return out, carrying
 }
 
 // tunnelShares are the "tunnel open" lines of a node's log, each tunnel
