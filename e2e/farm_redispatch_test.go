@@ -4,8 +4,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,23 +25,8 @@ func TestShippedFarmSkipsADeadNodeAtOnce(t *testing.T) {
 	testkit.Require(t, "haproxy")
 	bin := build(t)
 	_, _, cert, key := testkit.TLS(t)
-	ports := []int{testkit.FreePort(t), testkit.FreePort(t)}
-	var nodes []*testkit.Process
-	for i, port := range ports {
-		dir := t.TempDir()
-		cfg := filepath.Join(dir, "deskway.yaml")
-		// No RDP host is reached: the resource policy's port is unused.
-		body := fmt.Sprintf(farmNodeConfig, dir, testkit.FreePort(t), cert, key, port, ports[1-i], testkit.FreePort(t))
-		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		nodes = append(nodes, testkit.Start(t, nil, bin, "gateway", "-c", cfg))
-	}
-	for _, port := range ports {
-		if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// No RDP host is reached: the resource policy's port is unused.
+	ports, nodes, _ := startFarmNodes(t, bin, cert, key, testkit.FreePort(t))
 	gw := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	_, sock := shippedHAProxy(t, "gateway-farm.cfg", gw, "bind :443", "bind "+gw,
 		"10.0.0.11:443", fmt.Sprintf("127.0.0.1:%d", ports[0]), "10.0.0.12:443", fmt.Sprintf("127.0.0.1:%d", ports[1]))

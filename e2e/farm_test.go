@@ -35,6 +35,34 @@ gateway:
   - {name: rdp, groups: [staff], hosts: [127.0.0.1], ports: [%[7]d]}
 `
 
+// startFarmNodes starts the two gateway nodes of a farm
+// (farmNodeConfig: one certificate and token key, each naming the other
+// in farm_peers, their resource policy allowing rdpPort) and waits for
+// both to listen. It returns their gateway ports, processes and config
+// files, in the same order.
+func startFarmNodes(t *testing.T, bin, cert, key string, rdpPort int) ([]int, []*testkit.Process, []string) {
+	t.Helper()
+	ports := []int{testkit.FreePort(t), testkit.FreePort(t)}
+	var nodes []*testkit.Process
+	var cfgs []string
+	for i, port := range ports {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "deskway.yaml")
+		body := fmt.Sprintf(farmNodeConfig, dir, testkit.FreePort(t), cert, key, port, ports[1-i], rdpPort)
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfgs = append(cfgs, cfg)
+		nodes = append(nodes, testkit.Start(t, nil, bin, "gateway", "-c", cfg))
+	}
+	for _, port := range ports {
+		if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ports, nodes, cfgs
+}
+
 // testGatewayFarmBehindHAProxy is a farm as operators run one: two
 // gateway nodes behind HAProxy with deploy/haproxy/gateway-farm.cfg
 // (round robin, no persistence, TLS passed through). xfreerdp connects
@@ -50,25 +78,8 @@ func testGatewayFarmBehindHAProxy(t *testing.T, xs testkit.XRDPSetup) {
 	testkit.Require(t, "haproxy")
 	r, rdpPort := newRDPRig(t, xs)
 	_, _, cert, key := testkit.TLS(t)
-	ports := []int{testkit.FreePort(t), testkit.FreePort(t)}
-	var nodes []*testkit.Process
-	for i, port := range ports {
-		dir := t.TempDir()
-		cfg := filepath.Join(dir, "deskway.yaml")
-		body := fmt.Sprintf(farmNodeConfig, dir, testkit.FreePort(t), cert, key, port, ports[1-i], rdpPort)
-		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 {
-			r.cfg = cfg // for minting tokens
-		}
-		nodes = append(nodes, testkit.Start(t, nil, r.bin, "gateway", "-c", cfg))
-	}
-	for _, port := range ports {
-		if err := testkit.WaitPort(fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ports, nodes, cfgs := startFarmNodes(t, r.bin, cert, key, rdpPort)
+	r.cfg = cfgs[0] // for minting tokens
 	// The shipped file with only its addresses changed: HAProxy reaches
 	// the nodes from 127.0.0.1, the address they trust for PROXY headers,
 	// and the nodes reach each other from it too.
